@@ -1,0 +1,48 @@
+"""One error base carrying the CLI exit code (sysexits-style, DESIGN.md)."""
+
+from __future__ import annotations
+
+
+class FfswarmError(Exception):
+    """Base of every error ffswarm reports to a user; ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 70
+
+
+class UsageError(FfswarmError):
+    exit_code = 2
+
+
+class JobFileError(FfswarmError):
+    """A job file is malformed; the message names file, field and reason."""
+
+    exit_code = 65
+
+    def __init__(self, file: str, field: str | None, reason: str) -> None:
+        self.file = file
+        self.field = field
+        self.reason = reason
+        where = f"{file}: {field}" if field else file
+        super().__init__(f"{where}: {reason}")
+
+
+class ConfigError(FfswarmError):
+    exit_code = 65
+
+
+class MissingInputError(FfswarmError):
+    exit_code = 66
+
+
+class CapacityError(FfswarmError):
+    """The swarm cannot run the job: no engine, not a manager, no GPU capacity."""
+
+    exit_code = 69
+
+
+class InternalError(FfswarmError):
+    exit_code = 70
+
+
+class Interrupted(FfswarmError):
+    exit_code = 130
