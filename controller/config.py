@@ -1,0 +1,105 @@
+"""Cluster-wide settings: one config file, never job files (DESIGN.md)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from controller.errors import ConfigError
+from controller.servicespec import VolumeSpec
+from controller.validate import parse_duration
+
+DEFAULT_IMAGE = "ffswarm/runner:dev"
+_KEYS = {"data_root", "volume", "image", "schedule_timeout", "runner_user", "docker_host"}
+_VOLUME_KEYS = {"type", "server", "export", "options"}
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path
+    data_root: Path  # this host's view of the shared volume
+    volume: VolumeSpec  # how runner containers mount it at /data
+    image: str = DEFAULT_IMAGE
+    schedule_timeout: int = 300  # seconds a chunk may stay unschedulable
+    runner_user: str | None = None  # uid:gid for runners; default: the data root's owner
+    docker_host: str | None = None
+
+    def runner_uid_gid(self) -> str:
+        """Runners run as the owner of the data root (a non-root runner must be able to write it)."""
+        if self.runner_user:
+            return self.runner_user
+        st = self.data_root.stat()
+        if st.st_uid == 0:
+            raise ConfigError(
+                f"{self.path}: the data root {self.data_root} is owned by root and runners never run as root: "
+                "chown it to the runner's uid (the image's user is 10001) or set runner_user: UID:GID"
+            )
+        return f"{st.st_uid}:{st.st_gid}"
+
+
+def find_config(explicit: str | None) -> Path:
+    candidates = [explicit] if explicit else [
+        os.environ.get("FFSWARM_CONFIG"),
+        "ffswarm.yaml",
+        str(Path.home() / ".config" / "ffswarm" / "config.yaml"),
+    ]
+    for c in candidates:
+        if c and Path(c).is_file():
+            return Path(c)
+    if explicit:
+        raise ConfigError(f"config file {explicit} does not exist")
+    raise ConfigError(
+        "no ffswarm config found (--config, $FFSWARM_CONFIG, ./ffswarm.yaml, ~/.config/ffswarm/config.yaml); "
+        "scripts/dev-swarm.sh writes one for a local dev swarm"
+    )
+
+
+def load_config(explicit: str | None = None) -> Config:
+    path = find_config(explicit)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must be a mapping")
+    return parse_config(path, data)
+
+
+def parse_config(path: Path, data: dict[str, Any]) -> Config:
+    unknown = set(data) - _KEYS
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; known: {sorted(_KEYS)}")
+    if not isinstance(data.get("data_root"), str) or not data["data_root"].startswith("/"):
+        raise ConfigError(f"{path}: data_root must be an absolute path")
+    data_root = Path(data["data_root"])
+    if not data_root.is_dir():
+        raise ConfigError(f"{path}: data_root {data_root} is not a directory on this host")
+    vol = data.get("volume") or {"type": "bind"}
+    if not isinstance(vol, dict) or set(vol) - _VOLUME_KEYS:
+        raise ConfigError(f"{path}: volume must be a mapping with keys {sorted(_VOLUME_KEYS)}")
+    try:
+        if vol.get("type") == "nfs":
+            volume = VolumeSpec.nfs(str(vol.get("server", "")), str(vol.get("export", "")), str(vol.get("options", "nfsvers=4.1,hard")))
+        elif vol.get("type", "bind") == "bind":
+            volume = VolumeSpec.bind(str(data_root))
+        else:
+            raise ValueError(f"volume.type must be nfs or bind, got {vol.get('type')!r}")
+        timeout = parse_duration(data.get("schedule_timeout", 300), "schedule_timeout")
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from e
+    user = data.get("runner_user")
+    if user is not None and (not isinstance(user, str) or not user.replace(":", "").isdigit() or user.startswith("0:")):
+        raise ConfigError(f"{path}: runner_user must be a non-root UID:GID, got {user!r}")
+    return Config(
+        path=path,
+        data_root=data_root.resolve(),
+        volume=volume,
+        image=str(data.get("image", DEFAULT_IMAGE)),
+        schedule_timeout=timeout,
+        runner_user=user,
+        docker_host=data.get("docker_host"),
+    )

@@ -1,0 +1,46 @@
+"""Chunk states and failure classes: what an ending means and what the controller does about it."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from runner_image.manifest import RunnerExit
+
+
+class ChunkState(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"  # runner finished (exit 0 or 3); item-level failures live in the results
+    FAILED = "failed"  # no more attempts, or a failure that retrying cannot fix
+    CANCELLED = "cancelled"
+
+    def is_terminal(self) -> bool:
+        return self in (ChunkState.DONE, ChunkState.FAILED, ChunkState.CANCELLED)
+
+
+class FailureClass(str, Enum):
+    USER = "user"  # bad manifest, missing input or model pack: the same inputs fail again
+    INTERNAL = "internal"  # runner bug (70): retried, counts against retries
+    INFRASTRUCTURE = "infrastructure"  # killed, OOM, temporary, rejected, node lost, timed out
+    UNSCHEDULABLE = "unschedulable"  # no node can take it within schedule_timeout
+
+    def is_retryable(self) -> bool:
+        return self in (FailureClass.INTERNAL, FailureClass.INFRASTRUCTURE)
+
+
+def classify_exit(code: int) -> FailureClass | None:
+    """None: the runner finished its chunk (0 every item ok, 3 some items failed on their own)."""
+    if code in (RunnerExit.OK, RunnerExit.ITEMS_FAILED):
+        return None
+    if code in (RunnerExit.BAD_MANIFEST, RunnerExit.MISSING_INPUT):
+        return FailureClass.USER
+    if code == RunnerExit.INTERNAL:
+        return FailureClass.INTERNAL
+    return FailureClass.INFRASTRUCTURE  # 75 temporary, 137 killed/OOM, anything else the engine reports
+
+
+def describe_exit(code: int) -> str:
+    try:
+        return f"runner exit {code} ({RunnerExit(code).name.lower().replace('_', ' ')})"
+    except ValueError:
+        return f"runner exit {code}" + (" (killed: out of memory or stopped)" if code == 137 else "")

@@ -1,0 +1,173 @@
+"""What `ffswarm submit`, `resume` and `status` do: validate, plan, create the run folder, supervise.
+
+Everything that can be checked is checked before anything is created: every job file of a submit
+is parsed and resolved against the data root first, and one bad file stops the whole submit.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from controller import log
+from controller.config import Config
+from controller.errors import JobFileError, MissingInputError
+from controller.failures import ChunkState
+from controller.jobspec import JobSpec, TargetKind, ResolvedJob, load_jobs, resolve_job
+from controller.plan import ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
+from controller.report import build_report, exit_code
+from controller.rundir import Control, RunDir, next_job_id
+from controller.servicespec import RunnerSettings, chunk_service
+from controller.supervisor import Policy, Supervisor
+from controller.swarm import DockerSwarm, SwarmBackend
+from runner_image.manifest import ItemStatus
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    file: Path
+    spec: JobSpec
+    resolved: ResolvedJob
+    plan: Plan
+    job_id: str
+
+
+def prepare(config: Config, paths: Sequence[Path], new: bool) -> list[PreparedJob]:
+    out = []
+    for file, spec in load_jobs(paths):
+        job_id = next_job_id(config.data_root, spec.name, new)
+        resolved = resolve_job(spec, config.data_root, str(file), job_id=job_id)
+        videos = [t.rel for t in resolved.targets if t.kind is not TargetKind.IMAGE]
+        if videos:
+            raise JobFileError(str(file), "targets", f"video targets are not supported yet: {videos[0]}")
+        pack = config.data_root / "models" / spec.models / "pack.yaml"
+        if not pack.is_file():
+            raise MissingInputError(
+                f"{file}: models: pack {spec.models!r} not found: {pack} does not exist "
+                f"(install one with `ffswarm models fetch` or see README 'Models')"
+            )
+        targets = [TargetRef(input=t.rel, output=t.output_rel, kind=t.kind.value) for t in resolved.targets]
+        plan = make_plan(job_id, targets, spec.chunk_size)
+        out.append(PreparedJob(file, spec, resolved, plan, job_id))
+    return out
+
+
+def _rel(config: Config, p: Path) -> str:
+    return p.resolve().relative_to(config.data_root).as_posix()
+
+
+def manifest_settings(config: Config, job: PreparedJob) -> ManifestSettings:
+    return ManifestSettings(
+        pack=job.spec.models,
+        sources=tuple(_rel(config, s) for s in job.resolved.sources),
+        processors=tuple(job.spec.processors),
+        providers=tuple(job.spec.providers),
+        faces=job.spec.faces,
+        no_face=job.spec.no_face,
+    )
+
+
+def runner_settings(config: Config, job: PreparedJob, image: str) -> RunnerSettings:
+    res = job.spec.resources
+    return RunnerSettings(
+        job=job.job_id,
+        image=image,
+        constraints=tuple(job.spec.placement),
+        gpu_kind=res.gpu_kind,
+        gpus=res.gpus,
+        memory_bytes=res.memory,
+        volume=config.volume,
+        user=config.runner_uid_gid(),
+    )
+
+
+def dry_run(config: Config, jobs: list[PreparedJob], image_of: Callable[[str], str]) -> dict[str, Any]:
+    """The plan and the services that would be created; nothing is created."""
+    out: dict[str, Any] = {"jobs": []}
+    for job in jobs:
+        image = image_of(job.spec.image or config.image)
+        settings = runner_settings(config, job, image)
+        out["jobs"].append({
+            "job": job.job_id,
+            "file": str(job.file),
+            "items": [{"id": i.id, "input": i.input, "output": i.output, "kind": i.kind} for i in job.plan.items],
+            "chunks": [{"id": c.id, "items": list(c.items)} for c in job.plan.chunks],
+            "max_concurrent": job.spec.max_concurrent,
+            "services": [chunk_service(settings, c.id, 1).as_dict() for c in job.plan.chunks],
+        })
+    return out
+
+
+def _owner(config: Config) -> tuple[int, int]:
+    uid, gid = config.runner_uid_gid().split(":")
+    return int(uid), int(gid)
+
+
+def _pending_chunks(rundir: RunDir, plan: Plan) -> list[str]:
+    """Chunks with an item that has no ok/no_face result yet (a resubmit redoes nothing committed)."""
+    todo = []
+    for chunk in plan.chunks:
+        latest = rundir.latest_results(chunk.id)
+        if any(i not in latest or latest[i].status is ItemStatus.ERROR for i in chunk.items):
+            todo.append(chunk.id)
+    return todo
+
+
+def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
+    rundir = RunDir(config.data_root, job.job_id, _owner(config))
+    if not rundir.exists():
+        manifests = chunk_manifests(job.plan, manifest_settings(config, job))
+        rundir.create(job.file.read_bytes(), job.plan, manifests, Control(job.spec.max_concurrent))
+        (rundir.path / "image.json").write_text(json.dumps({"image": image}))
+    return rundir
+
+
+def supervise(config: Config, backend: SwarmBackend, job: PreparedJob, rundir: RunDir, image: str,
+              on_event: Callable[..., None] | None = None) -> dict[str, Any]:
+    plan = rundir.plan()
+    started = time.time()
+    policy = Policy(retries=job.spec.retries, timeout=float(job.spec.timeout),
+                    schedule_timeout=float(config.schedule_timeout))
+    logger = log.get(job=job.job_id)
+
+    def emit(event: str, **fields: Any) -> None:
+        logger.info(event, **fields)
+        if on_event:
+            on_event(event, **fields)
+
+    sup = Supervisor(backend, rundir, runner_settings(config, job, image), policy, on_event=emit)
+    todo = _pending_chunks(rundir, plan)
+    emit("job_started", chunks=len(plan.chunks), pending=len(todo), items=len(plan.items), image=image)
+    runs = sup.run(todo)
+    report = build_report(plan, rundir, runs, image, started)
+    path = rundir.write_report(report)
+    emit("job_finished", report=str(path), **report["counts"])
+    return report
+
+
+ProgressFactory = Callable[[RunDir, int], Callable[..., None]]
+
+
+def submit(config: Config, jobs: list[PreparedJob],
+           progress: ProgressFactory | None = None) -> tuple[int, list[dict[str, Any]]]:
+    backend = DockerSwarm(config.docker_host)
+    backend.check_manager()
+    reports = []
+    for job in jobs:
+        image = backend.resolve_image(job.spec.image or config.image)
+        rundir = start_run(config, job, image)
+        on_event = progress(rundir, len(job.plan.items)) if progress else None
+        reports.append(supervise(config, backend, job, rundir, image, on_event))
+    worst = max((exit_code(r) for r in reports), default=0)
+    return worst, reports
+
+
+def chunk_states(runs: dict[str, Any]) -> dict[str, int]:
+    counts: dict[str, int] = {s.value: 0 for s in ChunkState}
+    for r in runs.values():
+        counts[r["state"]] += 1
+    return counts

@@ -1,0 +1,58 @@
+"""report.json and the counts the CLI prints: what happened to every item and chunk."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+from controller.failures import ChunkState
+from controller.plan import Plan
+from controller.rundir import RunDir
+from controller.supervisor import ChunkRun
+from runner_image.manifest import ItemStatus
+
+
+def build_report(plan: Plan, rundir: RunDir, runs: dict[str, ChunkRun], image: str, started: float) -> dict[str, Any]:
+    items: dict[str, dict[str, Any]] = {}
+    failures: list[dict[str, Any]] = []
+    counts: Counter[str] = Counter()
+    for chunk in plan.chunks:
+        results = rundir.latest_results(chunk.id)
+        run = runs.get(chunk.id)
+        for item_id in chunk.items:
+            planned = plan.item(item_id)
+            r = results.get(item_id)
+            if r is not None:
+                status, reason, output = r.status.value, r.reason, r.output
+            elif run is not None and run.state is ChunkState.FAILED:
+                status, reason, output = "error", f"chunk {chunk.id} failed: {run.reason}", None
+            elif run is not None and run.state is ChunkState.CANCELLED:
+                status, reason, output = "cancelled", "job cancelled", None
+            else:
+                status, reason, output = "error", f"no result recorded by chunk {chunk.id}", None
+            counts[status] += 1
+            items[item_id] = {"input": planned.input, "output": planned.output if output else None,
+                              "status": status, "reason": reason, "chunk": chunk.id}
+            if status not in (ItemStatus.OK.value, ItemStatus.NO_FACE.value):
+                failures.append({"item": item_id, "input": planned.input, "reason": reason, "chunk": chunk.id})
+    chunk_counts = Counter(r.state.value for r in runs.values())
+    return {
+        "job": plan.job,
+        "image": image,
+        "started": started,
+        "finished": time.time(),
+        "counts": {"items": len(plan.items), "ok": counts["ok"], "no_face": counts["no_face"],
+                   "failed": len(failures), "chunks": len(plan.chunks),
+                   "chunks_done": chunk_counts["done"], "chunks_failed": chunk_counts["failed"],
+                   "chunks_cancelled": chunk_counts["cancelled"]},
+        "failures": failures,
+        "items": items,
+        "chunks": {cid: run.as_dict() for cid, run in sorted(runs.items())},
+    }
+
+
+def exit_code(report: dict[str, Any]) -> int:
+    """CLI: 0 every item ok (no_face per policy is not a failure) · 1 failed items or chunks."""
+    c = report["counts"]
+    return 0 if c["failed"] == 0 and c["chunks_failed"] == 0 and c["chunks_cancelled"] == 0 else 1

@@ -1,0 +1,160 @@
+"""Chunk → Swarm service spec, as plain data (pure; no Docker import).
+
+Only swarm.py turns a ServiceSpec into Docker API calls, so everything a chunk service will be — its
+name, labels, constraints, GPU reservation, hardening, mounts — is decided here and can be tested as
+data (and rendered into stack files from the same values).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from runner_image.manifest import CONTAINER_DATA_ROOT, ENV_ATTEMPT, ENV_MANIFEST
+
+LABEL_JOB = "io.ffswarm.job"
+LABEL_CHUNK = "io.ffswarm.chunk"
+LABEL_ATTEMPT = "io.ffswarm.attempt"
+LABEL_ROLE = "io.ffswarm.role"
+ROLE_RUNNER = "runner"
+
+RUNNER_COMMAND = ("/opt/ffswarm/bin/python", "-m", "runner_image")
+TMPFS_BYTES = 512 * 1024 * 1024
+LOG_OPTIONS: Mapping[str, str] = MappingProxyType({"max-size": "20m", "max-file": "3"})
+
+
+def service_name(job: str, chunk: str, attempt: int) -> str:
+    """`ffswarm-<job>-c0007-a2`: the chunk id stays, the attempt number grows."""
+    return f"ffswarm-{job}-{chunk}-a{attempt}"
+
+
+@dataclass(frozen=True)
+class VolumeSpec:
+    """How runner containers mount the shared data root at /data.
+
+    NFS in production; here (no NFS in the kernel) the same Mount shape with the `local` driver's
+    bind options. The volume name carries a hash of its options: the local driver silently reuses
+    an existing volume of the same name, so changed options must mean a new name.
+    """
+
+    driver_options: Mapping[str, str]
+    driver: str = "local"
+    target: str = CONTAINER_DATA_ROOT
+
+    @property
+    def name(self) -> str:
+        digest = hashlib.sha256(json.dumps(dict(self.driver_options), sort_keys=True).encode()).hexdigest()[:10]
+        return f"ffswarm-data-{digest}"
+
+    @classmethod
+    def nfs(cls, server: str, export: str, options: str = "nfsvers=4.1,hard") -> VolumeSpec:
+        if not server or not export.startswith("/"):
+            raise ValueError(f"NFS volume needs a server and an absolute export, got {server!r}:{export!r}")
+        opts = f"addr={server}" + (f",{options}" if options else "")
+        return cls(MappingProxyType({"type": "nfs", "o": opts, "device": f":{export}"}))
+
+    @classmethod
+    def bind(cls, host_dir: str) -> VolumeSpec:
+        if not host_dir.startswith("/"):
+            raise ValueError(f"bind volume needs an absolute host path, got {host_dir!r}")
+        return cls(MappingProxyType({"type": "none", "o": "bind", "device": host_dir}))
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One chunk attempt as a one-shot service: replicated × 1 with restart condition `none`.
+
+    Why not `replicated-job`: on engine 20.10 removing a running job service does not stop its
+    container, and any update reruns the job (FIELD-NOTES). Replicated × 1 with no restarts runs the
+    container once (exit 0 → task `complete`, anything else → `failed` with the exit code), removal
+    stops it, and retries stay with the controller as new `-a<n>` services.
+    """
+
+    name: str
+    image: str
+    command: tuple[str, ...]
+    env: Mapping[str, str]
+    labels: Mapping[str, str]
+    constraints: tuple[str, ...]
+    generic_resources: Mapping[str, int]
+    memory_bytes: int
+    volume: VolumeSpec
+    user: str
+    read_only: bool = True
+    cap_drop: tuple[str, ...] = ("ALL",)
+    tmpfs: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({"/tmp": TMPFS_BYTES}))
+    restart_condition: str = "none"
+    log_options: Mapping[str, str] = field(default_factory=lambda: LOG_OPTIONS)
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes <= 0:
+            raise ValueError("a chunk service needs a memory limit")
+        if self.restart_condition != "none":
+            raise ValueError("chunk services never restart themselves; the controller retries")
+        if ":" not in self.user or self.user.split(":")[0] in ("0", "root"):
+            raise ValueError(f"runner must run as a non-root uid:gid, got {self.user!r}")
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain data, for --dry-run output and golden tests."""
+        return {
+            "name": self.name,
+            "image": self.image,
+            "command": list(self.command),
+            "env": dict(self.env),
+            "labels": dict(self.labels),
+            "constraints": list(self.constraints),
+            "generic_resources": dict(self.generic_resources),
+            "memory_bytes": self.memory_bytes,
+            "volume": {"name": self.volume.name, "driver": self.volume.driver,
+                       "options": dict(self.volume.driver_options), "target": self.volume.target},
+            "user": self.user,
+            "read_only": self.read_only,
+            "cap_drop": list(self.cap_drop),
+            "tmpfs": dict(self.tmpfs),
+            "restart_condition": self.restart_condition,
+            "log_options": dict(self.log_options),
+        }
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """What every chunk service of one job shares."""
+
+    job: str
+    image: str  # resolved image ID or digest, never a bare tag
+    constraints: tuple[str, ...]
+    gpu_kind: str
+    gpus: int
+    memory_bytes: int
+    volume: VolumeSpec
+    user: str
+    command: tuple[str, ...] = RUNNER_COMMAND
+
+
+def chunk_service(settings: RunnerSettings, chunk: str, attempt: int, extra_constraints: tuple[str, ...] = ()) -> ServiceSpec:
+    labels = MappingProxyType({
+        LABEL_JOB: settings.job,
+        LABEL_CHUNK: chunk,
+        LABEL_ATTEMPT: str(attempt),
+        LABEL_ROLE: ROLE_RUNNER,
+    })
+    env = MappingProxyType({
+        ENV_MANIFEST: f"{CONTAINER_DATA_ROOT}/runs/{settings.job}/chunks/{chunk}.json",
+        ENV_ATTEMPT: str(attempt),
+    })
+    resources = MappingProxyType({settings.gpu_kind: settings.gpus} if settings.gpus > 0 else {})
+    return ServiceSpec(
+        name=service_name(settings.job, chunk, attempt),
+        image=settings.image,
+        command=settings.command,
+        env=env,
+        labels=labels,
+        constraints=settings.constraints + extra_constraints,
+        generic_resources=resources,
+        memory_bytes=settings.memory_bytes,
+        volume=settings.volume,
+        user=settings.user,
+    )

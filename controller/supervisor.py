@@ -1,0 +1,234 @@
+"""Runs a job's chunks as one-shot services: the window, the watch, the classification, the retries.
+
+The supervisor is the only place that decides what happens to a chunk. It talks to the Swarm only
+through the SwarmBackend protocol (real daemon in production, an in-memory fake in unit tests) and
+keeps its truth in the run folder and the services' labels, so a restarted controller can adopt the
+services it finds (DESIGN.md: the controller is stateless between calls).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.failures import ChunkState, FailureClass, classify_exit, describe_exit
+from controller.rundir import RunDir
+from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, RunnerSettings, chunk_service
+from controller.swarm import ServiceState, SwarmBackend, TaskState
+
+PENDING_STATES = {"new", "pending", "allocated", "assigned"}
+LOST_STATES = {"shutdown", "orphaned", "remove"}
+
+EventSink = Callable[..., None]
+
+
+@dataclass
+class Attempt:
+    attempt: int
+    service: str
+    started: float  # controller clock when the service was created (or adopted)
+    running_since: float | None = None
+    node: str | None = None
+    exit_code: int | None = None
+    outcome: str = "running"  # done | failed class name | running
+    reason: str | None = None
+
+
+@dataclass
+class ChunkRun:
+    id: str
+    state: ChunkState = ChunkState.QUEUED
+    attempts: list[Attempt] = field(default_factory=list)
+    retries_used: int = 0
+    not_before: float = 0.0
+    failure: FailureClass | None = None
+    reason: str | None = None
+
+    @property
+    def current(self) -> Attempt:
+        return self.attempts[-1]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state.value,
+            "failure": self.failure.value if self.failure else None,
+            "reason": self.reason,
+            "attempts": [
+                {"attempt": a.attempt, "service": a.service, "node": a.node, "exit_code": a.exit_code,
+                 "outcome": a.outcome, "reason": a.reason}
+                for a in self.attempts
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class Policy:
+    retries: int = 3
+    timeout: float = 1800.0  # per attempt, once running
+    schedule_timeout: float = 300.0
+    poll: float = 0.5
+    backoff_base: float = 1.0
+    backoff_max: float = 30.0
+
+
+class Supervisor:
+    def __init__(
+        self,
+        backend: SwarmBackend,
+        rundir: RunDir,
+        settings: RunnerSettings,
+        policy: Policy,
+        on_event: EventSink | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.backend = backend
+        self.rundir = rundir
+        self.settings = settings
+        self.policy = policy
+        self.emit: EventSink = on_event or (lambda *a, **k: None)
+        self.clock = clock
+        self.sleep = sleep
+        self.chunks: dict[str, ChunkRun] = {}
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self, chunk_ids: list[str]) -> dict[str, ChunkRun]:
+        queue: deque[str] = deque()
+        for cid in chunk_ids:
+            self.chunks[cid] = ChunkRun(cid)
+            queue.append(cid)
+        self._adopt(queue)
+        while queue or self._running():
+            control = self.rundir.control()
+            if control.cancel:
+                self._cancel_all(queue)
+                break
+            self._fill(queue, control.max_concurrent)
+            by_name = {s.name: s for s in self.backend.services(self.settings.job)}
+            for run in self._running():
+                self._watch(run, by_name.get(run.current.service), queue)
+            if queue or self._running():
+                self.sleep(self.policy.poll)
+        self.backend.remove_exited_containers(self.settings.job)
+        return self.chunks
+
+    def _running(self) -> list[ChunkRun]:
+        return [c for c in self.chunks.values() if c.state is ChunkState.RUNNING]
+
+    def _adopt(self, queue: deque[str]) -> None:
+        """Services left by an earlier controller: keep the live ones, never start a second one."""
+        for svc in self.backend.services(self.settings.job):
+            cid = svc.labels.get(LABEL_CHUNK, "")
+            run = self.chunks.get(cid)
+            if run is None or run.state is not ChunkState.QUEUED:
+                self.backend.remove_service(svc.name)
+                continue
+            attempt = int(svc.labels.get(LABEL_ATTEMPT, "1"))
+            run.attempts.append(Attempt(attempt, svc.name, started=self.clock()))
+            run.state = ChunkState.RUNNING
+            queue.remove(cid)
+            self.emit("chunk_adopted", chunk=cid, attempt=attempt, service=svc.name)
+
+    def _fill(self, queue: deque[str], limit: int) -> None:
+        now = self.clock()
+        waiting: list[str] = []
+        while queue and len(self._running()) < limit:
+            cid = queue.popleft()
+            run = self.chunks[cid]
+            if run.not_before > now:
+                waiting.append(cid)
+                continue
+            self._start(run)
+        queue.extendleft(reversed(waiting))
+
+    def _start(self, run: ChunkRun) -> None:
+        attempt = run.attempts[-1].attempt + 1 if run.attempts else 1
+        spec = chunk_service(self.settings, run.id, attempt)
+        self.backend.create_service(spec)
+        run.attempts.append(Attempt(attempt, spec.name, started=self.clock()))
+        run.state = ChunkState.RUNNING
+        self.emit("chunk_started", chunk=run.id, attempt=attempt, service=spec.name)
+
+    # -- one chunk --------------------------------------------------------------------------------
+    def _watch(self, run: ChunkRun, svc: ServiceState | None, queue: deque[str]) -> None:
+        att = run.current
+        now = self.clock()
+        if svc is None:
+            self._fail(run, FailureClass.INFRASTRUCTURE, "service disappeared (removed outside ffswarm)", queue)
+            return
+        task = svc.latest_task()
+        if task and task.node_id:
+            att.node = task.node_id
+        if task is None or task.state in PENDING_STATES:
+            if now - att.started > self.policy.schedule_timeout:
+                why = task.message if task and task.message else "no task was scheduled"
+                self._end(run, svc, FailureClass.UNSCHEDULABLE,
+                          f"not scheduled within {self.policy.schedule_timeout:.0f}s: {why}", queue)
+            return
+        if task.state == "complete":
+            self._finish(run, svc, 0)
+        elif task.state == "failed":
+            code = task.exit_code if task.exit_code is not None else -1
+            failure = classify_exit(code)
+            if failure is None:
+                self._finish(run, svc, code)
+            else:
+                att.exit_code = code
+                self._end(run, svc, failure, f"{describe_exit(code)}: {task.message}".rstrip(": "), queue)
+        elif task.state == "rejected":
+            self._end(run, svc, FailureClass.INFRASTRUCTURE, f"task rejected: {task.message}", queue)
+        elif task.state in LOST_STATES:
+            self._end(run, svc, FailureClass.INFRASTRUCTURE, f"task {task.state}: {task.message or 'node lost'}", queue)
+        else:  # preparing, starting, running
+            if task.state == "running" and att.running_since is None:
+                att.running_since = now
+                self.emit("chunk_running", chunk=run.id, attempt=att.attempt, node=task.node_id)
+            if att.running_since is not None and now - att.running_since > self.policy.timeout:
+                self._end(run, svc, FailureClass.INFRASTRUCTURE, f"timed out after {self.policy.timeout:.0f}s", queue)
+
+    def _finish(self, run: ChunkRun, svc: ServiceState, code: int) -> None:
+        att = run.current
+        att.exit_code = code
+        att.outcome = "done"
+        run.state = ChunkState.DONE
+        self.backend.remove_service(svc.name)
+        self.emit("chunk_done", chunk=run.id, attempt=att.attempt, exit_code=code)
+
+    def _end(self, run: ChunkRun, svc: ServiceState, failure: FailureClass, reason: str, queue: deque[str]) -> None:
+        self.backend.remove_service(svc.name)
+        self._fail(run, failure, reason, queue)
+
+    def _fail(self, run: ChunkRun, failure: FailureClass, reason: str, queue: deque[str]) -> None:
+        att = run.current
+        att.outcome = failure.value
+        att.reason = reason
+        if failure.is_retryable() and run.retries_used < self.policy.retries:
+            run.retries_used += 1
+            delay = min(self.policy.backoff_max, self.policy.backoff_base * 2 ** (run.retries_used - 1))
+            run.not_before = self.clock() + delay * random.uniform(0.5, 1.0)
+            run.state = ChunkState.QUEUED
+            queue.append(run.id)
+            self.emit("chunk_retry", chunk=run.id, attempt=att.attempt, failure=failure.value, reason=reason)
+            return
+        run.state = ChunkState.FAILED
+        run.failure = failure
+        run.reason = reason
+        self.emit("chunk_failed", chunk=run.id, attempt=att.attempt, failure=failure.value, reason=reason)
+
+    def _cancel_all(self, queue: deque[str]) -> None:
+        for run in self._running():
+            self.backend.remove_service(run.current.service)
+            run.current.outcome = "cancelled"
+        for run in self.chunks.values():
+            if not run.state.is_terminal():
+                run.state = ChunkState.CANCELLED
+        queue.clear()
+        self.emit("job_cancelled")
+
+
+def task_summary(task: TaskState | None) -> str:
+    return "no task" if task is None else f"{task.state} {task.message}".strip()

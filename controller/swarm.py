@@ -1,0 +1,198 @@
+"""The only module that imports docker: ffswarm's view of a Swarm, in ffswarm's own types.
+
+Docker errors are translated here into ffswarm errors (one translation point), and Docker's task
+documents are reduced to TaskState so the supervisor never reads raw API dicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+import docker
+import docker.errors
+from docker import types as dt
+
+from controller.errors import CapacityError, FfswarmError, MissingInputError
+from controller.servicespec import LABEL_JOB, ServiceSpec
+
+
+@dataclass(frozen=True)
+class TaskState:
+    """One Swarm task of a chunk service, reduced to what the supervisor decides on."""
+
+    state: str  # new, pending, assigned, accepted, preparing, starting, running, complete, failed, shutdown, rejected, orphaned
+    desired_state: str
+    exit_code: int | None
+    message: str  # Status.Err or Status.Message: the scheduler's or the engine's own words
+    node_id: str | None
+    container_id: str | None
+    created: float  # unix seconds
+    updated: float
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    name: str
+    service_id: str
+    labels: Mapping[str, str]
+    created: float
+    tasks: tuple[TaskState, ...]
+
+    def latest_task(self) -> TaskState | None:
+        return max(self.tasks, key=lambda t: t.created) if self.tasks else None
+
+
+class SwarmBackend(Protocol):
+    """What the supervisor needs from a Swarm; a real one below, an in-memory one in tests."""
+
+    def create_service(self, spec: ServiceSpec) -> str: ...
+    def services(self, job: str) -> list[ServiceState]: ...
+    def remove_service(self, name: str) -> None: ...
+    def remove_exited_containers(self, job: str) -> int: ...
+
+
+def _ts(value: str | None) -> float:
+    if not value:
+        return 0.0
+    # Docker gives RFC 3339 with nanoseconds: trim to microseconds for fromisoformat.
+    head, _, frac = value.rstrip("Z").partition(".")
+    frac = (frac[:6] if frac else "0").ljust(6, "0")
+    return datetime.fromisoformat(f"{head}.{frac}+00:00").timestamp()
+
+
+def _task_state(task: Mapping[str, Any]) -> TaskState:
+    status = task.get("Status", {})
+    cstatus = status.get("ContainerStatus", {}) or {}
+    code = cstatus.get("ExitCode")
+    return TaskState(
+        state=str(status.get("State", "")),
+        desired_state=str(task.get("DesiredState", "")),
+        exit_code=int(code) if code is not None and status.get("State") in ("complete", "failed") else None,
+        message=str(status.get("Err") or status.get("Message") or ""),
+        node_id=task.get("NodeID") or None,
+        container_id=cstatus.get("ContainerID") or None,
+        created=_ts(task.get("CreatedAt")),
+        updated=_ts(task.get("UpdatedAt")),
+    )
+
+
+@contextmanager
+def _translated(what: str) -> Iterator[None]:
+    try:
+        yield
+    except docker.errors.ImageNotFound as e:
+        raise MissingInputError(f"{what}: {e.explanation or e}") from e
+    except docker.errors.APIError as e:
+        raise FfswarmError(f"{what}: Docker said: {e.explanation or e}") from e
+    except docker.errors.DockerException as e:
+        raise CapacityError(f"{what}: cannot reach the Docker engine: {e}") from e
+
+
+class DockerSwarm:
+    """SwarmBackend over a real dockerd (docker-py)."""
+
+    def __init__(self, base_url: str | None = None) -> None:
+        with _translated("connecting to Docker"):
+            self._client = docker.DockerClient(base_url=base_url, version="auto") if base_url else docker.from_env(version="auto")
+
+    @property
+    def client(self) -> docker.DockerClient:
+        return self._client
+
+    def check_manager(self) -> None:
+        with _translated("checking the swarm"):
+            info = self._client.info()
+        swarm = info.get("Swarm", {})
+        if swarm.get("LocalNodeState") != "active":
+            raise CapacityError("this Docker engine is not part of an active swarm (run scripts/dev-swarm.sh, or `docker swarm init`)")
+        if not swarm.get("ControlAvailable"):
+            raise CapacityError("this Docker engine is a swarm worker; run ffswarm on a manager node")
+
+    def resolve_image(self, ref: str) -> str:
+        """A tag makes every task try a registry pull (FIELD-NOTES): pin a digest, else the image ID."""
+        if "@sha256:" in ref or ref.startswith("sha256:"):
+            return ref
+        with _translated(f"image {ref}"):
+            image = self._client.images.get(ref)
+        digests = image.attrs.get("RepoDigests") or []
+        return str(digests[0]) if digests else str(image.id)
+
+    def create_service(self, spec: ServiceSpec) -> str:
+        mounts = [
+            dt.Mount(
+                target=spec.volume.target,
+                source=spec.volume.name,
+                type="volume",
+                driver_config=dt.DriverConfig(spec.volume.driver, dict(spec.volume.driver_options)),
+            )
+        ]
+        mounts += [dt.Mount(target=path, source=None, type="tmpfs", tmpfs_size=size) for path, size in spec.tmpfs.items()]
+        container = dt.ContainerSpec(
+            image=spec.image,
+            command=list(spec.command),
+            env=dict(spec.env),
+            labels=dict(spec.labels),
+            mounts=mounts,
+            user=spec.user,
+            read_only=spec.read_only,
+            cap_drop=list(spec.cap_drop),
+        )
+        template = dt.TaskTemplate(
+            container_spec=container,
+            resources=dt.Resources(mem_limit=spec.memory_bytes, generic_resources=dict(spec.generic_resources) or None),
+            restart_policy=dt.RestartPolicy(condition=spec.restart_condition, max_attempts=0),
+            placement=dt.Placement(constraints=list(spec.constraints)),
+            log_driver=dt.DriverConfig("json-file", dict(spec.log_options)),
+        )
+        with _translated(f"creating service {spec.name}"):
+            result = self._client.api.create_service(
+                template, name=spec.name, labels=dict(spec.labels), mode=dt.ServiceMode("replicated", replicas=1)
+            )
+        return str(result["ID"])
+
+    def services(self, job: str) -> list[ServiceState]:
+        with _translated(f"listing services of job {job}"):
+            raw = self._client.api.services(filters={"label": f"{LABEL_JOB}={job}"})
+            out = []
+            for svc in raw:
+                tasks = self._client.api.tasks(filters={"service": svc["ID"]})
+                out.append(
+                    ServiceState(
+                        name=svc["Spec"]["Name"],
+                        service_id=svc["ID"],
+                        labels=dict(svc["Spec"].get("Labels") or {}),
+                        created=_ts(svc.get("CreatedAt")),
+                        tasks=tuple(_task_state(t) for t in tasks),
+                    )
+                )
+        return out
+
+    def remove_service(self, name: str) -> None:
+        try:
+            self._client.api.remove_service(name)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as e:
+            raise FfswarmError(f"removing service {name}: Docker said: {e.explanation or e}") from e
+
+    def remove_exited_containers(self, job: str) -> int:
+        """Engines before 24 can leave exited task containers behind; remove this job's on this node."""
+        removed = 0
+        with _translated(f"cleaning containers of job {job}"):
+            for status in ("exited", "created", "dead"):
+                for c in self._client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job}", "status": status}):
+                    try:
+                        c.remove(force=True)
+                        removed += 1
+                    except docker.errors.NotFound:
+                        pass
+        return removed
+
+    def service_spec_raw(self, name: str) -> dict[str, Any]:
+        """The engine's own record of a service (tests inspect what was really created)."""
+        with _translated(f"inspecting service {name}"):
+            return dict(self._client.api.inspect_service(name))

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Turns this machine (Debian 12, root) into a working single-node ffswarm dev swarm. Idempotent:
+# every step checks first and says what it did.
+#   - installs the Docker engine, debootstrap and python3-venv when absent
+#   - starts dockerd with two fake GPUs (Swarm generic resources GPU=GPU-a, GPU=GPU-b) when none runs
+#   - swarm init, labels this node ffswarm.gpu=true
+#   - builds the base and runner images
+#   - makes .venv (ffswarm + runner + test libraries) and the data root .dev-data/
+#   - installs the stand-in model pack as `default` when no pack of that name exists
+#   - writes ./ffswarm.yaml (bind volume, data root inside the checkout)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+say() { printf 'dev-swarm: %s\n' "$*"; }
+RUNNER_UID=10001
+
+# 1. Packages.
+need=()
+command -v dockerd >/dev/null || need+=(docker.io)
+command -v debootstrap >/dev/null || need+=(debootstrap)
+command -v python3 >/dev/null || need+=(python3)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+  say "installing ${need[*]}"
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+if ! docker version >/dev/null 2>&1 && ! command -v docker >/dev/null; then
+  say "docker client missing after install"; exit 1
+fi
+
+# 2. The engine.
+if docker info >/dev/null 2>&1; then
+  say "dockerd: already running"
+else
+  say "dockerd: starting with fake GPUs GPU-a, GPU-b (log /var/log/ffswarm-dockerd.log)"
+  rm -f /var/run/docker.pid
+  DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 nohup dockerd \
+    --node-generic-resource GPU=GPU-a --node-generic-resource GPU=GPU-b \
+    --no-new-privileges \
+    >/var/log/ffswarm-dockerd.log 2>&1 &
+  for _ in $(seq 1 100); do docker info >/dev/null 2>&1 && break; sleep 0.2; done
+  docker info >/dev/null 2>&1 || { tail -20 /var/log/ffswarm-dockerd.log; exit 1; }
+fi
+
+# 3. Swarm and node label.
+if [ "$(docker info -f '{{.Swarm.LocalNodeState}}')" != active ]; then
+  docker swarm init --advertise-addr 127.0.0.1 >/dev/null
+  docker swarm update --dispatcher-heartbeat 1s >/dev/null
+  say "swarm: initialised (single node, 1 s heartbeat)"
+else
+  say "swarm: already active"
+fi
+docker node update --label-add ffswarm.gpu=true "$(docker info -f '{{.Swarm.NodeID}}')" >/dev/null
+gpus=$(docker node inspect self -f '{{range .Description.Resources.GenericResources}}{{.DiscreteResourceSpec.Kind}}={{.DiscreteResourceSpec.Value}} {{end}}')
+say "node: labelled ffswarm.gpu=true; generic resources: ${gpus:-none (GPU jobs cannot schedule here)}"
+
+# 4. Images.
+scripts/build-base-image.sh ffswarm/base:bookworm
+scripts/build-runner-image.sh ffswarm/runner:dev
+
+# 5. Python environment for the controller, the tests and the stand-in pack generator.
+if [ ! -x .venv/bin/ffswarm ] || [ pyproject.toml -nt .venv/.installed ]; then
+  say "venv: installing ffswarm with runner and test libraries into .venv"
+  python3 -m venv .venv
+  .venv/bin/pip install -q -e ".[runner,cpu,test]"
+  .venv/bin/pip install -q --no-deps "insightface==2.1"
+  touch .venv/.installed
+else
+  say "venv: up to date"
+fi
+
+# 6. Data root and model pack.
+data=$repo/.dev-data
+mkdir -p "$data/models"
+if [ ! -f "$data/models/default/pack.yaml" ]; then
+  .venv/bin/python -m tests.fixtures.standin_pack "$data/models/default" >/dev/null
+  say "##############################################################################"
+  say "models: no pack named 'default' under $data/models: installed the STAND-IN test"
+  say "        pack there (real RetinaFace detector, generated ArcFace/inswapper stand-ins)."
+  say "        Its swaps are not real face swaps. Install real models: see README."
+  say "##############################################################################"
+else
+  say "models: pack 'default' present"
+fi
+chown -R "$RUNNER_UID:$RUNNER_UID" "$data"
+
+# 7. Config.
+cat > ffswarm.yaml <<YAML
+# Written by scripts/dev-swarm.sh: single-node dev swarm on this machine.
+data_root: $data
+volume:
+  type: bind
+image: ffswarm/runner:dev
+schedule_timeout: 5m
+YAML
+say "config: wrote $repo/ffswarm.yaml (data root $data)"
+say "ready: . .venv/bin/activate && ffswarm submit ./jobs"
