@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The test command: brings up the dev swarm (scripts/dev-swarm.sh, idempotent), then lint, types,
+# unit tests (no Docker) and integration tests (the real single-node swarm and runner image).
+# Extra arguments go to pytest, e.g. scripts/test.sh -k spine
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/dev-swarm.sh
+echo "== ruff"; .venv/bin/ruff check controller runner_image tests
+echo "== mypy"; .venv/bin/mypy
+echo "== pytest"; .venv/bin/python -m pytest -q -p no:cacheprovider tests/unit tests/integration "$@"

@@ -1,0 +1,85 @@
+"""Planning: items and chunks, manifests that round-trip, run folder and job ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controller.plan import ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
+from controller.rundir import Control, RunDir, next_job_id
+from runner_image.manifest import FaceSelection, Manifest, ManifestError, NoFacePolicy
+
+
+def targets(n: int) -> list[TargetRef]:
+    return [TargetRef(input=f"crowd/p{i:02d}.jpg", output=f"out/p{i:02d}.jpg", kind="image") for i in range(n)]
+
+
+def test_chunks_cover_every_item_once_in_order() -> None:
+    plan = make_plan("h", targets(14), 5)
+    assert [len(c.items) for c in plan.chunks] == [5, 5, 4]
+    assert [c.id for c in plan.chunks] == ["c0000", "c0001", "c0002"]
+    flat = [i for c in plan.chunks for i in c.items]
+    assert flat == [i.id for i in plan.items] == [f"i{n:06d}" for n in range(14)]
+
+
+def test_plan_json_round_trip() -> None:
+    plan = make_plan("h", targets(3), 2)
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_zero_chunk_size_refused() -> None:
+    with pytest.raises(ValueError):
+        make_plan("h", targets(3), 0)
+
+
+def ms() -> ManifestSettings:
+    return ManifestSettings(pack="default", sources=("faces/a.jpg", "faces/b.jpg"), processors=("face_swapper",),
+                            providers=("cpu",), faces=FaceSelection.ONE, no_face=NoFacePolicy.SKIP)
+
+
+def test_manifests_use_container_paths_and_round_trip() -> None:
+    plan = make_plan("h", targets(3), 2)
+    manifests = chunk_manifests(plan, ms())
+    m = manifests["c0001"]
+    assert m.items[0].input == "/data/crowd/p02.jpg" and m.items[0].output == "/data/out/p02.jpg"
+    assert m.source == ("/data/faces/a.jpg", "/data/faces/b.jpg")
+    assert m.pack_dir == "/data/models/default" and m.run_dir == "/data/runs/h"
+    assert m.results_path == "/data/runs/h/results/c0001.jsonl"
+    assert Manifest.from_json(m.to_json()) == m
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda d: d.update(schema=2), "unknown manifest schema version 2"),
+    (lambda d: d.pop("schema"), "unknown manifest schema version None"),
+    (lambda d: d["items"][0].update(input="/etc/passwd"), "not a path under /data"),
+    (lambda d: d["items"][0].update(output="/data/../etc/x"), "not normalised"),
+    (lambda d: d.update(processors=["rm -rf"]), "unknown processor"),
+    (lambda d: d.pop("job"), "malformed manifest"),
+])
+def test_bad_manifests_refused(mutate, match) -> None:  # type: ignore[no-untyped-def]
+    import json
+    data = json.loads(chunk_manifests(make_plan("h", targets(1), 1), ms())["c0000"].to_json())
+    mutate(data)
+    with pytest.raises(ManifestError, match=match):
+        Manifest.from_dict(data)
+
+
+def test_run_folder_layout_and_atomic_files(tmp_path: Path) -> None:
+    plan = make_plan("h", targets(3), 2)
+    rd = RunDir(tmp_path, "h")
+    rd.create(b"name: h\n", plan, chunk_manifests(plan, ms()), Control(2))
+    names = sorted(str(p.relative_to(rd.path)) for p in rd.path.rglob("*"))
+    assert names == ["chunks", "chunks/c0000.json", "chunks/c0001.json", "control.json", "job.yaml", "logs",
+                     "plan.json", "results"]
+    assert rd.plan() == plan and rd.control() == Control(2)
+    assert rd.manifest("c0000").chunk == "c0000"
+
+
+def test_job_ids_with_new(tmp_path: Path) -> None:
+    assert next_job_id(tmp_path, "h", new=True) == "h"
+    (tmp_path / "runs" / "h").mkdir(parents=True)
+    assert next_job_id(tmp_path, "h", new=False) == "h"
+    assert next_job_id(tmp_path, "h", new=True) == "h-2"
+    (tmp_path / "runs" / "h-2").mkdir()
+    assert next_job_id(tmp_path, "h", new=True) == "h-3"

@@ -1,0 +1,139 @@
+"""The supervisor's decisions, driven through the in-memory FakeSwarm (no Docker)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controller.failures import ChunkState, FailureClass, classify_exit
+from controller.rundir import Control, RunDir
+from controller.servicespec import RunnerSettings, VolumeSpec, chunk_service
+from controller.supervisor import Policy, Supervisor
+from tests.fakes import FakeSwarm, Outcome
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def settings() -> RunnerSettings:
+    return RunnerSettings(job="j", image="sha256:abc", constraints=("node.labels.ffswarm.gpu==true",), gpu_kind="GPU",
+                          gpus=1, memory_bytes=2 << 30, volume=VolumeSpec.bind("/srv/d"), user="1000:1000")
+
+
+def make(tmp_path: Path, swarm: FakeSwarm, max_concurrent: int = 2, **policy: float) -> tuple[Supervisor, Clock]:
+    rundir = RunDir(tmp_path, "j")
+    rundir.path.mkdir(parents=True)
+    rundir.write_control(Control(max_concurrent))
+    clock = Clock()
+    p = Policy(**{"retries": 2, "timeout": 60.0, "schedule_timeout": 10.0, "poll": 0.5, **policy})  # type: ignore[arg-type]
+    return Supervisor(swarm, rundir, settings(), p, clock=clock, sleep=clock.sleep), clock
+
+
+def test_window_never_exceeds_max_concurrent_and_all_chunks_finish(tmp_path: Path) -> None:
+    swarm = FakeSwarm()
+    sup, _ = make(tmp_path, swarm, max_concurrent=2)
+    runs = sup.run([f"c{i:04d}" for i in range(7)])
+    assert swarm.max_alive == 2
+    assert all(r.state is ChunkState.DONE for r in runs.values())
+    assert swarm.alive() == []  # finished services are removed
+    assert len(swarm.created) == 7
+
+
+def test_exit_3_is_done_not_retried(tmp_path: Path) -> None:
+    swarm = FakeSwarm(script={("c0000", 1): Outcome("failed", 3)})
+    sup, _ = make(tmp_path, swarm)
+    runs = sup.run(["c0000"])
+    assert runs["c0000"].state is ChunkState.DONE
+    assert [s.name for s in swarm.created] == ["ffswarm-j-c0000-a1"]
+
+
+@pytest.mark.parametrize("code", [65, 66])
+def test_user_failures_are_final(tmp_path: Path, code: int) -> None:
+    swarm = FakeSwarm(script={("c0000", 1): Outcome("failed", code, "task: non-zero exit")})
+    sup, _ = make(tmp_path, swarm)
+    runs = sup.run(["c0000"])
+    assert runs["c0000"].state is ChunkState.FAILED
+    assert runs["c0000"].failure is FailureClass.USER
+    assert len(swarm.created) == 1
+
+
+def test_retryable_failure_gets_new_attempt_services_until_budget(tmp_path: Path) -> None:
+    swarm = FakeSwarm(script={("c0000", 1): Outcome("failed", 70), ("c0000", 2): Outcome("failed", 137),
+                              ("c0000", 3): Outcome("failed", 75)})
+    sup, _ = make(tmp_path, swarm)
+    runs = sup.run(["c0000"])
+    assert [s.name for s in swarm.created] == ["ffswarm-j-c0000-a1", "ffswarm-j-c0000-a2", "ffswarm-j-c0000-a3"]
+    assert runs["c0000"].state is ChunkState.FAILED
+    assert runs["c0000"].failure is FailureClass.INFRASTRUCTURE
+    assert [a.exit_code for a in runs["c0000"].attempts] == [70, 137, 75]
+
+
+def test_retry_then_success(tmp_path: Path) -> None:
+    swarm = FakeSwarm(script={("c0001", 1): Outcome("rejected", None, "container failed to start")})
+    sup, _ = make(tmp_path, swarm)
+    runs = sup.run(["c0000", "c0001"])
+    assert runs["c0001"].state is ChunkState.DONE
+    assert runs["c0001"].attempts[0].reason == "task rejected: container failed to start"
+    assert len(runs["c0001"].attempts) == 2
+
+
+def test_unschedulable_fails_with_the_schedulers_reason_after_timeout(tmp_path: Path) -> None:
+    msg = "no suitable node (scheduling constraints not satisfied on 1 node)"
+    swarm = FakeSwarm(script={("c0000", 1): Outcome("pending", None, msg)})
+    sup, clock = make(tmp_path, swarm, schedule_timeout=10.0)
+    runs = sup.run(["c0000"])
+    assert runs["c0000"].state is ChunkState.FAILED
+    assert runs["c0000"].failure is FailureClass.UNSCHEDULABLE
+    assert msg in (runs["c0000"].reason or "")
+    assert 10.0 < clock.now <= 11.0
+    assert swarm.alive() == []
+
+
+def test_attempt_timeout_removes_service_and_retries(tmp_path: Path) -> None:
+    swarm = FakeSwarm(script={("c0000", 1): Outcome("running")})
+    sup, _ = make(tmp_path, swarm, timeout=5.0)
+    runs = sup.run(["c0000"])
+    assert runs["c0000"].state is ChunkState.DONE
+    assert "timed out" in (runs["c0000"].attempts[0].reason or "")
+    assert "ffswarm-j-c0000-a1" in swarm.removed
+
+
+def test_adopts_live_service_instead_of_starting_a_second(tmp_path: Path) -> None:
+    swarm = FakeSwarm()
+    swarm.add_orphan(chunk_service(settings(), "c0000", 2), Outcome())
+    sup, _ = make(tmp_path, swarm)
+    runs = sup.run(["c0000", "c0001"])
+    assert [s.name for s in swarm.created] == ["ffswarm-j-c0001-a1"]
+    assert runs["c0000"].state is ChunkState.DONE and runs["c0000"].current.attempt == 2
+
+
+def test_cancel_removes_running_services(tmp_path: Path) -> None:
+    swarm = FakeSwarm(script={("c0000", 1): Outcome("running"), ("c0001", 1): Outcome("running")})
+    sup, clock = make(tmp_path, swarm, timeout=1e9)
+    orig = clock.sleep
+
+    def sleep(s: float) -> None:
+        orig(s)
+        if clock.now > 3:
+            sup.rundir.write_control(Control(2, cancel=True))
+    sup.sleep = sleep
+    runs = sup.run(["c0000", "c0001", "c0002"])
+    assert {r.state for r in runs.values()} == {ChunkState.CANCELLED}
+    assert swarm.alive() == []
+
+
+def test_exit_classes() -> None:
+    assert classify_exit(0) is None and classify_exit(3) is None
+    assert classify_exit(65) is FailureClass.USER and classify_exit(66) is FailureClass.USER
+    assert classify_exit(70) is FailureClass.INTERNAL and classify_exit(70).is_retryable()
+    assert classify_exit(137) is FailureClass.INFRASTRUCTURE and classify_exit(75) is FailureClass.INFRASTRUCTURE
+    assert not FailureClass.USER.is_retryable() and not FailureClass.UNSCHEDULABLE.is_retryable()
