@@ -18,8 +18,13 @@ from controller.rundir import Control, RunDir
 
 
 @click.group()
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="Config file (else $FFSWARM_CONFIG, ./ffswarm.yaml, ~/.config/ffswarm/config.yaml).")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Config file (else $FFSWARM_CONFIG, ./ffswarm.yaml, ~/.config/ffswarm/config.yaml).",
+)
 @click.option("--json-logs/--console-logs", default=None, help="Log format (default: console on a terminal).")
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None, json_logs: bool | None) -> None:
@@ -54,8 +59,10 @@ def submit(ctx: click.Context, paths: tuple[Path, ...], dry_run: bool, new: bool
         code, reports = jobs_mod.submit(config, prepared, make_progress)
     except KeyboardInterrupt:
         names = " ".join(j.job_id for j in prepared)
-        raise Interrupted(f"detached; chunk services keep running. Continue with: ffswarm submit {' '.join(map(str, paths))}"
-                          f" (job {names})") from None
+        raise Interrupted(
+            f"detached; chunk services keep running. Continue with: ffswarm submit {' '.join(map(str, paths))}"
+            f" (job {names})"
+        ) from None
     finally:
         for p in progress.values():
             p.close()
@@ -72,6 +79,7 @@ def _image_lookup(config: Any) -> Any:
             return DockerSwarm(config.docker_host).resolve_image(ref)
         except FfswarmError:
             return f"{ref} (unresolved: Docker unavailable)"
+
     return lookup
 
 
@@ -80,9 +88,11 @@ def _summary(config: Any, job: jobs_mod.PreparedJob, report: dict[str, Any]) -> 
     root = config.data_root
     pack = root / "models" / job.spec.models / "pack.yaml"
     standin = "standin: true" in pack.read_text() if pack.is_file() else False
-    click.echo(f"job {report['job']}: {c['ok']} ok, {c['no_face']} without a face, {c['failed']} failed "
-               f"of {c['items']} items in {c['chunks']} chunks")
-    outputs = sorted({str(Path(i['output']).parent) for i in report["items"].values() if i["output"]})
+    click.echo(
+        f"job {report['job']}: {c['ok']} ok, {c['no_face']} without a face, {c['failed']} failed "
+        f"of {c['items']} items in {c['chunks']} chunks"
+    )
+    outputs = sorted({str(Path(i["output"]).parent) for i in report["items"].values() if i["output"]})
     for o in outputs:
         click.echo(f"  outputs: {root / o}")
     for f in report["failures"]:
@@ -99,7 +109,9 @@ def status(ctx: click.Context, job: str | None, as_json: bool) -> None:
     """Jobs and how far they got (from their run folders)."""
     config = _config(ctx)
     runs = config.data_root / "runs"
-    names = [job] if job else sorted(p.name for p in runs.iterdir() if (p / "plan.json").is_file()) if runs.is_dir() else []
+    names = (
+        [job] if job else sorted(p.name for p in runs.iterdir() if (p / "plan.json").is_file()) if runs.is_dir() else []
+    )
     out = []
     for name in names:
         rundir = RunDir(config.data_root, name)
@@ -112,15 +124,25 @@ def status(ctx: click.Context, job: str | None, as_json: bool) -> None:
                 failed += r.status.is_failure()
                 done += not r.status.is_failure()
         report = rundir.report()
-        out.append({"job": name, "items": len(plan.items), "done": done, "failed": failed,
-                    "chunks": len(plan.chunks), "finished": report is not None,
-                    "control": rundir.control().__dict__})
+        out.append(
+            {
+                "job": name,
+                "items": len(plan.items),
+                "done": done,
+                "failed": failed,
+                "chunks": len(plan.chunks),
+                "finished": report is not None,
+                "control": rundir.control().__dict__,
+            }
+        )
     if as_json:
         click.echo(json.dumps(out, indent=1))
     else:
         for j in out:
             state = "finished" if j["finished"] else "in progress"
-            click.echo(f"{j['job']}: {state}; {j['done']}/{j['items']} items done, {j['failed']} failed, {j['chunks']} chunks")
+            click.echo(
+                f"{j['job']}: {state}; {j['done']}/{j['items']} items done, {j['failed']} failed, {j['chunks']} chunks"
+            )
 
 
 @cli.command()
@@ -163,8 +185,12 @@ def _set_control(ctx: click.Context, job: str, **change: Any) -> None:
     if not rundir.exists():
         raise UsageError(f"no job {job!r} under {config.data_root / 'runs'}")
     current = rundir.control()
-    rundir.write_control(Control(max_concurrent=change.get("max_concurrent", current.max_concurrent),
-                                 cancel=change.get("cancel", current.cancel)))
+    rundir.write_control(
+        Control(
+            max_concurrent=change.get("max_concurrent", current.max_concurrent),
+            cancel=change.get("cancel", current.cancel),
+        )
+    )
 
 
 def _owner_of(config: Any) -> tuple[int, int]:

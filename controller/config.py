@@ -42,11 +42,15 @@ class Config:
 
 
 def find_config(explicit: str | None) -> Path:
-    candidates = [explicit] if explicit else [
-        os.environ.get("FFSWARM_CONFIG"),
-        "ffswarm.yaml",
-        str(Path.home() / ".config" / "ffswarm" / "config.yaml"),
-    ]
+    candidates = (
+        [explicit]
+        if explicit
+        else [
+            os.environ.get("FFSWARM_CONFIG"),
+            "ffswarm.yaml",
+            str(Path.home() / ".config" / "ffswarm" / "config.yaml"),
+        ]
+    )
     for c in candidates:
         if c and Path(c).is_file():
             return Path(c)
@@ -83,7 +87,9 @@ def parse_config(path: Path, data: dict[str, Any]) -> Config:
         raise ConfigError(f"{path}: volume must be a mapping with keys {sorted(_VOLUME_KEYS)}")
     try:
         if vol.get("type") == "nfs":
-            volume = VolumeSpec.nfs(str(vol.get("server", "")), str(vol.get("export", "")), str(vol.get("options", "nfsvers=4.1,hard")))
+            volume = VolumeSpec.nfs(
+                str(vol.get("server", "")), str(vol.get("export", "")), str(vol.get("options", "nfsvers=4.1,hard"))
+            )
         elif vol.get("type", "bind") == "bind":
             volume = VolumeSpec.bind(str(data_root))
         else:

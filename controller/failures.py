@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from runner_image.manifest import RunnerExit
 
 
-class ChunkState(str, Enum):
+class ChunkState(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     DONE = "done"  # runner finished (exit 0 or 3); item-level failures live in the results
@@ -18,7 +18,7 @@ class ChunkState(str, Enum):
         return self in (ChunkState.DONE, ChunkState.FAILED, ChunkState.CANCELLED)
 
 
-class FailureClass(str, Enum):
+class FailureClass(StrEnum):
     USER = "user"  # bad manifest, missing input or model pack: the same inputs fail again
     INTERNAL = "internal"  # runner bug (70): retried, counts against retries
     INFRASTRUCTURE = "infrastructure"  # killed, OOM, temporary, rejected, node lost, timed out

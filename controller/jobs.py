@@ -17,7 +17,7 @@ from controller import log
 from controller.config import Config
 from controller.errors import JobFileError, MissingInputError
 from controller.failures import ChunkState
-from controller.jobspec import JobSpec, TargetKind, ResolvedJob, load_jobs, resolve_job
+from controller.jobspec import JobSpec, ResolvedJob, TargetKind, load_jobs, resolve_job
 from controller.plan import ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
 from controller.report import build_report, exit_code
 from controller.rundir import Control, RunDir, next_job_id
@@ -91,14 +91,16 @@ def dry_run(config: Config, jobs: list[PreparedJob], image_of: Callable[[str], s
     for job in jobs:
         image = image_of(job.spec.image or config.image)
         settings = runner_settings(config, job, image)
-        out["jobs"].append({
-            "job": job.job_id,
-            "file": str(job.file),
-            "items": [{"id": i.id, "input": i.input, "output": i.output, "kind": i.kind} for i in job.plan.items],
-            "chunks": [{"id": c.id, "items": list(c.items)} for c in job.plan.chunks],
-            "max_concurrent": job.spec.max_concurrent,
-            "services": [chunk_service(settings, c.id, 1).as_dict() for c in job.plan.chunks],
-        })
+        out["jobs"].append(
+            {
+                "job": job.job_id,
+                "file": str(job.file),
+                "items": [{"id": i.id, "input": i.input, "output": i.output, "kind": i.kind} for i in job.plan.items],
+                "chunks": [{"id": c.id, "items": list(c.items)} for c in job.plan.chunks],
+                "max_concurrent": job.spec.max_concurrent,
+                "services": [chunk_service(settings, c.id, 1).as_dict() for c in job.plan.chunks],
+            }
+        )
     return out
 
 
@@ -126,12 +128,19 @@ def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
     return rundir
 
 
-def supervise(config: Config, backend: SwarmBackend, job: PreparedJob, rundir: RunDir, image: str,
-              on_event: Callable[..., None] | None = None) -> dict[str, Any]:
+def supervise(
+    config: Config,
+    backend: SwarmBackend,
+    job: PreparedJob,
+    rundir: RunDir,
+    image: str,
+    on_event: Callable[..., None] | None = None,
+) -> dict[str, Any]:
     plan = rundir.plan()
     started = time.time()
-    policy = Policy(retries=job.spec.retries, timeout=float(job.spec.timeout),
-                    schedule_timeout=float(config.schedule_timeout))
+    policy = Policy(
+        retries=job.spec.retries, timeout=float(job.spec.timeout), schedule_timeout=float(config.schedule_timeout)
+    )
     logger = log.get(job=job.job_id)
 
     def emit(event: str, **fields: Any) -> None:
@@ -152,8 +161,9 @@ def supervise(config: Config, backend: SwarmBackend, job: PreparedJob, rundir: R
 ProgressFactory = Callable[[RunDir, int], Callable[..., None]]
 
 
-def submit(config: Config, jobs: list[PreparedJob],
-           progress: ProgressFactory | None = None) -> tuple[int, list[dict[str, Any]]]:
+def submit(
+    config: Config, jobs: list[PreparedJob], progress: ProgressFactory | None = None
+) -> tuple[int, list[dict[str, Any]]]:
     backend = DockerSwarm(config.docker_host)
     backend.check_manager()
     reports = []

@@ -76,10 +76,15 @@ def safe_glob(root: Path, pattern: str) -> list[Path]:
     for match in glob.glob(pattern, root_dir=root, recursive=True):
         if posixpath.basename(match.rstrip("/")).startswith("."):
             continue
+        if match.split("/", 1)[0] in RESERVED_TOP and not pattern.startswith(match.split("/", 1)[0] + "/"):
+            continue  # a broad glob (**/*.jpg) never picks up run folders or model packs
         real = resolve_inside(root, match, what="glob match")
         if real.is_file():
             found.add(real)
     return sorted(found)
+
+
+RESERVED_TOP = ("runs", "models")
 
 
 def _check_form(rel: str, *, what: str) -> None:

@@ -35,8 +35,14 @@ class Plan:
         return {i.id: i for i in self.items}
 
     def to_json(self) -> str:
-        return json.dumps({"job": self.job, "items": [asdict(i) for i in self.items],
-                           "chunks": [{"id": c.id, "items": list(c.items)} for c in self.chunks]}, indent=1)
+        return json.dumps(
+            {
+                "job": self.job,
+                "items": [asdict(i) for i in self.items],
+                "chunks": [{"id": c.id, "items": list(c.items)} for c in self.chunks],
+            },
+            indent=1,
+        )
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
@@ -68,9 +74,11 @@ def chunk_id(index: int) -> str:
 def make_plan(job: str, targets: list[TargetRef], chunk_size: int) -> Plan:
     if chunk_size < 1:
         raise ValueError("chunk_size must be ≥ 1")
-    items = tuple(PlannedItem(id=item_id(n), input=t.input, output=t.output, kind=t.kind) for n, t in enumerate(targets))
+    items = tuple(
+        PlannedItem(id=item_id(n), input=t.input, output=t.output, kind=t.kind) for n, t in enumerate(targets)
+    )
     chunks = tuple(
-        Chunk(id=chunk_id(n), items=tuple(i.id for i in items[start:start + chunk_size]))
+        Chunk(id=chunk_id(n), items=tuple(i.id for i in items[start : start + chunk_size]))
         for n, start in enumerate(range(0, len(items), chunk_size))
     )
     return Plan(job=job, items=items, chunks=chunks)

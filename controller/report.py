@@ -32,8 +32,13 @@ def build_report(plan: Plan, rundir: RunDir, runs: dict[str, ChunkRun], image: s
             else:
                 status, reason, output = "error", f"no result recorded by chunk {chunk.id}", None
             counts[status] += 1
-            items[item_id] = {"input": planned.input, "output": planned.output if output else None,
-                              "status": status, "reason": reason, "chunk": chunk.id}
+            items[item_id] = {
+                "input": planned.input,
+                "output": planned.output if output else None,
+                "status": status,
+                "reason": reason,
+                "chunk": chunk.id,
+            }
             if status not in (ItemStatus.OK.value, ItemStatus.NO_FACE.value):
                 failures.append({"item": item_id, "input": planned.input, "reason": reason, "chunk": chunk.id})
     chunk_counts = Counter(r.state.value for r in runs.values())
@@ -42,10 +47,16 @@ def build_report(plan: Plan, rundir: RunDir, runs: dict[str, ChunkRun], image: s
         "image": image,
         "started": started,
         "finished": time.time(),
-        "counts": {"items": len(plan.items), "ok": counts["ok"], "no_face": counts["no_face"],
-                   "failed": len(failures), "chunks": len(plan.chunks),
-                   "chunks_done": chunk_counts["done"], "chunks_failed": chunk_counts["failed"],
-                   "chunks_cancelled": chunk_counts["cancelled"]},
+        "counts": {
+            "items": len(plan.items),
+            "ok": counts["ok"],
+            "no_face": counts["no_face"],
+            "failed": len(failures),
+            "chunks": len(plan.chunks),
+            "chunks_done": chunk_counts["done"],
+            "chunks_failed": chunk_counts["failed"],
+            "chunks_cancelled": chunk_counts["cancelled"],
+        },
         "failures": failures,
         "items": items,
         "chunks": {cid: run.as_dict() for cid, run in sorted(runs.items())},

@@ -78,7 +78,9 @@ class RunDir:
         return Manifest.from_json((self.path / "chunks" / f"{chunk}.json").read_text())
 
     def write_control(self, control: Control) -> None:
-        self._write("control.json", json.dumps({"max_concurrent": control.max_concurrent, "cancel": control.cancel}).encode())
+        self._write(
+            "control.json", json.dumps({"max_concurrent": control.max_concurrent, "cancel": control.cancel}).encode()
+        )
 
     def control(self) -> Control:
         data = json.loads((self.path / "control.json").read_text())

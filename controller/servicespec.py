@@ -108,8 +108,12 @@ class ServiceSpec:
             "constraints": list(self.constraints),
             "generic_resources": dict(self.generic_resources),
             "memory_bytes": self.memory_bytes,
-            "volume": {"name": self.volume.name, "driver": self.volume.driver,
-                       "options": dict(self.volume.driver_options), "target": self.volume.target},
+            "volume": {
+                "name": self.volume.name,
+                "driver": self.volume.driver,
+                "options": dict(self.volume.driver_options),
+                "target": self.volume.target,
+            },
             "user": self.user,
             "read_only": self.read_only,
             "cap_drop": list(self.cap_drop),
@@ -134,17 +138,23 @@ class RunnerSettings:
     command: tuple[str, ...] = RUNNER_COMMAND
 
 
-def chunk_service(settings: RunnerSettings, chunk: str, attempt: int, extra_constraints: tuple[str, ...] = ()) -> ServiceSpec:
-    labels = MappingProxyType({
-        LABEL_JOB: settings.job,
-        LABEL_CHUNK: chunk,
-        LABEL_ATTEMPT: str(attempt),
-        LABEL_ROLE: ROLE_RUNNER,
-    })
-    env = MappingProxyType({
-        ENV_MANIFEST: f"{CONTAINER_DATA_ROOT}/runs/{settings.job}/chunks/{chunk}.json",
-        ENV_ATTEMPT: str(attempt),
-    })
+def chunk_service(
+    settings: RunnerSettings, chunk: str, attempt: int, extra_constraints: tuple[str, ...] = ()
+) -> ServiceSpec:
+    labels = MappingProxyType(
+        {
+            LABEL_JOB: settings.job,
+            LABEL_CHUNK: chunk,
+            LABEL_ATTEMPT: str(attempt),
+            LABEL_ROLE: ROLE_RUNNER,
+        }
+    )
+    env = MappingProxyType(
+        {
+            ENV_MANIFEST: f"{CONTAINER_DATA_ROOT}/runs/{settings.job}/chunks/{chunk}.json",
+            ENV_ATTEMPT: str(attempt),
+        }
+    )
     resources = MappingProxyType({settings.gpu_kind: settings.gpus} if settings.gpus > 0 else {})
     return ServiceSpec(
         name=service_name(settings.job, chunk, attempt),

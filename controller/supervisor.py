@@ -58,8 +58,14 @@ class ChunkRun:
             "failure": self.failure.value if self.failure else None,
             "reason": self.reason,
             "attempts": [
-                {"attempt": a.attempt, "service": a.service, "node": a.node, "exit_code": a.exit_code,
-                 "outcome": a.outcome, "reason": a.reason}
+                {
+                    "attempt": a.attempt,
+                    "service": a.service,
+                    "node": a.node,
+                    "exit_code": a.exit_code,
+                    "outcome": a.outcome,
+                    "reason": a.reason,
+                }
                 for a in self.attempts
             ],
         }
@@ -166,8 +172,13 @@ class Supervisor:
         if task is None or task.state in PENDING_STATES:
             if now - att.started > self.policy.schedule_timeout:
                 why = task.message if task and task.message else "no task was scheduled"
-                self._end(run, svc, FailureClass.UNSCHEDULABLE,
-                          f"not scheduled within {self.policy.schedule_timeout:.0f}s: {why}", queue)
+                self._end(
+                    run,
+                    svc,
+                    FailureClass.UNSCHEDULABLE,
+                    f"not scheduled within {self.policy.schedule_timeout:.0f}s: {why}",
+                    queue,
+                )
             return
         if task.state == "complete":
             self._finish(run, svc, 0)

@@ -24,7 +24,7 @@ from controller.servicespec import LABEL_JOB, ServiceSpec
 class TaskState:
     """One Swarm task of a chunk service, reduced to what the supervisor decides on."""
 
-    state: str  # new, pending, assigned, accepted, preparing, starting, running, complete, failed, shutdown, rejected, orphaned
+    state: str  # new, pending, assigned, …, running, complete, failed, shutdown, rejected, orphaned
     desired_state: str
     exit_code: int | None
     message: str  # Status.Err or Status.Message: the scheduler's or the engine's own words
@@ -97,7 +97,9 @@ class DockerSwarm:
 
     def __init__(self, base_url: str | None = None) -> None:
         with _translated("connecting to Docker"):
-            self._client = docker.DockerClient(base_url=base_url, version="auto") if base_url else docker.from_env(version="auto")
+            self._client = (
+                docker.DockerClient(base_url=base_url, version="auto") if base_url else docker.from_env(version="auto")
+            )
 
     @property
     def client(self) -> docker.DockerClient:
@@ -108,7 +110,9 @@ class DockerSwarm:
             info = self._client.info()
         swarm = info.get("Swarm", {})
         if swarm.get("LocalNodeState") != "active":
-            raise CapacityError("this Docker engine is not part of an active swarm (run scripts/dev-swarm.sh, or `docker swarm init`)")
+            raise CapacityError(
+                "this Docker engine is not part of an active swarm (run scripts/dev-swarm.sh, or `docker swarm init`)"
+            )
         if not swarm.get("ControlAvailable"):
             raise CapacityError("this Docker engine is a swarm worker; run ffswarm on a manager node")
 
@@ -130,7 +134,9 @@ class DockerSwarm:
                 driver_config=dt.DriverConfig(spec.volume.driver, dict(spec.volume.driver_options)),
             )
         ]
-        mounts += [dt.Mount(target=path, source=None, type="tmpfs", tmpfs_size=size) for path, size in spec.tmpfs.items()]
+        mounts += [
+            dt.Mount(target=path, source=None, type="tmpfs", tmpfs_size=size) for path, size in spec.tmpfs.items()
+        ]
         container = dt.ContainerSpec(
             image=spec.image,
             command=list(spec.command),
@@ -184,7 +190,9 @@ class DockerSwarm:
         removed = 0
         with _translated(f"cleaning containers of job {job}"):
             for status in ("exited", "created", "dead"):
-                for c in self._client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job}", "status": status}):
+                for c in self._client.containers.list(
+                    all=True, filters={"label": f"{LABEL_JOB}={job}", "status": status}
+                ):
                     try:
                         c.remove(force=True)
                         removed += 1

@@ -48,8 +48,15 @@ class FakeSwarm:
             if svc.spec.labels[LABEL_JOB] != job:
                 continue
             svc.polls += 1
-            out.append(ServiceState(name=name, service_id=f"id-{name}", labels=dict(svc.spec.labels),
-                                    created=0.0, tasks=(self._task(svc),)))
+            out.append(
+                ServiceState(
+                    name=name,
+                    service_id=f"id-{name}",
+                    labels=dict(svc.spec.labels),
+                    created=0.0,
+                    tasks=(self._task(svc),),
+                )
+            )
         return out
 
     def _task(self, svc: _Svc) -> TaskState:
@@ -60,8 +67,16 @@ class FakeSwarm:
             state, code, msg = "running", None, ""
         else:
             state, code, msg = o.state, o.exit_code, o.message
-        return TaskState(state=state, desired_state="running", exit_code=code, message=msg, node_id="node-1",
-                         container_id=None, created=1.0, updated=1.0)
+        return TaskState(
+            state=state,
+            desired_state="running",
+            exit_code=code,
+            message=msg,
+            node_id="node-1",
+            container_id=None,
+            created=1.0,
+            updated=1.0,
+        )
 
     def remove_service(self, name: str) -> None:
         if self._svcs.pop(name, None) is not None:

@@ -17,8 +17,15 @@ pytestmark = pytest.mark.integration
 
 def spec(ws: Workspace, swarm: DockerSwarm, chunk: str, script: str) -> ServiceSpec:
     settings = RunnerSettings(
-        job=ws.job, image=swarm.resolve_image(ws.config.image), constraints=("node.labels.ffswarm.gpu==true",),
-        gpu_kind="GPU", gpus=1, memory_bytes=256 << 20, volume=ws.config.volume, user=ws.config.runner_uid_gid())
+        job=ws.job,
+        image=swarm.resolve_image(ws.config.image),
+        constraints=("node.labels.ffswarm.gpu==true",),
+        gpu_kind="GPU",
+        gpus=1,
+        memory_bytes=256 << 20,
+        volume=ws.config.volume,
+        user=ws.config.runner_uid_gid(),
+    )
     return dataclasses.replace(chunk_service(settings, chunk, 1), command=("/bin/sh", "-c", script))
 
 

@@ -96,8 +96,16 @@ timeout: 10m
     bad = by_input[ws.rel(broken)]
     assert bad.status.value == "error" and bad.reason and "broken.jpg" in bad.reason
     assert not (ws.dir / "out" / "broken.jpg").exists()
-    assert report["counts"] == {"items": 14, "ok": 12, "no_face": 1, "failed": 1, "chunks": 3, "chunks_done": 3,
-                                "chunks_failed": 0, "chunks_cancelled": 0}
+    assert report["counts"] == {
+        "items": 14,
+        "ok": 12,
+        "no_face": 1,
+        "failed": 1,
+        "chunks": 3,
+        "chunks_done": 3,
+        "chunks_failed": 0,
+        "chunks_cancelled": 0,
+    }
     assert [f["input"] for f in report["failures"]] == [ws.rel(broken)]
     assert report["image"].startswith("sha256:")
     out_files = sorted(p.name for p in (ws.dir / "out").iterdir())
@@ -116,9 +124,9 @@ timeout: 10m
         far = np.ones(diff.shape, bool)
         for x1, y1, x2, y2 in boxes:
             w, h = x2 - x1, y2 - y1
-            inner = diff[max(y1 + h // 4, 0):y2 - h // 4, max(x1 + w // 4, 0):x2 - w // 4]
+            inner = diff[max(y1 + h // 4, 0) : y2 - h // 4, max(x1 + w // 4, 0) : x2 - w // 4]
             assert inner.mean() > 8, f"{p.name}: face at {(x1, y1, x2, y2)} unchanged ({inner.mean():.1f})"
-            far[max(y1 - h, 0):y2 + h, max(x1 - w, 0):x2 + w] = False
+            far[max(y1 - h, 0) : y2 + h, max(x1 - w, 0) : x2 + w] = False
         if far.any():
             assert diff[far].mean() < 2.5, f"{p.name}: background changed ({diff[far].mean():.2f})"
 
@@ -144,8 +152,8 @@ def test_unschedulable_job_fails_with_the_schedulers_reason(workspace: Workspace
     job_file = ws.write_job(f"""
 name: {ws.job}
 source: {ws.rel(star)}
-targets: [{ws.rel(ws.dir / 'crowd')}/*.jpg]
-output: {ws.rel(ws.dir / 'out')}/{{stem}}{{ext}}
+targets: [{ws.rel(ws.dir / "crowd")}/*.jpg]
+output: {ws.rel(ws.dir / "out")}/{{stem}}{{ext}}
 providers: [cpu]
 placement: [node.labels.ffswarm.nosuchlabel==true]
 """)

@@ -179,3 +179,12 @@ def test_safe_glob_refuses_symlinked_folder_leading_out_under_doublestar(root: P
 def test_safe_glob_refuses_patterns_leading_out(root: Path, pattern: str) -> None:
     with pytest.raises(ValueError):
         safe_glob(root, pattern)
+
+
+def test_broad_glob_skips_run_folders_and_model_packs(tmp_path: Path) -> None:
+    for rel in ("a/x.jpg", "runs/j/out.jpg", "models/default/x.jpg", "b/runs/y.jpg"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    found = [p.relative_to(tmp_path.resolve()).as_posix() for p in safe_glob(tmp_path, "**/*.jpg")]
+    assert found == ["a/x.jpg", "b/runs/y.jpg"]
+    assert [p.name for p in safe_glob(tmp_path, "runs/j/*.jpg")] == ["out.jpg"]  # asked for explicitly

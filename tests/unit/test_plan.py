@@ -34,8 +34,14 @@ def test_zero_chunk_size_refused() -> None:
 
 
 def ms() -> ManifestSettings:
-    return ManifestSettings(pack="default", sources=("faces/a.jpg", "faces/b.jpg"), processors=("face_swapper",),
-                            providers=("cpu",), faces=FaceSelection.ONE, no_face=NoFacePolicy.SKIP)
+    return ManifestSettings(
+        pack="default",
+        sources=("faces/a.jpg", "faces/b.jpg"),
+        processors=("face_swapper",),
+        providers=("cpu",),
+        faces=FaceSelection.ONE,
+        no_face=NoFacePolicy.SKIP,
+    )
 
 
 def test_manifests_use_container_paths_and_round_trip() -> None:
@@ -49,16 +55,20 @@ def test_manifests_use_container_paths_and_round_trip() -> None:
     assert Manifest.from_json(m.to_json()) == m
 
 
-@pytest.mark.parametrize("mutate, match", [
-    (lambda d: d.update(schema=2), "unknown manifest schema version 2"),
-    (lambda d: d.pop("schema"), "unknown manifest schema version None"),
-    (lambda d: d["items"][0].update(input="/etc/passwd"), "not a path under /data"),
-    (lambda d: d["items"][0].update(output="/data/../etc/x"), "not normalised"),
-    (lambda d: d.update(processors=["rm -rf"]), "unknown processor"),
-    (lambda d: d.pop("job"), "malformed manifest"),
-])
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda d: d.update(schema=2), "unknown manifest schema version 2"),
+        (lambda d: d.pop("schema"), "unknown manifest schema version None"),
+        (lambda d: d["items"][0].update(input="/etc/passwd"), "not a path under /data"),
+        (lambda d: d["items"][0].update(output="/data/../etc/x"), "not normalised"),
+        (lambda d: d.update(processors=["rm -rf"]), "unknown processor"),
+        (lambda d: d.pop("job"), "malformed manifest"),
+    ],
+)
 def test_bad_manifests_refused(mutate, match) -> None:  # type: ignore[no-untyped-def]
     import json
+
     data = json.loads(chunk_manifests(make_plan("h", targets(1), 1), ms())["c0000"].to_json())
     mutate(data)
     with pytest.raises(ManifestError, match=match):
@@ -70,8 +80,16 @@ def test_run_folder_layout_and_atomic_files(tmp_path: Path) -> None:
     rd = RunDir(tmp_path, "h")
     rd.create(b"name: h\n", plan, chunk_manifests(plan, ms()), Control(2))
     names = sorted(str(p.relative_to(rd.path)) for p in rd.path.rglob("*"))
-    assert names == ["chunks", "chunks/c0000.json", "chunks/c0001.json", "control.json", "job.yaml", "logs",
-                     "plan.json", "results"]
+    assert names == [
+        "chunks",
+        "chunks/c0000.json",
+        "chunks/c0001.json",
+        "control.json",
+        "job.yaml",
+        "logs",
+        "plan.json",
+        "results",
+    ]
     assert rd.plan() == plan and rd.control() == Control(2)
     assert rd.manifest("c0000").chunk == "c0000"
 

@@ -8,9 +8,16 @@ from controller.servicespec import RunnerSettings, ServiceSpec, VolumeSpec, chun
 
 
 def settings(volume: VolumeSpec | None = None, gpus: int = 1) -> RunnerSettings:
-    return RunnerSettings(job="holiday", image="sha256:1234", constraints=("node.labels.ffswarm.gpu==true",),
-                          gpu_kind="GPU", gpus=gpus, memory_bytes=6 << 30,
-                          volume=volume or VolumeSpec.bind("/srv/ffswarm"), user="10001:10001")
+    return RunnerSettings(
+        job="holiday",
+        image="sha256:1234",
+        constraints=("node.labels.ffswarm.gpu==true",),
+        gpu_kind="GPU",
+        gpus=gpus,
+        memory_bytes=6 << 30,
+        volume=volume or VolumeSpec.bind("/srv/ffswarm"),
+        user="10001:10001",
+    )
 
 
 def test_chunk_service_golden() -> None:
@@ -21,13 +28,21 @@ def test_chunk_service_golden() -> None:
         "image": "sha256:1234",
         "command": ["/opt/ffswarm/bin/python", "-m", "runner_image"],
         "env": {"FFSWARM_MANIFEST": "/data/runs/holiday/chunks/c0007.json", "FFSWARM_ATTEMPT": "2"},
-        "labels": {"io.ffswarm.job": "holiday", "io.ffswarm.chunk": "c0007", "io.ffswarm.attempt": "2",
-                   "io.ffswarm.role": "runner"},
+        "labels": {
+            "io.ffswarm.job": "holiday",
+            "io.ffswarm.chunk": "c0007",
+            "io.ffswarm.attempt": "2",
+            "io.ffswarm.role": "runner",
+        },
         "constraints": ["node.labels.ffswarm.gpu==true"],
         "generic_resources": {"GPU": 1},
         "memory_bytes": 6 << 30,
-        "volume": {"name": vol.name, "driver": "local", "target": "/data",
-                   "options": {"type": "none", "o": "bind", "device": "/srv/ffswarm"}},
+        "volume": {
+            "name": vol.name,
+            "driver": "local",
+            "target": "/data",
+            "options": {"type": "none", "o": "bind", "device": "/srv/ffswarm"},
+        },
         "user": "10001:10001",
         "read_only": True,
         "cap_drop": ["ALL"],
@@ -39,8 +54,11 @@ def test_chunk_service_golden() -> None:
 
 def test_nfs_volume_options_rendered_as_data() -> None:
     vol = VolumeSpec.nfs("nfs.example.internal", "/srv/ffswarm", "nfsvers=4.1,hard")
-    assert dict(vol.driver_options) == {"type": "nfs", "o": "addr=nfs.example.internal,nfsvers=4.1,hard",
-                                        "device": ":/srv/ffswarm"}
+    assert dict(vol.driver_options) == {
+        "type": "nfs",
+        "o": "addr=nfs.example.internal,nfsvers=4.1,hard",
+        "device": ":/srv/ffswarm",
+    }
     assert vol.name.startswith("ffswarm-data-")
     # The local driver reuses a volume by name: different options must give a different name.
     assert vol.name != VolumeSpec.bind("/srv/ffswarm").name

@@ -25,8 +25,16 @@ class Clock:
 
 
 def settings() -> RunnerSettings:
-    return RunnerSettings(job="j", image="sha256:abc", constraints=("node.labels.ffswarm.gpu==true",), gpu_kind="GPU",
-                          gpus=1, memory_bytes=2 << 30, volume=VolumeSpec.bind("/srv/d"), user="1000:1000")
+    return RunnerSettings(
+        job="j",
+        image="sha256:abc",
+        constraints=("node.labels.ffswarm.gpu==true",),
+        gpu_kind="GPU",
+        gpus=1,
+        memory_bytes=2 << 30,
+        volume=VolumeSpec.bind("/srv/d"),
+        user="1000:1000",
+    )
 
 
 def make(tmp_path: Path, swarm: FakeSwarm, max_concurrent: int = 2, **policy: float) -> tuple[Supervisor, Clock]:
@@ -67,8 +75,13 @@ def test_user_failures_are_final(tmp_path: Path, code: int) -> None:
 
 
 def test_retryable_failure_gets_new_attempt_services_until_budget(tmp_path: Path) -> None:
-    swarm = FakeSwarm(script={("c0000", 1): Outcome("failed", 70), ("c0000", 2): Outcome("failed", 137),
-                              ("c0000", 3): Outcome("failed", 75)})
+    swarm = FakeSwarm(
+        script={
+            ("c0000", 1): Outcome("failed", 70),
+            ("c0000", 2): Outcome("failed", 137),
+            ("c0000", 3): Outcome("failed", 75),
+        }
+    )
     sup, _ = make(tmp_path, swarm)
     runs = sup.run(["c0000"])
     assert [s.name for s in swarm.created] == ["ffswarm-j-c0000-a1", "ffswarm-j-c0000-a2", "ffswarm-j-c0000-a3"]
@@ -125,6 +138,7 @@ def test_cancel_removes_running_services(tmp_path: Path) -> None:
         orig(s)
         if clock.now > 3:
             sup.rundir.write_control(Control(2, cancel=True))
+
     sup.sleep = sleep
     runs = sup.run(["c0000", "c0001", "c0002"])
     assert {r.state for r in runs.values()} == {ChunkState.CANCELLED}
