@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.failures import ChunkState, FailureClass, classify_exit, describe_exit
-from controller.rundir import RunDir
+from controller.rundir import RunDir, write_atomic
 from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, RunnerSettings, chunk_service
 from controller.swarm import ServiceState, SwarmBackend, TaskState
 
@@ -210,12 +210,27 @@ class Supervisor:
         self.emit("chunk_done", chunk=run.id, attempt=att.attempt, exit_code=code)
 
     def _end(self, run: ChunkRun, svc: ServiceState, failure: FailureClass, reason: str, queue: deque[str]) -> None:
+        self._keep_logs(run)
         self.backend.remove_service(svc.name)
         self._fail(run, failure, reason, queue)
+
+    def _keep_logs(self, run: ChunkRun) -> None:
+        """A runner that died before opening its log file (bad image, crash at import) still leaves
+        its last words in the run folder, since removing the service loses them."""
+        path = self.rundir.log_path(run.id, run.current.attempt)
+        if path.exists():
+            return
+        text = self.backend.service_logs(run.current.service)
+        if text:
+            write_atomic(path, text.encode(), self.rundir.owner)
+            last = text.strip().splitlines()[-1][:300]
+            run.current.reason = last
 
     def _fail(self, run: ChunkRun, failure: FailureClass, reason: str, queue: deque[str]) -> None:
         att = run.current
         att.outcome = failure.value
+        if att.reason:  # the runner's own last words, kept by _keep_logs
+            reason = f"{reason}; last output: {att.reason}"
         att.reason = reason
         if failure.is_retryable() and run.retries_used < self.policy.retries:
             run.retries_used += 1

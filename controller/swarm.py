@@ -53,6 +53,7 @@ class SwarmBackend(Protocol):
     def services(self, job: str) -> list[ServiceState]: ...
     def remove_service(self, name: str) -> None: ...
     def remove_exited_containers(self, job: str) -> int: ...
+    def service_logs(self, name: str, tail: int = 40) -> str: ...
 
 
 def _ts(value: str | None) -> float:
@@ -199,6 +200,14 @@ class DockerSwarm:
                     except docker.errors.NotFound:
                         pass
         return removed
+
+    def service_logs(self, name: str, tail: int = 40) -> str:
+        """The last lines a service's containers wrote (kept for attempts that died before logging)."""
+        try:
+            chunks = self._client.api.service_logs(name, stdout=True, stderr=True, tail=tail, follow=False)
+            return b"".join(chunks).decode("utf-8", "replace")
+        except docker.errors.DockerException:
+            return ""
 
     def service_spec_raw(self, name: str) -> dict[str, Any]:
         """The engine's own record of a service (tests inspect what was really created)."""

@@ -32,6 +32,7 @@ class FakeSwarm:
     created: list[ServiceSpec] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     max_alive: int = 0
+    logs: dict[str, str] = field(default_factory=dict)  # service name -> what its container printed
     _svcs: dict[str, _Svc] = field(default_factory=dict)
 
     def create_service(self, spec: ServiceSpec) -> str:
@@ -84,6 +85,9 @@ class FakeSwarm:
 
     def remove_exited_containers(self, job: str) -> int:
         return 0
+
+    def service_logs(self, name: str, tail: int = 40) -> str:
+        return self.logs.get(name, "")
 
     def alive(self) -> list[str]:
         return list(self._svcs)

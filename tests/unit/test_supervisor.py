@@ -151,3 +151,28 @@ def test_exit_classes() -> None:
     assert classify_exit(70) is FailureClass.INTERNAL and classify_exit(70).is_retryable()
     assert classify_exit(137) is FailureClass.INFRASTRUCTURE and classify_exit(75) is FailureClass.INFRASTRUCTURE
     assert not FailureClass.USER.is_retryable() and not FailureClass.UNSCHEDULABLE.is_retryable()
+
+
+def test_a_runner_that_died_silently_leaves_its_last_words(tmp_path: Path) -> None:
+    swarm = FakeSwarm(
+        script={("c0000", 1): Outcome("failed", 1)}, logs={"ffswarm-j-c0000-a1": "Traceback\nImportError: x\n"}
+    )
+    sup, _ = make(tmp_path, swarm, retries=0)
+    runs = sup.run(["c0000"])
+    assert "ImportError: x" in (runs["c0000"].reason or "")
+    assert (sup.rundir.path / "logs" / "c0000.a1.log").read_text() == "Traceback\nImportError: x\n"
+
+
+def test_scale_changes_the_window_live(tmp_path: Path) -> None:
+    swarm = FakeSwarm()
+    sup, clock = make(tmp_path, swarm, max_concurrent=1)
+    orig = clock.sleep
+
+    def sleep(s: float) -> None:
+        orig(s)
+        if clock.now > 2:
+            sup.rundir.write_control(Control(3))
+
+    sup.sleep = sleep
+    sup.run([f"c{i:04d}" for i in range(8)])
+    assert swarm.max_alive == 3
