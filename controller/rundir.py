@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,25 @@ class RunDir:
         for r in self.results(chunk):
             out[r.item] = r
         return out
+
+    def last_attempt(self, chunk: str) -> int:
+        """The highest attempt number an earlier run of this chunk used (from its runner logs)."""
+        best = 0
+        for f in (self.path / "logs").glob(f"{chunk}.a*.log"):
+            n = f.name[len(chunk) + 2 : -4]
+            if n.isdigit():
+                best = max(best, int(n))
+        return best
+
+    def write_state(self, chunks: dict[str, Any]) -> None:
+        self._write("state.json", json.dumps({"updated": time.time(), "chunks": chunks}, indent=1).encode())
+
+    def state(self) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads((self.path / "state.json").read_text())
+            return data
+        except FileNotFoundError:
+            return None
 
     def log_path(self, chunk: str, attempt: int) -> Path:
         return self.path / "logs" / f"{chunk}.a{attempt}.log"

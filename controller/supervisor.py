@@ -18,7 +18,7 @@ from typing import Any
 from controller.failures import ChunkState, FailureClass, classify_exit, describe_exit
 from controller.rundir import RunDir, write_atomic
 from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, RunnerSettings, chunk_service
-from controller.swarm import ServiceState, SwarmBackend, TaskState
+from controller.swarm import NodeState, ServiceState, SwarmBackend
 
 PENDING_STATES = {"new", "pending", "allocated", "assigned"}
 LOST_STATES = {"shutdown", "orphaned", "remove"}
@@ -44,6 +44,9 @@ class ChunkRun:
     state: ChunkState = ChunkState.QUEUED
     attempts: list[Attempt] = field(default_factory=list)
     retries_used: int = 0
+    node_losses: int = 0  # re-attempts after node loss: never counted against `retries`
+    avoid: set[str] = field(default_factory=set)  # node ids where it failed for infrastructure reasons
+    last_attempt: int = 0  # highest attempt number already used (earlier controllers included)
     not_before: float = 0.0
     failure: FailureClass | None = None
     reason: str | None = None
@@ -57,6 +60,7 @@ class ChunkRun:
             "state": self.state.value,
             "failure": self.failure.value if self.failure else None,
             "reason": self.reason,
+            "avoid_nodes": sorted(self.avoid),
             "attempts": [
                 {
                     "attempt": a.attempt,
@@ -79,6 +83,7 @@ class Policy:
     poll: float = 0.5
     backoff_base: float = 1.0
     backoff_max: float = 30.0
+    max_node_losses: int = 10
 
 
 class Supervisor:
@@ -96,16 +101,24 @@ class Supervisor:
         self.rundir = rundir
         self.settings = settings
         self.policy = policy
-        self.emit: EventSink = on_event or (lambda *a, **k: None)
         self.clock = clock
         self.sleep = sleep
         self.chunks: dict[str, ChunkRun] = {}
+        self.nodes: dict[str, NodeState] = {}
+        self._dirty = True
+
+        def emit(event: str, **fields: Any) -> None:
+            self._dirty = True
+            sink(event, **fields)
+
+        sink: EventSink = on_event or (lambda *a, **k: None)
+        self.emit = emit
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self, chunk_ids: list[str]) -> dict[str, ChunkRun]:
         queue: deque[str] = deque()
         for cid in chunk_ids:
-            self.chunks[cid] = ChunkRun(cid)
+            self.chunks[cid] = ChunkRun(cid, last_attempt=self.rundir.last_attempt(cid))
             queue.append(cid)
         self._adopt(queue)
         while queue or self._running():
@@ -113,14 +126,23 @@ class Supervisor:
             if control.cancel:
                 self._cancel_all(queue)
                 break
+            self.nodes = {n.node_id: n for n in self.backend.nodes()}
             self._fill(queue, control.max_concurrent)
             by_name = {s.name: s for s in self.backend.services(self.settings.job)}
             for run in self._running():
                 self._watch(run, by_name.get(run.current.service), queue)
+            self._save_state()
             if queue or self._running():
                 self.sleep(self.policy.poll)
+        self._save_state()
         self.backend.remove_exited_containers(self.settings.job)
         return self.chunks
+
+    def _save_state(self) -> None:
+        """state.json: chunk states and attempts, for `ffswarm status` while the job runs."""
+        if self._dirty:
+            self.rundir.write_state({cid: run.as_dict() for cid, run in sorted(self.chunks.items())})
+            self._dirty = False
 
     def _running(self) -> list[ChunkRun]:
         return [c for c in self.chunks.values() if c.state is ChunkState.RUNNING]
@@ -134,6 +156,7 @@ class Supervisor:
                 self.backend.remove_service(svc.name)
                 continue
             attempt = int(svc.labels.get(LABEL_ATTEMPT, "1"))
+            run.last_attempt = max(run.last_attempt, attempt)
             run.attempts.append(Attempt(attempt, svc.name, started=self.clock()))
             run.state = ChunkState.RUNNING
             queue.remove(cid)
@@ -152,12 +175,24 @@ class Supervisor:
         queue.extendleft(reversed(waiting))
 
     def _start(self, run: ChunkRun) -> None:
-        attempt = run.attempts[-1].attempt + 1 if run.attempts else 1
-        spec = chunk_service(self.settings, run.id, attempt)
+        attempt = run.last_attempt + 1
+        run.last_attempt = attempt
+        spec = chunk_service(self.settings, run.id, attempt, self._avoidance(run))
         self.backend.create_service(spec)
         run.attempts.append(Attempt(attempt, spec.name, started=self.clock()))
         run.state = ChunkState.RUNNING
         self.emit("chunk_started", chunk=run.id, attempt=attempt, service=spec.name)
+
+    def _avoidance(self, run: ChunkRun) -> tuple[str, ...]:
+        """Keep a chunk away from nodes where it failed for infrastructure reasons, while another
+        usable node that advertises GPUs (when the job reserves any) remains."""
+        needs_gpu = self.settings.gpus > 0
+        others = [
+            n for n in self.nodes.values() if n.usable and n.node_id not in run.avoid and (n.gpus > 0 or not needs_gpu)
+        ]
+        if not run.avoid or not others:
+            return ()
+        return tuple(f"node.id!={n}" for n in sorted(run.avoid))
 
     # -- one chunk --------------------------------------------------------------------------------
     def _watch(self, run: ChunkRun, svc: ServiceState | None, queue: deque[str]) -> None:
@@ -169,6 +204,10 @@ class Supervisor:
         task = svc.latest_task()
         if task and task.node_id:
             att.node = task.node_id
+            node = self.nodes.get(task.node_id)
+            if node is not None and node.state != "ready" and task.state not in ("complete", "failed"):
+                self._node_lost(run, svc, node, queue)
+                return
         if task is None or task.state in PENDING_STATES:
             if now - att.started > self.policy.schedule_timeout:
                 why = task.message if task and task.message else "no task was scheduled"
@@ -226,12 +265,31 @@ class Supervisor:
             last = text.strip().splitlines()[-1][:300]
             run.current.reason = last
 
+    def _node_lost(self, run: ChunkRun, svc: ServiceState, node: NodeState, queue: deque[str]) -> None:
+        """Swarm (engine 20.10) never moves a task off a dead node: the controller does. Node loss is
+        not the chunk's fault and does not use up its retries."""
+        self.backend.remove_service(svc.name)
+        att = run.current
+        att.outcome = FailureClass.INFRASTRUCTURE.value
+        att.reason = f"node {node.hostname or node.node_id} is {node.state}"
+        run.avoid.add(node.node_id)
+        run.node_losses += 1
+        if run.node_losses > self.policy.max_node_losses:
+            self._fail(run, FailureClass.INFRASTRUCTURE, f"lost {run.node_losses} nodes", queue)
+            return
+        run.state = ChunkState.QUEUED
+        run.not_before = 0.0
+        queue.appendleft(run.id)
+        self.emit("chunk_node_lost", chunk=run.id, attempt=att.attempt, node=node.node_id, reason=att.reason)
+
     def _fail(self, run: ChunkRun, failure: FailureClass, reason: str, queue: deque[str]) -> None:
         att = run.current
         att.outcome = failure.value
         if att.reason:  # the runner's own last words, kept by _keep_logs
             reason = f"{reason}; last output: {att.reason}"
         att.reason = reason
+        if failure is FailureClass.INFRASTRUCTURE and att.node:
+            run.avoid.add(att.node)
         if failure.is_retryable() and run.retries_used < self.policy.retries:
             run.retries_used += 1
             delay = min(self.policy.backoff_max, self.policy.backoff_base * 2 ** (run.retries_used - 1))
@@ -254,7 +312,3 @@ class Supervisor:
                 run.state = ChunkState.CANCELLED
         queue.clear()
         self.emit("job_cancelled")
-
-
-def task_summary(task: TaskState | None) -> str:
-    return "no task" if task is None else f"{task.state} {task.message}".strip()

@@ -46,6 +46,19 @@ class ServiceState:
         return max(self.tasks, key=lambda t: t.created) if self.tasks else None
 
 
+@dataclass(frozen=True)
+class NodeState:
+    node_id: str
+    hostname: str
+    state: str  # ready | down | unknown | disconnected
+    availability: str  # active | pause | drain
+    gpus: int  # advertised generic resources (any kind)
+
+    @property
+    def usable(self) -> bool:
+        return self.state == "ready" and self.availability == "active"
+
+
 class SwarmBackend(Protocol):
     """What the supervisor needs from a Swarm; a real one below, an in-memory one in tests."""
 
@@ -54,6 +67,7 @@ class SwarmBackend(Protocol):
     def remove_service(self, name: str) -> None: ...
     def remove_exited_containers(self, job: str) -> int: ...
     def service_logs(self, name: str, tail: int = 40) -> str: ...
+    def nodes(self) -> list[NodeState]: ...
 
 
 def _ts(value: str | None) -> float:
@@ -208,6 +222,20 @@ class DockerSwarm:
             return b"".join(chunks).decode("utf-8", "replace")
         except docker.errors.DockerException:
             return ""
+
+    def nodes(self) -> list[NodeState]:
+        with _translated("listing nodes"):
+            raw = self._client.api.nodes()
+        return [
+            NodeState(
+                node_id=n["ID"],
+                hostname=n.get("Description", {}).get("Hostname", ""),
+                state=n.get("Status", {}).get("State", "unknown"),
+                availability=n.get("Spec", {}).get("Availability", "active"),
+                gpus=len(n.get("Description", {}).get("Resources", {}).get("GenericResources") or []),
+            )
+            for n in raw
+        ]
 
     def service_spec_raw(self, name: str) -> dict[str, Any]:
         """The engine's own record of a service (tests inspect what was really created)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_JOB, ServiceSpec
-from controller.swarm import ServiceState, TaskState
+from controller.swarm import NodeState, ServiceState, TaskState
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class Outcome:
 class _Svc:
     spec: ServiceSpec
     outcome: Outcome
+    node: str | None
     polls: int = 0
 
 
@@ -32,13 +33,15 @@ class FakeSwarm:
     created: list[ServiceSpec] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     max_alive: int = 0
+    labels: dict[str, str] = field(default_factory=lambda: {"ffswarm.gpu": "true"})
     logs: dict[str, str] = field(default_factory=dict)  # service name -> what its container printed
+    node_states: list[NodeState] = field(default_factory=lambda: [NodeState("node-1", "n1", "ready", "active", 2)])
     _svcs: dict[str, _Svc] = field(default_factory=dict)
 
     def create_service(self, spec: ServiceSpec) -> str:
         assert spec.name not in self._svcs, f"second service named {spec.name}"
         key = (spec.labels[LABEL_CHUNK], int(spec.labels[LABEL_ATTEMPT]))
-        self._svcs[spec.name] = _Svc(spec, self.script.get(key, Outcome()))
+        self._svcs[spec.name] = _Svc(spec, self.script.get(key, _from_command(spec)), self._place(spec))
         self.created.append(spec)
         self.max_alive = max(self.max_alive, len(self._svcs))
         return f"id-{spec.name}"
@@ -60,8 +63,19 @@ class FakeSwarm:
             )
         return out
 
+    def _place(self, spec: ServiceSpec) -> str | None:
+        """Like Swarm's scheduler, on a small scale: label constraints and node.id!= exclusions."""
+        for n in self.node_states:
+            if not n.usable:
+                continue
+            if all(_satisfied(c, n.node_id, self.labels) for c in spec.constraints):
+                return n.node_id
+        return None
+
     def _task(self, svc: _Svc) -> TaskState:
         o = svc.outcome
+        if svc.node is None:
+            return TaskState("pending", "running", None, NO_NODE, None, None, 1.0, 1.0)
         if o.state == "pending" or svc.polls < 2:
             state, code, msg = "pending", None, o.message if o.state == "pending" else ""
         elif o.state == "running" or svc.polls < 3:
@@ -73,7 +87,7 @@ class FakeSwarm:
             desired_state="running",
             exit_code=code,
             message=msg,
-            node_id="node-1",
+            node_id=svc.node,
             container_id=None,
             created=1.0,
             updated=1.0,
@@ -89,9 +103,31 @@ class FakeSwarm:
     def service_logs(self, name: str, tail: int = 40) -> str:
         return self.logs.get(name, "")
 
+    def nodes(self) -> list[NodeState]:
+        return list(self.node_states)
+
     def alive(self) -> list[str]:
         return list(self._svcs)
 
     def add_orphan(self, spec: ServiceSpec, outcome: Outcome) -> None:
         """A service left by an earlier controller (for adoption tests)."""
-        self._svcs[spec.name] = _Svc(spec, outcome)
+        self._svcs[spec.name] = _Svc(spec, outcome, self._place(spec))
+
+
+NO_NODE = "no suitable node (scheduling constraints not satisfied on 1 node)"
+
+
+def _satisfied(constraint: str, node_id: str, labels: dict[str, str]) -> bool:
+    key, op, value = constraint.replace("!=", " != ").replace("==", " == ").split()
+    actual = node_id if key == "node.id" else labels.get(key.removeprefix("node.labels."))
+    return (actual == value) == (op == "==")
+
+
+def _from_command(spec: ServiceSpec) -> Outcome:
+    """`sh -c "exit N"` behaves like it would in a container; anything else completes."""
+    if spec.command[:2] == ("/bin/sh", "-c") and spec.command[2].startswith("exit "):
+        code = int(spec.command[2].split()[1])
+        return Outcome("complete", 0) if code == 0 else Outcome("failed", code, "task: non-zero exit")
+    if spec.command[:2] == ("/bin/sh", "-c") and spec.command[2].startswith("sleep "):
+        return Outcome("running")
+    return Outcome()

@@ -176,3 +176,52 @@ def test_scale_changes_the_window_live(tmp_path: Path) -> None:
     sup.sleep = sleep
     sup.run([f"c{i:04d}" for i in range(8)])
     assert swarm.max_alive == 3
+
+
+def test_node_loss_moves_the_chunk_without_using_retries(tmp_path: Path) -> None:
+    from controller.swarm import NodeState
+
+    swarm = FakeSwarm(
+        script={("c0000", 1): Outcome("running")},
+        node_states=[NodeState("node-1", "w1", "ready", "active", 2), NodeState("node-2", "w2", "ready", "active", 2)],
+    )
+    sup, clock = make(tmp_path, swarm, retries=0, timeout=1e9)
+    orig = clock.sleep
+
+    def sleep(s: float) -> None:
+        orig(s)
+        if clock.now > 3:  # the node dies while the chunk runs on it
+            swarm.node_states[0] = NodeState("node-1", "w1", "down", "active", 2)
+
+    sup.sleep = sleep
+    runs = sup.run(["c0000"])
+    run = runs["c0000"]
+    assert run.state is ChunkState.DONE and run.retries_used == 0
+    assert [a.node for a in run.attempts] == ["node-1", "node-2"]
+    assert run.attempts[0].reason == "node w1 is down"
+    assert swarm.created[1].constraints[-1] == "node.id!=node-1"
+
+
+def test_infrastructure_failure_avoids_the_node_only_while_another_can_run_it(tmp_path: Path) -> None:
+    from controller.swarm import NodeState
+
+    two = [NodeState("node-1", "w1", "ready", "active", 2), NodeState("node-2", "w2", "ready", "active", 2)]
+    swarm = FakeSwarm(script={("c0000", 1): Outcome("failed", 137)}, node_states=two)
+    sup, _ = make(tmp_path, swarm, backoff_base=0.0)
+    assert sup.run(["c0000"])["c0000"].state is ChunkState.DONE
+    assert "node.id!=node-1" in swarm.created[1].constraints
+
+    single = FakeSwarm(script={("c0000", 1): Outcome("failed", 137)})
+    sup, _ = make(tmp_path / "b", single, backoff_base=0.0)
+    assert sup.run(["c0000"])["c0000"].state is ChunkState.DONE
+    assert not any(c.startswith("node.id") for c in single.created[1].constraints)
+
+
+def test_resumed_chunks_continue_attempt_numbers(tmp_path: Path) -> None:
+    swarm = FakeSwarm()
+    sup, _ = make(tmp_path, swarm)
+    (sup.rundir.path / "logs").mkdir()
+    (sup.rundir.path / "logs" / "c0000.a2.log").write_text("{}\n")
+    sup.run(["c0000"])
+    assert [s.name for s in swarm.created] == ["ffswarm-j-c0000-a3"]
+    assert (sup.rundir.state() or {})["chunks"]["c0000"]["state"] == "done"
