@@ -11,10 +11,11 @@ import click
 
 from controller import jobs as jobs_mod
 from controller import log
+from controller import status as status_mod
 from controller.config import load_config
 from controller.errors import FfswarmError, Interrupted, UsageError
 from controller.progress import Progress
-from controller.rundir import Control, RunDir
+from controller.rundir import RunDir
 
 
 @click.group()
@@ -49,23 +50,10 @@ def submit(ctx: click.Context, paths: tuple[Path, ...], dry_run: bool, new: bool
     if dry_run:
         click.echo(json.dumps(jobs_mod.dry_run(config, prepared, _image_lookup(config)), indent=1))
         return
-    progress: dict[str, Progress] = {}
-
-    def make_progress(rundir: RunDir, total: int) -> Progress:
-        progress[rundir.job] = Progress(rundir, total)
-        return progress[rundir.job]
-
-    try:
-        code, reports = jobs_mod.submit(config, prepared, make_progress)
-    except KeyboardInterrupt:
-        names = " ".join(j.job_id for j in prepared)
-        raise Interrupted(
-            f"detached; chunk services keep running. Continue with: ffswarm submit {' '.join(map(str, paths))}"
-            f" (job {names})"
-        ) from None
-    finally:
-        for p in progress.values():
-            p.close()
+    names = " ".join(j.job_id for j in prepared)
+    code, reports = _run_with_progress(
+        lambda p: jobs_mod.submit(config, prepared, p), f"ffswarm resume JOB (job {names})"
+    )
     for job, report in zip(prepared, reports, strict=True):
         _summary(config, job, report)
     sys.exit(code)
@@ -102,62 +90,71 @@ def _summary(config: Any, job: jobs_mod.PreparedJob, report: dict[str, Any]) -> 
 
 
 @cli.command()
+@click.argument("job")
+@click.pass_context
+def resume(ctx: click.Context, job: str) -> None:
+    """Continue a job from its run folder (after Ctrl-C, a killed controller, a restart)."""
+    config = _config(ctx)
+    code, report = _run_with_progress(lambda p: jobs_mod.resume(config, job, p), f"ffswarm resume {job}")
+    _summary(config, jobs_mod.open_run(config, job)[0], report)
+    sys.exit(code)
+
+
+@cli.command()
+@click.argument("job")
+@click.option("--failed", "failed_only", is_flag=True, required=True, help="Re-run only the failed items.")
+@click.pass_context
+def retry(ctx: click.Context, job: str, failed_only: bool) -> None:
+    """Re-run a finished job's failed items (committed items are never redone)."""
+    config = _config(ctx)
+    jobs_mod.clear_cancel(config, job)
+    code, report = _run_with_progress(lambda p: jobs_mod.resume(config, job, p), f"ffswarm resume {job}")
+    _summary(config, jobs_mod.open_run(config, job)[0], report)
+    sys.exit(code)
+
+
+def _run_with_progress(fn: Any, how_to_resume: str) -> Any:
+    bars: list[Progress] = []
+
+    def make_progress(rundir: RunDir, total: int) -> Progress:
+        bars.append(Progress(rundir, total))
+        return bars[-1]
+
+    try:
+        return fn(make_progress)
+    except KeyboardInterrupt:
+        raise Interrupted(f"detached; chunk services keep running. Continue with: {how_to_resume}") from None
+    finally:
+        for b in bars:
+            b.close()
+
+
+@cli.command()
 @click.argument("job", required=False)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def status(ctx: click.Context, job: str | None, as_json: bool) -> None:
-    """Jobs and how far they got (from their run folders)."""
-    config = _config(ctx)
-    runs = config.data_root / "runs"
-    names = (
-        [job] if job else sorted(p.name for p in runs.iterdir() if (p / "plan.json").is_file()) if runs.is_dir() else []
-    )
-    out = []
-    for name in names:
-        rundir = RunDir(config.data_root, name)
-        if not rundir.exists():
-            raise UsageError(f"no job {name!r} under {runs}")
-        plan = rundir.plan()
-        done = failed = 0
-        for chunk in plan.chunks:
-            for r in rundir.latest_results(chunk.id).values():
-                failed += r.status.is_failure()
-                done += not r.status.is_failure()
-        report = rundir.report()
-        out.append(
-            {
-                "job": name,
-                "items": len(plan.items),
-                "done": done,
-                "failed": failed,
-                "chunks": len(plan.chunks),
-                "finished": report is not None,
-                "control": rundir.control().__dict__,
-            }
-        )
+    """Jobs, chunks by state, items ok/failed/pending, attempts, nodes, ETA (from the run folders)."""
+    rows = status_mod.collect(_config(ctx), job)
     if as_json:
-        click.echo(json.dumps(out, indent=1))
-    else:
-        for j in out:
-            state = "finished" if j["finished"] else "in progress"
-            click.echo(
-                f"{j['job']}: {state}; {j['done']}/{j['items']} items done, {j['failed']} failed, {j['chunks']} chunks"
-            )
+        click.echo(json.dumps(rows, indent=1))
+        return
+    for row in rows:
+        click.echo(status_mod.describe(row))
 
 
 @cli.command()
 @click.argument("job")
 @click.option("--chunk", default=None, help="Only this chunk (e.g. c0003).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing as runners write, until the job ends.")
 @click.pass_context
-def logs(ctx: click.Context, job: str, chunk: str | None) -> None:
-    """Runner logs of a job, from its run folder."""
+def logs(ctx: click.Context, job: str, chunk: str | None, follow: bool) -> None:
+    """Runner logs of a job, from its run folder (runners write them there as they go)."""
     rundir = RunDir(_config(ctx).data_root, job)
-    files = sorted((rundir.path / "logs").glob(f"{chunk or '*'}.a*.log"))
-    if not files:
-        raise UsageError(f"no runner logs for job {job!r}" + (f" chunk {chunk}" if chunk else ""))
-    for f in files:
-        click.echo(f"==> {f.name} <==")
-        click.echo(f.read_text(), nl=False)
+    if not rundir.exists():
+        raise UsageError(f"no job {job!r}")
+    for line in status_mod.log_lines(rundir, chunk, follow):
+        click.echo(line, nl=False)
 
 
 @cli.command()
@@ -165,8 +162,8 @@ def logs(ctx: click.Context, job: str, chunk: str | None) -> None:
 @click.argument("n", type=click.IntRange(min=1))
 @click.pass_context
 def scale(ctx: click.Context, job: str, n: int) -> None:
-    """Change how many chunk services of a running job may exist at once."""
-    _set_control(ctx, job, max_concurrent=n)
+    """Change how many chunk services of a running job may exist at once (followed within 2 s)."""
+    jobs_mod.scale(_config(ctx), job, n)
     click.echo(f"job {job}: max_concurrent = {n}")
 
 
@@ -174,28 +171,9 @@ def scale(ctx: click.Context, job: str, n: int) -> None:
 @click.argument("job")
 @click.pass_context
 def cancel(ctx: click.Context, job: str) -> None:
-    """Ask the job's controller to remove its services; committed outputs stay."""
-    _set_control(ctx, job, cancel=True)
-    click.echo(f"job {job}: cancel requested")
-
-
-def _set_control(ctx: click.Context, job: str, **change: Any) -> None:
-    config = _config(ctx)
-    rundir = RunDir(config.data_root, job, _owner_of(config))
-    if not rundir.exists():
-        raise UsageError(f"no job {job!r} under {config.data_root / 'runs'}")
-    current = rundir.control()
-    rundir.write_control(
-        Control(
-            max_concurrent=change.get("max_concurrent", current.max_concurrent),
-            cancel=change.get("cancel", current.cancel),
-        )
-    )
-
-
-def _owner_of(config: Any) -> tuple[int, int]:
-    uid, gid = config.runner_uid_gid().split(":")
-    return int(uid), int(gid)
+    """Remove the job's services and mark it cancelled; committed outputs stay."""
+    removed = jobs_mod.cancel(_config(ctx), job)
+    click.echo(f"job {job}: cancelled ({removed} running chunk service(s) removed); committed outputs kept")
 
 
 def main() -> None:

@@ -6,7 +6,6 @@ is parsed and resolved against the data root first, and one bad file stops the w
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,9 +14,9 @@ from typing import Any
 
 from controller import log
 from controller.config import Config
-from controller.errors import JobFileError, MissingInputError
-from controller.failures import ChunkState
-from controller.jobspec import JobSpec, ResolvedJob, TargetKind, load_jobs, resolve_job
+from controller.errors import JobFileError, MissingInputError, UsageError
+from controller.hooks import on_complete
+from controller.jobspec import JobSpec, ResolvedJob, TargetKind, load_jobs, parse_job_text, resolve_job
 from controller.plan import ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
 from controller.report import build_report, exit_code
 from controller.rundir import Control, RunDir, next_job_id
@@ -31,7 +30,7 @@ from runner_image.manifest import ItemStatus
 class PreparedJob:
     file: Path
     spec: JobSpec
-    resolved: ResolvedJob
+    resolved: ResolvedJob | None  # None for a job reopened from its run folder
     plan: Plan
     job_id: str
 
@@ -61,6 +60,7 @@ def _rel(config: Config, p: Path) -> str:
 
 
 def manifest_settings(config: Config, job: PreparedJob) -> ManifestSettings:
+    assert job.resolved is not None, "manifests are made at submit, from a resolved job"
     return ManifestSettings(
         pack=job.spec.models,
         sources=tuple(_rel(config, s) for s in job.resolved.sources),
@@ -123,8 +123,7 @@ def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
     rundir = RunDir(config.data_root, job.job_id, _owner(config))
     if not rundir.exists():
         manifests = chunk_manifests(job.plan, manifest_settings(config, job))
-        rundir.create(job.file.read_bytes(), job.plan, manifests, Control(job.spec.max_concurrent))
-        (rundir.path / "image.json").write_text(json.dumps({"image": image}))
+        rundir.create(job.file.read_bytes(), job.plan, manifests, Control(job.spec.max_concurrent), image)
     return rundir
 
 
@@ -155,6 +154,10 @@ def supervise(
     report = build_report(plan, rundir, runs, image, started)
     path = rundir.write_report(report)
     emit("job_finished", report=str(path), **report["counts"])
+    hooks = job.spec.on_complete
+    if hooks.webhook or hooks.command:
+        report["hooks"] = on_complete(hooks.webhook, hooks.command, report, path)
+        rundir.write_report(report)
     return report
 
 
@@ -168,7 +171,8 @@ def submit(
     backend.check_manager()
     reports = []
     for job in jobs:
-        image = backend.resolve_image(job.spec.image or config.image)
+        existing = RunDir(config.data_root, job.job_id)
+        image = existing.image() if existing.exists() else backend.resolve_image(job.spec.image or config.image)
         rundir = start_run(config, job, image)
         on_event = progress(rundir, len(job.plan.items)) if progress else None
         reports.append(supervise(config, backend, job, rundir, image, on_event))
@@ -176,8 +180,49 @@ def submit(
     return worst, reports
 
 
-def chunk_states(runs: dict[str, Any]) -> dict[str, int]:
-    counts: dict[str, int] = {s.value: 0 for s in ChunkState}
-    for r in runs.values():
-        counts[r["state"]] += 1
-    return counts
+def open_run(config: Config, job_id: str) -> tuple[PreparedJob, RunDir]:
+    """A job as its run folder recorded it (frozen job file, plan): what resume and retry continue."""
+    rundir = RunDir(config.data_root, job_id, _owner(config))
+    if not rundir.exists():
+        raise UsageError(f"no job {job_id!r}: {rundir.path} has no plan.json")
+    job_file = rundir.path / "job.yaml"
+    spec = parse_job_text(job_file.read_text(), str(job_file))
+    return PreparedJob(job_file, spec, None, rundir.plan(), job_id), rundir
+
+
+def resume(config: Config, job_id: str, progress: ProgressFactory | None = None) -> tuple[int, dict[str, Any]]:
+    """Continue a job from its run folder: live services are adopted, committed items never redone."""
+    job, rundir = open_run(config, job_id)
+    backend = DockerSwarm(config.docker_host)
+    backend.check_manager()
+    if rundir.control().cancel:
+        raise UsageError(f"job {job_id} was cancelled; submit it again with --new to run it afresh")
+    on_event = progress(rundir, len(job.plan.items)) if progress else None
+    report = supervise(config, backend, job, rundir, rundir.image(), on_event)
+    return exit_code(report), report
+
+
+def cancel(config: Config, job_id: str) -> int:
+    """Flag the job cancelled (a running controller stops) and remove its services now, so a job
+    whose controller is gone stops too. Committed outputs stay."""
+    job, rundir = open_run(config, job_id)
+    current = rundir.control()
+    rundir.write_control(Control(current.max_concurrent, cancel=True))
+    backend = DockerSwarm(config.docker_host)
+    services = backend.services(job_id)
+    for svc in services:
+        backend.remove_service(svc.name)
+    backend.remove_exited_containers(job_id)
+    return len(services)
+
+
+def clear_cancel(config: Config, job_id: str) -> None:
+    _, rundir = open_run(config, job_id)
+    current = rundir.control()
+    rundir.write_control(Control(current.max_concurrent, cancel=False))
+
+
+def scale(config: Config, job_id: str, n: int) -> None:
+    _, rundir = open_run(config, job_id)
+    current = rundir.control()
+    rundir.write_control(Control(n, cancel=current.cancel))

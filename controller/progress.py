@@ -22,10 +22,13 @@ class Progress:
         self.running: set[str] = set()
         self.done_chunks: set[str] = set()
         self.ok = 0
+        self.pending_chunks = 0
         self.failed = 0
 
     def __call__(self, event: str, **fields: Any) -> None:
         chunk = fields.get("chunk")
+        if event == "job_started":
+            self.pending_chunks = int(fields.get("pending", 0))
         if event in ("chunk_started", "chunk_adopted") and chunk:
             self.running.add(chunk)
         elif event in ("chunk_done", "chunk_failed", "chunk_retry") and chunk:
@@ -43,12 +46,14 @@ class Progress:
         done = self.ok + self.failed
         elapsed = time.monotonic() - self.started
         eta = f"{(self.total - done) * elapsed / done:.0f}s" if done else "?"
+        rate = done / elapsed if elapsed > 0 else 0.0
+        queued = max(self.pending_chunks - len(self.done_chunks) - len(self.running), 0)
         width = 24
         filled = int(width * done / self.total) if self.total else width
         bar = "#" * filled + "-" * (width - filled)
         self.stream.write(
             f"\r[{bar}] {done}/{self.total} items ({self.failed} failed) · "
-            f"{len(self.running)} chunks running · ETA {eta}   "
+            f"chunks {len(self.running)} running, {queued} queued · {rate:.1f} items/s · ETA {eta}   "
         )
         self.stream.flush()
 

@@ -63,13 +63,14 @@ class RunDir:
     def _write(self, rel: str, data: bytes) -> None:
         write_atomic(self.path / rel, data, self.owner)
 
-    def create(self, job_file: bytes, plan: Plan, manifests: dict[str, Manifest], control: Control) -> None:
+    def create(self, job_file: bytes, plan: Plan, manifests: dict[str, Manifest], control: Control, image: str) -> None:
         for sub in ("", "chunks", "results", "logs"):
             self._mkdir(self.path / sub)
         self._write("job.yaml", job_file)
         for chunk, manifest in manifests.items():
             self._write(f"chunks/{chunk}.json", manifest.to_json().encode())
         self.write_control(control)
+        self.write_image(image)
         self._write("plan.json", plan.to_json().encode())  # last: its presence means "created"
 
     def plan(self) -> Plan:
@@ -122,6 +123,13 @@ class RunDir:
 
     def log_path(self, chunk: str, attempt: int) -> Path:
         return self.path / "logs" / f"{chunk}.a{attempt}.log"
+
+    def write_image(self, image: str) -> None:
+        self._write("image.json", json.dumps({"image": image}).encode())
+
+    def image(self) -> str:
+        """The image (digest or ID) resolved at the first submit: every attempt runs the same one."""
+        return str(json.loads((self.path / "image.json").read_text())["image"])
 
     def write_report(self, report: dict[str, Any]) -> Path:
         self._write("report.json", json.dumps(report, indent=1, sort_keys=True).encode())

@@ -78,19 +78,20 @@ def test_bad_manifests_refused(mutate, match) -> None:  # type: ignore[no-untype
 def test_run_folder_layout_and_atomic_files(tmp_path: Path) -> None:
     plan = make_plan("h", targets(3), 2)
     rd = RunDir(tmp_path, "h")
-    rd.create(b"name: h\n", plan, chunk_manifests(plan, ms()), Control(2))
+    rd.create(b"name: h\n", plan, chunk_manifests(plan, ms()), Control(2), "sha256:x")
     names = sorted(str(p.relative_to(rd.path)) for p in rd.path.rglob("*"))
     assert names == [
         "chunks",
         "chunks/c0000.json",
         "chunks/c0001.json",
         "control.json",
+        "image.json",
         "job.yaml",
         "logs",
         "plan.json",
         "results",
     ]
-    assert rd.plan() == plan and rd.control() == Control(2)
+    assert rd.plan() == plan and rd.control() == Control(2) and rd.image() == "sha256:x"
     assert rd.manifest("c0000").chunk == "c0000"
 
 

@@ -1,0 +1,98 @@
+"""`ffswarm status` and `ffswarm logs`: read-only views of run folders (any manager can answer)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from controller.config import Config
+from controller.errors import UsageError
+from controller.rundir import RunDir
+
+
+def collect(config: Config, job: str | None) -> list[dict[str, Any]]:
+    runs = config.data_root / "runs"
+    if job:
+        names = [job]
+    else:
+        names = sorted(p.name for p in runs.iterdir() if (p / "plan.json").is_file()) if runs.is_dir() else []
+    return [job_status(RunDir(config.data_root, n)) for n in names]
+
+
+def job_status(rundir: RunDir) -> dict[str, Any]:
+    if not rundir.exists():
+        raise UsageError(f"no job {rundir.job!r} under {rundir.path.parent}")
+    plan = rundir.plan()
+    items: Counter[str] = Counter()
+    first = last = 0.0
+    for chunk in plan.chunks:
+        for r in rundir.latest_results(chunk.id).values():
+            items[r.status.value] += 1
+            first = min(first or r.started, r.started)
+            last = max(last, r.finished)
+    done = sum(items.values())
+    state = rundir.state() or {"chunks": {}}
+    chunks = state["chunks"]
+    by_state = Counter(c["state"] for c in chunks.values())
+    attempts = sum(len(c["attempts"]) for c in chunks.values())
+    nodes = sorted({a["node"] for c in chunks.values() for a in c["attempts"] if a.get("node")})
+    report = rundir.report()
+    control = rundir.control()
+    if control.cancel:
+        phase = "cancelled"
+    elif report is not None and done == len(plan.items):
+        phase = "finished"
+    elif report is not None:
+        phase = "stopped"
+    else:
+        phase = "running"
+    eta = None
+    if phase == "running" and done and last > first:
+        eta = round((len(plan.items) - done) * (last - first) / done)
+    return {
+        "job": rundir.job,
+        "phase": phase,
+        "items": {
+            "total": len(plan.items),
+            "ok": items["ok"],
+            "no_face": items["no_face"],
+            "failed": items["error"],
+            "pending": len(plan.items) - done,
+        },
+        "chunks": {"total": len(plan.chunks), **dict(by_state)},
+        "attempts": attempts,
+        "nodes": nodes,
+        "max_concurrent": control.max_concurrent,
+        "eta_seconds": eta,
+    }
+
+
+def describe(row: dict[str, Any]) -> str:
+    i, c = row["items"], row["chunks"]
+    states = ", ".join(f"{v} {k}" for k, v in c.items() if k != "total") or "none started"
+    eta = f" · ETA {row['eta_seconds']}s" if row["eta_seconds"] is not None else ""
+    return (
+        f"{row['job']}: {row['phase']} · items {i['ok'] + i['no_face']}/{i['total']} done, {i['failed']} failed, "
+        f"{i['pending']} pending · chunks: {states} (of {c['total']}) · {row['attempts']} attempts on "
+        f"{len(row['nodes'])} node(s) · max_concurrent {row['max_concurrent']}{eta}"
+    )
+
+
+def log_lines(rundir: RunDir, chunk: str | None, follow: bool, poll: float = 0.5) -> Iterator[str]:
+    """Every runner log line of the job (or one chunk), file by file; with follow, keeps reading new
+    lines and new attempt files until the job's report is written."""
+    offsets: dict[str, int] = {}
+    while True:
+        files = sorted((rundir.path / "logs").glob(f"{chunk or '*'}.a*.log"))
+        for f in files:
+            with f.open() as fh:
+                fh.seek(offsets.get(f.name, 0))
+                text = fh.read()
+                offsets[f.name] = fh.tell()
+            for line in text.splitlines(keepends=True):
+                yield f"{f.stem}: {line}"
+        if not follow or rundir.report() is not None:
+            return
+        time.sleep(poll)
