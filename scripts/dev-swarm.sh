@@ -52,7 +52,7 @@ else
   say "swarm: already active"
 fi
 docker node update --label-add ffswarm.gpu=true "$(docker info -f '{{.Swarm.NodeID}}')" >/dev/null
-gpus=$(docker node inspect self -f '{{range .Description.Resources.GenericResources}}{{.DiscreteResourceSpec.Kind}}={{.DiscreteResourceSpec.Value}} {{end}}')
+gpus=$(docker node inspect self -f '{{range .Description.Resources.GenericResources}}{{with .NamedResourceSpec}}{{.Kind}}={{.Value}} {{end}}{{end}}')
 say "node: labelled ffswarm.gpu=true; generic resources: ${gpus:-none (GPU jobs cannot schedule here)}"
 
 # 4. Images.
@@ -63,8 +63,8 @@ scripts/build-runner-image.sh ffswarm/runner:dev
 if [ ! -x .venv/bin/ffswarm ] || [ pyproject.toml -nt .venv/.installed ]; then
   say "venv: installing ffswarm with runner and test libraries into .venv"
   python3 -m venv .venv
-  .venv/bin/pip install -q -e ".[runner,cpu,test]"
-  .venv/bin/pip install -q --no-deps "insightface==2.1"
+  { .venv/bin/pip install -q -e ".[runner,cpu,test]" && .venv/bin/pip install -q --no-deps "insightface==2.1"; } \
+    >/tmp/ffswarm-pip.log 2>&1 || { tail -30 /tmp/ffswarm-pip.log; exit 1; }
   touch .venv/.installed
 else
   say "venv: up to date"

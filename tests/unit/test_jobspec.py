@@ -159,8 +159,11 @@ def test_nested_mappings_take_defaults_for_missing_keys() -> None:
         ({"reference_distance": 2}, "reference_distance", 2.0),
         ({"segment_seconds": 2.5}, "segment_seconds", 2.5),
         ({"placement": []}, "placement", ()),
-        ({"placement": ["node.role != manager", "node.labels.zone==a"]}, "placement",
-         ("node.role != manager", "node.labels.zone==a")),
+        (
+            {"placement": ["node.role != manager", "node.labels.zone==a"]},
+            "placement",
+            ("node.role != manager", "node.labels.zone==a"),
+        ),
         ({"processors": ["face_swapper", "face_enhancer"]}, "processors", ("face_swapper", "face_enhancer")),
         ({"providers": ["cpu"]}, "providers", ("cpu",)),
         ({"output": "out/{job}/{dir}/{index:05d}{ext}"}, "output", "out/{job}/{dir}/{index:05d}{ext}"),
@@ -225,8 +228,11 @@ def test_memory_sizes(memory: object, size: int) -> None:
         ({"faces": "reference", "reference": "/faces/ref.jpg"}, "reference", "absolute paths are not allowed"),
         ({"processors": "face_swapper"}, "processors", "must be a list of processors, got 'face_swapper'"),
         ({"processors": []}, "processors", "must list at least 1 processor"),
-        ({"processors": ["face_morpher"]}, "processors[0]",
-         "unknown processor 'face_morpher' (choose from face_swapper, face_enhancer)"),
+        (
+            {"processors": ["face_morpher"]},
+            "processors[0]",
+            "unknown processor 'face_morpher' (choose from face_swapper, face_enhancer)",
+        ),
         ({"processors": ["face_swapper", "face_swapper"]}, "processors[1]", "'face_swapper' is listed twice"),
         ({"providers": []}, "providers", "must list at least 1 provider"),
         ({"providers": ["cuda", "tensorrt"]}, "providers[1]", "unknown provider 'tensorrt'"),
@@ -389,8 +395,10 @@ def test_aliases_are_not_expanded_into_a_bomb() -> None:
 def test_unquoted_template_starting_with_a_brace() -> None:
     with pytest.raises(JobFileError) as e:
         parse_job_text(yaml.safe_dump(job(output=...)) + "output: {name}\n", FILE)
-    assert (e.value.field, e.value.reason) == ("output", "must be a string, got a mapping (quote a template that "
-                                                         "starts with '{')")
+    assert (e.value.field, e.value.reason) == (
+        "output",
+        "must be a string, got a mapping (quote a template that starts with '{')",
+    )
 
 
 def test_unreadable_and_non_utf8_files(tmp_path: Path) -> None:
@@ -476,8 +484,15 @@ def test_load_jobs_reports_the_bad_file(tmp_path: Path) -> None:
 def root(tmp_path: Path) -> Path:
     r = tmp_path / "data"
     for name in (
-        "faces/star.jpg", "faces/ref.jpg", "crowd/b.jpg", "crowd/a.jpg", "crowd/x/c.JPG",
-        "clips/v.mp4", "other/a.jpg", "top.png", "docs/readme.txt",
+        "faces/star.jpg",
+        "faces/ref.jpg",
+        "crowd/b.jpg",
+        "crowd/a.jpg",
+        "crowd/x/c.JPG",
+        "clips/v.mp4",
+        "other/a.jpg",
+        "top.png",
+        "docs/readme.txt",
     ):
         (r / name).parent.mkdir(parents=True, exist_ok=True)
         (r / name).write_bytes(b"x")
@@ -611,8 +626,10 @@ def test_output_overwriting_the_source(root: Path) -> None:
 
 def test_output_without_a_distinguishing_placeholder(root: Path) -> None:
     err = resolved_refusal(root, output="out/{job}/result{ext}")
-    assert (err.field, err.reason) == ("output", "'out/{job}/result{ext}' needs {stem}, {name} or {index}: "
-                                                 "the targets match 2 files")
+    assert (err.field, err.reason) == (
+        "output",
+        "'out/{job}/result{ext}' needs {stem}, {name} or {index}: the targets match 2 files",
+    )
 
 
 def test_a_single_target_may_have_a_fixed_output(root: Path) -> None:
