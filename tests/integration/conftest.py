@@ -118,3 +118,37 @@ class ServiceWatch:
             for s in svcs:
                 self.specs.setdefault(s["Spec"]["Name"], s["Spec"])
             time.sleep(0.05)
+
+
+FAULTS = Path(__file__).parent / "faults"
+
+
+@pytest.fixture(scope="session")
+def fault_image(swarm: DockerSwarm, config: Config) -> str:
+    """The real runner image plus test-only fault injection (tests/integration/faults)."""
+    base = swarm.resolve_image(config.image)
+    image, _ = swarm.client.images.build(
+        path=str(FAULTS), buildargs={"RUNNER_IMAGE": base}, tag="ffswarm/runner-faults:test", rm=True
+    )
+    return str(image.id)
+
+
+def results_of(ws: Workspace) -> list[Any]:
+    from runner_image.manifest import read_results
+
+    out = []
+    for f in sorted((ws.root / "runs" / ws.job / "results").glob("*.jsonl")):
+        out += read_results(f.read_text())
+    return out
+
+
+def assert_committed_once(ws: Workspace, expected_outputs: int) -> None:
+    """Every item's output committed exactly once (one non-cached ok line per item), no temp files."""
+    import collections
+
+    done = collections.Counter(r.item for r in results_of(ws) if r.status.value == "ok" and not r.cached)
+    assert done and set(done.values()) == {1}, done
+    out = ws.dir / "out"
+    names = sorted(p.name for p in out.iterdir())
+    assert len(names) == expected_outputs == len(done)
+    assert not [n for n in names if n.startswith(".")], names
