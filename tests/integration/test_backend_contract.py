@@ -1,0 +1,78 @@
+"""One contract, two backends: the in-memory FakeSwarm that unit tests drive the supervisor with
+must behave like the real daemon in every way the supervisor relies on, so the fake cannot drift."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from controller.servicespec import RunnerSettings, ServiceSpec, chunk_service
+from controller.swarm import DockerSwarm, ServiceState, SwarmBackend
+from tests.fakes import FakeSwarm
+from tests.integration.conftest import Workspace
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=["fake", "real"])
+def backend(request: pytest.FixtureRequest, swarm: DockerSwarm) -> Iterator[SwarmBackend]:
+    yield FakeSwarm() if request.param == "fake" else swarm
+
+
+def make_spec(ws: Workspace, image: str, chunk: str, script: str, constraints: tuple[str, ...] = ()) -> ServiceSpec:
+    settings = RunnerSettings(
+        job=ws.job,
+        image=image,
+        constraints=("node.labels.ffswarm.gpu==true", *constraints),
+        gpu_kind="GPU",
+        gpus=1,
+        memory_bytes=256 << 20,
+        volume=ws.config.volume,
+        user=ws.config.runner_uid_gid(),
+    )
+    return dataclasses.replace(chunk_service(settings, chunk, 1), command=("/bin/sh", "-c", script))
+
+
+def settle(backend: SwarmBackend, job: str, name: str, until: set[str], timeout: float = 30) -> ServiceState:
+    deadline = time.monotonic() + timeout
+    while True:
+        svc = {s.name: s for s in backend.services(job)}[name]
+        task = svc.latest_task()
+        if task is not None and task.state in until:
+            return svc
+        assert time.monotonic() < deadline, f"{name} never reached {until}"
+        time.sleep(0.2)
+
+
+def test_contract(backend: SwarmBackend, workspace: Workspace, swarm: DockerSwarm) -> None:
+    ws = workspace
+    image = swarm.resolve_image(ws.config.image)
+    ok = make_spec(ws, image, "c0000", "exit 0")
+    bad = make_spec(ws, image, "c0001", "exit 3")
+    stuck = make_spec(ws, image, "c0002", "exit 0", ("node.labels.nosuch==true",))
+    for s in (ok, bad, stuck):
+        backend.create_service(s)
+
+    names = {s.name for s in backend.services(ws.job)}
+    assert names == {ok.name, bad.name, stuck.name}
+    assert all(s.labels["io.ffswarm.job"] == ws.job for s in backend.services(ws.job))
+    assert backend.services(f"{ws.job}-other") == []  # filtered by the job label
+
+    done = settle(backend, ws.job, ok.name, {"complete"}).latest_task()
+    assert done is not None and done.exit_code == 0 and done.node_id
+    failed = settle(backend, ws.job, bad.name, {"failed"}).latest_task()
+    assert failed is not None and failed.exit_code == 3
+    pending = settle(backend, ws.job, stuck.name, {"pending"}).latest_task()
+    assert pending is not None and "no suitable node" in pending.message
+
+    nodes = backend.nodes()
+    assert any(n.usable and n.gpus > 0 for n in nodes)
+    assert done.node_id in {n.node_id for n in nodes}
+
+    for s in (ok, bad, stuck):
+        backend.remove_service(s.name)
+    backend.remove_service(ok.name)  # removing twice is harmless
+    assert backend.services(ws.job) == []
