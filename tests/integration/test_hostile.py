@@ -1,0 +1,308 @@
+"""The hostile-input corpus on the real single-node swarm (tests/fixtures/hostile.py makes the inputs).
+
+- Bad targets fail ALONE: one job holds every hostile image next to good photos; each bad item gets
+  its exact status and reason, every other item still completes, nothing half-written is left.
+- Bad job files are refused by a real `ffswarm submit` before anything exists: exit code, file,
+  field and reason, and no run folder, no service.
+- Chunk-level user errors (model pack with a wrong checksum, a source photo without a face, a
+  manifest of an unknown schema version or not JSON at all) fail their chunk once, never retried,
+  with a reason that names the cause.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+import yaml
+
+from controller.config import Config
+from controller.failures import FailureClass
+from controller.rundir import Control, RunDir
+from controller.servicespec import LABEL_JOB, RunnerSettings
+from controller.supervisor import Policy, Supervisor
+from controller.swarm import DockerSwarm
+from runner_image.manifest import ItemResult, ItemStatus, read_results
+from tests.fixtures import hostile, photos
+from tests.integration.conftest import Workspace, chown_tree
+
+pytestmark = pytest.mark.integration
+
+RESOURCES = "{gpus: 1, gpu_kind: GPU, memory: 2g}"
+
+
+def owner(config: Config) -> tuple[int, int]:
+    uid, gid = config.runner_uid_gid().split(":")
+    return int(uid), int(gid)
+
+
+def all_results(run: Path) -> list[ItemResult]:
+    out: list[ItemResult] = []
+    for f in sorted((run / "results").glob("*.jsonl")):
+        out += read_results(f.read_text())
+    return out
+
+
+def temp_files(folder: Path) -> list[Path]:
+    """Hidden files under the output folders: temporary names of writes that never completed."""
+    return [p for p in folder.rglob("swapped/.*")]
+
+
+def test_hostile_images_fail_alone(workspace: Workspace, swarm: DockerSwarm) -> None:
+    ws = workspace
+    star = photos.astronaut(ws.dir / "faces")
+    good = photos.face_photos(ws.dir / "crowd", 3)
+    paths = hostile.write_image_cases(ws.dir)
+    # Not targets at all: a hidden half-upload and a folder with an image name.
+    (ws.dir / "crowd" / ".upload-in-progress.jpg").write_bytes(hostile.face_jpeg()[:100])
+    (ws.dir / "crowd" / "album.jpg").mkdir()
+    chown_tree(ws.dir, ws.config.runner_uid_gid())
+    locked = ws.dir / "locked" / "swapped"  # where blocked.jpg's output goes: root's, read-only
+    locked.mkdir()
+    os.chown(locked, 0, 0)
+    locked.chmod(0o555)
+    hostile.apply_modes(paths)
+    job_file = ws.write_job(f"""
+name: {ws.job}
+source: {ws.rel(star)}
+targets: [{ws.rel(ws.dir / "crowd")}/*, {ws.rel(ws.dir / "locked")}/*.jpg]
+output: "{{dir}}/swapped/{{stem}}{{ext}}"
+no_face: copy
+chunk_size: 8
+max_concurrent: 2
+providers: [cpu]
+resources: {RESOURCES}
+retries: 1
+timeout: 10m
+""")
+    proc = ws.ffswarm("submit", str(job_file))
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]  # failed items → exit 1
+
+    run = ws.root / "runs" / ws.job
+    report = json.loads((run / "report.json").read_text())
+    planned = {i["input"] for i in report["items"].values()}
+    n_cases = len(hostile.IMAGE_CASES)
+    assert len(planned) == n_cases + len(good), sorted(planned)
+    assert ws.rel(ws.dir / "crowd" / ".upload-in-progress.jpg") not in planned
+    assert ws.rel(ws.dir / "crowd" / "album.jpg") not in planned
+    assert report["counts"]["chunks_done"] == report["counts"]["chunks"]  # no chunk died of a bad item
+    assert report["counts"]["chunks_failed"] == 0
+
+    results = all_results(run)
+    final: dict[str, ItemResult] = {}
+    for r in results:
+        final[r.input.removeprefix("/data/")] = r
+    assert set(final) == planned
+
+    problems: list[str] = []
+    for case in hostile.IMAGE_CASES:
+        src = paths[case.name]
+        r = final[ws.rel(src)]
+        out = src.parent / "swapped" / src.name
+        if r.status.value != case.status:
+            problems.append(f"{case.name} ({case.what}): expected {case.status}, got {r.status.value}: {r.reason}")
+            continue
+        if case.status == "error":
+            if case.reason is None or not r.reason or case.reason not in r.reason or case.name not in r.reason:
+                problems.append(f"{case.name} ({case.what}): reason {r.reason!r} lacks {case.reason!r} / the name")
+            if out.exists():
+                problems.append(f"{case.name}: an output was written for a failed item")
+        elif case.status == "ok":
+            img = cv2.imread(str(out), cv2.IMREAD_COLOR)
+            if img is None or r.faces < case.min_faces:
+                problems.append(f"{case.name} ({case.what}): output {out} missing/undecodable or faces={r.faces}")
+        else:  # no_face with no_face: copy → the very bytes of the input
+            if r.faces != 0 or not out.is_file() or out.read_bytes() != src.read_bytes():
+                problems.append(f"{case.name} ({case.what}): no_face copy missing or different")
+    assert not problems, "\n".join(problems)
+
+    # Every good photo next to the hostile ones completed.
+    for p in good:
+        r = final[ws.rel(p)]
+        assert r.status is ItemStatus.OK and r.faces >= 1, (p.name, r)
+        assert cv2.imread(str(p.parent / "swapped" / p.name)) is not None
+
+    # EXIF orientation: the output is upright (shape and pixels away from the swapped face).
+    rotated = cv2.imread(str(paths["rotated.jpg"].parent / "swapped" / "rotated.jpg"), cv2.IMREAD_COLOR)
+    upright = hostile.exif_rotated_upright()
+    assert rotated.shape == upright.shape, "output is not upright: EXIF orientation ignored"
+    x1, y1, x2, y2 = photos.ASTRONAUT_FACE
+    y1, y2 = y1 - 40, y2 - 40  # the upright picture lacks the astronaut's top 40 rows
+    w, h = x2 - x1, y2 - y1
+    far = np.ones(upright.shape[:2], bool)
+    far[max(y1 - h, 0) : y2 + h, max(x1 - w, 0) : x2 + w] = False
+    diff = np.abs(rotated.astype(np.int16) - upright.astype(np.int16)).mean(axis=2)
+    assert diff[far].mean() < 6, f"rotated output differs from the upright picture ({diff[far].mean():.1f})"
+
+    # Each item has exactly one final line; no temp files left anywhere; report agrees.
+    finals = [r for r in results if not r.cached]
+    assert len({r.item for r in finals}) == len(planned)
+    assert temp_files(ws.dir) == []
+    errors = {c.rel for c in hostile.IMAGE_CASES if c.status == "error"}
+    assert {f["input"].split(f"{ws.rel(ws.dir)}/", 1)[1] for f in report["failures"]} == errors
+    assert report["counts"]["failed"] == len(errors)
+    assert report["counts"]["no_face"] == sum(c.status == "no_face" for c in hostile.IMAGE_CASES)
+    assert report["counts"]["ok"] == sum(c.status == "ok" for c in hostile.IMAGE_CASES) + len(good)
+    assert swarm.client.api.services(filters={"label": f"{LABEL_JOB}={ws.job}"}) == []
+
+
+def test_hostile_job_files_are_refused_before_anything_is_created(
+    workspace: Workspace, swarm: DockerSwarm, tmp_path: Path
+) -> None:
+    ws = workspace
+    star = photos.astronaut(ws.dir / "faces")
+    crowd = ws.dir / "crowd"
+    crowd.mkdir()
+    for name in ("a.jpg", "b.jpg"):
+        (crowd / name).write_bytes(hostile.face_jpeg())
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "elsewhere.jpg").write_bytes(hostile.face_jpeg())
+
+    files: list[tuple[hostile.JobFileCase, str, Path]] = []
+    for i, case in enumerate(hostile.JOB_FILE_CASES):
+        base = ws.dir / "cases" / case.id
+        base.mkdir(parents=True)
+        name = f"{ws.job}-{i:02d}"
+        lay = hostile.Layout(ws.root, ws.rel(base), name, ws.rel(star), ws.rel(crowd), outside)
+        text = case.text(lay)
+        path = base / f"{case.id}.yaml"
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        files.append((case, name, path))
+    chown_tree(ws.dir, ws.config.runner_uid_gid())
+
+    def submit(path: Path) -> tuple[int, str]:
+        proc = ws.ffswarm("submit", str(path), timeout=120)
+        return proc.returncode, proc.stdout + proc.stderr
+
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            outcomes = list(pool.map(submit, [p for _, _, p in files]))
+        problems = []
+        for (case, name, path), (code, output) in zip(files, outcomes, strict=True):
+            where = f"{path}: {case.field}: " if case.field else f"{path}: "
+            if code != case.exit_code or where not in output or case.reason not in output:
+                problems.append(
+                    f"{case.id} ({case.what}): expected exit {case.exit_code} with {where!r}…{case.reason!r}, "
+                    f"got exit {code}: {output.strip()[-400:]}"
+                )
+            if (ws.root / "runs" / name).exists():
+                problems.append(f"{case.id}: a run folder was created")
+        assert not problems, "\n".join(problems)
+        labels = {s["Spec"].get("Labels", {}).get(LABEL_JOB, "") for s in swarm.client.api.services()}
+        assert not {n for n in labels if n.startswith(ws.job)}, "a refused job created services"
+    finally:
+        for _, name, _ in files:
+            for svc in swarm.client.api.services(filters={"label": f"{LABEL_JOB}={name}"}):
+                swarm.remove_service(svc["ID"])
+            shutil.rmtree(ws.root / "runs" / name, ignore_errors=True)
+
+
+def test_chunk_level_user_errors_fail_once_with_their_reason(workspace: Workspace) -> None:
+    """Wrong pack checksum and a faceless source photo: runner exit 66, no retry, reason names why."""
+    ws = workspace
+    pack_name = f"{ws.job}-pack"
+    pack = ws.root / "models" / pack_name
+    shutil.copytree(ws.root / "models" / "default", pack)
+    spec = yaml.safe_load((pack / "pack.yaml").read_text())
+    spec["files"]["w600k_r50.onnx"]["sha256"] = "0" * 64
+    (pack / "pack.yaml").write_text(yaml.safe_dump(spec))
+    try:
+        star = photos.astronaut(ws.dir / "faces")
+        landscape = ws.dir / "faces" / "landscape.jpg"
+        landscape.write_bytes(hostile.no_face_jpeg())
+        photos.face_photos(ws.dir / "crowd", 2)
+        chown_tree(ws.dir, ws.config.runner_uid_gid())
+        chown_tree(pack, ws.config.runner_uid_gid())
+        common = f"""targets: [{ws.rel(ws.dir / "crowd")}/*.jpg]
+providers: [cpu]
+resources: {RESOURCES}
+retries: 3
+"""
+        bad_pack = ws.write_job(
+            f"name: {ws.job}\nsource: {ws.rel(star)}\nmodels: {pack_name}\n"
+            f"output: {ws.rel(ws.dir)}/out1/{{stem}}{{ext}}\n" + common
+        )
+        faceless = bad_pack.with_name("faceless.yaml")
+        faceless.write_text(
+            f"name: {ws.job}-nf\nsource: {ws.rel(landscape)}\noutput: {ws.rel(ws.dir)}/out2/{{stem}}{{ext}}\n" + common
+        )
+        t0 = time.monotonic()
+        proc = ws.ffswarm("submit", str(bad_pack), str(faceless))
+        elapsed = time.monotonic() - t0
+        assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert elapsed < 60, f"no retries expected, took {elapsed:.0f}s"
+
+        expectations = {ws.job: "w600k_r50.onnx has the wrong checksum", f"{ws.job}-nf": "no face detected"}
+        problems: list[str] = []
+        for job, why in expectations.items():
+            report = json.loads((ws.root / "runs" / job / "report.json").read_text())
+            chunk = report["chunks"]["c0000"]
+            assert chunk["state"] == "failed" and chunk["failure"] == FailureClass.USER.value, chunk
+            assert [(a["attempt"], a["exit_code"]) for a in chunk["attempts"]] == [(1, 66)], chunk
+            log = (ws.root / "runs" / job / "logs" / "c0000.a1.log").read_text()
+            assert why in log, log[-1000:]
+            assert report["counts"]["failed"] == 2 and not (ws.dir / "out1").exists() and not (ws.dir / "out2").exists()
+            # The user must see the cause, not only "exit 66": in the report and on the terminal.
+            if why not in (chunk["reason"] or ""):
+                problems.append(f"{job}: chunk reason does not say {why!r}: {chunk['reason']!r}")
+            if not all(why in f["reason"] for f in report["failures"]):
+                problems.append(f"{job}: item failures do not say {why!r}: {report['failures'][0]['reason']!r}")
+        if "wrong checksum" not in proc.stdout or "no face detected" not in proc.stdout:
+            problems.append(f"the submit output does not say why the chunks failed: {proc.stdout[-600:]}")
+        assert not problems, "\n".join(problems)
+    finally:
+        shutil.rmtree(pack, ignore_errors=True)
+        shutil.rmtree(ws.root / "runs" / f"{ws.job}-nf", ignore_errors=True)
+
+
+def test_bad_manifests_exit_65_and_are_not_retried(workspace: Workspace, swarm: DockerSwarm) -> None:
+    """Hand-written manifests run by the real runner image through real chunk services."""
+    ws = workspace
+    cfg = ws.config
+    rundir = RunDir(ws.root, ws.job, owner(cfg))
+    for sub in ("chunks", "results", "logs"):
+        (rundir.path / sub).mkdir(parents=True)
+    good_shape: dict[str, Any] = {
+        "schema": 99,
+        "job": ws.job,
+        "chunk": "c0000",
+        "run_dir": f"/data/runs/{ws.job}",
+        "pack_dir": "/data/models/default",
+        "source": [f"/data/{ws.rel(ws.dir)}/faces/astronaut.jpg"],
+        "items": [{"id": "i000000", "input": "/data/x.jpg", "output": "/data/y.jpg"}],
+    }
+    (rundir.path / "chunks" / "c0000.json").write_text(json.dumps(good_shape))
+    (rundir.path / "chunks" / "c0001.json").write_text("{'this is': not JSON")
+    rundir.write_control(Control(max_concurrent=2))
+    chown_tree(rundir.path, cfg.runner_uid_gid())
+
+    settings = RunnerSettings(
+        job=ws.job,
+        image=swarm.resolve_image(cfg.image),
+        constraints=("node.labels.ffswarm.gpu==true",),
+        gpu_kind="GPU",
+        gpus=1,
+        memory_bytes=1 << 30,
+        volume=cfg.volume,
+        user=cfg.runner_uid_gid(),
+    )
+    policy = Policy(retries=3, schedule_timeout=60, poll=0.2, backoff_base=0.1)
+    sup = Supervisor(swarm, rundir, settings, policy)
+    runs = sup.run(["c0000", "c0001"])
+    for cid, why in (("c0000", "unknown manifest schema version 99"), ("c0001", "manifest is not JSON")):
+        run = runs[cid]
+        assert run.failure is FailureClass.USER, run.as_dict()
+        assert [(a.attempt, a.exit_code) for a in run.attempts] == [(1, 65)], run.as_dict()
+        # The runner died before it could open its log file: the supervisor kept the service's output.
+        log = rundir.log_path(cid, 1).read_text()
+        assert why in log, log[-1000:]
+        assert why in (run.reason or ""), run.reason
