@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -24,19 +24,19 @@ PROCESSORS = ("face_swapper", "face_enhancer")
 PROVIDERS = ("cuda", "cpu")
 
 
-class FaceSelection(str, Enum):
+class FaceSelection(StrEnum):
     MANY = "many"
     ONE = "one"
     REFERENCE = "reference"
 
 
-class NoFacePolicy(str, Enum):
+class NoFacePolicy(StrEnum):
     COPY = "copy"  # output = input, item status no_face
     SKIP = "skip"  # no output written, item status no_face
     FAIL = "fail"  # item status error (runner exit 3)
 
 
-class ItemStatus(str, Enum):
+class ItemStatus(StrEnum):
     OK = "ok"
     NO_FACE = "no_face"
     ERROR = "error"
@@ -140,7 +140,9 @@ class Manifest:
                 run_dir=_str(data, "run_dir"),
                 pack_dir=_str(data, "pack_dir"),
                 source=tuple(str(s) for s in data["source"]),
-                items=tuple(Item(id=str(i["id"]), input=str(i["input"]), output=str(i["output"])) for i in data["items"]),
+                items=tuple(
+                    Item(id=str(i["id"]), input=str(i["input"]), output=str(i["output"])) for i in data["items"]
+                ),
                 processors=tuple(str(p) for p in data.get("processors", ["face_swapper"])),
                 providers=tuple(str(p) for p in data.get("providers", ["cuda", "cpu"])),
                 faces=FaceSelection(data.get("faces", "many")),

@@ -1,0 +1,85 @@
+"""``python -m runner_image``: the runner image's exec-form entrypoint.
+
+Only argument/environment parsing and the mapping from how an attempt ended to its exit code live
+here (DESIGN.md "Exit codes"); the work is in worker.run_attempt. Inputs: ``FFSWARM_MANIFEST``
+(container path of the chunk manifest), ``FFSWARM_ATTEMPT`` (default 1), ``DOCKER_RESOURCE_GPU``
+(set by Swarm), and for local runs/tests ``--manifest``, ``--attempt`` and ``--data-root`` /
+``FFSWARM_DATA_ROOT`` (a local folder standing in for ``/data``; see volume.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import warnings
+from collections.abc import Mapping, Sequence
+from types import FrameType
+
+from . import log
+from .errors import BadManifest, RunnerError, Terminated
+from .manifest import ENV_ATTEMPT, ENV_MANIFEST, ManifestError, RunnerExit
+from .volume import ENV_DATA_ROOT
+from .worker import invocation_from_env, run_attempt
+
+EXIT_TERMINATED = 128 + signal.SIGTERM  # what a shell reports for SIGTERM: "killed", infrastructure
+
+
+def _parse(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m runner_image", description="Run one ffswarm chunk attempt.")
+    parser.add_argument("--manifest", default=env.get(ENV_MANIFEST), help=f"manifest path (default ${ENV_MANIFEST})")
+    parser.add_argument("--attempt", default=env.get(ENV_ATTEMPT, "1"), help=f"≥ 1 (default ${ENV_ATTEMPT} or 1)")
+    parser.add_argument(
+        "--data-root", help=f"local folder standing in for /data (dev/test aid; default ${ENV_DATA_ROOT} or /data)"
+    )
+    return parser.parse_args(argv)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
+
+
+def _attempt(value: str) -> int:
+    attempt = int(value)
+    if attempt < 1:
+        raise ValueError(attempt)
+    return attempt
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    # insightface's face_align calls a scikit-image API deprecated in 0.26: noise on every chunk.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"insightface\.")
+    args = _parse(argv, env)
+    sink = log.configure()
+    logger = log.get()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    code: int
+    try:
+        try:
+            attempt = _attempt(args.attempt)
+        except ValueError:
+            raise BadManifest(f"attempt must be an integer ≥ 1, got {args.attempt!r}") from None
+        code = run_attempt(invocation_from_env(env, args.manifest, attempt, args.data_root), sink)
+    except Terminated:
+        logger.warning("terminated by SIGTERM", exit_code=EXIT_TERMINATED)
+        code = EXIT_TERMINATED
+    except ManifestError as e:
+        code = RunnerExit.BAD_MANIFEST
+        logger.error("runner failed", exit_code=int(code), error=str(e), kind="bad manifest")
+    except RunnerError as e:
+        code = e.exit_code
+        logger.error("runner failed", exit_code=int(code), error=str(e), kind=type(e).__name__)
+    except Exception:
+        code = RunnerExit.INTERNAL
+        logger.exception("runner failed", exit_code=int(code), kind="internal error")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        sink.detach()
+        log.reset()
+    return int(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

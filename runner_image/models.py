@@ -1,0 +1,219 @@
+"""The model pack: verify it, pick execution providers, load the three models once per process.
+
+A pack is ``<root>/models/<name>/pack.yaml`` plus ONNX files; pack.yaml names each file's role and
+sha256. Every file is hashed before use: a truncated copy on NFS or a swapped file must fail the chunk
+with exit 66 naming the file, not produce silently different faces.
+
+Providers follow the manifest's list in order (``cuda`` → CUDAExecutionProvider on device 0: under
+the NVIDIA runtime the container sees only the GPU Swarm assigned it; ``cpu`` → CPUExecutionProvider).
+CPU is used only if listed; when CUDA cannot run and CPU is not allowed the attempt is temporary
+(exit 75) so that the controller retries on another node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+import yaml
+from insightface.model_zoo import model_zoo
+
+from .errors import MissingInput, Temporary
+
+PACK_FILE = "pack.yaml"
+ROLES = ("detector", "recognizer", "swapper")
+ORT_NAMES = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
+DET_SIZE = (640, 640)
+DET_THRESH = 0.5
+
+
+@dataclass(frozen=True)
+class Pack:
+    """A verified pack: role -> file whose sha256 matched pack.yaml."""
+
+    dir: Path
+    name: str
+    standin: bool
+    files: dict[str, Path]
+
+
+def sha256_file(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def verify_pack(pack_dir: Path) -> Pack:
+    """Check pack.yaml and every file it lists; MissingInput (66) names the file and the pack."""
+    where = f"model pack {pack_dir}"
+    try:
+        text = (pack_dir / PACK_FILE).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        what = f"{PACK_FILE} not found" if pack_dir.is_dir() else "folder not found"
+        raise MissingInput(f"{where}: {what}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise MissingInput(f"{where}: cannot read {PACK_FILE}: {e}") from e
+    try:
+        spec = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise MissingInput(f"{where}: {PACK_FILE} is not valid YAML: {e}") from e
+    if not isinstance(spec, dict) or not isinstance(spec.get("files"), dict):
+        raise MissingInput(f"{where}: {PACK_FILE} has no 'files' mapping")
+    files: dict[str, Path] = {}
+    for name, entry in spec["files"].items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+            raise MissingInput(f"{where}: {PACK_FILE} entry {name!r} needs role and sha256")
+        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
+            raise MissingInput(f"{where}: {PACK_FILE} names an invalid file {name!r}")
+        path = pack_dir / name
+        try:
+            digest = sha256_file(path)
+        except FileNotFoundError:
+            raise MissingInput(f"{where}: {name} is missing ({path})") from None
+        except OSError as e:
+            raise MissingInput(f"{where}: cannot read {name}: {e.strerror or e}") from e
+        expected = entry["sha256"].strip().lower()
+        if digest != expected:
+            raise MissingInput(
+                f"{where}: {name} has the wrong checksum (sha256 {digest[:16]}…, pack.yaml says {expected[:16]}…)"
+            )
+        role = entry.get("role")
+        if role in ROLES:
+            files[str(role)] = path
+    missing = [r for r in ROLES if r not in files]
+    if missing:
+        raise MissingInput(f"{where}: {PACK_FILE} lists no file with role {', '.join(missing)}")
+    return Pack(dir=pack_dir, name=str(spec.get("name", pack_dir.name)), standin=bool(spec.get("standin")), files=files)
+
+
+@dataclass(frozen=True)
+class ProviderPlan:
+    """What to ask onnxruntime for, and what we will report if it is granted."""
+
+    name: str  # "cuda" | "cpu"
+    ort_providers: list[str]
+    ort_options: list[dict[str, str]]
+    allow_cpu: bool
+    fallback: str | None = None  # why the first requested provider is not used
+
+
+def plan_providers(requested: Sequence[str], available: Sequence[str]) -> ProviderPlan:
+    """Pure choice from the manifest's providers and onnxruntime's available list."""
+    allow_cpu = "cpu" in requested
+    skipped: list[str] = []
+    for name in requested:
+        if ORT_NAMES[name] not in available:
+            skipped.append(f"{name} requested but {ORT_NAMES[name]} is not available (have {', '.join(available)})")
+            continue
+        providers, options = [ORT_NAMES[name]], [_provider_options(name)]
+        if name != "cpu" and allow_cpu:
+            providers.append(ORT_NAMES["cpu"])
+            options.append({})
+        return ProviderPlan(name, providers, options, allow_cpu, "; ".join(skipped) or None)
+    raise Temporary("no usable execution provider: " + "; ".join(skipped))
+
+
+def _provider_options(name: str) -> dict[str, str]:
+    if name == "cuda":
+        return {"device_id": "0"}
+    return {}
+
+
+def cpu_budget() -> int:
+    """CPUs this process may use: affinity, capped by a cgroup CPU quota (Swarm's --limit-cpu)."""
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cgroup_quota()
+    if quota is not None:
+        count = min(count, max(1, int(quota + 0.5)))
+    return max(1, count)
+
+
+def _cgroup_quota() -> float | None:
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        q = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        p = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return None if q <= 0 or p <= 0 else q / p
+    except (OSError, ValueError):
+        return None
+
+
+def session_options(plan: ProviderPlan, threads: int) -> Any:
+    so = ort.SessionOptions()
+    # On CPU the model is the work: use every CPU we have for each op. On CUDA, CPU threads only run
+    # the odd CPU-placed node; a few are plenty and leave cores for decode/encode.
+    so.intra_op_num_threads = threads if plan.name == "cpu" else min(threads, 4)
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    return so
+
+
+@dataclass
+class Models:
+    """The three loaded models and the provider that actually runs them."""
+
+    detector: Any
+    recognizer: Any
+    swapper: Any
+    provider: str  # "cuda" | "cpu": what onnxruntime granted, not what was asked
+    threads: int
+    notes: list[str] = field(default_factory=list)  # fallbacks worth a warning line
+
+
+def load_models(pack: Pack, requested: Sequence[str]) -> Models:
+    """Create the sessions once for the whole chunk. insightface prints to stdout, which is our
+    JSON log stream, so its chatter is sent to stderr while it loads."""
+    plan = plan_providers(requested, ort.get_available_providers())
+    threads = cpu_budget()
+    notes = [plan.fallback] if plan.fallback else []
+    loaded: dict[str, Any] = {}
+    with contextlib.redirect_stdout(sys.stderr):
+        for role in ROLES:
+            try:
+                model = model_zoo.get_model(
+                    str(pack.files[role]),
+                    providers=plan.ort_providers,
+                    provider_options=plan.ort_options,
+                    sess_options=session_options(plan, threads),
+                )
+            except Exception as e:
+                if plan.name == "cuda":  # most likely the device or its libraries: another node may do
+                    raise Temporary(f"cannot initialise CUDA for {pack.files[role].name}: {e}") from e
+                # on CPU a file whose checksum matched but does not load is a broken pack
+                raise MissingInput(f"model pack {pack.dir}: {pack.files[role].name} does not load: {e}") from e
+            if model is None:
+                raise MissingInput(f"model pack {pack.dir}: {pack.files[role].name} is not a recognised {role} model")
+            loaded[role] = model
+    granted = {loaded[role].session.get_providers()[0] for role in ROLES}
+    provider = "cuda" if granted == {ORT_NAMES["cuda"]} else "cpu"
+    if plan.name == "cuda" and provider != "cuda":
+        if not plan.allow_cpu:
+            raise Temporary(f"CUDAExecutionProvider failed to initialise (got {sorted(granted)}); cpu is not allowed")
+        notes.append(f"CUDAExecutionProvider failed to initialise; running on {sorted(granted)}")
+    _check_roles(pack, loaded)
+    loaded["detector"].prepare(0, input_size=DET_SIZE, det_thresh=DET_THRESH)
+    return Models(loaded["detector"], loaded["recognizer"], loaded["swapper"], provider, threads, notes)
+
+
+def _check_roles(pack: Pack, loaded: dict[str, Any]) -> None:
+    """insightface routes by graph shape; a file in the wrong role is a broken pack, not a bug."""
+    expected = {"detector": "SCRFD", "recognizer": "ArcFaceONNX", "swapper": "INSwapper"}
+    for role, cls in expected.items():
+        if type(loaded[role]).__name__ != cls:
+            raise MissingInput(
+                f"model pack {pack.dir}: {pack.files[role].name} loads as {type(loaded[role]).__name__}, not a {role}"
+            )
+    if not getattr(loaded["detector"], "use_kps", False):
+        raise MissingInput(f"model pack {pack.dir}: {pack.files['detector'].name} gives no keypoints")

@@ -1,0 +1,467 @@
+"""The runner end to end, in-process: ``python -m runner_image``'s ``main`` on real photos with the
+stand-in pack, real insightface and onnxruntime (CPU).
+
+Manifests speak in ``/data/...`` container paths; ``--data-root`` points that at a temporary folder
+(volume.DataRoot, the documented dev/test aid), so nothing here needs a container.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from runner_image.__main__ import main
+from runner_image.errors import Terminated
+from runner_image.manifest import (
+    FaceSelection,
+    Item,
+    ItemResult,
+    ItemStatus,
+    Limits,
+    Manifest,
+    NoFacePolicy,
+    read_results,
+)
+from tests.fixtures import photos
+from tests.fixtures.standin_pack import build_pack
+
+JOB, RUN = "job1", "/data/runs/job1"
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Pack and photos built once per module; each test copies them into its own data root."""
+    base = tmp_path_factory.mktemp("assets")
+    build_pack(base / "models" / "default")
+    inputs = base / "in"
+    photos.astronaut(inputs)
+    photos.group(inputs)
+    photos.no_face_photo(inputs)
+    photos.not_an_image(inputs)
+    photos.face_photos(inputs, 4)
+    shutil.copyfile(inputs / "face_01.jpg", inputs / "source.jpg")
+    return base
+
+
+@pytest.fixture
+def data(tmp_path: Path, assets: Path) -> Path:
+    root = tmp_path / "data"
+    shutil.copytree(assets, root)
+    (root / "runs" / JOB / "chunks").mkdir(parents=True)
+    return root
+
+
+def write_manifest(root: Path, names: list[str], *, chunk: str = "c0001", ext: str = ".png", **kw: Any) -> str:
+    items = tuple(
+        Item(id=f"i{i:06d}", input=f"/data/in/{n}", output=f"/data/out/{Path(n).stem}{ext}")
+        for i, n in enumerate(names)
+    )
+    fields: dict[str, Any] = {
+        "job": JOB,
+        "chunk": chunk,
+        "run_dir": RUN,
+        "pack_dir": "/data/models/default",
+        "source": ("/data/in/source.jpg",),
+        "items": items,
+        "providers": ("cpu",),
+    }
+    fields.update(kw)
+    manifest = Manifest(**fields)
+    (root / "runs" / JOB / "chunks" / f"{chunk}.json").write_text(manifest.to_json())
+    return f"{RUN}/chunks/{chunk}.json"
+
+
+def run(root: Path, manifest: str, attempt: int = 1) -> int:
+    return main(["--manifest", manifest, "--attempt", str(attempt), "--data-root", str(root)], env={})
+
+
+def results(root: Path, chunk: str = "c0001") -> list[ItemResult]:
+    return read_results((root / "runs" / JOB / "results" / f"{chunk}.jsonl").read_text())
+
+
+def by_input(lines: list[ItemResult], attempt: int | None = None) -> dict[str, ItemResult]:
+    return {Path(r.input).name: r for r in lines if attempt is None or r.attempt == attempt}
+
+
+def temp_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if ".tmp-" in p.name]
+
+
+def log_lines(text: str) -> Iterator[dict[str, Any]]:
+    for line in text.splitlines():
+        if line.startswith("{"):
+            yield json.loads(line)
+
+
+def pixels(path: Path) -> np.ndarray:
+    image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    assert image is not None, path
+    return np.asarray(image, dtype=np.int16)
+
+
+def changed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.asarray(np.abs(a - b).max(axis=2) > 0)
+
+
+def grow(box: tuple[int, int, int, int], by: float, shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    x1, y1, x2, y2 = box
+    dx, dy = int((x2 - x1) * by), int((y2 - y1) * by)
+    return max(0, x1 - dx), max(0, y1 - dy), min(shape[1], x2 + dx), min(shape[0], y2 + dy)
+
+
+def only_near(mask: np.ndarray, boxes: list[tuple[int, int, int, int]], by: float) -> bool:
+    """True when every changed pixel lies within ``by`` box-sizes of one of ``boxes``."""
+    allowed = np.zeros_like(mask)
+    for box in boxes:
+        x1, y1, x2, y2 = grow(box, by, mask.shape)
+        allowed[y1:y2, x1:x2] = True
+    return not np.any(mask & ~allowed)
+
+
+def test_mixed_chunk_swaps_faces_copies_no_face_and_fails_the_broken_file(
+    data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    names = ["astronaut.jpg", "face_00.jpg", "face_02.jpg", "face_03.jpg", "no_face.jpg", "broken.jpg"]
+    assert run(data, write_manifest(data, names)) == 3
+
+    lines = by_input(results(data))
+    assert sorted(lines) == sorted(names)
+    for name in ["astronaut.jpg", "face_00.jpg", "face_02.jpg", "face_03.jpg"]:
+        r = lines[name]
+        assert r.status is ItemStatus.OK and r.faces >= 1 and r.attempt == 1 and not r.cached
+        assert r.provider == "cpu" and set(r.timings) == {
+            "decode",
+            "detect",
+            "embed",
+            "swap",
+            "paste",
+            "encode",
+            "write",
+        }
+        assert r.finished >= r.started > 0
+        assert changed(pixels(data / "in" / name), pixels(data / "out" / f"{Path(name).stem}.png")).any()
+
+    # astronaut: different inside the face box, byte-identical pixels away from it (PNG output)
+    before, after = pixels(data / "in/astronaut.jpg"), pixels(data / "out/astronaut.png")
+    x1, y1, x2, y2 = photos.ASTRONAUT_FACE
+    assert np.abs(before[y1:y2, x1:x2] - after[y1:y2, x1:x2]).mean() > 5
+    assert only_near(changed(before, after), [photos.ASTRONAUT_FACE], by=0.8)
+
+    copy = lines["no_face.jpg"]
+    assert copy.status is ItemStatus.NO_FACE and copy.output == "/data/out/no_face.png"
+    assert (data / "out/no_face.png").read_bytes() == (data / "in/no_face.jpg").read_bytes()
+
+    broken = lines["broken.jpg"]
+    assert broken.status is ItemStatus.ERROR and broken.output is None
+    assert broken.reason == "/data/in/broken.jpg: not an image (unknown magic bytes)"
+    assert not (data / "out/broken.png").exists()
+    assert temp_files(data) == []
+
+    # every line (stdout and the attempt's log file) carries job, chunk and attempt
+    stdout = list(log_lines(capsys.readouterr().out))
+    logged = list(log_lines((data / "runs" / JOB / "logs" / "c0001.a1.log").read_text()))
+    assert logged and len(logged) == len(stdout)
+    for line in logged:
+        assert (line["job"], line["chunk"], line["attempt"]) == (JOB, "c0001", 1)
+    assert any(line["event"] == "models loaded" and line["provider"] == "cpu" for line in logged)
+
+
+def test_group_photo_many_swaps_all_six_faces_and_nothing_else(data: Path) -> None:
+    assert run(data, write_manifest(data, ["t1.jpg"])) == 0
+    (r,) = results(data)
+    assert r.faces == 6
+    mask = changed(pixels(data / "in/t1.jpg"), pixels(data / "out/t1.png"))
+    for x1, y1, x2, y2 in photos.T1_FACES:
+        assert mask[y1:y2, x1:x2].mean() > 0.3
+    assert only_near(mask, list(photos.T1_FACES), by=0.8)
+
+
+def test_one_swaps_only_the_largest_face(data: Path) -> None:
+    assert run(data, write_manifest(data, ["t1.jpg"], faces=FaceSelection.ONE)) == 0
+    (r,) = results(data)
+    assert r.status is ItemStatus.OK and r.faces == 1
+    mask = changed(pixels(data / "in/t1.jpg"), pixels(data / "out/t1.png"))
+    touched = [box for box in photos.T1_FACES if mask[box[1] : box[3], box[0] : box[2]].any()]
+    largest = max(photos.T1_FACES, key=lambda b: (b[2] - b[0]) * (b[3] - b[1]))
+    assert touched == [largest]
+    assert only_near(mask, [largest], by=0.8)
+
+
+def test_reference_selection_is_reported_per_item(data: Path) -> None:
+    assert run(data, write_manifest(data, ["astronaut.jpg"], faces=FaceSelection.REFERENCE)) == 3
+    (r,) = results(data)
+    assert r.status is ItemStatus.ERROR and r.reason is not None and "not supported yet" in r.reason
+
+
+@pytest.mark.parametrize(
+    ("policy", "code", "status", "has_output"),
+    [
+        (NoFacePolicy.COPY, 0, ItemStatus.NO_FACE, True),
+        (NoFacePolicy.SKIP, 0, ItemStatus.NO_FACE, False),
+        (NoFacePolicy.FAIL, 3, ItemStatus.ERROR, False),
+    ],
+)
+def test_no_face_policies(data: Path, policy: NoFacePolicy, code: int, status: ItemStatus, has_output: bool) -> None:
+    assert run(data, write_manifest(data, ["no_face.jpg"], no_face=policy, ext=".jpg")) == code
+    (r,) = results(data)
+    assert r.status is status
+    assert (data / "out/no_face.jpg").exists() is has_output
+    assert (r.output is not None) is has_output
+    if policy is NoFacePolicy.FAIL:
+        assert r.reason == "/data/in/no_face.jpg: no face detected"
+    if has_output:
+        assert (data / "out/no_face.jpg").read_bytes() == (data / "in/no_face.jpg").read_bytes()
+
+
+def test_second_attempt_reuses_committed_items_without_rewriting(
+    data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = write_manifest(data, ["astronaut.jpg", "no_face.jpg", "broken.jpg"])
+    assert run(data, manifest) == 3
+    outputs = [data / "out/astronaut.png", data / "out/no_face.png"]
+    stamps = [p.stat().st_mtime_ns for p in outputs]
+    capsys.readouterr()
+
+    assert run(data, manifest, attempt=2) == 3  # the broken file is retried and fails again
+    second = by_input(results(data), attempt=2)
+    assert second["astronaut.jpg"].cached and second["astronaut.jpg"].status is ItemStatus.OK
+    assert second["no_face.jpg"].cached and second["no_face.jpg"].status is ItemStatus.NO_FACE
+    assert not second["broken.jpg"].cached and second["broken.jpg"].status is ItemStatus.ERROR
+    assert [p.stat().st_mtime_ns for p in outputs] == stamps
+    assert (data / "runs" / JOB / "logs" / "c0001.a2.log").is_file()
+    assert temp_files(data) == []
+
+
+def test_fully_done_chunk_exits_0_without_loading_models(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = write_manifest(data, ["astronaut.jpg", "no_face.jpg"], no_face=NoFacePolicy.SKIP)
+    assert run(data, manifest) == 0
+    shutil.rmtree(data / "models")  # nothing left to do must not need the pack
+    capsys.readouterr()
+    assert run(data, manifest, attempt=2) == 0
+    assert all(r.cached for r in results(data) if r.attempt == 2)
+    assert not any(line["event"] == "models loaded" for line in log_lines(capsys.readouterr().out))
+
+
+def test_lost_output_is_redone(data: Path) -> None:
+    manifest = write_manifest(data, ["astronaut.jpg"])
+    assert run(data, manifest) == 0
+    (data / "out/astronaut.png").unlink()
+    assert run(data, manifest, attempt=2) == 0
+    (_, second) = results(data)
+    assert not second.cached and (data / "out/astronaut.png").is_file()
+
+
+def _corrupt_checksum(data: Path) -> None:
+    (data / "models/default/w600k_r50.onnx").write_bytes(b"not the recogniser")
+
+
+def _drop_file(data: Path) -> None:
+    (data / "models/default/inswapper_128.onnx").unlink()
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [(_corrupt_checksum, "w600k_r50.onnx has the wrong checksum"), (_drop_file, "inswapper_128.onnx is missing")],
+)
+def test_broken_pack_exits_66_naming_file_and_pack(
+    data: Path, capsys: pytest.CaptureFixture[str], damage: Any, message: str
+) -> None:
+    damage(data)
+    assert run(data, write_manifest(data, ["astronaut.jpg"])) == 66
+    errors = [line for line in log_lines(capsys.readouterr().out) if line["level"] == "error"]
+    assert len(errors) == 1
+    assert message in errors[0]["error"] and str(data / "models/default") in errors[0]["error"]
+    assert not (data / "out").exists()
+
+
+def test_source_without_face_exits_66(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = write_manifest(data, ["astronaut.jpg"], source=("/data/in/no_face.jpg",))
+    assert run(data, manifest) == 66
+    assert "source photo /data/in/no_face.jpg: no face detected" in capsys.readouterr().out
+
+
+def test_missing_source_exits_66(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(data, write_manifest(data, ["astronaut.jpg"], source=("/data/in/gone.jpg",))) == 66
+    assert "source photo /data/in/gone.jpg: file not found" in capsys.readouterr().out
+
+
+def test_unknown_schema_exits_65(data: Path) -> None:
+    manifest = write_manifest(data, ["astronaut.jpg"])
+    path = data / "runs" / JOB / "chunks" / "c0001.json"
+    raw = json.loads(path.read_text())
+    raw["schema"] = 99
+    path.write_text(json.dumps(raw))
+    assert run(data, manifest) == 65
+
+
+def test_malformed_manifest_exits_65(data: Path) -> None:
+    (data / "runs" / JOB / "chunks" / "c0001.json").write_text("{not json")
+    assert run(data, f"{RUN}/chunks/c0001.json") == 65
+
+
+def test_missing_run_folder_exits_75(data: Path) -> None:
+    shutil.rmtree(data / "runs" / JOB)
+    assert run(data, f"{RUN}/chunks/c0001.json") == 75
+
+
+def test_missing_data_root_exits_75(tmp_path: Path) -> None:
+    assert run(tmp_path / "not-mounted", f"{RUN}/chunks/c0001.json") == 75
+
+
+def test_missing_manifest_in_existing_folder_exits_66(data: Path) -> None:
+    assert run(data, f"{RUN}/chunks/c0042.json") == 66
+
+
+def test_cuda_only_on_a_cpu_machine_exits_75(data: Path) -> None:
+    assert run(data, write_manifest(data, ["astronaut.jpg"], providers=("cuda",))) == 75
+
+
+def test_cuda_then_cpu_falls_back_and_says_so(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(data, write_manifest(data, ["astronaut.jpg"], providers=("cuda", "cpu"))) == 0
+    warnings = [line for line in log_lines(capsys.readouterr().out) if line["event"] == "provider fallback"]
+    assert warnings and "CUDAExecutionProvider" in warnings[0]["reason"]
+    assert results(data)[0].provider == "cpu"
+
+
+def test_gpu_id_from_swarm_is_recorded(data: Path) -> None:
+    manifest = write_manifest(data, ["astronaut.jpg"])
+    code = main(["--manifest", manifest, "--data-root", str(data)], env={"DOCKER_RESOURCE_GPU": "GPU-a"})
+    assert code == 0
+    assert results(data)[0].gpu == "GPU-a"
+
+
+def test_env_inputs_are_used(data: Path) -> None:
+    manifest = write_manifest(data, ["astronaut.jpg"])
+    env = {"FFSWARM_MANIFEST": manifest, "FFSWARM_ATTEMPT": "4", "FFSWARM_DATA_ROOT": str(data)}
+    assert main([], env=env) == 0
+    assert results(data)[0].attempt == 4
+
+
+def test_bad_attempt_number_exits_65(data: Path) -> None:
+    assert main(["--manifest", write_manifest(data, ["astronaut.jpg"]), "--attempt", "0"], env={}) == 65
+
+
+@pytest.mark.parametrize("cap", ["pixels", "bytes"])
+def test_size_caps_fail_the_item(data: Path, cap: str) -> None:
+    # caps apply to every decoded file, the source photo included: set them just above the source's
+    source = data / "in/source.jpg"
+    with Image.open(source) as im:
+        source_pixels = im.size[0] * im.size[1]
+    if cap == "pixels":
+        limits = Limits(max_pixels=source_pixels)
+        reason = f"/data/in/astronaut.jpg: image too large: 512x512 pixels exceeds limit {source_pixels}"
+    else:
+        limits = Limits(max_file_bytes=source.stat().st_size)
+        size = (data / "in/astronaut.jpg").stat().st_size
+        reason = f"/data/in/astronaut.jpg: file too large: {size} bytes exceeds limit {limits.max_file_bytes}"
+    assert source_pixels < 512 * 512 and source.stat().st_size < (data / "in/astronaut.jpg").stat().st_size
+    assert run(data, write_manifest(data, ["astronaut.jpg"], limits=limits)) == 3
+    (r,) = results(data)
+    assert r.status is ItemStatus.ERROR and r.reason == reason
+
+
+def test_exif_rotation_is_honoured(data: Path) -> None:
+    upright = pixels(data / "in/astronaut.jpg").astype(np.uint8)[:400]  # 512 wide, 400 tall: not square
+    stored = cv2.rotate(upright, cv2.ROTATE_90_COUNTERCLOCKWISE)  # sideways on disk ...
+    exif = Image.Exif()
+    exif[0x0112] = 6  # ... and tagged "rotate 90° clockwise to display"
+    buf = io.BytesIO()
+    Image.fromarray(stored[:, :, ::-1]).save(buf, "JPEG", quality=95, exif=exif.tobytes())
+    (data / "in/sideways.jpg").write_bytes(buf.getvalue())
+
+    assert run(data, write_manifest(data, ["sideways.jpg"])) == 0
+    (r,) = results(data)
+    assert r.status is ItemStatus.OK and r.faces == 1
+    out = pixels(data / "out/sideways.png")
+    assert out.shape == (400, 512, 3)
+    x1, y1, x2, y2 = photos.ASTRONAUT_FACE
+    far = np.ones(out.shape[:2], bool)
+    gx1, gy1, gx2, gy2 = grow(photos.ASTRONAUT_FACE, 0.8, out.shape)
+    far[gy1:gy2, gx1:gx2] = False
+    assert np.abs(out - upright.astype(np.int16))[far].mean() < 3  # upright, like the original
+    assert np.abs(out - upright.astype(np.int16))[y1:y2, x1:x2].mean() > 5  # and the face was swapped
+
+
+def test_unwritable_output_is_an_item_error_without_temp_files(data: Path) -> None:
+    (data / "out").mkdir()
+    (data / "out" / "astronaut.png").mkdir()  # a folder where the output should go
+    assert run(data, write_manifest(data, ["astronaut.jpg"])) == 3
+    (r,) = results(data)
+    assert r.status is ItemStatus.ERROR
+    assert r.reason == "/data/out/astronaut.png: cannot write output: Is a directory"
+    assert temp_files(data) == []
+
+
+def test_unsupported_output_extension_is_an_item_error(data: Path) -> None:
+    assert run(data, write_manifest(data, ["astronaut.jpg"], ext=".gif")) == 3
+    (r,) = results(data)
+    assert r.reason is not None and r.reason.startswith("/data/out/astronaut.gif: unsupported output extension '.gif'")
+
+
+def test_torn_line_from_a_killed_writer_does_not_hide_later_lines(data: Path) -> None:
+    manifest = write_manifest(data, ["astronaut.jpg"])
+    results_file = data / "runs" / JOB / "results" / "c0001.jsonl"
+    results_file.parent.mkdir(parents=True)
+    results_file.write_text('{"item": "i000000", "status": "o')  # killed mid-line, no newline
+    assert run(data, manifest) == 0
+    text = results_file.read_text()
+    assert len(results(data)) == 1  # the torn fragment is skipped, our line parses
+    assert text.endswith("\n")
+
+
+def test_unexpected_error_exits_70_with_a_traceback(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def broken(detector: Any, image: np.ndarray) -> list[Any]:
+        raise RuntimeError("bug in detection")
+
+    manifest = write_manifest(data, ["astronaut.jpg"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("runner_image.faces.detect", broken)
+        assert run(data, manifest) == 70
+    (line,) = [x for x in log_lines(capsys.readouterr().out) if x["level"] == "error"]
+    assert "RuntimeError: bug in detection" in line["exception"]
+
+
+def test_sigterm_mid_write_exits_143_and_leaves_no_partial_output(data: Path) -> None:
+    def killed(fd: int) -> None:
+        raise Terminated()
+
+    manifest = write_manifest(data, ["astronaut.jpg"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("runner_image.media.os.fsync", killed)
+        assert run(data, manifest) == 143
+    assert not (data / "out/astronaut.png").exists()
+    assert temp_files(data) == []
+
+
+def test_several_source_photos_make_one_identity(data: Path) -> None:
+    manifest = write_manifest(data, ["astronaut.jpg"], source=("/data/in/source.jpg", "/data/in/face_02.jpg"))
+    assert run(data, manifest) == 0
+    assert results(data)[0].status is ItemStatus.OK
+
+
+def test_unsupported_processor_exits_65(data: Path) -> None:
+    manifest = write_manifest(data, ["astronaut.jpg"], processors=("face_swapper", "face_enhancer"))
+    assert run(data, manifest) == 65
+    assert not (data / "out").exists()
+
+
+def test_pack_file_that_is_not_a_model_exits_66(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pack = data / "models/default"
+    garbage = b"not an onnx model at all"
+    (pack / "det_10g.onnx").write_bytes(garbage)
+    spec = yaml.safe_load((pack / "pack.yaml").read_text())
+    spec["files"]["det_10g.onnx"]["sha256"] = hashlib.sha256(garbage).hexdigest()
+    (pack / "pack.yaml").write_text(yaml.safe_dump(spec))
+    assert run(data, write_manifest(data, ["astronaut.jpg"])) == 66
+    assert "det_10g.onnx does not load" in capsys.readouterr().out

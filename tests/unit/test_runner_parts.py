@@ -1,0 +1,184 @@
+"""runner_image pieces tested as data: face selection, identity, providers, paths, results, paste-back.
+
+The paste-back test runs insightface's own ``INSwapper.get(paste_back=True)`` and ours on the same
+faces with the stand-in pack, and requires the same pixels (within interpolation rounding).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from runner_image import faces, models, swap
+from runner_image.errors import ItemError, MissingInput, Temporary
+from runner_image.faces import Face
+from runner_image.manifest import FaceSelection, ItemResult, ItemStatus
+from runner_image.volume import DataRoot, committed
+from tests.fixtures import photos
+from tests.fixtures.standin_pack import build_pack
+
+
+def _face(x1: float, y1: float, x2: float, y2: float) -> Face:
+    return Face((x1, y1, x2, y2), 0.9, np.zeros((5, 2), np.float32))
+
+
+def test_many_keeps_every_face_in_order() -> None:
+    fs = [_face(0, 0, 10, 10), _face(50, 0, 70, 20)]
+    assert faces.select(fs, FaceSelection.MANY) == fs
+
+
+def test_one_takes_the_largest_box() -> None:
+    small, big = _face(0, 0, 10, 10), _face(50, 0, 70, 20)
+    assert faces.select([small, big], FaceSelection.ONE) == [big]
+
+
+def test_one_breaks_ties_left_to_right() -> None:
+    right, left = _face(100, 0, 120, 20), _face(10, 5, 30, 25)
+    assert faces.select([right, left], FaceSelection.ONE) == [left]
+    assert faces.select([left, right], FaceSelection.ONE) == [left]
+
+
+def test_one_of_nothing_is_nothing() -> None:
+    assert faces.select([], FaceSelection.ONE) == []
+
+
+def test_reference_is_a_clear_item_error() -> None:
+    with pytest.raises(ItemError, match="reference is not supported yet"):
+        faces.select([_face(0, 0, 1, 1)], FaceSelection.REFERENCE)
+
+
+def test_identity_averages_normed_embeddings_then_renormalises() -> None:
+    a = np.zeros(512, np.float32)
+    a[0] = 10.0  # norms differ: each photo must weigh the same
+    b = np.zeros(512, np.float32)
+    b[1] = 0.5
+    ident = faces.identity([a, b])
+    assert np.isclose(np.linalg.norm(ident), 1.0)
+    assert np.isclose(ident[0], ident[1])
+    assert np.isclose(ident[0], 1 / np.sqrt(2))
+
+
+CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
+
+
+def test_cuda_first_when_available_with_cpu_behind_it() -> None:
+    plan = models.plan_providers(("cuda", "cpu"), [CUDA, CPU])
+    assert plan.name == "cuda"
+    assert plan.ort_providers == [CUDA, CPU]
+    assert plan.ort_options[0] == {"device_id": "0"}
+    assert plan.fallback is None
+
+
+def test_cuda_missing_falls_back_to_cpu_only_if_listed() -> None:
+    plan = models.plan_providers(("cuda", "cpu"), [CPU])
+    assert plan.name == "cpu"
+    assert plan.ort_providers == [CPU]
+    assert plan.fallback is not None and "CUDAExecutionProvider is not available" in plan.fallback
+    with pytest.raises(Temporary, match="no usable execution provider"):
+        models.plan_providers(("cuda",), [CPU])
+
+
+def test_cuda_only_plan_keeps_cpu_out() -> None:
+    plan = models.plan_providers(("cuda",), [CUDA, CPU])
+    assert plan.ort_providers == [CUDA]
+    assert not plan.allow_cpu
+
+
+def test_cpu_budget_is_positive() -> None:
+    assert models.cpu_budget() >= 1
+
+
+def test_data_root_maps_container_paths_only(tmp_path: Path) -> None:
+    root = DataRoot(tmp_path)
+    assert root.path("/data/runs/j/chunks/c0001.json") == tmp_path / "runs/j/chunks/c0001.json"
+    assert root.path("/data") == tmp_path
+    assert root.manifest_location("/elsewhere/m.json") == Path("/elsewhere/m.json")
+    with pytest.raises(ValueError):
+        root.path("/database/x")
+    assert DataRoot.from_env({}).local == Path("/data")
+    assert DataRoot.from_env({"FFSWARM_DATA_ROOT": str(tmp_path)}).local == tmp_path
+
+
+def test_committed_keeps_done_items_and_redoes_errors() -> None:
+    def line(item: str, status: ItemStatus, attempt: int) -> ItemResult:
+        return ItemResult(item=item, status=status, attempt=attempt, input="/data/i", output="/data/o")
+
+    done = committed(
+        [
+            line("a", ItemStatus.OK, 1),
+            line("b", ItemStatus.ERROR, 1),
+            line("c", ItemStatus.NO_FACE, 1),
+            line("a", ItemStatus.ERROR, 2),  # an error never undoes a committed output
+        ]
+    )
+    assert sorted(done) == ["a", "c"]
+
+
+def test_footprint_covers_the_warped_crop_plus_margin() -> None:
+    inverse = np.array([[2.0, 0.0, 100.0], [0.0, 2.0, 50.0]])  # crop 128 -> 256 px at (100, 50)
+    placed = swap.footprint(inverse, 128, 1000, 1000)
+    assert placed is not None
+    region, blur = placed
+    assert blur == 256 // 20
+    assert (region.x0, region.y0) == (100 - blur - 4, 50 - blur - 4)
+    assert (region.x1, region.y1) == (356 + blur + 4, 306 + blur + 4)
+    assert swap.footprint(inverse, 128, 90, 40) is None  # entirely off-frame
+
+
+def test_pack_without_its_yaml_names_the_pack(tmp_path: Path) -> None:
+    with pytest.raises(MissingInput, match=rf"model pack {tmp_path}: pack.yaml not found"):
+        models.verify_pack(tmp_path)
+
+
+def _read(path: Path) -> np.ndarray:
+    image = cv2.imread(str(path))
+    assert image is not None, path
+    return np.asarray(image)
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory: pytest.TempPathFactory) -> models.Models:
+    pack_dir = build_pack(tmp_path_factory.mktemp("pack")).parent
+    return models.load_models(models.verify_pack(pack_dir), ("cpu",))
+
+
+@pytest.mark.parametrize("photo", [photos.astronaut, photos.group])
+def test_paste_back_matches_insightface(loaded: models.Models, photo: object, tmp_path: Path) -> None:
+    from insightface.app.common import Face as InsightFace
+
+    assert callable(photo)
+    image = _read(photo(tmp_path))
+    found = faces.detect(loaded.detector, image)
+    assert found
+    identity = faces.identity([faces.embed(loaded.recognizer, image, found[:1])[0]])
+    reference, ours = image.copy(), image.copy()
+    swapper = swap.Swapper(loaded.swapper, identity)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for f in found:
+            reference = loaded.swapper.get(
+                reference, InsightFace(kps=f.kps), InsightFace(embedding=identity), paste_back=True
+            )
+            assert swap.paste_back(ours, swapper.swap(ours, f)) is not None
+    diff = np.abs(reference.astype(int) - ours.astype(int))
+    assert np.abs(image.astype(int) - ours.astype(int)).mean() > 0.5  # something was swapped
+    assert diff.max() <= 3
+    assert (diff > 1).mean() < 1e-4
+
+
+def test_paste_back_touches_only_the_face_region(loaded: models.Models, tmp_path: Path) -> None:
+    image = _read(photos.astronaut(tmp_path))
+    found = faces.detect(loaded.detector, image)
+    identity = faces.identity([faces.embed(loaded.recognizer, image, found)[0]])
+    out = image.copy()
+    region = swap.paste_back(out, swap.Swapper(loaded.swapper, identity).swap(image, found[0]))
+    assert region is not None
+    changed = np.argwhere(np.any(out != image, axis=2))
+    assert changed.size
+    assert changed[:, 0].min() >= region.y0 and changed[:, 0].max() < region.y1
+    assert changed[:, 1].min() >= region.x0 and changed[:, 1].max() < region.x1
+    assert region.width * region.height < 0.5 * image.shape[0] * image.shape[1]
