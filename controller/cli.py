@@ -176,6 +176,9 @@ def cancel(ctx: click.Context, job: str) -> None:
     click.echo(f"job {job}: cancelled ({removed} running chunk service(s) removed); committed outputs kept")
 
 
+from controller import cli_ops  # noqa: E402,F401  (registers render, serve, nodes, doctor)
+
+
 def main() -> None:
     try:
         cli.main(standalone_mode=False)

@@ -241,3 +241,83 @@ class DockerSwarm:
         """The engine's own record of a service (tests inspect what was really created)."""
         with _translated(f"inspecting service {name}"):
             return dict(self._client.api.inspect_service(name))
+
+
+# -- nodes and swarm settings (ffswarm nodes, ffswarm doctor) ---------------------------------------
+@dataclass(frozen=True)
+class NodeInfo:
+    """A Swarm node as `ffswarm nodes` and `doctor` see it."""
+
+    node_id: str
+    hostname: str
+    role: str  # manager | worker
+    state: str  # ready | down | unknown …
+    availability: str  # active | pause | drain
+    labels: Mapping[str, str]
+    generic_resources: Mapping[str, int]  # kind -> how many this node's dockerd advertises
+
+
+@dataclass(frozen=True)
+class SwarmInfo:
+    active: bool
+    manager: bool
+    node_id: str
+    heartbeat_seconds: float | None  # the dispatcher heartbeat (None: not readable from a worker)
+
+
+def _node_info(raw: Mapping[str, Any]) -> NodeInfo:
+    resources: dict[str, int] = {}
+    for res in (raw.get("Description", {}).get("Resources", {}) or {}).get("GenericResources") or []:
+        named, discrete = res.get("NamedResourceSpec"), res.get("DiscreteResourceSpec")
+        if named:
+            resources[named["Kind"]] = resources.get(named["Kind"], 0) + 1
+        elif discrete:
+            resources[discrete["Kind"]] = resources.get(discrete["Kind"], 0) + int(discrete["Value"])
+    spec = raw.get("Spec", {})
+    return NodeInfo(
+        node_id=str(raw["ID"]),
+        hostname=str(raw.get("Description", {}).get("Hostname", "")),
+        role=str(spec.get("Role", "")),
+        state=str(raw.get("Status", {}).get("State", "")),
+        availability=str(spec.get("Availability", "")),
+        labels=dict(spec.get("Labels") or {}),
+        generic_resources=resources,
+    )
+
+
+class SwarmAdmin(DockerSwarm):
+    """Node and swarm-level calls that jobs never make; kept apart from the SwarmBackend surface."""
+
+    def swarm_info(self) -> SwarmInfo:
+        with _translated("reading the swarm state"):
+            swarm = self._client.info().get("Swarm", {})
+            manager = bool(swarm.get("ControlAvailable"))
+            heartbeat = None
+            if manager:
+                period = self._client.api.inspect_swarm().get("Spec", {}).get("Dispatcher", {}).get("HeartbeatPeriod")
+                heartbeat = period / 1e9 if period else None
+        return SwarmInfo(swarm.get("LocalNodeState") == "active", manager, str(swarm.get("NodeID", "")), heartbeat)
+
+    def node_infos(self) -> list[NodeInfo]:
+        with _translated("listing nodes"):
+            return [_node_info(n) for n in self._client.api.nodes()]
+
+    def update_node_labels(self, node: str, add: Mapping[str, str], remove: tuple[str, ...] = ()) -> NodeInfo:
+        """Add/replace and remove node labels in one update (at the node's current version)."""
+        with _translated(f"labelling node {node}"):
+            raw = self._client.api.inspect_node(node)
+            spec = dict(raw["Spec"])
+            labels = {k: v for k, v in (spec.get("Labels") or {}).items() if k not in remove}
+            labels.update(add)
+            spec["Labels"] = labels
+            self._client.api.update_node(raw["ID"], raw["Version"]["Index"], spec)
+            return _node_info(self._client.api.inspect_node(raw["ID"]))
+
+    def image_id(self, ref: str) -> str | None:
+        """The local image ID of ref on this engine, None when it is absent."""
+        try:
+            return str(self._client.images.get(ref).id)
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.DockerException as e:
+            raise CapacityError(f"image {ref}: cannot reach the Docker engine: {e}") from e

@@ -1,0 +1,314 @@
+"""The operators' commands: render, serve, nodes, doctor, and `submit --metrics-textfile`.
+
+Registered on the `cli` group of controller/cli.py (which imports this module once, at its end), so
+the job commands and the ops commands share one entry point and one config lookup. Parsing only:
+each command hands over to one module (render, serve, gpuconfig, doctor, metrics).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import structlog
+
+from controller import jobs as jobs_mod
+from controller import render as render_mod
+from controller.config import Config, load_config
+from controller.doctor import Check, run_checks
+from controller.errors import CapacityError, UsageError
+from controller.gpuconfig import GPU_KIND, gpus_from_list, parse_nvidia_smi
+from controller.gpuconfig import render as render_gpu_config
+from controller.metrics import JobSink, Metrics
+from controller.rundir import RunDir
+from controller.serve import Inbox, Server
+from controller.servicespec import ServiceSpec, chunk_service
+from controller.swarm import DockerSwarm, SwarmAdmin
+
+
+def _host_cli() -> click.Group:
+    """The `cli` group to register on: controller.cli's, or __main__'s under `python -m controller.cli`
+    (where importing controller.cli again would make a second, unused group)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    group = getattr(main, "cli", None)
+    if spec is not None and spec.name == "controller.cli" and isinstance(group, click.Group):
+        return group
+    from controller.cli import cli as group_of_module
+
+    return group_of_module
+
+
+cli = _host_cli()
+JOB_EVENTS = frozenset(
+    {"job_started", "chunk_started", "chunk_adopted", "chunk_running", "chunk_done", "chunk_retry", "chunk_failed"}
+    | {"job_cancelled", "job_finished"}
+)
+
+
+def _config(ctx: click.Context) -> Config:
+    return load_config(ctx.find_root().obj["config_path"])
+
+
+def _emit(text: str, out: Path | None) -> None:
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        out.write_text(text)
+        click.echo(f"wrote {out}", err=True)
+
+
+# -- render -------------------------------------------------------------------------------------------
+def job_services(config: Config, ref: str, attempt: int) -> list[ServiceSpec]:
+    """Chunk services of a job still to do: REF is a job id with a run folder, or a job file.
+
+    A job file is prepared as `submit` would (validated, planned, run folder created if absent) so
+    that the stack's runners find their manifests; nothing is started.
+    """
+    path = Path(ref)
+    if path.is_file():
+        job = jobs_mod.prepare(config, [path], new=False)
+        if len(job) != 1:
+            raise UsageError(f"{ref}: render takes a file with one job, found {len(job)}")
+        prepared = job[0]
+        image = DockerSwarm(config.docker_host).resolve_image(prepared.spec.image or config.image)
+        rundir = jobs_mod.start_run(config, prepared, image)
+    else:
+        rundir = RunDir(config.data_root, ref)
+        if not rundir.exists():
+            raise UsageError(
+                f"{ref!r} is neither a job file nor a job with a run folder under {config.data_root / 'runs'}"
+            )
+        prepared = dataclasses.replace(jobs_mod.prepare(config, [rundir.path / "job.yaml"], new=False)[0], job_id=ref)
+        image = json.loads((rundir.path / "image.json").read_text())["image"]
+    settings = jobs_mod.runner_settings(config, prepared, image)
+    pending = []
+    for chunk in rundir.plan().chunks:
+        latest = rundir.latest_results(chunk.id)
+        if any(i not in latest or latest[i].status.is_failure() for i in chunk.items):
+            pending.append(chunk.id)
+    return [chunk_service(settings, c, attempt) for c in pending]
+
+
+@cli.command()
+@click.argument("job", required=False)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here (default stdout).")
+@click.option("--attempt", type=click.IntRange(min=1), default=1, show_default=True, help="Attempt number in names.")
+@click.option("--stack", default=render_mod.DEFAULT_STACK, show_default=True, help="Stack name the file is meant for.")
+@click.option("--controller", "controller_stack", is_flag=True, help="Render the controller stack instead.")
+@click.option("--image", default=None, help="Controller stack: image (default: the config's, resolved to an ID).")
+@click.option("--concurrent-jobs", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--metrics-port", type=click.IntRange(1, 65535), default=render_mod.DEFAULT_METRICS_PORT, show_default=True
+)
+@click.pass_context
+def render(
+    ctx: click.Context,
+    job: str | None,
+    output: Path | None,
+    attempt: int,
+    stack: str,
+    controller_stack: bool,
+    image: str | None,
+    concurrent_jobs: int,
+    metrics_port: int,
+) -> None:
+    """Compose file for `docker stack deploy`: JOB's chunk services (a job id or a job file), or --controller."""
+    config = _config(ctx)
+    if controller_stack == bool(job):
+        raise UsageError("render takes either JOB or --controller")
+    if job:
+        try:
+            text = render_mod.render_runner_stack(job_services(config, job, attempt), attempt, stack)
+        except ValueError as e:
+            raise UsageError(str(e)) from e
+        _emit(text, output)
+        return
+    spec = render_mod.ControllerStack(
+        image=DockerSwarm(config.docker_host).resolve_image(image or config.image),
+        config_file=config.path.resolve(),
+        config_text=config.path.read_text(),
+        data_root=str(config.data_root),
+        volume=config.volume,
+        concurrent_jobs=concurrent_jobs,
+        metrics_port=metrics_port,
+    )
+    _emit(render_mod.render_controller_stack(spec), output)
+
+
+# -- serve --------------------------------------------------------------------------------------------
+@cli.command()
+@click.option("--inbox", type=click.Path(file_okay=False, path_type=Path), help="Default: <data_root>/inbox.")
+@click.option(
+    "--concurrent-jobs", type=click.IntRange(min=1), default=1, show_default=True, envvar="FFSWARM_CONCURRENT_JOBS"
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=render_mod.DEFAULT_METRICS_PORT,
+    show_default=True,
+    help="0: no endpoint.",
+)
+@click.option("--metrics-addr", default="0.0.0.0", show_default=True)
+@click.option("--poll", type=click.FloatRange(min=0.1), default=1.0, show_default=True, help="Inbox poll seconds.")
+@click.pass_context
+def serve(
+    ctx: click.Context, inbox: Path | None, concurrent_jobs: int, metrics_port: int, metrics_addr: str, poll: float
+) -> None:
+    """Run job files dropped in the inbox; move each to done/ or failed/ (+ .reason.txt)."""
+    config = _config(ctx)
+    DockerSwarm(config.docker_host).check_manager()
+    metrics = Metrics()
+    http = metrics.serve_http(metrics_port, metrics_addr) if metrics_port else None
+    server = Server(config, Inbox(inbox or config.data_root / "inbox"), metrics, concurrent_jobs, poll)
+    signal.signal(signal.SIGTERM, lambda *_: server.stop.set())
+    try:
+        server.serve_forever()
+    finally:
+        if http is not None:
+            http.shutdown()
+
+
+# -- nodes --------------------------------------------------------------------------------------------
+@cli.group()
+def nodes() -> None:
+    """GPU node set-up: daemon config from nvidia-smi, node labels."""
+
+
+@nodes.command("gpu-config")
+@click.option("--from", "source", type=click.File("r"), help="`nvidia-smi -L` output (default: stdin).")
+@click.option("--gpus", help="Comma-separated GPU UUIDs instead of nvidia-smi output.")
+@click.option("--kind", default=GPU_KIND, show_default=True, help="Generic resource kind (no hyphen).")
+@click.option(
+    "--out-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write daemon.json and nvidia-runtime.toml here.",
+)
+def gpu_config(source: Any, gpus: str | None, kind: str, out_dir: Path | None) -> None:
+    """daemon.json (nvidia runtime, node-generic-resources) and the runtime's swarm-resource line."""
+    from controller.gpuconfig import daemon_json, runtime_toml_line
+
+    if gpus and source:
+        raise UsageError("give --from or --gpus, not both")
+    if not kind.replace("_", "").isalnum():
+        raise UsageError(f"--kind {kind!r}: letters, digits and _ only (sh drops env names with '-')")
+    if gpus:
+        found = gpus_from_list(gpus.split(","))
+    else:
+        stream = source or sys.stdin
+        if stream.isatty():
+            raise UsageError("pipe `nvidia-smi -L` in, or use --from FILE or --gpus UUID,…")
+        found = parse_nvidia_smi(stream.read())
+    if out_dir is None:
+        click.echo(render_gpu_config(found, kind), nl=False)
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "daemon.json").write_text(json.dumps(daemon_json(found, kind), indent=2) + "\n")
+    (out_dir / "nvidia-runtime.toml").write_text(runtime_toml_line(kind) + "\n")
+    click.echo(f"wrote {out_dir / 'daemon.json'} ({len(found)} GPUs) and {out_dir / 'nvidia-runtime.toml'}")
+
+
+@nodes.command("label")
+@click.argument("node")
+@click.argument("labels", nargs=-1)
+@click.option("--remove", multiple=True, help="Label key to remove (repeatable).")
+@click.pass_context
+def label(ctx: click.Context, node: str, labels: tuple[str, ...], remove: tuple[str, ...]) -> None:
+    """Set node labels (default ffswarm.gpu=true); NODE is a hostname or node id."""
+    if not labels and not remove:
+        labels = ("ffswarm.gpu=true",)
+    pairs = [x.partition("=") for x in labels]
+    bad = [k for k, eq, _ in pairs if not eq or not k]
+    if bad:
+        raise UsageError(f"labels are KEY=VALUE, got {bad[0]!r}")
+    info = SwarmAdmin(_config(ctx).docker_host).update_node_labels(node, {k: v for k, _, v in pairs}, remove)
+    click.echo(
+        f"{info.hostname} ({info.node_id[:12]}): " + " ".join(f"{k}={v}" for k, v in sorted(info.labels.items()))
+    )
+
+
+@nodes.command("ls")
+@click.pass_context
+def nodes_ls(ctx: click.Context) -> None:
+    """Nodes with their role, state, labels and advertised generic resources."""
+    for n in SwarmAdmin(_config(ctx).docker_host).node_infos():
+        res = " ".join(f"{k}×{v}" for k, v in sorted(n.generic_resources.items())) or "-"
+        labels = " ".join(f"{k}={v}" for k, v in sorted(n.labels.items())) or "-"
+        click.echo(f"{n.hostname}\t{n.node_id[:12]}\t{n.role}\t{n.state}/{n.availability}\t{res}\t{labels}")
+
+
+# -- doctor -------------------------------------------------------------------------------------------
+@cli.command()
+@click.option("--models", default="default", show_default=True, help="Model pack to verify.")
+@click.pass_context
+def doctor(ctx: click.Context, models: str) -> None:
+    """Check the cluster can run jobs; each failing check names its fix. Exit 0 only when all pass."""
+    checks = run_checks(_config(ctx), models, say=lambda c: click.echo(c.line()))
+    failed: list[Check] = [c for c in checks if not c.ok]
+    if failed:
+        raise CapacityError(f"{len(failed)} check(s) failed: {', '.join(c.name for c in failed)}")
+    click.echo("all checks passed")
+
+
+# -- submit --metrics-textfile -----------------------------------------------------------------------
+class _EventTee:
+    """A structlog processor that hands jobs.supervise's logged events to metric sinks.
+
+    cli.py's submit owns its progress callback; rather than change it, the textfile follows the
+    event stream jobs.supervise logs (one line per event, bound to the job id).
+    """
+
+    def __init__(self, config: Config, metrics: Metrics, path: Path) -> None:
+        self.config, self.metrics, self.path = config, metrics, path
+        self.sinks: dict[str, JobSink] = {}
+
+    def __call__(self, _logger: Any, _method: str, event_dict: Any) -> Any:
+        job, event = event_dict.get("job"), event_dict.get("event")
+        if job and event in JOB_EVENTS:
+            try:
+                if job not in self.sinks:
+                    self.sinks[job] = self.metrics.sink(RunDir(self.config.data_root, str(job)))
+                fields = {k: v for k, v in event_dict.items() if k not in ("event", "job")}
+                self.sinks[job](str(event), **fields)
+                self.metrics.write_textfile(self.path)
+            except Exception as e:  # metrics must never stop a job
+                click.echo(f"ffswarm: metrics textfile {self.path}: {e}", err=True)
+        return event_dict
+
+
+def _add_metrics_textfile_to_submit() -> None:
+    submit = cli.commands["submit"]
+    submit.params.append(
+        click.Option(
+            ["--metrics-textfile"],
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            help="Write Prometheus metrics here for node_exporter's textfile collector (*.prom).",
+        )
+    )
+    original = submit.callback
+    assert original is not None
+
+    @functools.wraps(original)
+    def callback(*args: Any, metrics_textfile: Path | None = None, **kwargs: Any) -> Any:
+        if metrics_textfile is None:
+            return original(*args, **kwargs)
+        config = load_config(click.get_current_context().find_root().obj["config_path"])
+        metrics = Metrics()
+        tee = _EventTee(config, metrics, metrics_textfile)
+        structlog.configure(processors=[tee, *structlog.get_config()["processors"]])
+        try:
+            return original(*args, **kwargs)
+        finally:
+            metrics.write_textfile(metrics_textfile)
+
+    submit.callback = callback
+
+
+_add_metrics_textfile_to_submit()

@@ -1,0 +1,251 @@
+"""`ffswarm doctor`: is this cluster able to run a job? Each check names its fix.
+
+A new GPU node that is half set up (no label, no generic resources, no image, an NFS mount that
+root_squash makes read-only) fails jobs in ways that are slow to diagnose from a chunk's log. Doctor
+asks the same questions up front, with the same means the jobs use: the volume and model pack are
+checked by a one-shot probe service built by `servicespec.chunk_service` (the same VolumeSpec,
+user, read-only root, dropped capabilities as a chunk) on every GPU node, and the pack is verified
+inside it by the runner's own `verify_pack`, so the answer is the one a chunk would get.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controller.config import Config
+from controller.errors import FfswarmError
+from controller.servicespec import RUNNER_COMMAND, RunnerSettings, chunk_service
+from controller.swarm import NodeInfo, SwarmAdmin
+
+GPU_LABEL = ("ffswarm.gpu", "true")
+GPU_KIND = "GPU"
+MAX_HEARTBEAT_SECONDS = 2.0
+PROBE_MEMORY = 1 << 30
+PROBE_TIMEOUT = 120.0
+PROBE_MARK = "FFSWARM-DOCTOR "
+# Runs in the runner image as the runner user: write a file the controller must then see, and verify
+# the model pack with the runner's own code. Prints one JSON line; the controller reads service logs.
+PROBE_SCRIPT = """
+import json, pathlib, sys
+out = {}
+try:
+    pathlib.Path(sys.argv[1]).write_text(sys.argv[2]); out["write"] = "ok"
+except OSError as e:
+    out["write"] = f"{type(e).__name__}: {e}"
+try:
+    from runner_image.models import verify_pack
+    verify_pack(pathlib.Path(sys.argv[3])); out["pack"] = "ok"
+except Exception as e:
+    out["pack"] = f"{type(e).__name__}: {e}"
+print("FFSWARM-DOCTOR " + json.dumps(out), flush=True)
+"""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        head = f"[{'ok' if self.ok else 'FAIL'}] {self.name}: {self.detail}"
+        return head if self.ok else f"{head}\n       fix: {self.fix}"
+
+
+def _ok(name: str, detail: str) -> Check:
+    return Check(name, True, detail)
+
+
+def check_swarm(admin: SwarmAdmin) -> Check:
+    info = admin.swarm_info()
+    if not info.active:
+        return Check("swarm", False, "this engine is not in an active swarm", "docker swarm init (or join)")
+    if not info.manager:
+        return Check("swarm", False, "this engine is a worker", "run ffswarm on a manager node")
+    return _ok("swarm", f"active; this node ({info.node_id[:12]}) is a manager")
+
+
+def gpu_nodes(admin: SwarmAdmin) -> list[NodeInfo]:
+    key, value = GPU_LABEL
+    return [n for n in admin.node_infos() if n.labels.get(key) == value]
+
+
+def check_gpu_nodes(nodes: list[NodeInfo], all_nodes: list[NodeInfo]) -> Check:
+    name = "gpu-nodes"
+    label = "=".join(GPU_LABEL)
+    if not nodes:
+        hosts = ", ".join(n.hostname for n in all_nodes) or "none"
+        return Check(
+            name, False, f"no node carries the label {label} (nodes: {hosts})", f"ffswarm nodes label NODE {label}"
+        )
+    bad = [n for n in nodes if n.generic_resources.get(GPU_KIND, 0) < 1]
+    if bad:
+        return Check(
+            name,
+            False,
+            f"labelled node(s) advertise no {GPU_KIND} generic resource: {', '.join(n.hostname for n in bad)}",
+            "nvidia-smi -L | ffswarm nodes gpu-config > daemon.json on that node, install it, restart dockerd",
+        )
+    down = [n for n in nodes if n.state != "ready" or n.availability != "active"]
+    if down:
+        what = ", ".join(f"{n.hostname} ({n.state}, {n.availability})" for n in down)
+        return Check(
+            name,
+            False,
+            f"GPU node(s) not ready/active: {what}",
+            "docker node update --availability active NODE; check dockerd there",
+        )
+    total = sum(n.generic_resources[GPU_KIND] for n in nodes)
+    return _ok(name, f"{len(nodes)} node(s) labelled {label}, {total} GPU(s) advertised")
+
+
+def check_image(admin: SwarmAdmin, ref: str) -> tuple[Check, str | None]:
+    """Present on this manager (a digest reference may also be pulled by nodes). Nodes: the probe."""
+    image = admin.image_id(ref) if "@sha256:" not in ref else ref
+    if image is None:
+        return (
+            Check(
+                "image",
+                False,
+                f"runner image {ref} is not present on this manager",
+                f"build it (scripts/build-runner-image.sh {ref}) or docker pull it, on every GPU node; "
+                "or set image: in the config",
+            ),
+            None,
+        )
+    return _ok("image", f"{ref} present ({image[:19]})"), image
+
+
+def probe_node(admin: SwarmAdmin, config: Config, node: NodeInfo, image: str, pack: str) -> dict[str, str]:
+    """One probe service on `node`, shaped like a chunk service; its findings, or why it did not run."""
+    token = uuid.uuid4().hex[:10]
+    name = f"probe-{token}.txt"
+    settings = RunnerSettings(
+        job=f"doctor-{token}",
+        image=image,
+        constraints=(f"node.id=={node.node_id}",),
+        gpu_kind=GPU_KIND,
+        gpus=0,  # a probe must not wait for a free GPU
+        memory_bytes=PROBE_MEMORY,
+        volume=config.volume,
+        user=config.runner_uid_gid(),
+        command=(RUNNER_COMMAND[0], "-c", PROBE_SCRIPT, f"/data/.ffswarm-{name}", token, f"/data/models/{pack}"),
+    )
+    spec = chunk_service(settings, "probe", 1)
+    seen = config.data_root / f".ffswarm-{name}"
+    admin.create_service(spec)
+    try:
+        deadline = time.monotonic() + PROBE_TIMEOUT
+        task = None
+        while time.monotonic() < deadline:
+            states = admin.services(settings.job)
+            task = states[0].latest_task() if states else None
+            if task and task.state in ("complete", "failed", "rejected"):
+                break
+            time.sleep(0.3)
+        logs = admin.service_logs(spec.name, tail=20)
+    finally:
+        admin.remove_service(spec.name)
+        admin.remove_exited_containers(settings.job)
+    found: dict[str, str] = {"task": f"{task.state}: {task.message}" if task else "not scheduled in time"}
+    for line in logs.splitlines():
+        if PROBE_MARK in line:
+            found.update(json.loads(line.split(PROBE_MARK, 1)[1]))
+    try:
+        found["seen"] = "ok" if seen.read_text() == token else "wrong content"
+        seen.unlink()
+    except OSError as e:
+        found["seen"] = f"{type(e).__name__}: {e.strerror or e}"
+    return found
+
+
+def check_probes(results: dict[str, dict[str, str]], config: Config, pack: str) -> list[Check]:
+    vol_bad: list[str] = []
+    pack_bad: list[str] = []
+    img_bad: list[str] = []
+    for host, r in results.items():
+        task = r.get("task", "")
+        if "write" not in r:  # the container never ran our script
+            (img_bad if "image" in task.lower() else vol_bad).append(f"{host}: {task}")
+            continue
+        if r["write"] != "ok" or r.get("seen") != "ok":
+            vol_bad.append(f"{host}: written in the container: {r['write']}; seen by the controller: {r.get('seen')}")
+        if r.get("pack") != "ok":
+            pack_bad.append(f"{host}: {r.get('pack')}")
+    user = config.runner_user or "the data root's owner"
+    checks = [
+        Check(
+            "image-on-nodes",
+            not img_bad,
+            "; ".join(img_bad) or "the probe ran on every GPU node",
+            "load the runner image on those nodes (docker save | docker -H NODE load, or a registry)",
+        ),
+        Check(
+            "data-volume",
+            not vol_bad,
+            "; ".join(vol_bad) or "a file written on every GPU node was seen here",
+            f"make {config.data_root} (and the NFS export) writable by the runner uid:gid ({user}): "
+            f"chown -R UID:GID {config.data_root}; check the export/mount (swarm/nfs-*.sh)",
+        ),
+        Check(
+            "model-pack",
+            not pack_bad,
+            "; ".join(pack_bad) or f"pack {pack!r} verified on every GPU node",
+            f"install the pack under {config.data_root}/models/{pack}/ with a pack.yaml whose sha256 match "
+            "(README 'Models')",
+        ),
+    ]
+    return checks
+
+
+def check_heartbeat(admin: SwarmAdmin) -> Check:
+    beat = admin.swarm_info().heartbeat_seconds
+    if beat is None or beat > MAX_HEARTBEAT_SECONDS:
+        return Check(
+            "heartbeat",
+            False,
+            f"dispatcher heartbeat is {beat if beat is not None else 'unknown'} s: a lost node is noticed after ~14 s",
+            "docker swarm update --dispatcher-heartbeat 1s (node loss visible in ~3 s)",
+        )
+    return _ok("heartbeat", f"dispatcher heartbeat {beat:g} s")
+
+
+def run_checks(config: Config, pack: str = "default", say: Callable[[Check], None] = lambda c: None) -> list[Check]:
+    """Every check, in order; later checks that need an earlier one's result say they were skipped."""
+    out: list[Check] = []
+
+    def add(c: Check) -> None:
+        out.append(c)
+        say(c)
+
+    try:
+        admin = SwarmAdmin(config.docker_host)
+        add(check_swarm(admin))
+    except FfswarmError as e:
+        add(Check("swarm", False, str(e), "start dockerd; docker swarm init"))
+        return out
+    if not out[-1].ok:
+        return out
+    nodes = gpu_nodes(admin)
+    add(check_gpu_nodes(nodes, admin.node_infos()))
+    image_check, image = check_image(admin, config.image)
+    add(image_check)
+    usable = [n for n in nodes if n.state == "ready"]
+    if image is None or not usable:
+        add(Check("probe", False, "skipped: needs the runner image and a ready GPU node", "fix the checks above"))
+    else:
+        results: dict[str, dict[str, str]] = {}
+        for node in usable:
+            try:
+                results[node.hostname] = probe_node(admin, config, node, image, pack)
+            except FfswarmError as e:
+                results[node.hostname] = {"task": f"probe not created: {e}"}
+        for c in check_probes(results, config, pack):
+            add(c)
+    add(check_heartbeat(admin))
+    return out

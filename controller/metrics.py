@@ -1,0 +1,144 @@
+"""Prometheus metrics for the people watching a cluster, fed by the supervisor's chunk events.
+
+The supervisor already tells its story as events (chunk_started, chunk_running, chunk_done,
+chunk_retry, chunk_failed, job_started, job_finished); metrics are a listener on that story, so
+they can never disagree with the run folder's report. Item counts and per-item seconds are read
+from the chunk's results file when the chunk ends (the runner's own timings). `prometheus_client`
+does the exposition: over HTTP under `ffswarm serve`, as a node_exporter textfile under `submit`.
+Each Metrics owns its registry (no process-global state), so tests and concurrent jobs stay apart.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server, write_to_textfile
+
+from controller.rundir import RunDir
+
+ITEM_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+@dataclass
+class _JobState:
+    """What one running job contributes to the gauges."""
+
+    queued: int = 0
+    started: set[str] = field(default_factory=set)  # chunks with a live service
+    on_gpu: set[str] = field(default_factory=set)  # chunks whose task runs (holds its GPU slots)
+    gpus_per_chunk: int = 1
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self._lock = threading.Lock()
+        self._jobs: dict[int, _JobState] = {}  # by sink: two runs never share a state
+        r = self.registry
+        self.items_done = Counter("ffswarm_items_done", "Items finished ok or without a face (no_face)", registry=r)
+        self.items_failed = Counter(
+            "ffswarm_items_failed", "Items that failed (their own error or their chunk's)", registry=r
+        )
+        self.attempts = Counter(
+            "ffswarm_chunk_attempts",
+            "Chunk attempts that ended, by outcome (done, retry, failed) and failure class",
+            ["outcome", "failure_class"],
+            registry=r,
+        )
+        self.item_seconds = Histogram(
+            "ffswarm_item_seconds", "Seconds the runner spent on one item", buckets=ITEM_SECONDS_BUCKETS, registry=r
+        )
+        self.jobs_finished = Counter("ffswarm_jobs_finished", "Jobs that wrote their report", ["result"], registry=r)
+        Gauge("ffswarm_jobs_running", "Jobs being supervised", registry=r).set_function(self._count_jobs)
+        Gauge("ffswarm_chunks_queued", "Chunks waiting for a window slot or a retry", registry=r).set_function(
+            lambda: self._sum(lambda j: j.queued)
+        )
+        Gauge("ffswarm_chunks_running", "Chunks with a live service", registry=r).set_function(
+            lambda: self._sum(lambda j: len(j.started))
+        )
+        Gauge("ffswarm_gpu_slots_in_use", "GPUs reserved by running chunk tasks", registry=r).set_function(
+            lambda: self._sum(lambda j: len(j.on_gpu) * j.gpus_per_chunk)
+        )
+
+    def _count_jobs(self) -> float:
+        with self._lock:
+            return float(len(self._jobs))
+
+    def _sum(self, part: Any) -> float:
+        with self._lock:
+            return float(sum(part(j) for j in self._jobs.values()))
+
+    def sink(self, rundir: RunDir, gpus_per_chunk: int = 1) -> JobSink:
+        """The on_event callable for one job (jobs.supervise forwards every event to it)."""
+        return JobSink(self, rundir, gpus_per_chunk)
+
+    def write_textfile(self, path: Path) -> None:
+        """node_exporter's textfile collector reads *.prom; prometheus_client writes it atomically."""
+        write_to_textfile(str(path), self.registry)
+
+    def serve_http(self, port: int, addr: str = "0.0.0.0") -> Any:
+        """Start the /metrics endpoint in a daemon thread; returns the server (call .shutdown())."""
+        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        return server
+
+
+class JobSink:
+    """Turns one job's supervisor events into metric updates."""
+
+    def __init__(self, metrics: Metrics, rundir: RunDir, gpus_per_chunk: int) -> None:
+        self.m = metrics
+        self.rundir = rundir
+        self.state = _JobState(gpus_per_chunk=gpus_per_chunk)
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        chunk = str(fields.get("chunk", ""))
+        with self.m._lock:
+            jobs, st = self.m._jobs, self.state
+            if event == "job_started":
+                st.queued = int(fields.get("pending", 0))
+                jobs[id(self)] = st
+            elif event in ("chunk_started", "chunk_adopted"):
+                st.queued = max(0, st.queued - 1)
+                st.started.add(chunk)
+            elif event == "chunk_running":
+                st.on_gpu.add(chunk)
+            elif event in ("chunk_done", "chunk_retry", "chunk_failed"):
+                st.started.discard(chunk)
+                st.on_gpu.discard(chunk)
+                st.queued += event == "chunk_retry"
+            elif event == "job_cancelled":
+                st.queued = 0
+                st.started.clear()
+                st.on_gpu.clear()
+            elif event == "job_finished":
+                jobs.pop(id(self), None)
+        if event == "chunk_done":
+            self._count_items(chunk, int(fields.get("attempt", 0)))
+            self.m.attempts.labels("done", "none").inc()
+        elif event == "chunk_retry":
+            self.m.attempts.labels("retry", str(fields.get("failure", "unknown"))).inc()
+        elif event == "chunk_failed":
+            self._count_items(chunk, int(fields.get("attempt", 0)))
+            self.m.attempts.labels("failed", str(fields.get("failure", "unknown"))).inc()
+        elif event == "job_finished":
+            failed = int(fields.get("failed", 0)) or int(fields.get("chunks_failed", 0))
+            self.m.jobs_finished.labels("failed_items" if failed else "ok").inc()
+
+    def _count_items(self, chunk: str, attempt: int) -> None:
+        """A chunk that ended: its items' latest results; an item without one failed with its chunk."""
+        latest = self.rundir.latest_results(chunk)
+        try:
+            items = next(c.items for c in self.rundir.plan().chunks if c.id == chunk)
+        except (StopIteration, OSError, ValueError):
+            items = tuple(latest)
+        for item in items:
+            r = latest.get(item)
+            if r is None or r.status.is_failure():  # as report.json counts it
+                self.m.items_failed.inc()
+            else:
+                self.m.items_done.inc()
+            if r is not None and not r.cached and r.attempt == attempt and r.finished >= r.started > 0:
+                self.m.item_seconds.observe(r.finished - r.started)

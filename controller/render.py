@@ -1,0 +1,138 @@
+"""Stack files for `docker stack deploy`, rendered with jinja2 from the same data as the SDK path.
+
+Ops teams deploy checked-in compose files; ffswarm must produce the SAME services either way. So a
+runner stack is rendered from `ServiceSpec.as_dict()` (controller/servicespec.py), the value that
+controller/swarm.py turns into API calls, never from a second description of a chunk service. The
+controller stack (`ffswarm serve` as a Swarm service) is rendered from the config's VolumeSpec so the
+controller sees the data volume exactly as runners do. Pure: no Docker, no disk writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from controller.servicespec import ServiceSpec, VolumeSpec
+
+RUNNER_TEMPLATE = "runner.yml.j2"
+CONTROLLER_TEMPLATE = "controller.yml.j2"
+LOG_DRIVER = "json-file"  # what controller/swarm.py create_service sets; the stack must match
+VOLUME_KEY = "data"
+CONTROLLER_ENTRYPOINT = ("/opt/ffswarm/bin/ffswarm",)
+CONTAINER_CONFIG_PATH = "/etc/ffswarm/config.yaml"
+DEFAULT_METRICS_PORT = 9108
+DEFAULT_STACK = "ffs"  # short: stack deploy names services STACK_NAME, and Swarm allows 63 characters
+MAX_SERVICE_NAME = 63
+
+
+def template_dirs() -> list[Path]:
+    """stacks/ of a checkout, else the copy `pip install` puts under <prefix>/share/ffswarm/stacks."""
+    return [Path(__file__).resolve().parent.parent / "stacks", Path(sys.prefix) / "share" / "ffswarm" / "stacks"]
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader([str(d) for d in template_dirs()]),
+        undefined=jinja2.StrictUndefined,  # a missing value is a bug, never an empty field
+        autoescape=False,
+        keep_trailing_newline=True,
+    )
+    # JSON is YAML: every value is written as a JSON literal, so none can change the file's structure.
+    env.filters["q"] = lambda value: json.dumps(value, sort_keys=True)
+    return env
+
+
+def render_runner_stack(specs: Sequence[ServiceSpec], attempt: int = 1, stack: str = DEFAULT_STACK) -> str:
+    """One job's chunk services (all sharing one data volume) as a version 3.9 compose file.
+
+    `stack` is the name the file tells operators to deploy it under; checked here because Swarm
+    refuses a `STACK_SERVICE` name over 63 characters only at deploy time, one service in.
+    """
+    if not specs:
+        raise ValueError("nothing to render: the job has no pending chunks")
+    longest = max(len(s.name) for s in specs) + len(stack) + 1
+    if longest > MAX_SERVICE_NAME:
+        raise ValueError(
+            f"stack {stack!r}: service names would be {longest} characters and Swarm allows "
+            f"{MAX_SERVICE_NAME}; use a stack name of at most {MAX_SERVICE_NAME - longest + len(stack)} characters"
+        )
+    volumes = {s.volume.name for s in specs}  # the name is a hash of the options
+    jobs = {s.labels.get("io.ffswarm.job", "") for s in specs}
+    if len(volumes) != 1 or len(jobs) != 1:
+        raise ValueError("a runner stack holds the chunks of one job, which share one data volume")
+    volume = specs[0].volume
+    return (
+        _env()
+        .get_template(RUNNER_TEMPLATE)
+        .render(
+            job=jobs.pop(),
+            stack=stack,
+            attempt=attempt,
+            services=[s.as_dict() for s in specs],
+            volume=_volume_dict(volume),
+            volume_key=VOLUME_KEY,
+            log_driver=LOG_DRIVER,
+        )
+    )
+
+
+def _volume_dict(volume: VolumeSpec) -> dict[str, object]:
+    return {"name": volume.name, "driver": volume.driver, "options": dict(volume.driver_options)}
+
+
+@dataclass(frozen=True)
+class ControllerStack:
+    """What the controller service needs; the config file itself travels as a Swarm config."""
+
+    image: str
+    config_file: Path  # the ffswarm.yaml the controller reads (path as seen by `docker stack deploy`)
+    config_text: str  # its content: the Swarm config's name carries its hash (configs are immutable)
+    data_root: str  # where the controller mounts the data volume: the config's data_root
+    volume: VolumeSpec
+    concurrent_jobs: int = 1
+    metrics_port: int = DEFAULT_METRICS_PORT
+    docker_socket: str = "/var/run/docker.sock"
+
+    def __post_init__(self) -> None:
+        if self.concurrent_jobs < 1:
+            raise ValueError("concurrent_jobs must be at least 1")
+        if not 0 < self.metrics_port < 65536:
+            raise ValueError(f"metrics_port out of range: {self.metrics_port}")
+
+    @property
+    def config_name(self) -> str:
+        return "ffswarm-config-" + hashlib.sha256(self.config_text.encode()).hexdigest()[:10]
+
+    def command(self) -> list[str]:
+        return [
+            *CONTROLLER_ENTRYPOINT,
+            "--json-logs",
+            "--config",
+            CONTAINER_CONFIG_PATH,
+            "serve",
+            "--concurrent-jobs",
+            str(self.concurrent_jobs),
+            "--metrics-port",
+            str(self.metrics_port),
+        ]
+
+
+def render_controller_stack(stack: ControllerStack) -> str:
+    return (
+        _env()
+        .get_template(CONTROLLER_TEMPLATE)
+        .render(
+            s=stack,
+            command=stack.command(),
+            config_target=CONTAINER_CONFIG_PATH,
+            volume=_volume_dict(stack.volume),
+            volume_key=VOLUME_KEY,
+            log_driver=LOG_DRIVER,
+        )
+    )

@@ -1,0 +1,147 @@
+"""Stack files as data: the rendered compose file says what ServiceSpec.as_dict() says, field by field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controller.render import ControllerStack, render_controller_stack, render_runner_stack
+from controller.servicespec import RunnerSettings, ServiceSpec, VolumeSpec, chunk_service
+
+IMAGE = "registry.example.internal/ffswarm/runner@sha256:" + "ab" * 32
+
+
+def settings(volume: VolumeSpec, job: str = "holiday", gpus: int = 1) -> RunnerSettings:
+    return RunnerSettings(
+        job=job,
+        image=IMAGE,
+        constraints=("node.labels.ffswarm.gpu==true", "node.platform.arch==x86_64"),
+        gpu_kind="GPU",
+        gpus=gpus,
+        memory_bytes=6 << 30,
+        volume=volume,
+        user="10001:10001",
+    )
+
+
+NFS = VolumeSpec.nfs("nfs.example.internal", "/srv/ffswarm", "nfsvers=4.1,hard")
+BIND = VolumeSpec.bind("/srv/ffswarm")
+
+
+def render(specs: list[ServiceSpec]) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(render_runner_stack(specs))
+    return data
+
+
+@pytest.mark.parametrize("volume", [NFS, BIND], ids=["nfs", "bind"])
+def test_every_spec_field_lands_where_stack_deploy_reads_it(volume: VolumeSpec) -> None:
+    specs = [chunk_service(settings(volume), c, 2) for c in ("c0000", "c0001", "c0002")]
+    doc = render(specs)
+    assert doc["version"] == "3.9"
+    assert list(doc["services"]) == [s.name for s in specs]
+    for spec in specs:
+        d = spec.as_dict()
+        svc = doc["services"][spec.name]
+        assert svc["image"] == d["image"] == IMAGE
+        assert svc["entrypoint"] == d["command"]  # ContainerSpec.Command, as the SDK sets it
+        assert "command" not in svc  # compose `command` would become Args
+        assert svc["environment"] == d["env"]
+        assert svc["labels"] == d["labels"] == svc["deploy"]["labels"]  # container AND service labels
+        assert svc["user"] == d["user"] and svc["read_only"] is True and svc["cap_drop"] == ["ALL"]
+        vol, tmp = svc["volumes"]
+        assert vol == {"type": "volume", "source": "data", "target": "/data"}
+        assert tmp == {"type": "tmpfs", "target": "/tmp", "tmpfs": {"size": d["tmpfs"]["/tmp"]}}  # type: ignore[index]
+        assert svc["logging"] == {"driver": "json-file", "options": d["log_options"]}
+        deploy = svc["deploy"]
+        assert deploy["mode"] == "replicated" and deploy["replicas"] == 1
+        assert deploy["placement"] == {"constraints": d["constraints"]}
+        assert deploy["restart_policy"] == {"condition": "none", "max_attempts": 0, "delay": "0s", "window": "0s"}
+        assert deploy["resources"]["limits"] == {"memory": str(6 << 30)}
+        assert deploy["resources"]["reservations"]["generic_resources"] == [
+            {"discrete_resource_spec": {"kind": "GPU", "value": 1}}
+        ]
+        assert svc["networks"] == ["host_bridge"]
+    assert doc["networks"] == {"host_bridge": {"external": True, "name": "bridge"}}
+    assert doc["volumes"] == {
+        "data": {
+            "name": volume.name,
+            "external": False,
+            "driver": "local",
+            "driver_opts": dict(volume.driver_options),
+        }
+    }
+
+
+def test_nfs_driver_options_are_rendered_as_data() -> None:
+    opts = render([chunk_service(settings(NFS), "c0000", 1)])["volumes"]["data"]["driver_opts"]
+    assert opts == {"type": "nfs", "o": "addr=nfs.example.internal,nfsvers=4.1,hard", "device": ":/srv/ffswarm"}
+
+
+def test_no_gpu_means_no_reservation() -> None:
+    svc = render([chunk_service(settings(BIND, gpus=0), "c0000", 1)])["services"]["ffswarm-holiday-c0000-a1"]
+    assert "reservations" not in svc["deploy"]["resources"]
+
+
+def test_values_cannot_change_the_files_structure() -> None:
+    evil = 'x"\n    privileged: true\n#'
+    base = chunk_service(settings(BIND), "c0000", 1)
+    spec = ServiceSpec(**{**base.__dict__, "labels": {**base.labels, "note": evil}, "constraints": (evil,)})
+    svc = render([spec])["services"][spec.name]
+    assert svc["labels"]["note"] == evil and svc["deploy"]["placement"]["constraints"] == [evil]
+    assert "privileged" not in svc
+
+
+def test_one_job_one_volume_per_stack() -> None:
+    with pytest.raises(ValueError, match="one job"):
+        render_runner_stack([chunk_service(settings(BIND), "c0000", 1), chunk_service(settings(NFS), "c0001", 1)])
+    with pytest.raises(ValueError, match="no pending chunks"):
+        render_runner_stack([])
+
+
+def test_stack_and_service_names_fit_swarms_63_characters() -> None:
+    spec = chunk_service(settings(BIND, job="j" * 40), "c0000", 1)  # the longest job name
+    assert len(spec.name) == 57
+    render_runner_stack([spec])  # the default stack name fits every legal job name
+    with pytest.raises(ValueError, match="at most 5 characters"):
+        render_runner_stack([spec], stack="ffswarm")
+
+
+def test_golden_nfs_stack() -> None:
+    text = render_runner_stack([chunk_service(settings(NFS), c, 1) for c in ("c0000", "c0001")])
+    golden = Path(__file__).parent / "golden" / "runner-stack-nfs.yml"
+    assert text == golden.read_text(), f"differs from {golden}"
+
+
+def test_controller_stack() -> None:
+    stack = ControllerStack(
+        image=IMAGE,
+        config_file=Path("/etc/ffswarm/ffswarm.yaml"),
+        config_text="data_root: /srv/ffswarm\n",
+        data_root="/srv/ffswarm",
+        volume=NFS,
+        concurrent_jobs=2,
+        metrics_port=9200,
+    )
+    doc = yaml.safe_load(render_controller_stack(stack))
+    svc = doc["services"]["controller"]
+    assert svc["image"] == IMAGE and svc["user"] == "0:0"
+    assert svc["entrypoint"][:4] == ["/opt/ffswarm/bin/ffswarm", "--json-logs", "--config", "/etc/ffswarm/config.yaml"]
+    assert svc["entrypoint"][4:] == ["serve", "--concurrent-jobs", "2", "--metrics-port", "9200"]
+    sock, data, _tmp = svc["volumes"]
+    assert sock == {
+        "type": "bind",
+        "source": "/var/run/docker.sock",
+        "target": "/var/run/docker.sock",
+        "read_only": True,
+    }
+    assert data == {"type": "volume", "source": "data", "target": "/srv/ffswarm"}
+    assert doc["volumes"]["data"]["driver_opts"] == dict(NFS.driver_options)
+    deploy = svc["deploy"]
+    assert deploy["restart_policy"]["condition"] == "on-failure"
+    assert deploy["placement"]["constraints"] == ["node.role == manager"]
+    assert deploy["labels"]["prometheus.io/scrape"] == "true" and deploy["labels"]["prometheus.io/port"] == "9200"
+    assert doc["configs"]["ffswarm_config"] == {"name": stack.config_name, "file": "/etc/ffswarm/ffswarm.yaml"}
+    assert stack.config_name != ControllerStack(**{**stack.__dict__, "config_text": "other"}).config_name
