@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from runner_image.manifest import CONTAINER_DATA_ROOT, FaceSelection, Item, Manifest, NoFacePolicy
+from runner_image.manifest import (
+    CONTAINER_DATA_ROOT,
+    REFERENCE_DISTANCE,
+    FaceSelection,
+    Item,
+    Manifest,
+    NoFacePolicy,
+)
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,10 @@ class ManifestSettings:
     providers: tuple[str, ...]
     faces: FaceSelection
     no_face: NoFacePolicy
+    # From the identity subcommand run at submit (runner_image.manifest.IdentityResult).
+    source_embedding: tuple[float, ...] | None = None
+    reference_embedding: tuple[float, ...] | None = None
+    reference_distance: float = REFERENCE_DISTANCE
 
 
 def _c(rel: str) -> str:
@@ -114,6 +125,9 @@ def chunk_manifests(plan: Plan, settings: ManifestSettings) -> dict[str, Manifes
             providers=settings.providers,
             faces=settings.faces,
             no_face=settings.no_face,
+            source_embedding=settings.source_embedding,
+            reference_embedding=settings.reference_embedding,
+            reference_distance=settings.reference_distance,
         )
         for c in plan.chunks
     }

@@ -5,6 +5,9 @@ here (DESIGN.md "Exit codes"); the work is in worker.run_attempt. Inputs: ``FFSW
 (container path of the chunk manifest), ``FFSWARM_ATTEMPT`` (default 1), ``DOCKER_RESOURCE_GPU``
 (set by Swarm), and for local runs/tests ``--manifest``, ``--attempt`` and ``--data-root`` /
 ``FFSWARM_DATA_ROOT`` (a local folder standing in for ``/data``; see volume.py).
+
+``python -m runner_image identity --request PATH`` embeds a job's source/reference photos once at
+submit (identity.py).
 """
 
 from __future__ import annotations
@@ -19,11 +22,21 @@ from types import FrameType
 
 from . import log
 from .errors import BadManifest, RunnerError, Terminated
+from .identity import run_identity
 from .manifest import ENV_ATTEMPT, ENV_MANIFEST, ManifestError, RunnerExit
-from .volume import ENV_DATA_ROOT
+from .volume import ENV_DATA_ROOT, DataRoot
 from .worker import invocation_from_env, run_attempt
 
 EXIT_TERMINATED = 128 + signal.SIGTERM  # what a shell reports for SIGTERM: "killed", infrastructure
+
+
+def _parse_identity(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m runner_image identity", description="Embed a job's source and reference photos once."
+    )
+    parser.add_argument("--request", required=True, help="container path of runs/<job>/identity-request.json")
+    parser.add_argument("--data-root", help=f"local folder standing in for /data (default ${ENV_DATA_ROOT} or /data)")
+    return parser.parse_args(argv)
 
 
 def _parse(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.Namespace:
@@ -51,17 +64,22 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     env = os.environ if env is None else env
     # insightface's face_align calls a scikit-image API deprecated in 0.26: noise on every chunk.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"insightface\.")
-    args = _parse(argv, env)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    identity = bool(argv) and argv[0] == "identity"
+    args = _parse_identity(argv[1:]) if identity else _parse(argv, env)
     sink = log.configure()
     logger = log.get()
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     code: int
     try:
-        try:
-            attempt = _attempt(args.attempt)
-        except ValueError:
-            raise BadManifest(f"attempt must be an integer ≥ 1, got {args.attempt!r}") from None
-        code = run_attempt(invocation_from_env(env, args.manifest, attempt, args.data_root), sink)
+        if identity:
+            code = run_identity(DataRoot.from_env(env, args.data_root), args.request, sink)
+        else:
+            try:
+                attempt = _attempt(args.attempt)
+            except ValueError:
+                raise BadManifest(f"attempt must be an integer ≥ 1, got {args.attempt!r}") from None
+            code = run_attempt(invocation_from_env(env, args.manifest, attempt, args.data_root), sink)
     except Terminated:
         logger.warning("terminated by SIGTERM", exit_code=EXIT_TERMINATED)
         code = EXIT_TERMINATED

@@ -43,14 +43,36 @@ def detect(detector: Any, image: np.ndarray) -> list[Face]:
 
 def select(faces: Sequence[Face], mode: FaceSelection) -> list[Face]:
     """Which faces to swap: ``many`` all of them (in detection order), ``one`` the largest box,
-    ties broken left to right so the choice never depends on detector output order."""
+    ties broken left to right so the choice never depends on detector output order.
+    ``reference`` needs embeddings: use ``by_reference``."""
     if mode is FaceSelection.MANY:
         return list(faces)
     if mode is FaceSelection.ONE:
         if not faces:
             return []
         return [min(faces, key=lambda f: (-f.area, f.box[0], f.box[1]))]
-    raise ItemError("faces: reference is not supported yet by this runner")
+    raise ItemError("faces: reference needs the faces' embeddings (internal: use by_reference)")
+
+
+def cosine_distance(embeddings: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """1 − cosine similarity of each row to ``reference`` (rows and reference L2-normalised here)."""
+    if embeddings.shape[0] == 0:
+        return np.zeros(0, dtype=np.float32)
+    ref = normalise_rows(np.asarray(reference, dtype=np.float32).reshape(1, -1))[0]
+    out: np.ndarray = 1.0 - normalise_rows(np.asarray(embeddings, dtype=np.float32)) @ ref
+    return out
+
+
+def by_reference(
+    faces: Sequence[Face], embeddings: np.ndarray, reference: np.ndarray, max_distance: float
+) -> list[Face]:
+    """``faces: reference``: every face within ``max_distance`` (cosine) of the reference face, in
+    detection order. The reference embedding comes from the manifest, so every chunk of a job picks
+    by the same yardstick."""
+    if len(faces) != embeddings.shape[0]:
+        raise ValueError(f"{len(faces)} faces but {embeddings.shape[0]} embeddings")
+    distances = cosine_distance(embeddings, reference)
+    return [f for f, d in zip(faces, distances, strict=True) if float(d) <= max_distance]
 
 
 def embed(recognizer: Any, image: np.ndarray, faces: Sequence[Face]) -> np.ndarray:

@@ -9,7 +9,8 @@ chunk read the same file, and the attempt number arrives through ``FFSWARM_ATTEM
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum, StrEnum
 from typing import Any
 
@@ -22,6 +23,15 @@ ENV_GPU = "DOCKER_RESOURCE_GPU"
 
 PROCESSORS = ("face_swapper", "face_enhancer")
 PROVIDERS = ("cuda", "cpu")
+
+# Per-job tuning defaults (job file: detector, mask, face_enhancer, reference_distance). The mask
+# defaults reproduce insightface's own paste-back: erode by a tenth of the face, blur by a twentieth.
+DETECTOR_THRESHOLD = 0.5
+DETECTOR_SIZE = 640
+MASK_FEATHER = 0.05
+MASK_PADDING = 0.1
+ENHANCER_BLEND = 0.8
+REFERENCE_DISTANCE = 0.6
 
 
 class FaceSelection(StrEnum):
@@ -50,16 +60,67 @@ class ManifestError(ValueError):
 
 
 @dataclass(frozen=True)
+class Segment:
+    """A video item's frames [start_frame, start_frame + frame_count) and how to encode them.
+
+    ``width``/``height``/``sar`` are of the upright frames the decoder delivers (rotation applied);
+    ``fps`` is the exact rate as "num/den"; the segment's stream gets time base 1/``timescale``.
+    ``last``: the video's final segment, which may decode fewer frames than planned.
+    """
+
+    start_frame: int
+    frame_count: int
+    fps: str
+    width: int
+    height: int
+    timescale: int
+    sar: str = "1/1"
+    last: bool = False
+    codec: str = "libx264"
+    crf: int = 18
+    preset: str = "medium"
+
+    def __post_init__(self) -> None:
+        ints = (self.start_frame, self.frame_count - 1, self.width - 1, self.height - 1, self.timescale - 1, self.crf)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints):
+            raise ManifestError(f"segment: bad frame range, size, timescale or crf in {self!r}")
+        for name in ("fps", "sar"):
+            num, _, den = str(getattr(self, name)).partition("/")
+            if not (num.isdigit() and den.isdigit() and int(num) > 0 and int(den) > 0):
+                raise ManifestError(f"segment: {name} must be a rational 'num/den', got {getattr(self, name)!r}")
+        for name in ("codec", "preset"):
+            value = getattr(self, name)
+            if not value or value.startswith("-") or not all(c.isalnum() or c in "_.-" for c in value):
+                raise ManifestError(f"segment: {name} {value!r} is not an encoder/preset name")
+
+
+@dataclass(frozen=True)
 class Item:
     id: str  # stable across attempts, e.g. "i000042"
     input: str  # container path of the target
     output: str  # container path of the output file
+    kind: str = "image"  # image | video (a segment of a video target; ``segment`` says which)
+    segment: Segment | None = None
 
     def __post_init__(self) -> None:
         for name in ("input", "output"):
             _require_container_path(getattr(self, name), f"item {self.id}: {name}")
         if not self.id:
             raise ManifestError("item id is empty")
+        if self.kind not in ("image", "video") or (self.kind == "video") != (self.segment is not None):
+            raise ManifestError(f"item {self.id}: kind {self.kind!r} needs a segment exactly when it is 'video'")
+
+    @classmethod
+    def from_dict(cls, i: Any) -> Item:
+        seg = i.get("segment")
+        segment = None if seg is None else Segment(**seg)
+        return cls(
+            id=str(i["id"]),
+            input=str(i["input"]),
+            output=str(i["output"]),
+            kind=str(i.get("kind", "image")),
+            segment=segment,
+        )
 
 
 @dataclass(frozen=True)
@@ -82,6 +143,16 @@ class Manifest:
     no_face: NoFacePolicy = NoFacePolicy.COPY
     limits: Limits = field(default_factory=Limits)
     schema: int = SCHEMA_VERSION
+    # Optional (absent in older manifests). Identity computed once at submit (IdentityResult): with
+    # source_embedding the runner does not re-embed the source photos.
+    source_embedding: tuple[float, ...] | None = None
+    reference_embedding: tuple[float, ...] | None = None  # required with faces: reference
+    reference_distance: float = REFERENCE_DISTANCE  # max cosine distance to the reference face
+    detector_threshold: float = DETECTOR_THRESHOLD
+    detector_size: int = DETECTOR_SIZE  # square input side, a multiple of 32
+    mask_feather: float = MASK_FEATHER  # blend-edge blur half-width, fraction of the face size
+    mask_padding: float = MASK_PADDING  # how far the blend edge is pulled in, fraction of the face size
+    enhancer_blend: float = ENHANCER_BLEND  # 0: enhancer has no effect, 1: enhanced face only
 
     def __post_init__(self) -> None:
         if self.schema != SCHEMA_VERSION:
@@ -90,6 +161,7 @@ class Manifest:
             raise ManifestError("manifest has no items")
         if not self.source:
             raise ManifestError("manifest has no source photo")
+        _check_tuning(self)
         for p in self.processors:
             if p not in PROCESSORS:
                 raise ManifestError(f"unknown processor {p!r}")
@@ -113,8 +185,14 @@ class Manifest:
 
     def to_json(self) -> str:
         data = asdict(self)
+        for item in data["items"]:  # image items stay as before video items existed
+            if item["kind"] == "image" and item["segment"] is None:
+                del item["kind"], item["segment"]
         data["faces"] = self.faces.value
         data["no_face"] = self.no_face.value
+        for name in _OPTIONAL:  # left out at their defaults: older runners read the file unchanged
+            if data[name] == _FIELDS[name].default:
+                del data[name]
         return json.dumps(data, indent=1, sort_keys=True)
 
     @classmethod
@@ -140,20 +218,195 @@ class Manifest:
                 run_dir=_str(data, "run_dir"),
                 pack_dir=_str(data, "pack_dir"),
                 source=tuple(str(s) for s in data["source"]),
-                items=tuple(
-                    Item(id=str(i["id"]), input=str(i["input"]), output=str(i["output"])) for i in data["items"]
-                ),
+                items=tuple(Item.from_dict(i) for i in data["items"]),
                 processors=tuple(str(p) for p in data.get("processors", ["face_swapper"])),
                 providers=tuple(str(p) for p in data.get("providers", ["cuda", "cpu"])),
                 faces=FaceSelection(data.get("faces", "many")),
                 no_face=NoFacePolicy(data.get("no_face", "copy")),
                 limits=Limits(**data.get("limits", {})),
                 schema=int(data["schema"]),
+                **_optional_fields(data),
             )
         except ManifestError:
             raise
         except (KeyError, TypeError, ValueError) as e:
             raise ManifestError(f"malformed manifest: {type(e).__name__}: {e}") from e
+
+
+_FIELDS = {f.name: f for f in fields(Manifest)}
+_OPTIONAL = (
+    "source_embedding",
+    "reference_embedding",
+    "reference_distance",
+    "detector_threshold",
+    "detector_size",
+    "mask_feather",
+    "mask_padding",
+    "enhancer_blend",
+)
+
+
+def _optional_fields(data: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in ("source_embedding", "reference_embedding"):
+        if data.get(name) is not None:
+            out[name] = _embedding(data[name], name)
+    for name in ("reference_distance", "detector_threshold", "mask_feather", "mask_padding", "enhancer_blend"):
+        if name in data:
+            out[name] = _number(data[name], name)
+    if "detector_size" in data:
+        value = data["detector_size"]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ManifestError(f"detector_size must be an integer, got {value!r}")
+        out["detector_size"] = value
+    return out
+
+
+def _number(value: Any, name: str) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise ManifestError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _embedding(value: Any, name: str) -> tuple[float, ...]:
+    if not isinstance(value, list | tuple) or not value:
+        raise ManifestError(f"{name} must be a non-empty list of numbers")
+    return tuple(_number(v, name) for v in value)
+
+
+def _check_tuning(m: Manifest) -> None:
+    """Ranges as the job file allows them (controller/jobspec.py); a manifest written by hand or by
+    an older controller fails here (65) rather than as odd pixels."""
+    for name in ("source_embedding", "reference_embedding"):
+        emb = getattr(m, name)
+        if emb is not None and (not emb or not all(isinstance(v, float) and math.isfinite(v) for v in emb)):
+            raise ManifestError(f"{name} must be a non-empty tuple of finite floats")
+    if m.source_embedding and m.reference_embedding and len(m.source_embedding) != len(m.reference_embedding):
+        raise ManifestError("source_embedding and reference_embedding differ in length")
+    if m.faces is FaceSelection.REFERENCE and m.reference_embedding is None:
+        raise ManifestError("faces: reference needs reference_embedding (computed at submit)")
+    checks = (
+        ("reference_distance", m.reference_distance, 0.0, 2.0),
+        ("detector_threshold", m.detector_threshold, 0.0, 1.0),
+        ("mask_feather", m.mask_feather, 0.0, 0.5),
+        ("mask_padding", m.mask_padding, 0.0, 0.5),
+        ("enhancer_blend", m.enhancer_blend, 0.0, 1.0),
+    )
+    for name, value, lo, hi in checks:
+        if not lo <= value <= hi:
+            raise ManifestError(f"{name} must be in [{lo:g}, {hi:g}], got {value!r}")
+    if m.detector_size % 32 or not 160 <= m.detector_size <= 2048:
+        raise ManifestError(f"detector_size must be a multiple of 32 from 160 to 2048, got {m.detector_size!r}")
+
+
+@dataclass(frozen=True)
+class IdentityRequest:
+    """What ``python -m runner_image identity`` embeds once per job at submit (container paths).
+
+    The controller writes it to ``runs/<job>/identity-request.json``; the answer (IdentityResult)
+    goes to ``output``, and its embeddings into every chunk manifest, so every chunk (and every
+    video segment) swaps in and selects the same person.
+    """
+
+    job: str
+    pack_dir: str
+    sources: tuple[str, ...]
+    output: str  # e.g. /data/runs/<job>/identity.json
+    providers: tuple[str, ...] = ("cuda", "cpu")
+    reference: str | None = None
+    detector_threshold: float = DETECTOR_THRESHOLD
+    detector_size: int = DETECTOR_SIZE
+    limits: Limits = field(default_factory=Limits)
+    schema: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.schema != SCHEMA_VERSION:
+            raise ManifestError(f"unknown identity request schema version {self.schema!r}")
+        if not self.job:
+            raise ManifestError("identity request: job is empty")
+        if not self.sources:
+            raise ManifestError("identity request has no source photo")
+        for p in self.providers:
+            if p not in PROVIDERS:
+                raise ManifestError(f"unknown provider {p!r}")
+        for s in self.sources:
+            _require_container_path(s, "source")
+        _require_container_path(self.pack_dir, "pack_dir")
+        _require_container_path(self.output, "output")
+        if self.reference is not None:
+            _require_container_path(self.reference, "reference")
+        if not 0.0 <= self.detector_threshold <= 1.0:
+            raise ManifestError(f"detector_threshold must be in [0, 1], got {self.detector_threshold!r}")
+        if self.detector_size % 32 or not 160 <= self.detector_size <= 2048:
+            raise ManifestError(f"detector_size must be a multiple of 32 from 160 to 2048, got {self.detector_size!r}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> IdentityRequest:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ManifestError(f"identity request is not JSON: {e}") from e
+        if not isinstance(data, dict):
+            raise ManifestError("identity request must be a JSON object")
+        if data.get("schema") != SCHEMA_VERSION:
+            raise ManifestError(f"unknown identity request schema version {data.get('schema')!r}")
+        try:
+            ref = data.get("reference")
+            return cls(
+                job=_str(data, "job"),
+                pack_dir=_str(data, "pack_dir"),
+                sources=tuple(str(s) for s in data["sources"]),
+                output=_str(data, "output"),
+                providers=tuple(str(p) for p in data.get("providers", ["cuda", "cpu"])),
+                reference=None if ref is None else str(ref),
+                detector_threshold=_number(data.get("detector_threshold", DETECTOR_THRESHOLD), "detector_threshold"),
+                detector_size=int(data.get("detector_size", DETECTOR_SIZE)),
+                limits=Limits(**data.get("limits", {})),
+                schema=int(data["schema"]),
+            )
+        except ManifestError:
+            raise
+        except (KeyError, TypeError, ValueError) as e:
+            raise ManifestError(f"malformed identity request: {type(e).__name__}: {e}") from e
+
+
+@dataclass(frozen=True)
+class SourceFaces:
+    path: str  # container path of one photo
+    faces: int  # faces found in it
+
+
+@dataclass(frozen=True)
+class IdentityResult:
+    """The answer to an IdentityRequest. ``error`` set: the job cannot run (the subcommand exits 66)
+    and it says which photo and why; the embeddings are then empty/None."""
+
+    source_embedding: tuple[float, ...] = ()  # mean of the sources' normed embeddings, renormalised
+    reference_embedding: tuple[float, ...] | None = None
+    sources: tuple[SourceFaces, ...] = ()
+    error: str | None = None
+    provider: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> IdentityResult:
+        try:
+            data = json.loads(text)
+            ref = data.get("reference_embedding")
+            return cls(
+                source_embedding=tuple(float(v) for v in data.get("source_embedding", ())),
+                reference_embedding=None if ref is None else tuple(float(v) for v in ref),
+                sources=tuple(SourceFaces(path=str(s["path"]), faces=int(s["faces"])) for s in data.get("sources", ())),
+                error=data.get("error"),
+                provider=data.get("provider"),
+            )
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ManifestError(f"malformed identity result: {type(e).__name__}: {e}") from e
 
 
 @dataclass(frozen=True)

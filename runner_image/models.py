@@ -172,7 +172,14 @@ class Models:
     notes: list[str] = field(default_factory=list)  # fallbacks worth a warning line
 
 
-def load_models(pack: Pack, requested: Sequence[str]) -> Models:
+def load_models(
+    pack: Pack,
+    requested: Sequence[str],
+    *,
+    det_size: int = DET_SIZE[0],
+    det_thresh: float = DET_THRESH,
+    roles: Sequence[str] = ROLES,
+) -> Models:
     """Create the sessions once for the whole chunk. insightface prints to stdout, which is our
     JSON log stream, so its chatter is sent to stderr while it loads."""
     plan = plan_providers(requested, ort.get_available_providers())
@@ -180,7 +187,7 @@ def load_models(pack: Pack, requested: Sequence[str]) -> Models:
     notes = [plan.fallback] if plan.fallback else []
     loaded: dict[str, Any] = {}
     with contextlib.redirect_stdout(sys.stderr):
-        for role in ROLES:
+        for role in roles:
             try:
                 model = model_zoo.get_model(
                     str(pack.files[role]),
@@ -196,22 +203,22 @@ def load_models(pack: Pack, requested: Sequence[str]) -> Models:
             if model is None:
                 raise MissingInput(f"model pack {pack.dir}: {pack.files[role].name} is not a recognised {role} model")
             loaded[role] = model
-    granted = {loaded[role].session.get_providers()[0] for role in ROLES}
+    granted = {loaded[role].session.get_providers()[0] for role in roles}
     provider = "cuda" if granted == {ORT_NAMES["cuda"]} else "cpu"
     if plan.name == "cuda" and provider != "cuda":
         if not plan.allow_cpu:
             raise Temporary(f"CUDAExecutionProvider failed to initialise (got {sorted(granted)}); cpu is not allowed")
         notes.append(f"CUDAExecutionProvider failed to initialise; running on {sorted(granted)}")
     _check_roles(pack, loaded)
-    loaded["detector"].prepare(0, input_size=DET_SIZE, det_thresh=DET_THRESH)
-    return Models(loaded["detector"], loaded["recognizer"], loaded["swapper"], provider, threads, notes)
+    loaded["detector"].prepare(0, input_size=(det_size, det_size), det_thresh=det_thresh)
+    return Models(loaded["detector"], loaded["recognizer"], loaded.get("swapper"), provider, threads, notes)
 
 
 def _check_roles(pack: Pack, loaded: dict[str, Any]) -> None:
     """insightface routes by graph shape; a file in the wrong role is a broken pack, not a bug."""
     expected = {"detector": "SCRFD", "recognizer": "ArcFaceONNX", "swapper": "INSwapper"}
     for role, cls in expected.items():
-        if type(loaded[role]).__name__ != cls:
+        if role in loaded and type(loaded[role]).__name__ != cls:
             raise MissingInput(
                 f"model pack {pack.dir}: {pack.files[role].name} loads as {type(loaded[role]).__name__}, not a {role}"
             )

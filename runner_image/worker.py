@@ -117,7 +117,9 @@ def _run_pending(inv: Invocation, manifest: Manifest, pending: list[Item], resul
     t0 = time.perf_counter()
     pack = models.verify_pack(inv.root.path(manifest.pack_dir))
     t_verify = time.perf_counter() - t0
-    loaded = models.load_models(pack, manifest.providers)
+    loaded = models.load_models(
+        pack, manifest.providers, det_size=manifest.detector_size, det_thresh=manifest.detector_threshold
+    )
     cv2.setNumThreads(loaded.threads)
     log.bind(provider=loaded.provider)
     for note in loaded.notes:
@@ -152,7 +154,11 @@ def _run_pending(inv: Invocation, manifest: Manifest, pending: list[Item], resul
 
 
 def source_identity(root: DataRoot, manifest: Manifest, loaded: models.Models, logger: Any) -> np.ndarray:
-    """Embed the source photo(s) once: the largest face of each, averaged (one person)."""
+    """The source identity: from the manifest when the controller computed it at submit (the
+    identity subcommand), else embedded here once: the largest face of each photo, averaged."""
+    if manifest.source_embedding is not None:
+        given: np.ndarray = faces.normalise_rows(np.asarray(manifest.source_embedding, np.float32).reshape(1, -1))[0]
+        return given
     embeddings = []
     for src in manifest.source:
         try:
@@ -220,6 +226,15 @@ class _Context:
             timings={k: round(v, 6) for k, v in self.timings.items()},
         )
 
+    def _select(self, image: np.ndarray, found: list[faces.Face]) -> list[faces.Face]:
+        m = self.manifest
+        if m.faces is not FaceSelection.REFERENCE:
+            return faces.select(found, m.faces)
+        assert m.reference_embedding is not None  # the manifest refuses reference without it
+        with self.stage("embed"):
+            embeddings = faces.embed(self.models.recognizer, image, found)
+        return faces.by_reference(found, embeddings, np.asarray(m.reference_embedding), m.reference_distance)
+
     def _concerned(self, item: Item) -> str:
         """The file a failure is about: the output while preparing, encoding or writing it."""
         return item.output if self.current in ("prepare", "encode", "write") else item.input
@@ -233,15 +248,15 @@ class _Context:
             decoded = media.read_image(root.path(item.input), self.manifest.limits)
         with self.stage("detect"):
             found = faces.detect(self.models.detector, decoded.image)
-        if not found:
+        chosen = self._select(decoded.image, found) if found else []
+        if not chosen:  # no face, or (faces: reference) none of the reference person
             if policy is NoFacePolicy.FAIL:
-                raise ItemError("no face detected")
+                raise ItemError("no face detected" if not found else "no face matches the reference")
             if policy is NoFacePolicy.SKIP:
                 return ItemStatus.NO_FACE, None, 0
             with self.stage("write"):
                 media.atomic_write(out, decoded.data)
             return ItemStatus.NO_FACE, item.output, 0
-        chosen = faces.select(found, self.manifest.faces)
         frame = decoded.image
         with self.stage("swap"):
             swapped = [self.swapper.swap(frame, f) for f in chosen]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,17 @@ def test_job_ids_with_new(tmp_path: Path) -> None:
     assert next_job_id(tmp_path, "h", new=True) == "h-2"
     (tmp_path / "runs" / "h-2").mkdir()
     assert next_job_id(tmp_path, "h", new=True) == "h-3"
+
+
+def test_identity_from_submit_reaches_every_manifest() -> None:
+    settings = dataclasses.replace(
+        ms(),
+        faces=FaceSelection.REFERENCE,
+        source_embedding=(0.6, 0.8),
+        reference_embedding=(1.0, 0.0),
+        reference_distance=0.4,
+    )
+    for m in chunk_manifests(make_plan("h", targets(3), 2), settings).values():
+        assert m.source_embedding == (0.6, 0.8) and m.reference_embedding == (1.0, 0.0)
+        assert m.reference_distance == 0.4
+        assert Manifest.from_json(m.to_json()) == m

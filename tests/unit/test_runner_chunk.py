@@ -198,10 +198,13 @@ def test_one_swaps_only_the_largest_face(data: Path) -> None:
     assert only_near(mask, [largest], by=0.8)
 
 
-def test_reference_selection_is_reported_per_item(data: Path) -> None:
-    assert run(data, write_manifest(data, ["astronaut.jpg"], faces=FaceSelection.REFERENCE)) == 3
-    (r,) = results(data)
-    assert r.status is ItemStatus.ERROR and r.reason is not None and "not supported yet" in r.reason
+def test_reference_selection_without_its_embedding_exits_65(data: Path) -> None:
+    manifest = write_manifest(data, ["astronaut.jpg"])
+    path = data / "runs" / JOB / "chunks" / "c0001.json"
+    raw = json.loads(path.read_text())
+    raw["faces"] = "reference"  # an older controller: no reference_embedding computed at submit
+    path.write_text(json.dumps(raw))
+    assert run(data, manifest) == 65
 
 
 @pytest.mark.parametrize(

@@ -46,9 +46,18 @@ def test_one_of_nothing_is_nothing() -> None:
     assert faces.select([], FaceSelection.ONE) == []
 
 
-def test_reference_is_a_clear_item_error() -> None:
-    with pytest.raises(ItemError, match="reference is not supported yet"):
+def test_reference_needs_embeddings() -> None:
+    with pytest.raises(ItemError, match="reference needs the faces' embeddings"):
         faces.select([_face(0, 0, 1, 1)], FaceSelection.REFERENCE)
+
+
+def test_by_reference_keeps_faces_within_the_cosine_distance_in_order() -> None:
+    fs = [_face(0, 0, 10, 10), _face(20, 0, 30, 10), _face(40, 0, 50, 10)]
+    emb = np.array([[1.0, 0.0], [0.0, 1.0], [3.0, 0.3]], np.float32)  # norms differ: cosine only
+    picked = faces.by_reference(fs, emb, np.array([2.0, 0.0]), 0.1)
+    assert picked == [fs[0], fs[2]]
+    assert faces.by_reference(fs, emb, np.array([1.0, 0.0]), 1.0) == fs  # orthogonal: distance exactly 1
+    assert np.allclose(faces.cosine_distance(emb[:2], np.array([0.0, 5.0])), [1.0, 0.0])
 
 
 def test_identity_averages_normed_embeddings_then_renormalises() -> None:

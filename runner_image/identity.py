@@ -1,0 +1,123 @@
+"""``python -m runner_image identity``: embed a job's source (and reference) photos once, at submit.
+
+The controller runs this as a one-shot service (same image, hardening and volume as chunk services)
+and copies the answer into every chunk manifest. Doing it once means every chunk and every video
+segment swaps in exactly the same identity and selects by exactly the same reference, and a source
+photo without a face (or with several) is a submit-time error naming the file, not a chunk failure.
+
+The answer (manifest.IdentityResult) is always written to the request's ``output`` when the request
+itself could be read: with the embeddings, or with ``error`` saying which photo is wrong and why
+(then the exit code is 66).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import faces, log, media, models
+from .errors import BadManifest, ItemError, MissingInput, Temporary
+from .manifest import FaceSelection, IdentityRequest, IdentityResult, ManifestError, RunnerExit, SourceFaces
+from .volume import DataRoot, is_volume_error
+
+IDENTITY_ROLES = ("detector", "recognizer")
+
+
+def read_request(root: DataRoot, given: str) -> IdentityRequest:
+    """Parse the request; a missing file is 66 (75 when its folder is gone: volume trouble)."""
+    if not given:
+        raise BadManifest("no identity request given (pass --request)")
+    path = root.manifest_location(given)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if not path.parent.is_dir():
+            raise Temporary(f"identity request {given}: folder {path.parent} is absent (volume?)") from None
+        raise MissingInput(f"identity request {given} not found") from None
+    except UnicodeDecodeError as e:
+        raise BadManifest(f"identity request {given} is not UTF-8 text: {e}") from e
+    except OSError as e:
+        raise Temporary(f"cannot read identity request {given}: {e.strerror or e}") from e
+    return IdentityRequest.from_json(text)
+
+
+def _photo_faces(root: DataRoot, req: IdentityRequest, loaded: models.Models, path: str) -> tuple[Any, list[Any]]:
+    try:
+        decoded = media.read_image(root.path(path), req.limits)
+    except OSError as e:
+        if is_volume_error(e):
+            raise Temporary(f"{path}: {e.strerror or e}") from e
+        raise ItemError(e.strerror or str(e)) from e
+    return decoded.image, faces.detect(loaded.detector, decoded.image)
+
+
+def compute(root: DataRoot, req: IdentityRequest, loaded: models.Models, logger: Any) -> IdentityResult:
+    """Embed every source (exactly one face each) and the reference (its largest face)."""
+    errors: list[str] = []
+    embeddings: list[np.ndarray] = []
+    counts: list[SourceFaces] = []
+    for src in req.sources:
+        try:
+            image, found = _photo_faces(root, req, loaded, src)
+        except ItemError as e:
+            errors.append(f"source photo {src}: {e}")
+            counts.append(SourceFaces(path=src, faces=0))
+            continue
+        counts.append(SourceFaces(path=src, faces=len(found)))
+        if not found:
+            errors.append(f"source photo {src}: no face detected")
+        elif len(found) > 1:
+            errors.append(f"source photo {src}: {len(found)} faces found; a source photo must show one person only")
+        else:
+            embeddings.append(faces.embed(loaded.recognizer, image, found)[0])
+    reference: tuple[float, ...] | None = None
+    if req.reference is not None:
+        try:
+            image, found = _photo_faces(root, req, loaded, req.reference)
+            if not found:
+                errors.append(f"reference photo {req.reference}: no face detected")
+            else:
+                if len(found) > 1:
+                    logger.warning("reference photo has several faces; using the largest", faces=len(found))
+                chosen = faces.select(found, FaceSelection.ONE)
+                reference = tuple(float(v) for v in faces.embed(loaded.recognizer, image, chosen)[0])
+        except ItemError as e:
+            errors.append(f"reference photo {req.reference}: {e}")
+    if errors:
+        return IdentityResult(sources=tuple(counts), error="; ".join(errors), provider=loaded.provider)
+    identity = faces.identity(embeddings)
+    return IdentityResult(
+        source_embedding=tuple(float(v) for v in identity),
+        reference_embedding=reference,
+        sources=tuple(counts),
+        provider=loaded.provider,
+    )
+
+
+def run_identity(root: DataRoot, given: str, sink: log.TeeSink) -> RunnerExit:
+    """The whole subcommand; RunnerError/ManifestError propagate to ``__main__`` as exit codes."""
+    logger = log.get()
+    try:
+        req = read_request(root, given)
+    except ManifestError as e:
+        raise BadManifest(f"identity request {given}: {e}") from e
+    log.bind(job=req.job, chunk="identity")
+    out = root.path(req.output)
+    why_not = sink.attach(out.parent / "logs" / "identity.log")
+    if why_not:
+        logger.warning("log file not writable; logging to stdout only", reason=why_not)
+    pack = models.verify_pack(root.path(req.pack_dir))
+    loaded = models.load_models(
+        pack, req.providers, det_size=req.detector_size, det_thresh=req.detector_threshold, roles=IDENTITY_ROLES
+    )
+    result = compute(root, req, loaded, logger)
+    try:
+        media.atomic_write(out, result.to_json().encode("utf-8"))
+    except OSError as e:
+        raise Temporary(f"cannot write {req.output}: {e.strerror or e}") from e
+    if result.error:
+        logger.error("identity failed", error=result.error, exit_code=int(RunnerExit.MISSING_INPUT))
+        return RunnerExit.MISSING_INPUT
+    logger.info("identity written", output=req.output, sources=len(req.sources), reference=req.reference)
+    return RunnerExit.OK
