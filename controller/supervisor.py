@@ -8,6 +8,7 @@ services it finds (DESIGN.md: the controller is stateless between calls).
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections import deque
@@ -254,16 +255,19 @@ class Supervisor:
         self._fail(run, failure, reason, queue)
 
     def _keep_logs(self, run: ChunkRun) -> None:
-        """A runner that died before opening its log file (bad image, crash at import) still leaves
-        its last words in the run folder, since removing the service loses them."""
+        """Put the runner's own last words into the attempt's reason. A runner that died before
+        opening its log file (bad image, crash at import) still leaves them: its service logs are
+        copied into the run folder, since removing the service loses them."""
         path = self.rundir.log_path(run.id, run.current.attempt)
-        if path.exists():
-            return
-        text = self.backend.service_logs(run.current.service)
-        if text:
-            write_atomic(path, text.encode(), self.rundir.owner)
-            last = text.strip().splitlines()[-1][:300]
-            run.current.reason = last
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            text = self.backend.service_logs(run.current.service)
+            if text:
+                write_atomic(path, text.encode(), self.rundir.owner)
+        words = last_words(text)
+        if words:
+            run.current.reason = words
 
     def _node_lost(self, run: ChunkRun, svc: ServiceState, node: NodeState, queue: deque[str]) -> None:
         """Swarm (engine 20.10) never moves a task off a dead node: the controller does. Node loss is
@@ -286,7 +290,7 @@ class Supervisor:
         att = run.current
         att.outcome = failure.value
         if att.reason:  # the runner's own last words, kept by _keep_logs
-            reason = f"{reason}; last output: {att.reason}"
+            reason = f"{reason}: {att.reason}"
         att.reason = reason
         if failure is FailureClass.INFRASTRUCTURE and att.node:
             run.avoid.add(att.node)
@@ -312,3 +316,17 @@ class Supervisor:
                 run.state = ChunkState.CANCELLED
         queue.clear()
         self.emit("job_cancelled")
+
+
+def last_words(log_text: str) -> str | None:
+    """The runner's reason for failing: the `error` of its last JSON log line that has one, else its
+    last line of output (a traceback's last line, a shell's complaint)."""
+    lines = [line for line in log_text.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and data.get("error"):
+            return str(data["error"])[:500]
+    return lines[-1][:300] if lines else None

@@ -225,3 +225,12 @@ def test_resumed_chunks_continue_attempt_numbers(tmp_path: Path) -> None:
     sup.run(["c0000"])
     assert [s.name for s in swarm.created] == ["ffswarm-j-c0000-a3"]
     assert (sup.rundir.state() or {})["chunks"]["c0000"]["state"] == "done"
+
+
+def test_last_words_prefer_the_runners_error_field() -> None:
+    from controller.supervisor import last_words
+
+    log = '{"event": "start"}\n{"event": "runner failed", "error": "pack: w600k_r50.onnx has the wrong checksum"}\n'
+    assert last_words(log) == "pack: w600k_r50.onnx has the wrong checksum"
+    assert last_words("Traceback (most recent call last):\nImportError: nope\n") == "ImportError: nope"
+    assert last_words("") is None

@@ -1,0 +1,47 @@
+"""Run one one-shot service to its end and return what happened: for steps that are not chunks
+(the submit-time identity step, doctor's probes). Same spec data, same hardening, same backend."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from controller.servicespec import ServiceSpec
+from controller.swarm import SwarmBackend
+
+ENDED = {"complete", "failed", "rejected", "shutdown", "orphaned"}
+
+
+@dataclass(frozen=True)
+class OneShotResult:
+    state: str  # complete | failed | rejected | … | unscheduled
+    exit_code: int | None
+    message: str  # the engine's or scheduler's words
+    logs: str  # the container's last output lines
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "complete"
+
+
+def run_oneshot(backend: SwarmBackend, spec: ServiceSpec, timeout: float, poll: float = 0.3) -> OneShotResult:
+    """Create, wait until the task ends (or `timeout` passes), collect logs, remove. Always removes."""
+    job = spec.labels["io.ffswarm.job"]
+    backend.create_service(spec)
+    task = None
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = [s for s in backend.services(job) if s.name == spec.name]
+            task = states[0].latest_task() if states else None
+            if task is not None and task.state in ENDED:
+                break
+            time.sleep(poll)
+        logs = backend.service_logs(spec.name, tail=40)
+    finally:
+        backend.remove_service(spec.name)
+        backend.remove_exited_containers(job)
+    if task is None or task.state not in ENDED:
+        why = task.message if task is not None and task.message else "no task started"
+        return OneShotResult("unscheduled", None, f"did not finish within {timeout:.0f}s: {why}", logs)
+    return OneShotResult(task.state, task.exit_code, task.message, logs)
