@@ -4,9 +4,10 @@
   its exact status and reason, every other item still completes, nothing half-written is left.
 - Bad job files are refused by a real `ffswarm submit` before anything exists: exit code, file,
   field and reason, and no run folder, no service.
-- Chunk-level user errors (model pack with a wrong checksum, a source photo without a face, a
-  manifest of an unknown schema version or not JSON at all) fail their chunk once, never retried,
-  with a reason that names the cause.
+- A source photo without a face and a model pack with a wrong checksum are refused at submit (the
+  identity step runs the runner image once), naming the photo / the file, leaving nothing behind.
+- Chunk-level user errors (a manifest of an unknown schema version or not JSON at all, a pack with a
+  wrong checksum) fail their chunk once, never retried, with a reason that names the cause.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -206,103 +206,132 @@ def test_hostile_job_files_are_refused_before_anything_is_created(
             shutil.rmtree(ws.root / "runs" / name, ignore_errors=True)
 
 
-def test_chunk_level_user_errors_fail_once_with_their_reason(workspace: Workspace) -> None:
-    """Wrong pack checksum and a faceless source photo: runner exit 66, no retry, reason names why."""
-    ws = workspace
-    pack_name = f"{ws.job}-pack"
-    pack = ws.root / "models" / pack_name
+def bad_pack(ws: Workspace) -> str:
+    """A copy of the default pack whose pack.yaml gives w600k_r50.onnx a wrong sha256; removed by the
+    caller. Returns its name."""
+    name = f"{ws.job}-pack"
+    pack = ws.root / "models" / name
     shutil.copytree(ws.root / "models" / "default", pack)
     spec = yaml.safe_load((pack / "pack.yaml").read_text())
     spec["files"]["w600k_r50.onnx"]["sha256"] = "0" * 64
     (pack / "pack.yaml").write_text(yaml.safe_dump(spec))
+    chown_tree(pack, ws.config.runner_uid_gid())
+    return name
+
+
+BAD_PACK_WHY = "w600k_r50.onnx has the wrong checksum"
+
+
+def test_faceless_source_and_broken_pack_are_refused_at_submit(workspace: Workspace, swarm: DockerSwarm) -> None:
+    """The source identity is computed once at submit (by the runner image): a source photo without a
+    face is a job-file error naming the photo, a pack with a wrong checksum a missing input naming the
+    file; either way nothing is left behind."""
+    ws = workspace
+    pack = bad_pack(ws)
     try:
         star = photos.astronaut(ws.dir / "faces")
         landscape = ws.dir / "faces" / "landscape.jpg"
         landscape.write_bytes(hostile.no_face_jpeg())
         photos.face_photos(ws.dir / "crowd", 2)
         chown_tree(ws.dir, ws.config.runner_uid_gid())
-        chown_tree(pack, ws.config.runner_uid_gid())
-        common = f"""targets: [{ws.rel(ws.dir / "crowd")}/*.jpg]
-providers: [cpu]
-resources: {RESOURCES}
-retries: 3
-"""
-        bad_pack = ws.write_job(
-            f"name: {ws.job}\nsource: {ws.rel(star)}\nmodels: {pack_name}\n"
-            f"output: {ws.rel(ws.dir)}/out1/{{stem}}{{ext}}\n" + common
+        common = f"targets: [{ws.rel(ws.dir / 'crowd')}/*.jpg]\nproviders: [cpu]\nresources: {RESOURCES}\nretries: 3\n"
+        faceless = ws.write_job(
+            f"name: {ws.job}\nsource: {ws.rel(landscape)}\noutput: {ws.rel(ws.dir)}/out1/{{stem}}{{ext}}\n" + common
         )
-        faceless = bad_pack.with_name("faceless.yaml")
-        faceless.write_text(
-            f"name: {ws.job}-nf\nsource: {ws.rel(landscape)}\noutput: {ws.rel(ws.dir)}/out2/{{stem}}{{ext}}\n" + common
+        broken = faceless.with_name("broken-pack.yaml")
+        broken.write_text(
+            f"name: {ws.job}-bp\nsource: {ws.rel(star)}\nmodels: {pack}\n"
+            f"output: {ws.rel(ws.dir)}/out2/{{stem}}{{ext}}\n" + common
         )
-        t0 = time.monotonic()
-        proc = ws.ffswarm("submit", str(bad_pack), str(faceless))
-        elapsed = time.monotonic() - t0
-        assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-        assert elapsed < 60, f"no retries expected, took {elapsed:.0f}s"
-
-        expectations = {ws.job: "w600k_r50.onnx has the wrong checksum", f"{ws.job}-nf": "no face detected"}
-        problems: list[str] = []
-        for job, why in expectations.items():
-            report = json.loads((ws.root / "runs" / job / "report.json").read_text())
-            chunk = report["chunks"]["c0000"]
-            assert chunk["state"] == "failed" and chunk["failure"] == FailureClass.USER.value, chunk
-            assert [(a["attempt"], a["exit_code"]) for a in chunk["attempts"]] == [(1, 66)], chunk
-            log = (ws.root / "runs" / job / "logs" / "c0000.a1.log").read_text()
-            assert why in log, log[-1000:]
-            assert report["counts"]["failed"] == 2 and not (ws.dir / "out1").exists() and not (ws.dir / "out2").exists()
-            # The user must see the cause, not only "exit 66": in the report and on the terminal.
-            if why not in (chunk["reason"] or ""):
-                problems.append(f"{job}: chunk reason does not say {why!r}: {chunk['reason']!r}")
-            if not all(why in f["reason"] for f in report["failures"]):
-                problems.append(f"{job}: item failures do not say {why!r}: {report['failures'][0]['reason']!r}")
-        if "wrong checksum" not in proc.stdout or "no face detected" not in proc.stdout:
-            problems.append(f"the submit output does not say why the chunks failed: {proc.stdout[-600:]}")
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            procs = list(pool.map(lambda f: ws.ffswarm("submit", str(f), timeout=300), [faceless, broken]))
+        expected = [
+            (faceless, ws.job, 65, f"{faceless}: source: ", f"{ws.rel(landscape)}: no face detected"),
+            (broken, f"{ws.job}-bp", 66, f"{broken}: ", BAD_PACK_WHY),
+        ]
+        problems = []
+        for proc, (file, job, code, where, why) in zip(procs, expected, strict=True):
+            out = proc.stdout + proc.stderr
+            if proc.returncode != code or where not in out or why not in out:
+                problems.append(
+                    f"{file.name}: expected exit {code}, {where!r}…{why!r}; got {proc.returncode}: {out[-600:]}"
+                )
+            if (ws.root / "runs" / job).exists():
+                problems.append(f"{file.name}: a run folder was left behind")
+            if swarm.client.api.services(filters={"label": f"{LABEL_JOB}={job}"}):
+                problems.append(f"{file.name}: a service was left behind")
         assert not problems, "\n".join(problems)
+        assert not (ws.dir / "out1").exists() and not (ws.dir / "out2").exists()
     finally:
-        shutil.rmtree(pack, ignore_errors=True)
-        shutil.rmtree(ws.root / "runs" / f"{ws.job}-nf", ignore_errors=True)
+        shutil.rmtree(ws.root / "models" / pack, ignore_errors=True)
+        shutil.rmtree(ws.root / "runs" / f"{ws.job}-bp", ignore_errors=True)
+        for svc in swarm.client.api.services(filters={"label": f"{LABEL_JOB}={ws.job}-bp"}):
+            swarm.remove_service(svc["ID"])
 
 
-def test_bad_manifests_exit_65_and_are_not_retried(workspace: Workspace, swarm: DockerSwarm) -> None:
-    """Hand-written manifests run by the real runner image through real chunk services."""
+def test_bad_manifests_and_a_broken_pack_fail_their_chunk_once(workspace: Workspace, swarm: DockerSwarm) -> None:
+    """Hand-written manifests run by the real runner image through real chunk services under the
+    real supervisor: unknown schema and not-JSON exit 65, a pack with a wrong checksum exits 66;
+    none is retried (retries: 3), and each chunk's reason says why."""
     ws = workspace
     cfg = ws.config
-    rundir = RunDir(ws.root, ws.job, owner(cfg))
-    for sub in ("chunks", "results", "logs"):
-        (rundir.path / sub).mkdir(parents=True)
-    good_shape: dict[str, Any] = {
-        "schema": 99,
-        "job": ws.job,
-        "chunk": "c0000",
-        "run_dir": f"/data/runs/{ws.job}",
-        "pack_dir": "/data/models/default",
-        "source": [f"/data/{ws.rel(ws.dir)}/faces/astronaut.jpg"],
-        "items": [{"id": "i000000", "input": "/data/x.jpg", "output": "/data/y.jpg"}],
-    }
-    (rundir.path / "chunks" / "c0000.json").write_text(json.dumps(good_shape))
-    (rundir.path / "chunks" / "c0001.json").write_text("{'this is': not JSON")
-    rundir.write_control(Control(max_concurrent=2))
-    chown_tree(rundir.path, cfg.runner_uid_gid())
+    pack = bad_pack(ws)
+    try:
+        star = photos.astronaut(ws.dir / "faces")
+        photos.face_photos(ws.dir / "crowd", 1)
+        chown_tree(ws.dir, cfg.runner_uid_gid())
+        rundir = RunDir(ws.root, ws.job, owner(cfg))
+        for sub in ("chunks", "results", "logs"):
+            (rundir.path / sub).mkdir(parents=True)
+        base: dict[str, Any] = {
+            "schema": 1,
+            "job": ws.job,
+            "run_dir": f"/data/runs/{ws.job}",
+            "pack_dir": f"/data/models/{pack}",
+            "source": [f"/data/{ws.rel(star)}"],
+            "providers": ["cpu"],
+            "items": [
+                {
+                    "id": "i000000",
+                    "input": f"/data/{ws.rel(ws.dir)}/crowd/face_00.jpg",
+                    "output": f"/data/{ws.rel(ws.dir)}/out/face_00.jpg",
+                }
+            ],
+        }
+        manifests = {
+            "c0000": json.dumps({**base, "chunk": "c0000", "schema": 99}),
+            "c0001": "{'this is': not JSON",
+            "c0002": json.dumps({**base, "chunk": "c0002"}),
+        }
+        for cid, text in manifests.items():
+            (rundir.path / "chunks" / f"{cid}.json").write_text(text)
+        rundir.write_control(Control(max_concurrent=3))
+        chown_tree(rundir.path, cfg.runner_uid_gid())
 
-    settings = RunnerSettings(
-        job=ws.job,
-        image=swarm.resolve_image(cfg.image),
-        constraints=("node.labels.ffswarm.gpu==true",),
-        gpu_kind="GPU",
-        gpus=1,
-        memory_bytes=1 << 30,
-        volume=cfg.volume,
-        user=cfg.runner_uid_gid(),
-    )
-    policy = Policy(retries=3, schedule_timeout=60, poll=0.2, backoff_base=0.1)
-    sup = Supervisor(swarm, rundir, settings, policy)
-    runs = sup.run(["c0000", "c0001"])
-    for cid, why in (("c0000", "unknown manifest schema version 99"), ("c0001", "manifest is not JSON")):
-        run = runs[cid]
-        assert run.failure is FailureClass.USER, run.as_dict()
-        assert [(a.attempt, a.exit_code) for a in run.attempts] == [(1, 65)], run.as_dict()
-        # The runner died before it could open its log file: the supervisor kept the service's output.
-        log = rundir.log_path(cid, 1).read_text()
-        assert why in log, log[-1000:]
-        assert why in (run.reason or ""), run.reason
+        settings = RunnerSettings(
+            job=ws.job,
+            image=swarm.resolve_image(cfg.image),
+            constraints=("node.labels.ffswarm.gpu==true",),
+            gpu_kind="GPU",
+            gpus=1,
+            memory_bytes=1 << 30,
+            volume=cfg.volume,
+            user=cfg.runner_uid_gid(),
+        )
+        policy = Policy(retries=3, schedule_timeout=60, poll=0.2, backoff_base=0.1)
+        runs = Supervisor(swarm, rundir, settings, policy).run(list(manifests))
+        expected = {
+            "c0000": (65, "unknown manifest schema version 99"),
+            "c0001": (65, "manifest is not JSON"),
+            "c0002": (66, BAD_PACK_WHY),
+        }
+        for cid, (code, why) in expected.items():
+            run = runs[cid]
+            assert run.failure is FailureClass.USER, run.as_dict()
+            assert [(a.attempt, a.exit_code) for a in run.attempts] == [(1, code)], run.as_dict()
+            assert why in (run.reason or ""), run.as_dict()
+            log = rundir.log_path(cid, 1).read_text()  # the runner's log, or its output kept by the supervisor
+            assert why in log, log[-1000:]
+        assert not (ws.dir / "out").exists()
+    finally:
+        shutil.rmtree(ws.root / "models" / pack, ignore_errors=True)
