@@ -40,7 +40,17 @@ from controller.validate import (
     same,
     show,
 )
-from runner_image.manifest import PROCESSORS, PROVIDERS, FaceSelection, NoFacePolicy
+from runner_image.manifest import (
+    DETECTOR_SIZE,
+    DETECTOR_THRESHOLD,
+    ENHANCER_BLEND,
+    MASK_FEATHER,
+    MASK_PADDING,
+    PROCESSORS,
+    PROVIDERS,
+    FaceSelection,
+    NoFacePolicy,
+)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
 VIDEO_EXTENSIONS = (".mp4", ".mov", ".mkv", ".webm", ".avi")
@@ -80,6 +90,47 @@ class VideoSettings:
         check_str(self.codec, "codec", pattern=_TOKEN, hint="an encoder name like libx264")
         check_int(self.crf, "crf", minimum=0, maximum=51)
         check_str(self.preset, "preset", pattern=_TOKEN, hint="a preset name like medium")
+
+
+@dataclass(frozen=True)
+class DetectorSettings:
+    """Face detector: score threshold and square input size (a multiple of 32)."""
+
+    threshold: float = DETECTOR_THRESHOLD
+    size: int = DETECTOR_SIZE
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "threshold", check_number(self.threshold, "threshold", above=0, at_most=1))
+        check_int(self.size, "size", minimum=160, maximum=2048)
+        if self.size % 32:
+            raise FieldError("size", f"must be a multiple of 32, got {show(self.size)}")
+
+
+@dataclass(frozen=True)
+class MaskSettings:
+    """Paste-back mask, as fractions of the face size: ``feather`` blurs the edge, ``padding`` pulls
+    it in. The defaults reproduce insightface's own paste-back."""
+
+    feather: float = MASK_FEATHER
+    padding: float = MASK_PADDING
+
+    def __post_init__(self) -> None:
+        for name in ("feather", "padding"):
+            value = getattr(self, name)
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 0.5
+            if not ok:  # 0 is allowed: a hard edge / no pull-in
+                raise FieldError(name, f"must be a number in [0, 0.5], got {show(value)}")
+            object.__setattr__(self, name, float(value))
+
+
+@dataclass(frozen=True)
+class EnhancerSettings:
+    """face_enhancer: how much of the enhanced face is blended in (0 … 1)."""
+
+    blend: float = ENHANCER_BLEND
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "blend", check_number(self.blend, "blend", above=0, at_most=1))
 
 
 @dataclass(frozen=True)
@@ -134,6 +185,9 @@ class JobSpec:
     models: str = "default"
     providers: tuple[str, ...] = ("cuda", "cpu")
     on_complete: OnComplete = field(default_factory=OnComplete)
+    detector: DetectorSettings = field(default_factory=DetectorSettings)
+    mask: MaskSettings = field(default_factory=MaskSettings)
+    face_enhancer: EnhancerSettings = field(default_factory=EnhancerSettings)
 
     def __post_init__(self) -> None:
         check_str(self.name, "name", pattern=_NAME, hint="1 to 40 characters of a-z, 0-9 and -")
@@ -168,7 +222,15 @@ class JobSpec:
         if self.image is not None:
             check_str(self.image, "image", pattern=r"\S+", hint="an image reference without spaces")
         check_str(self.models, "models", pattern=_PACK, hint="a pack name of A-Z, a-z, 0-9, '.', '_' and '-'")
-        for name, kind in (("video", VideoSettings), ("resources", Resources), ("on_complete", OnComplete)):
+        nested = (
+            ("video", VideoSettings),
+            ("resources", Resources),
+            ("on_complete", OnComplete),
+            ("detector", DetectorSettings),
+            ("mask", MaskSettings),
+            ("face_enhancer", EnhancerSettings),
+        )
+        for name, kind in nested:
             if not isinstance(getattr(self, name), kind):
                 raise FieldError(name, f"must be a {kind.__name__}, got {show(getattr(self, name))}")
 
@@ -257,6 +319,9 @@ _READERS: dict[str, Reader] = {
     "video": as_nested(VideoSettings, {}),
     "resources": as_nested(Resources, {"memory": parse_memory}),
     "on_complete": as_nested(OnComplete, {}),
+    "detector": as_nested(DetectorSettings, {}),
+    "mask": as_nested(MaskSettings, {}),
+    "face_enhancer": as_nested(EnhancerSettings, {}),
 }
 
 

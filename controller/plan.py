@@ -1,17 +1,31 @@
-"""Items and chunks: a resolved job cut into chunk manifests (pure; no Docker, no files written)."""
+"""Items and chunks: a resolved job cut into chunk manifests (pure; no Docker, no files written).
+
+A video target is planned as one ``PlannedVideo`` (what the user sees: input, output, outcome) plus
+one work item per segment (kind ``segment``), which chunks like images do (``chunk_size`` counts
+segments). Segment outputs live in the run folder and are joined by the controller
+(controller/video.py) once all of a video's segments are committed.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
+from runner_image.ffmpeg_cmds import SEGMENT_EXT
 from runner_image.manifest import (
     CONTAINER_DATA_ROOT,
+    DETECTOR_SIZE,
+    DETECTOR_THRESHOLD,
+    ENHANCER_BLEND,
+    MASK_FEATHER,
+    MASK_PADDING,
     REFERENCE_DISTANCE,
     FaceSelection,
     Item,
     Manifest,
     NoFacePolicy,
+    Segment,
 )
 
 
@@ -20,7 +34,31 @@ class PlannedItem:
     id: str  # i000042: stable across attempts and resubmits
     input: str  # path relative to the data root
     output: str  # path relative to the data root
-    kind: str  # image | video
+    kind: str  # image | segment (of a video: see Plan.videos)
+    parent: str | None = None  # segment: the video's item id
+    segment: Segment | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        return {k: v for k, v in data.items() if v is not None}  # image items as before videos
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PlannedItem:
+        seg = data.get("segment")
+        return cls(**{**data, "segment": Segment(**seg) if seg else None})
+
+
+@dataclass(frozen=True)
+class PlannedVideo:
+    """A video target: ``segments`` are the ids of its segment items, in order; ``error`` is set
+    when probing failed at plan time (the item fails with that reason and has no segments)."""
+
+    id: str
+    input: str
+    output: str
+    segments: tuple[str, ...] = ()
+    error: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)  # probe facts: frames, fps, duration, audio …
 
 
 @dataclass(frozen=True)
@@ -34,6 +72,7 @@ class Plan:
     job: str
     items: tuple[PlannedItem, ...]
     chunks: tuple[Chunk, ...]
+    videos: tuple[PlannedVideo, ...] = ()
 
     def item(self, item_id: str) -> PlannedItem:
         return self._by_id()[item_id]
@@ -42,22 +81,23 @@ class Plan:
         return {i.id: i for i in self.items}
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "job": self.job,
-                "items": [asdict(i) for i in self.items],
-                "chunks": [{"id": c.id, "items": list(c.items)} for c in self.chunks],
-            },
-            indent=1,
-        )
+        data: dict[str, Any] = {
+            "job": self.job,
+            "items": [i.to_dict() for i in self.items],
+            "chunks": [{"id": c.id, "items": list(c.items)} for c in self.chunks],
+        }
+        if self.videos:
+            data["videos"] = [asdict(v) for v in self.videos]
+        return json.dumps(data, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
         data = json.loads(text)
         return cls(
             job=data["job"],
-            items=tuple(PlannedItem(**i) for i in data["items"]),
+            items=tuple(PlannedItem.from_dict(i) for i in data["items"]),
             chunks=tuple(Chunk(id=c["id"], items=tuple(c["items"])) for c in data["chunks"]),
+            videos=tuple(PlannedVideo(**{**v, "segments": tuple(v["segments"])}) for v in data.get("videos", [])),
         )
 
 
@@ -68,6 +108,9 @@ class TargetRef:
     input: str
     output: str
     kind: str
+    segments: tuple[Segment, ...] = ()  # video: its segments in order (controller/video.py)
+    error: str | None = None  # video: why it cannot be processed (ffprobe's reason)
+    info: dict[str, Any] = field(default_factory=dict)  # video: probe facts for the report
 
 
 def item_id(index: int) -> str:
@@ -78,17 +121,29 @@ def chunk_id(index: int) -> str:
     return f"c{index:04d}"
 
 
+def segment_output(job: str, segment_id: str) -> str:
+    return f"runs/{job}/segments/{segment_id}{SEGMENT_EXT}"
+
+
 def make_plan(job: str, targets: list[TargetRef], chunk_size: int) -> Plan:
     if chunk_size < 1:
         raise ValueError("chunk_size must be ≥ 1")
-    items = tuple(
-        PlannedItem(id=item_id(n), input=t.input, output=t.output, kind=t.kind) for n, t in enumerate(targets)
-    )
+    work: list[PlannedItem] = []
+    videos: list[PlannedVideo] = []
+    for n, t in enumerate(targets):
+        if t.kind != "video":
+            work.append(PlannedItem(id=item_id(n), input=t.input, output=t.output, kind=t.kind))
+            continue
+        ids = tuple(f"{item_id(n)}-s{k:04d}" for k in range(len(t.segments)))
+        videos.append(PlannedVideo(item_id(n), t.input, t.output, ids, t.error, dict(t.info)))
+        for sid, seg in zip(ids, t.segments, strict=True):
+            work.append(PlannedItem(sid, t.input, segment_output(job, sid), "segment", item_id(n), seg))
+    items = tuple(work)
     chunks = tuple(
         Chunk(id=chunk_id(n), items=tuple(i.id for i in items[start : start + chunk_size]))
         for n, start in enumerate(range(0, len(items), chunk_size))
     )
-    return Plan(job=job, items=items, chunks=chunks)
+    return Plan(job=job, items=items, chunks=chunks, videos=tuple(videos))
 
 
 @dataclass(frozen=True)
@@ -105,10 +160,22 @@ class ManifestSettings:
     source_embedding: tuple[float, ...] | None = None
     reference_embedding: tuple[float, ...] | None = None
     reference_distance: float = REFERENCE_DISTANCE
+    # Tuning from the job file (detector, mask, face_enhancer); defaults as in the manifest.
+    detector_threshold: float = DETECTOR_THRESHOLD
+    detector_size: int = DETECTOR_SIZE
+    mask_feather: float = MASK_FEATHER
+    mask_padding: float = MASK_PADDING
+    enhancer_blend: float = ENHANCER_BLEND
 
 
 def _c(rel: str) -> str:
     return f"{CONTAINER_DATA_ROOT}/{rel}"
+
+
+def _manifest_item(i: PlannedItem) -> Item:
+    if i.segment is None:
+        return Item(id=i.id, input=_c(i.input), output=_c(i.output))
+    return Item(id=i.id, input=_c(i.input), output=_c(i.output), kind="video", segment=i.segment)
 
 
 def chunk_manifests(plan: Plan, settings: ManifestSettings) -> dict[str, Manifest]:
@@ -120,7 +187,7 @@ def chunk_manifests(plan: Plan, settings: ManifestSettings) -> dict[str, Manifes
             run_dir=_c(f"runs/{plan.job}"),
             pack_dir=_c(f"models/{settings.pack}"),
             source=tuple(_c(s) for s in settings.sources),
-            items=tuple(Item(id=i, input=_c(by_id[i].input), output=_c(by_id[i].output)) for i in c.items),
+            items=tuple(_manifest_item(by_id[i]) for i in c.items),
             processors=settings.processors,
             providers=settings.providers,
             faces=settings.faces,
@@ -128,6 +195,11 @@ def chunk_manifests(plan: Plan, settings: ManifestSettings) -> dict[str, Manifes
             source_embedding=settings.source_embedding,
             reference_embedding=settings.reference_embedding,
             reference_distance=settings.reference_distance,
+            detector_threshold=settings.detector_threshold,
+            detector_size=settings.detector_size,
+            mask_feather=settings.mask_feather,
+            mask_padding=settings.mask_padding,
+            enhancer_blend=settings.enhancer_blend,
         )
         for c in plan.chunks
     }

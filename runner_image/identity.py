@@ -107,7 +107,7 @@ def run_identity(root: DataRoot, given: str, sink: log.TeeSink) -> RunnerExit:
     why_not = sink.attach(out.parent / "logs" / "identity.log")
     if why_not:
         logger.warning("log file not writable; logging to stdout only", reason=why_not)
-    pack = models.verify_pack(root.path(req.pack_dir))
+    pack = models.verify_pack(root.path(req.pack_dir), ())
     loaded = models.load_models(
         pack, req.providers, det_size=req.detector_size, det_thresh=req.detector_threshold, roles=IDENTITY_ROLES
     )

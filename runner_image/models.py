@@ -13,7 +13,6 @@ CPU is used only if listed; when CUDA cannot run and CPU is not allowed the atte
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import sys
 from collections.abc import Sequence
@@ -22,74 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import onnxruntime as ort
-import yaml
 from insightface.model_zoo import model_zoo
 
 from .errors import MissingInput, Temporary
+from .pack import ROLES, Pack, sha256_file, verify_pack
 
-PACK_FILE = "pack.yaml"
-ROLES = ("detector", "recognizer", "swapper")
+__all__ = ["ROLES", "Models", "Pack", "load_models", "sha256_file", "verify_pack"]
+
 ORT_NAMES = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
 DET_SIZE = (640, 640)
 DET_THRESH = 0.5
-
-
-@dataclass(frozen=True)
-class Pack:
-    """A verified pack: role -> file whose sha256 matched pack.yaml."""
-
-    dir: Path
-    name: str
-    standin: bool
-    files: dict[str, Path]
-
-
-def sha256_file(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def verify_pack(pack_dir: Path) -> Pack:
-    """Check pack.yaml and every file it lists; MissingInput (66) names the file and the pack."""
-    where = f"model pack {pack_dir}"
-    try:
-        text = (pack_dir / PACK_FILE).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        what = f"{PACK_FILE} not found" if pack_dir.is_dir() else "folder not found"
-        raise MissingInput(f"{where}: {what}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise MissingInput(f"{where}: cannot read {PACK_FILE}: {e}") from e
-    try:
-        spec = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise MissingInput(f"{where}: {PACK_FILE} is not valid YAML: {e}") from e
-    if not isinstance(spec, dict) or not isinstance(spec.get("files"), dict):
-        raise MissingInput(f"{where}: {PACK_FILE} has no 'files' mapping")
-    files: dict[str, Path] = {}
-    for name, entry in spec["files"].items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
-            raise MissingInput(f"{where}: {PACK_FILE} entry {name!r} needs role and sha256")
-        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
-            raise MissingInput(f"{where}: {PACK_FILE} names an invalid file {name!r}")
-        path = pack_dir / name
-        try:
-            digest = sha256_file(path)
-        except FileNotFoundError:
-            raise MissingInput(f"{where}: {name} is missing ({path})") from None
-        except OSError as e:
-            raise MissingInput(f"{where}: cannot read {name}: {e.strerror or e}") from e
-        expected = entry["sha256"].strip().lower()
-        if digest != expected:
-            raise MissingInput(
-                f"{where}: {name} has the wrong checksum (sha256 {digest[:16]}…, pack.yaml says {expected[:16]}…)"
-            )
-        role = entry.get("role")
-        if role in ROLES:
-            files[str(role)] = path
-    missing = [r for r in ROLES if r not in files]
-    if missing:
-        raise MissingInput(f"{where}: {PACK_FILE} lists no file with role {', '.join(missing)}")
-    return Pack(dir=pack_dir, name=str(spec.get("name", pack_dir.name)), standin=bool(spec.get("standin")), files=files)
+INSIGHTFACE_ROLES = ("detector", "recognizer", "swapper")  # loaded through insightface's model_zoo
 
 
 @dataclass(frozen=True)
@@ -166,10 +108,11 @@ class Models:
 
     detector: Any
     recognizer: Any
-    swapper: Any
+    swapper: Any  # None unless loaded (the identity subcommand needs no swapper)
     provider: str  # "cuda" | "cpu": what onnxruntime granted, not what was asked
     threads: int
     notes: list[str] = field(default_factory=list)  # fallbacks worth a warning line
+    enhancer: Any = None  # a bare onnxruntime session (GFPGAN contract), when the job enhances
 
 
 def load_models(
@@ -178,7 +121,7 @@ def load_models(
     *,
     det_size: int = DET_SIZE[0],
     det_thresh: float = DET_THRESH,
-    roles: Sequence[str] = ROLES,
+    roles: Sequence[str] = INSIGHTFACE_ROLES,
 ) -> Models:
     """Create the sessions once for the whole chunk. insightface prints to stdout, which is our
     JSON log stream, so its chatter is sent to stderr while it loads."""
@@ -189,12 +132,22 @@ def load_models(
     with contextlib.redirect_stdout(sys.stderr):
         for role in roles:
             try:
-                model = model_zoo.get_model(
-                    str(pack.files[role]),
-                    providers=plan.ort_providers,
-                    provider_options=plan.ort_options,
-                    sess_options=session_options(plan, threads),
-                )
+                if role == "enhancer":  # insightface has no class for it: a plain session
+                    model = _Bare(
+                        ort.InferenceSession(
+                            str(pack.files[role]),
+                            sess_options=session_options(plan, threads),
+                            providers=plan.ort_providers,
+                            provider_options=plan.ort_options,
+                        )
+                    )
+                else:
+                    model = model_zoo.get_model(
+                        str(pack.files[role]),
+                        providers=plan.ort_providers,
+                        provider_options=plan.ort_options,
+                        sess_options=session_options(plan, threads),
+                    )
             except Exception as e:
                 if plan.name == "cuda":  # most likely the device or its libraries: another node may do
                     raise Temporary(f"cannot initialise CUDA for {pack.files[role].name}: {e}") from e
@@ -211,7 +164,13 @@ def load_models(
         notes.append(f"CUDAExecutionProvider failed to initialise; running on {sorted(granted)}")
     _check_roles(pack, loaded)
     loaded["detector"].prepare(0, input_size=(det_size, det_size), det_thresh=det_thresh)
-    return Models(loaded["detector"], loaded["recognizer"], loaded.get("swapper"), provider, threads, notes)
+    enhancer = loaded["enhancer"].session if "enhancer" in loaded else None
+    return Models(loaded["detector"], loaded["recognizer"], loaded.get("swapper"), provider, threads, notes, enhancer)
+
+
+@dataclass(frozen=True)
+class _Bare:
+    session: Any
 
 
 def _check_roles(pack: Pack, loaded: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""Swapping: inswapper on each face's aligned 128x128 crop, then our own paste-back.
+"""Swapping: inswapper on each face's aligned 128x128 crop, then our own paste-back (also used by
+the enhancer's 512x512 crops).
 
 insightface's ``INSwapper.get(paste_back=True)`` warps the crop, a white mask and a diff map over
 the WHOLE frame, then erodes and blurs the full-frame mask, once per face: on a 1280x886 photo with
@@ -10,17 +11,16 @@ matches insightface's to within interpolation rounding; tests compare the two.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 import cv2
 import numpy as np
-from insightface.app.common import Face as InsightFace
+from insightface.utils import face_align
 
 from .faces import Face
+from .manifest import MASK_FEATHER, MASK_PADDING
 
 MASK_THRESHOLD = 20  # insightface: warped white mask values above this count as inside
 
@@ -34,16 +34,34 @@ class Swapped:
 
 
 class Swapper:
-    """inswapper bound to one source identity (the embedding is fixed for the whole chunk)."""
+    """inswapper bound to one source identity (the embedding is fixed for the whole chunk).
+
+    Runs the session itself rather than through ``INSwapper.get``: the same arithmetic (crop by
+    ``norm_crop2``, RGB/255, latent = normalise(embedding @ emap)), but it feeds and reads whatever
+    float type the graph declares, so inswapper_128_fp16 (float16 I/O) works as well as the fp32
+    model. ``session.run`` is thread-safe, so several items may call ``swap`` at once.
+    """
 
     def __init__(self, model: Any, identity: np.ndarray) -> None:
-        self._model = model
-        self._source = InsightFace(embedding=np.asarray(identity, dtype=np.float32))
+        self._session = model.session
+        inputs = self._session.get_inputs()
+        self._names = [i.name for i in inputs]
+        self._output = self._session.get_outputs()[0].name
+        self._size = int(model.input_size[0])
+        self._dtypes = [np.float16 if i.type == "tensor(float16)" else np.float32 for i in inputs]
+        emap = np.asarray(model.emap, dtype=np.float32)
+        latent = np.asarray(identity, dtype=np.float32).reshape(1, -1)
+        latent = latent / np.linalg.norm(latent)
+        latent = latent @ emap
+        self._latent = (latent / np.linalg.norm(latent)).astype(self._dtypes[1])
 
     def swap(self, image: np.ndarray, face: Face) -> Swapped:
-        with contextlib.redirect_stdout(sys.stderr):
-            crop, matrix = self._model.get(image, InsightFace(kps=face.kps), self._source, paste_back=False)
-        return Swapped(crop=crop, matrix=np.asarray(matrix, dtype=np.float64))
+        crop, matrix = face_align.norm_crop2(image, face.kps, self._size)
+        blob = cv2.dnn.blobFromImage(crop, 1.0 / 255.0, (self._size, self._size), (0.0, 0.0, 0.0), swapRB=True)
+        feed = {self._names[0]: blob.astype(self._dtypes[0]), self._names[1]: self._latent}
+        pred = np.asarray(self._session.run([self._output], feed)[0], dtype=np.float32)
+        fake = np.clip(255 * pred[0].transpose(1, 2, 0), 0, 255).astype(np.uint8)[:, :, ::-1]
+        return Swapped(crop=np.ascontiguousarray(fake), matrix=np.asarray(matrix, dtype=np.float64))
 
 
 @dataclass(frozen=True)
@@ -64,7 +82,17 @@ class Region:
         return self.y1 - self.y0
 
 
-def footprint(inverse: np.ndarray, size: int, frame_w: int, frame_h: int) -> tuple[Region, int] | None:
+def scaled(size: float, fraction: float) -> int:
+    """``fraction`` of a face ``size`` in whole pixels, never below that fraction of 100 px: at the
+    defaults (0.1 erosion, 0.05 blur) exactly insightface's ``max(size//10, 10)``/``max(size//20, 5)``."""
+    if fraction <= 0:
+        return 0
+    return max(int(size * fraction + 1e-9), round(100 * fraction))
+
+
+def footprint(
+    inverse: np.ndarray, size: int, frame_w: int, frame_h: int, feather: float = MASK_FEATHER
+) -> tuple[Region, int] | None:
     """Where the crop lands in the frame (with a blur-wide margin), and the blur half-width.
 
     None when the crop lands entirely outside the frame.
@@ -76,7 +104,7 @@ def footprint(inverse: np.ndarray, size: int, frame_w: int, frame_h: int) -> tup
     vis_h = min(frame_h, math.ceil(ys.max())) - max(0, math.floor(ys.min()))
     if vis_w <= 0 or vis_h <= 0:
         return None
-    blur = max(int(math.sqrt(vis_w * vis_h)) // 20, 5)
+    blur = scaled(int(math.sqrt(vis_w * vis_h)), feather)
     margin = blur + 4
     region = Region(
         max(0, math.floor(xs.min()) - margin),
@@ -87,17 +115,25 @@ def footprint(inverse: np.ndarray, size: int, frame_w: int, frame_h: int) -> tup
     return region, blur
 
 
-def paste_back(frame: np.ndarray, swapped: Swapped) -> Region | None:
-    """Blend one swapped crop into ``frame`` in place, touching only the crop's footprint.
+def paste_back(
+    frame: np.ndarray,
+    swapped: Swapped,
+    *,
+    feather: float = MASK_FEATHER,
+    padding: float = MASK_PADDING,
+    blend: float = 1.0,
+) -> Region | None:
+    """Blend one processed crop into ``frame`` in place, touching only the crop's footprint.
 
     Same steps as insightface's paste-back: warp crop and a white mask back, threshold the mask,
-    erode it by a tenth of the face size, blur it by a twentieth, alpha-blend, truncate to uint8.
-    Returns the region written (None if the face lies outside the frame).
+    erode it by ``padding`` of the face size (insightface: a tenth), blur it by ``feather`` (a
+    twentieth), alpha-blend (scaled by ``blend``), truncate to uint8. Returns the region written
+    (None if the face lies outside the frame).
     """
     size = swapped.crop.shape[0]
     inverse = cv2.invertAffineTransform(swapped.matrix)
     frame_h, frame_w = frame.shape[:2]
-    placed = footprint(inverse, size, frame_w, frame_h)
+    placed = footprint(inverse, size, frame_w, frame_h, feather)
     if placed is None:
         return None
     region, _ = placed
@@ -113,10 +149,15 @@ def paste_back(frame: np.ndarray, swapped: Swapped) -> Region | None:
     if rows.size == 0:
         return None
     mask_size = int(math.sqrt(float(rows.max() - rows.min()) * float(cols.max() - cols.min())))
-    k = max(mask_size // 10, 10)
-    mask = cv2.erode(mask, np.ones((k, k), np.uint8), iterations=1)
-    k = max(mask_size // 20, 5)
-    alpha = (cv2.GaussianBlur(mask, (2 * k + 1, 2 * k + 1), 0) / np.float32(255))[:, :, None]
+    k = scaled(mask_size, padding)
+    if k > 1:
+        mask = cv2.erode(mask, np.ones((k, k), np.uint8), iterations=1)
+    k = scaled(mask_size, feather)
+    if k > 0:
+        mask = cv2.GaussianBlur(mask, (2 * k + 1, 2 * k + 1), 0)
+    alpha = (mask / np.float32(255))[:, :, None]
+    if blend < 1.0:
+        alpha *= np.float32(blend)
     target = frame[region.y0 : region.y1, region.x0 : region.x1]
     merged = alpha * fake + (1 - alpha) * target.astype(np.float32)
     frame[region.y0 : region.y1, region.x0 : region.x1] = merged.astype(np.uint8)

@@ -12,21 +12,19 @@ Chunk-level problems raise errors.RunnerError subclasses that ``__main__`` maps 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import cv2
 import numpy as np
 
-from . import faces, log, media, models, swap
-from .errors import BadManifest, ItemError, MissingInput, Temporary
-from .manifest import ENV_GPU, FaceSelection, Item, ItemResult, ItemStatus, Manifest, NoFacePolicy, RunnerExit
+from . import faces, log, media, models, pipeline, processors
+from .errors import ItemError, MissingInput, Temporary
+from .manifest import ENV_GPU, FaceSelection, Item, ItemResult, ItemStatus, Manifest, RunnerExit
 from .volume import DataRoot, ResultsLog, committed, is_volume_error, previous_results, read_manifest
 
-SUPPORTED_PROCESSORS = ("face_swapper",)
-STAGES = ("decode", "detect", "embed", "swap", "paste", "encode", "write")
+STAGES = pipeline.STAGES
 
 
 @dataclass(frozen=True)
@@ -59,9 +57,6 @@ def run_attempt(inv: Invocation, sink: log.TeeSink) -> RunnerExit:
     why_not = sink.attach(inv.root.path(manifest.log_path(inv.attempt)))
     if why_not:
         logger.warning("log file not writable; logging to stdout only", reason=why_not)
-    if manifest.processors != SUPPORTED_PROCESSORS:
-        # Skipping a processor silently would hand back outputs that look finished but are not.
-        raise BadManifest(f"processors {list(manifest.processors)} not supported by this runner (only face_swapper)")
     logger.info(
         "attempt started",
         items=len(manifest.items),
@@ -115,10 +110,14 @@ def _reusable(root: DataRoot, item: Item, prior: ItemResult | None) -> ItemResul
 
 def _run_pending(inv: Invocation, manifest: Manifest, pending: list[Item], results: ResultsLog, logger: Any) -> int:
     t0 = time.perf_counter()
-    pack = models.verify_pack(inv.root.path(manifest.pack_dir))
+    pack = models.verify_pack(inv.root.path(manifest.pack_dir), manifest.processors)
     t_verify = time.perf_counter() - t0
     loaded = models.load_models(
-        pack, manifest.providers, det_size=manifest.detector_size, det_thresh=manifest.detector_threshold
+        pack,
+        manifest.providers,
+        det_size=manifest.detector_size,
+        det_thresh=manifest.detector_threshold,
+        roles=processors.roles(manifest.processors),
     )
     cv2.setNumThreads(loaded.threads)
     log.bind(provider=loaded.provider)
@@ -136,21 +135,42 @@ def _run_pending(inv: Invocation, manifest: Manifest, pending: list[Item], resul
         load_s=round(t_load, 3),
     )
     identity = source_identity(inv.root, manifest, loaded, logger)
-    ctx = _Context(inv, manifest, loaded, swap.Swapper(loaded.swapper, identity))
+    engine = pipeline.Engine(
+        root=inv.root,
+        manifest=manifest,
+        detector=loaded.detector,
+        recognizer=loaded.recognizer,
+        processors=tuple(processors.build(manifest, loaded, identity)),
+        attempt=inv.attempt,
+        gpu=inv.gpu,
+        provider=loaded.provider,
+    )
     failed = 0
-    for item in pending:
-        result = ctx.process(item)
+
+    def record(result: ItemResult) -> None:
+        nonlocal failed
         results.append(result)
         failed += result.status.is_failure()
         logger.info(
             "item",
-            item=item.id,
+            item=result.item,
             status=result.status.value,
             faces=result.faces,
             reason=result.reason,
             seconds=round(result.finished - result.started, 4),
         )
+
+    pipeline.run_items(engine, pending, inflight(loaded.provider, loaded.threads), record)
     return failed
+
+
+def inflight(provider: str, threads: int) -> int:
+    """Items in progress at once. On CUDA: enough callers to keep the GPU busy while CPU threads
+    decode/paste/encode. On CPU the models are the work and use every core already: two items
+    overlap one's inference with the other's decode/paste/encode."""
+    if provider == "cuda":
+        return max(4, min(8, threads))
+    return 2
 
 
 def source_identity(root: DataRoot, manifest: Manifest, loaded: models.Models, logger: Any) -> np.ndarray:
@@ -177,94 +197,3 @@ def source_identity(root: DataRoot, manifest: Manifest, loaded: models.Models, l
         chosen = faces.select(found, FaceSelection.ONE)
         embeddings.append(faces.embed(loaded.recognizer, decoded.image, chosen)[0])
     return faces.identity(embeddings)
-
-
-@dataclass
-class _Context:
-    inv: Invocation
-    manifest: Manifest
-    models: models.Models
-    swapper: swap.Swapper
-    timings: dict[str, float] = field(default_factory=dict)
-    current: str = "prepare"  # the stage running now: an error's reason names its file
-
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        self.current = name
-        t = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.timings[name] += time.perf_counter() - t
-
-    def process(self, item: Item) -> ItemResult:
-        self.timings = dict.fromkeys(STAGES, 0.0)
-        self.current = "prepare"
-        started = time.time()
-        status, output, reason, count = ItemStatus.ERROR, None, None, 0
-        try:
-            status, output, count = self._process(item)
-        except ItemError as e:
-            reason = f"{self._concerned(item)}: {e}"
-        except OSError as e:
-            if is_volume_error(e):
-                raise Temporary(f"{self._concerned(item)}: shared volume error: {e.strerror or e}") from e
-            verb = "cannot write output" if self._concerned(item) == item.output else "cannot read"
-            reason = f"{self._concerned(item)}: {verb}: {e.strerror or e}"
-        return ItemResult(
-            item=item.id,
-            status=status,
-            attempt=self.inv.attempt,
-            input=item.input,
-            output=output,
-            reason=reason,
-            faces=count,
-            gpu=self.inv.gpu,
-            provider=self.models.provider,
-            started=started,
-            finished=time.time(),
-            timings={k: round(v, 6) for k, v in self.timings.items()},
-        )
-
-    def _select(self, image: np.ndarray, found: list[faces.Face]) -> list[faces.Face]:
-        m = self.manifest
-        if m.faces is not FaceSelection.REFERENCE:
-            return faces.select(found, m.faces)
-        assert m.reference_embedding is not None  # the manifest refuses reference without it
-        with self.stage("embed"):
-            embeddings = faces.embed(self.models.recognizer, image, found)
-        return faces.by_reference(found, embeddings, np.asarray(m.reference_embedding), m.reference_distance)
-
-    def _concerned(self, item: Item) -> str:
-        """The file a failure is about: the output while preparing, encoding or writing it."""
-        return item.output if self.current in ("prepare", "encode", "write") else item.input
-
-    def _process(self, item: Item) -> tuple[ItemStatus, str | None, int]:
-        root, policy = self.inv.root, self.manifest.no_face
-        ext = media.check_output_format(item.output)
-        out = root.path(item.output)
-        media.remove_stale_temps(out)
-        with self.stage("decode"):
-            decoded = media.read_image(root.path(item.input), self.manifest.limits)
-        with self.stage("detect"):
-            found = faces.detect(self.models.detector, decoded.image)
-        chosen = self._select(decoded.image, found) if found else []
-        if not chosen:  # no face, or (faces: reference) none of the reference person
-            if policy is NoFacePolicy.FAIL:
-                raise ItemError("no face detected" if not found else "no face matches the reference")
-            if policy is NoFacePolicy.SKIP:
-                return ItemStatus.NO_FACE, None, 0
-            with self.stage("write"):
-                media.atomic_write(out, decoded.data)
-            return ItemStatus.NO_FACE, item.output, 0
-        frame = decoded.image
-        with self.stage("swap"):
-            swapped = [self.swapper.swap(frame, f) for f in chosen]
-        with self.stage("paste"):
-            for s in swapped:
-                swap.paste_back(frame, s)
-        with self.stage("encode"):
-            data = media.encode_image(frame, ext)
-        with self.stage("write"):
-            media.atomic_write(out, data)
-        return ItemStatus.OK, item.output, len(chosen)

@@ -12,7 +12,10 @@ import yaml
 
 from controller.errors import JobFileError, MissingInputError
 from controller.jobspec import (
+    DetectorSettings,
+    EnhancerSettings,
     JobSpec,
+    MaskSettings,
     OnComplete,
     Resources,
     TargetKind,
@@ -170,6 +173,11 @@ def test_nested_mappings_take_defaults_for_missing_keys() -> None:
         ({"models": "buffalo_l.v2"}, "models", "buffalo_l.v2"),
         ({"image": None}, "image", None),
         ({"name": "a" * 40}, "name", "a" * 40),
+        ({"detector": {"threshold": 0.3, "size": 320}}, "detector", DetectorSettings(0.3, 320)),
+        ({"detector": {"threshold": 1}}, "detector", DetectorSettings(1.0, 640)),
+        ({"mask": {"feather": 0, "padding": 0.25}}, "mask", MaskSettings(0.0, 0.25)),
+        ({"mask": {}}, "mask", MaskSettings(0.05, 0.1)),
+        ({"face_enhancer": {"blend": 1}}, "face_enhancer", EnhancerSettings(1.0)),
     ],
 )
 def test_accepted_values(changes: dict[str, Any], attr: str, expected: object) -> None:
@@ -284,6 +292,16 @@ def test_memory_sizes(memory: object, size: int) -> None:
         ({"on_complete": {"webhook": "ftp://x"}}, "on_complete.webhook", "an http:// or https:// URL"),
         ({"on_complete": {"command": ""}}, "on_complete.command", "must be a non-empty string"),
         ({"on_complete": {"command": ["notify", "x"]}}, "on_complete.command", "got a list"),
+        ({"detector": {"threshold": 0}}, "detector.threshold", "must be a number in (0, 1], got 0"),
+        ({"detector": {"size": 650}}, "detector.size", "must be a multiple of 32, got 650"),
+        ({"detector": {"size": 64}}, "detector.size", "must be an integer from 160 to 2048, got 64"),
+        ({"detector": {"treshold": 0.5}}, "detector.treshold", "unknown key (did you mean 'threshold'?)"),
+        ({"detector": 0.5}, "detector", "must be a mapping, got 0.5"),
+        ({"mask": {"feather": 0.6}}, "mask.feather", "must be a number in [0, 0.5], got 0.6"),
+        ({"mask": {"padding": -0.1}}, "mask.padding", "must be a number in [0, 0.5], got -0.1"),
+        ({"mask": {"padding": True}}, "mask.padding", "got true"),
+        ({"face_enhancer": {"blend": 0}}, "face_enhancer.blend", "must be a number in (0, 1], got 0"),
+        ({"face_enhancer": {"blend": "80%"}}, "face_enhancer.blend", "got '80%'"),
     ],
 )
 def test_refusals_name_file_field_and_reason(changes: dict[str, Any], field: str, reason: str) -> None:

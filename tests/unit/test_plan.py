@@ -117,3 +117,13 @@ def test_identity_from_submit_reaches_every_manifest() -> None:
         assert m.source_embedding == (0.6, 0.8) and m.reference_embedding == (1.0, 0.0)
         assert m.reference_distance == 0.4
         assert Manifest.from_json(m.to_json()) == m
+
+
+def test_job_tuning_reaches_every_manifest() -> None:
+    settings = dataclasses.replace(
+        ms(), detector_threshold=0.3, detector_size=320, mask_feather=0.0, mask_padding=0.2, enhancer_blend=0.5
+    )
+    for m in chunk_manifests(make_plan("h", targets(3), 2), settings).values():
+        assert (m.detector_threshold, m.detector_size) == (0.3, 320)
+        assert (m.mask_feather, m.mask_padding, m.enhancer_blend) == (0.0, 0.2, 0.5)
+        assert Manifest.from_json(m.to_json()) == m

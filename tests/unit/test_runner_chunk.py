@@ -453,9 +453,17 @@ def test_several_source_photos_make_one_identity(data: Path) -> None:
     assert results(data)[0].status is ItemStatus.OK
 
 
-def test_unsupported_processor_exits_65(data: Path) -> None:
+def test_enhancer_missing_from_the_pack_exits_66_naming_role_and_source(
+    data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pack = data / "models/default"
+    spec = yaml.safe_load((pack / "pack.yaml").read_text())
+    del spec["files"]["gfpgan_1.4.onnx"]
+    (pack / "pack.yaml").write_text(yaml.safe_dump(spec))
     manifest = write_manifest(data, ["astronaut.jpg"], processors=("face_swapper", "face_enhancer"))
-    assert run(data, manifest) == 65
+    assert run(data, manifest) == 66
+    out = capsys.readouterr().out
+    assert "lists no file with role enhancer (needed by face_enhancer: gfpgan_1.4.onnx" in out
     assert not (data / "out").exists()
 
 

@@ -27,6 +27,7 @@ from insightface.model_zoo import get_model  # noqa: E402
 from tests.fixtures import photos
 from tests.fixtures.standin_pack import (
     DETECTOR_FILE,
+    ENHANCER_FILE,
     PACK_FILE,
     RECOGNIZER_FILE,
     SWAPPER_FILE,
@@ -35,7 +36,7 @@ from tests.fixtures.standin_pack import (
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 CPU = ["CPUExecutionProvider"]
-MODEL_FILES = (DETECTOR_FILE, RECOGNIZER_FILE, SWAPPER_FILE)
+MODEL_FILES = (DETECTOR_FILE, RECOGNIZER_FILE, SWAPPER_FILE, ENHANCER_FILE)
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ def test_pack_yaml_lists_files_with_their_sha256(pack_dir: pathlib.Path) -> None
         DETECTOR_FILE: "detector",
         RECOGNIZER_FILE: "recognizer",
         SWAPPER_FILE: "swapper",
+        ENHANCER_FILE: "enhancer",
     }
     for name, entry in manifest["files"].items():
         assert entry["sha256"] == hashlib.sha256((pack_dir / name).read_bytes()).hexdigest()

@@ -1,0 +1,174 @@
+"""The items of one chunk, several at once, so that the accelerator never waits for the CPU.
+
+Each item runs decode → detect → (embed) → processors → encode → write on one thread of a small
+pool; ``inflight`` items are in progress at any moment. onnxruntime's ``run`` and OpenCV's decode,
+warp, blur and encode release the GIL, so while one item's faces are being inferred the others are
+decoded, pasted and encoded, and several inference calls are in flight at once (on a GPU the issue's
+figures show ~45 % more throughput from four callers than from one). Sessions are created once per
+chunk (models.load_models); every input is read once, and ``no_face: copy`` writes the bytes it
+already holds.
+
+Results are appended by the calling thread only, in completion order, each after its output is
+committed. A chunk-level error (volume gone: Temporary; a bug; SIGTERM) stops new items from
+starting, lets the running ones end (their outputs are atomic either way) and is re-raised.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import faces, media
+from .errors import ItemError, Temporary
+from .manifest import FaceSelection, Item, ItemResult, ItemStatus, Manifest, NoFacePolicy
+from .processors import Processor
+from .volume import DataRoot, is_volume_error
+
+STAGES = ("decode", "detect", "embed", "swap", "paste", "encode", "write")
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What every item of a chunk shares: read-only after construction, so safe across threads."""
+
+    root: DataRoot
+    manifest: Manifest
+    detector: object
+    recognizer: object
+    processors: tuple[Processor, ...]
+    attempt: int
+    gpu: str | None
+    provider: str
+
+
+@dataclass
+class _ItemRun:
+    """One item's progress: its timings and the stage running now (an error's reason names its file)."""
+
+    engine: Engine
+    item: Item
+    timings: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    current: str = "prepare"
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.timings[stage] += seconds
+
+    def timed(self, stage: str) -> _Stage:
+        self.current = stage
+        return _Stage(self, stage)
+
+    def run(self) -> ItemResult:
+        started = time.time()
+        status, output, reason, count = ItemStatus.ERROR, None, None, 0
+        try:
+            status, output, count = self._process()
+        except ItemError as e:
+            reason = f"{self._concerned()}: {e}"
+        except OSError as e:
+            if is_volume_error(e):
+                raise Temporary(f"{self._concerned()}: shared volume error: {e.strerror or e}") from e
+            verb = "cannot write output" if self._concerned() == self.item.output else "cannot read"
+            reason = f"{self._concerned()}: {verb}: {e.strerror or e}"
+        return ItemResult(
+            item=self.item.id,
+            status=status,
+            attempt=self.engine.attempt,
+            input=self.item.input,
+            output=output,
+            reason=reason,
+            faces=count,
+            gpu=self.engine.gpu,
+            provider=self.engine.provider,
+            started=started,
+            finished=time.time(),
+            timings={k: round(v, 6) for k, v in self.timings.items()},
+        )
+
+    def _concerned(self) -> str:
+        """The file a failure is about: the output while preparing, encoding or writing it."""
+        return self.item.output if self.current in ("prepare", "encode", "write") else self.item.input
+
+    def _process(self) -> tuple[ItemStatus, str | None, int]:
+        eng, item = self.engine, self.item
+        m = eng.manifest
+        ext = media.check_output_format(item.output)
+        out = eng.root.path(item.output)
+        media.remove_stale_temps(out)
+        with self.timed("decode"):
+            decoded = media.read_image(eng.root.path(item.input), m.limits)
+        with self.timed("detect"):
+            found = faces.detect(eng.detector, decoded.image)
+        chosen = self._select(decoded.image, found) if found else []
+        if not chosen:  # no face, or (faces: reference) none of the reference person
+            if m.no_face is NoFacePolicy.FAIL:
+                raise ItemError("no face detected" if not found else "no face matches the reference")
+            if m.no_face is NoFacePolicy.SKIP:
+                return ItemStatus.NO_FACE, None, 0
+            with self.timed("write"):
+                media.atomic_write(out, decoded.data)
+            return ItemStatus.NO_FACE, item.output, 0
+        frame = decoded.image
+        self.current = "swap"
+        for processor in eng.processors:
+            processor.apply(frame, chosen, self.add)
+        with self.timed("encode"):
+            data = media.encode_image(frame, ext)
+        with self.timed("write"):
+            media.atomic_write(out, data)
+        return ItemStatus.OK, item.output, len(chosen)
+
+    def _select(self, image: np.ndarray, found: list[faces.Face]) -> list[faces.Face]:
+        m = self.engine.manifest
+        if m.faces is not FaceSelection.REFERENCE:
+            return faces.select(found, m.faces)
+        assert m.reference_embedding is not None  # the manifest refuses reference without it
+        with self.timed("embed"):
+            embeddings = faces.embed(self.engine.recognizer, image, found)
+        return faces.by_reference(found, embeddings, np.asarray(m.reference_embedding), m.reference_distance)
+
+
+@dataclass
+class _Stage:
+    run: _ItemRun
+    name: str
+    t: float = 0.0
+
+    def __enter__(self) -> None:
+        self.t = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.run.add(self.name, time.perf_counter() - self.t)
+
+
+def process_one(engine: Engine, item: Item) -> ItemResult:
+    return _ItemRun(engine, item).run()
+
+
+def run_items(engine: Engine, items: Iterable[Item], inflight: int, on_result: Callable[[ItemResult], None]) -> None:
+    """Process ``items`` with up to ``inflight`` at once; ``on_result`` runs on this thread."""
+    pending = list(items)
+    if inflight <= 1 or len(pending) == 1:
+        for item in pending:
+            on_result(process_one(engine, item))
+        return
+    queue = iter(pending)
+    pool = cf.ThreadPoolExecutor(max_workers=inflight, thread_name_prefix="item")
+    running: set[cf.Future[ItemResult]] = set()
+    try:
+        for item in queue:
+            running.add(pool.submit(process_one, engine, item))
+            if len(running) >= inflight:
+                break
+        while running:
+            done, running = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+            for future in done:
+                on_result(future.result())  # re-raises a chunk-level error (or Terminated)
+                nxt = next(queue, None)
+                if nxt is not None:
+                    running.add(pool.submit(process_one, engine, nxt))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

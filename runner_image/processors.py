@@ -1,0 +1,123 @@
+"""Processors: the face operations a job lists (``processors: [face_swapper, face_enhancer]``).
+
+One small contract, in the spirit of FaceFusion's processor modules: a processor is built once per
+chunk from the loaded models and the manifest, declares the pack roles it needs
+(pack.PROCESSOR_NEEDS, checked before anything loads), and changes the selected faces of one frame
+in place. Processors run in the order the job lists them, each on the previous one's output, so
+``[face_swapper, face_enhancer]`` enhances the swapped face. ``apply`` must be thread-safe: the
+pipeline runs several items at once (onnxruntime sessions are; all other state is per call).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import cv2
+import numpy as np
+
+from . import swap
+from .errors import MissingInput
+from .faces import Face
+from .manifest import Manifest
+
+# FFHQ 512 alignment template (five landmarks, fraction of the side): what GFPGAN was trained on.
+FFHQ_512 = np.array(
+    [
+        [0.37691676, 0.46864664],
+        [0.62285697, 0.46912813],
+        [0.50123859, 0.61331904],
+        [0.39308822, 0.72541100],
+        [0.61150205, 0.72490465],
+    ],
+    dtype=np.float32,
+)
+ENHANCER_SIZE = 512
+
+Timer = Callable[[str, float], None]  # (stage, seconds): the pipeline's per-item timings
+
+
+class Processor(Protocol):
+    name: str
+
+    def apply(self, frame: np.ndarray, faces: Sequence[Face], timer: Timer) -> None:
+        """Change ``faces`` of ``frame`` in place, reporting inference as "swap", blending as "paste"."""
+
+
+@dataclass
+class FaceSwapper:
+    swapper: swap.Swapper
+    feather: float
+    padding: float
+    name: str = "face_swapper"
+
+    def apply(self, frame: np.ndarray, faces: Sequence[Face], timer: Timer) -> None:
+        t = time.perf_counter()
+        # every crop is taken from the unmodified frame, then all are blended in one pass over the
+        # faces' own regions (never the whole frame)
+        swapped = [self.swapper.swap(frame, f) for f in faces]
+        t1 = time.perf_counter()
+        for s in swapped:
+            swap.paste_back(frame, s, feather=self.feather, padding=self.padding)
+        timer("swap", t1 - t)
+        timer("paste", time.perf_counter() - t1)
+
+
+@dataclass
+class FaceEnhancer:
+    """GFPGAN 1.4 ONNX contract: FFHQ-aligned 512x512 RGB crop scaled to −1…1 in, the same out."""
+
+    session: Any
+    blend: float
+    feather: float
+    padding: float
+    name: str = "face_enhancer"
+
+    def __post_init__(self) -> None:
+        inputs = self.session.get_inputs()
+        shape = list(inputs[0].shape) if len(inputs) == 1 else []
+        if len(shape) != 4 or shape[1:] != [3, ENHANCER_SIZE, ENHANCER_SIZE]:
+            raise MissingInput(f"enhancer model takes {shape or len(inputs)} inputs, not one [1, 3, 512, 512] image")
+        self._input = inputs[0].name
+        self._dtype = np.float16 if inputs[0].type == "tensor(float16)" else np.float32
+        self._output = self.session.get_outputs()[0].name
+
+    def enhance(self, frame: np.ndarray, face: Face) -> swap.Swapped:
+        matrix = cv2.estimateAffinePartial2D(face.kps, FFHQ_512 * ENHANCER_SIZE, method=cv2.LMEDS)[0]
+        crop = cv2.warpAffine(frame, matrix, (ENHANCER_SIZE, ENHANCER_SIZE), borderMode=cv2.BORDER_REPLICATE)
+        blob = cv2.dnn.blobFromImage(crop, 1.0 / 127.5, (ENHANCER_SIZE, ENHANCER_SIZE), (127.5,) * 3, swapRB=True)
+        pred = np.asarray(self.session.run([self._output], {self._input: blob.astype(self._dtype)})[0], np.float32)
+        rgb = (np.clip(pred[0], -1.0, 1.0) + 1.0) * 127.5
+        out = np.rint(rgb.transpose(1, 2, 0)[:, :, ::-1]).astype(np.uint8)
+        return swap.Swapped(crop=np.ascontiguousarray(out), matrix=np.asarray(matrix, dtype=np.float64))
+
+    def apply(self, frame: np.ndarray, faces: Sequence[Face], timer: Timer) -> None:
+        t = time.perf_counter()
+        enhanced = [self.enhance(frame, f) for f in faces]
+        t1 = time.perf_counter()
+        for e in enhanced:
+            swap.paste_back(frame, e, feather=self.feather, padding=self.padding, blend=self.blend)
+        timer("swap", t1 - t)
+        timer("paste", time.perf_counter() - t1)
+
+
+def build(manifest: Manifest, models: Any, identity: np.ndarray) -> list[Processor]:
+    """The manifest's processors, in its order, bound to this chunk's models and identity."""
+    out: list[Processor] = []
+    feather, padding = manifest.mask_feather, manifest.mask_padding
+    for name in manifest.processors:
+        if name == "face_swapper":
+            out.append(FaceSwapper(swap.Swapper(models.swapper, identity), feather, padding))
+        elif name == "face_enhancer":
+            out.append(FaceEnhancer(models.enhancer, manifest.enhancer_blend, feather, padding))
+        else:  # the manifest refuses unknown names; this guards PROCESSORS growing without us
+            raise MissingInput(f"processor {name!r} is not implemented by this runner")
+    return out
+
+
+def roles(processors: Sequence[str]) -> tuple[str, ...]:
+    """Which models to load for a manifest: detector and recogniser, plus what the processors need."""
+    extra = {"face_swapper": "swapper", "face_enhancer": "enhancer"}
+    return ("detector", "recognizer", *(extra[p] for p in processors if p in extra))
