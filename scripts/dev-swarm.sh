@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Turns this machine (Debian 12, root) into a working single-node ffswarm dev swarm. Idempotent:
 # every step checks first and says what it did.
-#   - installs the Docker engine, debootstrap and python3-venv when absent
+#   - installs the Docker engine, debootstrap, python3-venv and ffmpeg when absent
 #   - starts dockerd with two fake GPUs (Swarm generic resources GPU=GPU-a, GPU=GPU-b) when none runs
 #   - swarm init, labels this node ffswarm.gpu=true
 #   - builds the base and runner images
@@ -20,6 +20,7 @@ command -v dockerd >/dev/null || need+=(docker.io)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v python3 >/dev/null || need+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+command -v ffprobe >/dev/null || need+=(ffmpeg)  # the controller probes and joins video targets
 if [ ${#need[@]} -gt 0 ]; then
   say "installing ${need[*]}"
   apt-get update -qq

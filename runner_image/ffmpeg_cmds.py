@@ -1,0 +1,145 @@
+"""ffmpeg/ffprobe command lines as pure functions returning argv lists (never a shell string).
+
+The runner decodes and encodes segments with them, the controller probes and joins with them (it
+may import this module; this module imports nothing of the controller). Tests compare the lists.
+
+Why these flags:
+- decode: ``select='between(n,S,E)'`` picks frames by their index in decode order, so a segment is
+  exact whatever the timestamps (NTSC, variable rate); ``-frames:v`` stops decoding at the end of
+  the range; ``-fps_mode passthrough`` forbids ffmpeg to duplicate or drop frames. ffmpeg's
+  default autorotate turns rotated inputs upright before ``select`` (faces are found upright, and
+  the output, stored upright without a display matrix, plays with the input's orientation).
+- encode: raw BGR frames at the exact input rate; ``-video_track_timescale`` keeps the input's time
+  base, so the segments concatenate with ``-c copy`` into a stream with the original timing.
+- join: the concat demuxer with ``-c copy`` (no re-encode); the audio of the original is mapped in
+  and copied, or re-encoded when the output container cannot hold its codec.
+"""
+
+from __future__ import annotations
+
+from .manifest import Segment
+
+FFMPEG = "ffmpeg"
+FFPROBE = "ffprobe"
+QUIET = ("-nostdin", "-hide_banner", "-loglevel", "error")
+
+# Output extension → muxer name (ffmpeg -f).
+MUXERS = {".mp4": "mp4", ".mov": "mov", ".mkv": "matroska", ".webm": "webm", ".avi": "avi"}
+SEGMENT_EXT = ".mp4"
+
+# Audio codecs each container takes as-is (ffmpeg's muxers; anything else is re-encoded).
+AUDIO_COPY_OK = {
+    "mp4": frozenset({"aac", "mp3", "ac3", "eac3", "opus", "alac", "flac"}),
+    "mov": frozenset({"aac", "mp3", "ac3", "eac3", "alac", "pcm_s16le", "pcm_s16be", "pcm_s24le", "pcm_f32le"}),
+    "matroska": frozenset(
+        {"aac", "mp3", "ac3", "eac3", "opus", "vorbis", "flac", "alac", "dts", "pcm_s16le", "pcm_s24le", "pcm_f32le"}
+    ),
+    "webm": frozenset({"opus", "vorbis"}),
+    "avi": frozenset({"mp3", "ac3", "pcm_s16le", "aac"}),
+}
+# What audio is re-encoded to when it cannot be copied.
+AUDIO_REENCODE = {"webm": "libopus"}
+AUDIO_REENCODE_DEFAULT = "aac"
+# Video codecs a container can hold (checked at plan time for the segments' encoder).
+VIDEO_OK = {"webm": frozenset({"libvpx", "libvpx-vp9", "libaom-av1", "libsvtav1", "librav1e"})}
+
+
+def probe_cmd(path: str) -> list[str]:
+    """Everything planning needs, as JSON: streams (with packet counts, which cost a demux but no
+    decode) and the container."""
+    return [FFPROBE, "-v", "error", "-count_packets", "-show_format", "-show_streams", "-of", "json", path]
+
+
+def decode_cmd(path: str, seg: Segment) -> list[str]:
+    """Frames [start, start + count) of the first video stream as raw BGR on stdout."""
+    end = seg.start_frame + seg.frame_count - 1
+    return [
+        FFMPEG,
+        *QUIET,
+        "-i",
+        path,
+        "-map",
+        "0:v:0",
+        "-an",
+        "-sn",
+        "-dn",
+        "-vf",
+        f"select='between(n,{seg.start_frame},{end})'",
+        "-fps_mode",
+        "passthrough",
+        "-frames:v",
+        str(seg.frame_count),
+        "-f",
+        "rawvideo",
+        "-pix_fmt",
+        "bgr24",
+        "pipe:1",
+    ]
+
+
+def encode_cmd(path: str, seg: Segment) -> list[str]:
+    """Raw BGR frames on stdin → one video-only segment file (mp4) at ``path``."""
+    return [
+        FFMPEG,
+        *QUIET,
+        "-f",
+        "rawvideo",
+        "-pix_fmt",
+        "bgr24",
+        "-s",
+        f"{seg.width}x{seg.height}",
+        "-framerate",
+        seg.fps,
+        "-i",
+        "pipe:0",
+        "-an",
+        "-vf",
+        f"setsar={seg.sar}",
+        "-c:v",
+        seg.codec,
+        "-crf",
+        str(seg.crf),
+        "-preset",
+        seg.preset,
+        "-pix_fmt",
+        "yuv420p",
+        "-video_track_timescale",
+        str(seg.timescale),
+        "-f",
+        "mp4",
+        "-y",
+        path,
+    ]
+
+
+def concat_list(paths: list[str]) -> str:
+    """An ffconcat script naming ``paths`` in order (single quotes escaped the demuxer's way)."""
+    lines = ["ffconcat version 1.0"]
+    for p in paths:
+        escaped = p.replace("'", "'\\''")
+        lines.append(f"file '{escaped}'")
+    return "\n".join(lines) + "\n"
+
+
+def audio_codec(muxer: str, source_codec: str) -> str:
+    """``copy`` when ``muxer`` holds ``source_codec`` as it is, else the encoder to use."""
+    if source_codec in AUDIO_COPY_OK.get(muxer, frozenset()):
+        return "copy"
+    return AUDIO_REENCODE.get(muxer, AUDIO_REENCODE_DEFAULT)
+
+
+def join_cmd(list_file: str, original: str, out: str, muxer: str, audio: str | None) -> list[str]:
+    """Segments (an ffconcat list) → ``out`` without re-encoding video; ``audio`` None: no audio,
+    else the codec for every audio stream of ``original`` (``copy`` or an encoder)."""
+    cmd = [FFMPEG, *QUIET, "-f", "concat", "-safe", "0", "-i", list_file]
+    if audio is not None:
+        cmd += ["-i", original]
+    cmd += ["-map", "0:v:0"]
+    if audio is not None:
+        cmd += ["-map", "1:a"]
+    cmd += ["-c:v", "copy"]
+    cmd += ["-an"] if audio is None else ["-c:a", audio]
+    if muxer in ("mp4", "mov"):
+        cmd += ["-movflags", "+faststart"]
+    cmd += ["-f", muxer, "-y", out]
+    return cmd
