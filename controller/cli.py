@@ -177,6 +177,7 @@ def cancel(ctx: click.Context, job: str) -> None:
 
 
 from controller import cli_ops  # noqa: E402,F401  (registers render, serve, nodes, doctor)
+from controller import cli_models  # noqa: E402,F401  (registers models verify|fetch)
 
 
 def main() -> None:
