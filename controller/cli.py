@@ -176,8 +176,8 @@ def cancel(ctx: click.Context, job: str) -> None:
     click.echo(f"job {job}: cancelled ({removed} running chunk service(s) removed); committed outputs kept")
 
 
-from controller import cli_ops  # noqa: E402,F401  (registers render, serve, nodes, doctor)
-from controller import cli_models  # noqa: E402,F401  (registers models verify|fetch)
+import controller.cli_models  # noqa: E402,F401  (registers models verify|fetch)
+import controller.cli_ops  # noqa: E402,F401  (registers render, serve, nodes, doctor)
 
 
 def main() -> None:

@@ -6,15 +6,16 @@ is parsed and resolved against the data root first, and one bad file stops the w
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller import log
+from controller import identity, log
 from controller.config import Config
-from controller.errors import JobFileError, MissingInputError, UsageError
+from controller.errors import FfswarmError, JobFileError, MissingInputError, UsageError
 from controller.hooks import on_complete
 from controller.jobspec import JobSpec, ResolvedJob, TargetKind, load_jobs, parse_job_text, resolve_job
 from controller.plan import ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
@@ -23,7 +24,7 @@ from controller.rundir import Control, RunDir, next_job_id
 from controller.servicespec import RunnerSettings, chunk_service
 from controller.supervisor import Policy, Supervisor
 from controller.swarm import DockerSwarm, SwarmBackend
-from runner_image.manifest import ItemStatus
+from runner_image.manifest import IdentityResult, ItemStatus
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def _rel(config: Config, p: Path) -> str:
     return p.resolve().relative_to(config.data_root).as_posix()
 
 
-def manifest_settings(config: Config, job: PreparedJob) -> ManifestSettings:
+def manifest_settings(config: Config, job: PreparedJob, ident: IdentityResult | None = None) -> ManifestSettings:
     assert job.resolved is not None, "manifests are made at submit, from a resolved job"
     return ManifestSettings(
         pack=job.spec.models,
@@ -68,6 +69,9 @@ def manifest_settings(config: Config, job: PreparedJob) -> ManifestSettings:
         providers=tuple(job.spec.providers),
         faces=job.spec.faces,
         no_face=job.spec.no_face,
+        source_embedding=tuple(ident.source_embedding) if ident and ident.source_embedding else None,
+        reference_embedding=ident.reference_embedding if ident else None,
+        reference_distance=job.spec.reference_distance,
     )
 
 
@@ -119,10 +123,18 @@ def _pending_chunks(rundir: RunDir, plan: Plan) -> list[str]:
     return todo
 
 
-def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
+def start_run(config: Config, backend: SwarmBackend, job: PreparedJob, image: str) -> RunDir:
     rundir = RunDir(config.data_root, job.job_id, _owner(config))
     if not rundir.exists():
-        manifests = chunk_manifests(job.plan, manifest_settings(config, job))
+        assert job.resolved is not None
+        request = identity.request_for(config, job.spec, job.resolved, job.job_id)
+        settings = runner_settings(config, job, image)
+        try:
+            ident = identity.compute(config, backend, settings, rundir, request, str(job.file))
+        except FfswarmError:
+            shutil.rmtree(rundir.path, ignore_errors=True)  # a refused submit leaves nothing behind
+            raise
+        manifests = chunk_manifests(job.plan, manifest_settings(config, job, ident))
         rundir.create(job.file.read_bytes(), job.plan, manifests, Control(job.spec.max_concurrent), image)
     return rundir
 
@@ -173,7 +185,7 @@ def submit(
     for job in jobs:
         existing = RunDir(config.data_root, job.job_id)
         image = existing.image() if existing.exists() else backend.resolve_image(job.spec.image or config.image)
-        rundir = start_run(config, job, image)
+        rundir = start_run(config, backend, job, image)
         on_event = progress(rundir, len(job.plan.items)) if progress else None
         reports.append(supervise(config, backend, job, rundir, image, on_event))
     worst = max((exit_code(r) for r in reports), default=0)

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from controller.servicespec import ServiceSpec
+from controller.supervisor import PENDING_STATES
 from controller.swarm import SwarmBackend
 
 ENDED = {"complete", "failed", "rejected", "shutdown", "orphaned"}
@@ -24,17 +25,22 @@ class OneShotResult:
         return self.state == "complete"
 
 
-def run_oneshot(backend: SwarmBackend, spec: ServiceSpec, timeout: float, poll: float = 0.3) -> OneShotResult:
-    """Create, wait until the task ends (or `timeout` passes), collect logs, remove. Always removes."""
+def run_oneshot(
+    backend: SwarmBackend, spec: ServiceSpec, timeout: float, schedule_timeout: float, poll: float = 0.3
+) -> OneShotResult:
+    """Create, wait until the task ends, collect logs, remove (always). Gives up when no node took
+    the task within `schedule_timeout`, or it has not ended within `timeout`."""
     job = spec.labels["io.ffswarm.job"]
     backend.create_service(spec)
     task = None
     try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
             states = [s for s in backend.services(job) if s.name == spec.name]
             task = states[0].latest_task() if states else None
             if task is not None and task.state in ENDED:
+                break
+            if (task is None or task.state in PENDING_STATES) and time.monotonic() - start > schedule_timeout:
                 break
             time.sleep(poll)
         logs = backend.service_logs(spec.name, tail=40)
@@ -43,5 +49,5 @@ def run_oneshot(backend: SwarmBackend, spec: ServiceSpec, timeout: float, poll: 
         backend.remove_exited_containers(job)
     if task is None or task.state not in ENDED:
         why = task.message if task is not None and task.message else "no task started"
-        return OneShotResult("unscheduled", None, f"did not finish within {timeout:.0f}s: {why}", logs)
+        return OneShotResult("unscheduled", None, why, logs)
     return OneShotResult(task.state, task.exit_code, task.message, logs)

@@ -63,6 +63,11 @@ class RunDir:
     def _write(self, rel: str, data: bytes) -> None:
         write_atomic(self.path / rel, data, self.owner)
 
+    def write_file(self, rel: str, data: bytes) -> None:
+        """Any other file of the run folder (atomic, owned by the runner's user)."""
+        self._mkdir(self.path)
+        self._write(rel, data)
+
     def create(self, job_file: bytes, plan: Plan, manifests: dict[str, Manifest], control: Control, image: str) -> None:
         for sub in ("", "chunks", "results", "logs"):
             self._mkdir(self.path / sub)

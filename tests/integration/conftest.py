@@ -91,7 +91,8 @@ def chown_tree(path: Path, owner: str) -> None:
 
 @dataclass
 class ServiceWatch:
-    """Polls the swarm while a job runs: how many of its services existed at once, and each one's spec."""
+    """Polls the swarm while a job runs: how many of its chunk (runner) services existed at once, and
+    each one's spec. The submit-time identity step is a separate one-shot service, not counted."""
 
     swarm: DockerSwarm
     job: str
@@ -113,7 +114,7 @@ class ServiceWatch:
     def _loop(self) -> None:
         api = self.swarm.client.api
         while not self._stop.is_set():
-            svcs = api.services(filters={"label": f"{LABEL_JOB}={self.job}"})
+            svcs = api.services(filters={"label": [f"{LABEL_JOB}={self.job}", "io.ffswarm.role=runner"]})
             self.max_alive = max(self.max_alive, len(svcs))
             for s in svcs:
                 self.specs.setdefault(s["Spec"]["Name"], s["Spec"])
