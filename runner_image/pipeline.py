@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import faces, media
+from . import faces, media, video
 from .errors import ItemError, Temporary
 from .manifest import FaceSelection, Item, ItemResult, ItemStatus, Manifest, NoFacePolicy
 from .processors import Processor
@@ -94,6 +94,9 @@ class _ItemRun:
 
     def _process(self) -> tuple[ItemStatus, str | None, int]:
         eng, item = self.engine, self.item
+        if item.kind == "video":  # a segment of a video target: the same steps on every frame
+            steps = video.FrameSteps(eng.detector, self._select, eng.processors, self.timed, self.add)
+            return video.process_segment(item, eng.root, steps)
         m = eng.manifest
         ext = media.check_output_format(item.output)
         out = eng.root.path(item.output)

@@ -166,11 +166,11 @@ def _run_pending(inv: Invocation, manifest: Manifest, pending: list[Item], resul
 
 def inflight(provider: str, threads: int) -> int:
     """Items in progress at once. On CUDA: enough callers to keep the GPU busy while CPU threads
-    decode/paste/encode. On CPU the models are the work and use every core already: two items
-    overlap one's inference with the other's decode/paste/encode."""
+    decode/paste/encode. On CPU: one item per core (sessions run single-threaded, models.py), at
+    least two so that one item's inference overlaps another's decode/paste/encode."""
     if provider == "cuda":
         return max(4, min(8, threads))
-    return 2
+    return max(2, threads)
 
 
 def source_identity(root: DataRoot, manifest: Manifest, loaded: models.Models, logger: Any) -> np.ndarray:
