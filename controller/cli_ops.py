@@ -77,9 +77,8 @@ def job_services(config: Config, ref: str, attempt: int) -> list[ServiceSpec]:
         if len(job) != 1:
             raise UsageError(f"{ref}: render takes a file with one job, found {len(job)}")
         prepared = job[0]
-        backend = DockerSwarm(config.docker_host)
-        image = backend.resolve_image(prepared.spec.image or config.image)
-        rundir = jobs_mod.start_run(config, backend, prepared, image)
+        image = DockerSwarm(config.docker_host).resolve_image(prepared.spec.image or config.image)
+        rundir = jobs_mod.start_run(config, prepared, image)
     else:
         rundir = RunDir(config.data_root, ref)
         if not rundir.exists():
@@ -108,6 +107,7 @@ def job_services(config: Config, ref: str, attempt: int) -> list[ServiceSpec]:
 @click.option(
     "--metrics-port", type=click.IntRange(1, 65535), default=render_mod.DEFAULT_METRICS_PORT, show_default=True
 )
+@click.option("--inbox", default=None, help="Controller stack: inbox folder (default <data_root>/inbox).")
 @click.pass_context
 def render(
     ctx: click.Context,
@@ -119,6 +119,7 @@ def render(
     image: str | None,
     concurrent_jobs: int,
     metrics_port: int,
+    inbox: str | None,
 ) -> None:
     """Compose file for `docker stack deploy`: JOB's chunk services (a job id or a job file), or --controller."""
     config = _config(ctx)
@@ -139,6 +140,7 @@ def render(
         volume=config.volume,
         concurrent_jobs=concurrent_jobs,
         metrics_port=metrics_port,
+        inbox=inbox,
     )
     _emit(render_mod.render_controller_stack(spec), output)
 

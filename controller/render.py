@@ -98,6 +98,7 @@ class ControllerStack:
     concurrent_jobs: int = 1
     metrics_port: int = DEFAULT_METRICS_PORT
     docker_socket: str = "/var/run/docker.sock"
+    inbox: str | None = None  # default: <data_root>/inbox
 
     def __post_init__(self) -> None:
         if self.concurrent_jobs < 1:
@@ -110,6 +111,7 @@ class ControllerStack:
         return "ffswarm-config-" + hashlib.sha256(self.config_text.encode()).hexdigest()[:10]
 
     def command(self) -> list[str]:
+        inbox = ["--inbox", self.inbox] if self.inbox else []
         return [
             *CONTROLLER_ENTRYPOINT,
             "--json-logs",
@@ -120,6 +122,7 @@ class ControllerStack:
             str(self.concurrent_jobs),
             "--metrics-port",
             str(self.metrics_port),
+            *inbox,
         ]
 
 

@@ -116,3 +116,20 @@ def test_textfile_for_node_exporter(tmp_path: Path) -> None:
     text = path.read_text()
     assert "ffswarm_items_done_total 1.0" in text and "# TYPE ffswarm_item_seconds histogram" in text
     assert not list(tmp_path.glob("*.prom.*"))  # written to a temporary name and renamed
+
+
+def test_the_grafana_dashboard_asks_only_for_metrics_that_exist() -> None:
+    import json
+    import re
+
+    from prometheus_client import generate_latest
+
+    exposed = {
+        line.split()[2]
+        for line in generate_latest(Metrics().registry).decode().splitlines()
+        if line.startswith("# TYPE")
+    }
+    names = {n + s for n in exposed for s in ("", "_total", "_bucket", "_sum", "_count")}
+    dashboard = json.loads((Path(__file__).parents[2] / "stacks" / "grafana-dashboard.json").read_text())
+    used = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"ffswarm_[a-z_]+", t["expr"])}
+    assert used and used <= names, used - names

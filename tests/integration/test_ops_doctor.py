@@ -1,0 +1,88 @@
+"""`ffswarm doctor` on the real dev swarm: passes, and names the failing check and its fix."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.servicespec import VolumeSpec
+from controller.swarm import DockerSwarm, SwarmAdmin
+from tests.integration.conftest import Workspace
+
+pytestmark = pytest.mark.integration
+
+
+def config_like(ws: Workspace, tmp_path: Path, **override: str) -> Path:
+    lines = [f"data_root: {override.get('data_root', ws.root)}", "volume:", "  type: bind",
+             f"image: {override.get('image', ws.config.image)}", "schedule_timeout: 5m"]  # fmt: skip
+    if "runner_user" in override:
+        lines.append(f'runner_user: "{override["runner_user"]}"')
+    path = tmp_path / "ffswarm.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_doctor_passes_on_the_dev_swarm(workspace: Workspace) -> None:
+    proc = workspace.ffswarm("doctor", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in ("swarm", "gpu-nodes", "image", "image-on-nodes", "data-volume", "model-pack", "heartbeat"):
+        assert f"[ok] {name}:" in proc.stdout
+    assert "all checks passed" in proc.stdout
+
+
+@pytest.fixture
+def unlabelled(swarm: DockerSwarm) -> Iterator[str]:
+    admin = SwarmAdmin()
+    node = admin.swarm_info().node_id
+    before = dict(next(n for n in admin.node_infos() if n.node_id == node).labels)
+    admin.update_node_labels(node, {}, remove=("ffswarm.gpu",))
+    try:
+        yield node
+    finally:
+        admin.update_node_labels(node, {"ffswarm.gpu": before.get("ffswarm.gpu", "true")})
+
+
+def test_doctor_names_a_missing_node_label(workspace: Workspace, unlabelled: str) -> None:
+    proc = workspace.ffswarm("doctor", timeout=120)
+    assert proc.returncode == 69, proc.stdout + proc.stderr
+    assert "[FAIL] gpu-nodes: no node carries the label ffswarm.gpu=true" in proc.stdout
+    assert "fix: ffswarm nodes label NODE ffswarm.gpu=true" in proc.stdout
+    assert "gpu-nodes" in proc.stderr
+
+
+def test_doctor_names_an_absent_image(workspace: Workspace, tmp_path: Path) -> None:
+    image = f"ffswarm/runner:absent-{uuid.uuid4().hex[:8]}"
+    proc = workspace.ffswarm("doctor", config=config_like(workspace, tmp_path, image=image), timeout=120)
+    assert proc.returncode == 69, proc.stdout + proc.stderr
+    assert f"[FAIL] image: runner image {image} is not present on this manager" in proc.stdout
+    assert f"fix: build it (scripts/build-runner-image.sh {image})" in proc.stdout
+
+
+@pytest.fixture
+def root_owned_data_root(workspace: Workspace, swarm: DockerSwarm) -> Iterator[Path]:
+    root = workspace.dir / "root-owned"
+    root.mkdir()
+    os.chown(root, 0, 0)
+    root.chmod(0o755)
+    yield root
+    for v in swarm.client.volumes.list(filters={"name": VolumeSpec.bind(str(root)).name}):
+        v.remove(force=True)
+
+
+def test_doctor_names_a_data_root_runners_cannot_write(
+    workspace: Workspace, tmp_path: Path, root_owned_data_root: Path
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a root-owned data root")
+    config = config_like(workspace, tmp_path, data_root=str(root_owned_data_root), runner_user="10001:10001")
+    proc = workspace.ffswarm("doctor", config=config, timeout=300)
+    assert proc.returncode == 69, proc.stdout + proc.stderr
+    assert "[FAIL] data-volume:" in proc.stdout and "Permission denied" in proc.stdout
+    assert (
+        f"fix: make {root_owned_data_root} (and the NFS export) writable by the runner uid:gid (10001:10001)"
+        in proc.stdout
+    )

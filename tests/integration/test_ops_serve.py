@@ -1,0 +1,157 @@
+"""`ffswarm serve` as a process: inbox → done/failed, metrics scraped while a job runs, resume after a kill."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from controller.servicespec import LABEL_JOB
+from controller.swarm import DockerSwarm
+from tests.fixtures import photos
+from tests.integration.conftest import CONFIG, ROOT, Workspace, chown_tree
+
+pytestmark = pytest.mark.integration
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Serve:
+    """One `ffswarm serve` subprocess on a test's own inbox; killed in teardown."""
+
+    def __init__(self, inbox: Path, port: int) -> None:
+        self.inbox, self.port = inbox, port
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        cmd = [sys.executable, "-m", "controller.cli", "--json-logs", "--config", str(CONFIG), "serve",
+               "--inbox", str(self.inbox), "--metrics-port", str(self.port), "--metrics-addr", "127.0.0.1",
+               "--poll", "0.3", "--concurrent-jobs", "2"]  # fmt: skip
+        log = open(self.inbox.parent / "serve.log", "a")  # noqa: SIM115  (the child keeps it; closed when it ends)
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        log.close()
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(30)
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
+
+
+@pytest.fixture
+def serve(workspace: Workspace) -> Iterator[Serve]:
+    s = Serve(workspace.dir / "inbox", free_port())
+    yield s
+    s.kill()
+
+
+def drop(inbox: Path, name: str, text: str) -> None:
+    """As an operator should: write a hidden temporary name, then rename into the inbox."""
+    inbox.mkdir(parents=True, exist_ok=True)
+    tmp = inbox / f".{name}.tmp"
+    tmp.write_text(text)
+    tmp.rename(inbox / name)
+
+
+def wait_for(path: Path, timeout: float, serve: Serve) -> None:
+    deadline = time.monotonic() + timeout
+    failed = serve.inbox / "failed" / path.name
+    while not path.exists():
+        assert not failed.exists() or path == failed, (serve.inbox / "failed" / f"{path.name}.reason.txt").read_text()
+        assert serve.proc is not None and serve.proc.poll() is None, (serve.inbox.parent / "serve.log").read_text()[
+            -3000:
+        ]
+        assert time.monotonic() < deadline, (
+            f"{path} did not appear; log: {(serve.inbox.parent / 'serve.log').read_text()[-3000:]}"
+        )
+        time.sleep(0.2)
+
+
+def job_text(ws: Workspace, n: int) -> str:
+    star = photos.astronaut(ws.dir / "faces")
+    photos.face_photos(ws.dir / "crowd", n)
+    photos.no_face_photo(ws.dir / "crowd")
+    chown_tree(ws.dir, ws.config.runner_uid_gid())
+    return f"""
+name: {ws.job}
+source: {ws.rel(star)}
+targets: [{ws.rel(ws.dir / "crowd")}/*.jpg]
+output: {ws.rel(ws.dir / "out")}/{{stem}}{{ext}}
+chunk_size: 2
+max_concurrent: 2
+providers: [cpu]
+resources: {{gpus: 1, gpu_kind: GPU, memory: 2g}}
+"""
+
+
+def test_serve_runs_inbox_files_and_metrics_rise_to_the_totals(workspace: Workspace, serve: Serve) -> None:
+    ws = workspace
+    text = job_text(ws, 5)  # 5 faces + 1 without a face = 6 items, 3 chunks
+    serve.start()
+    drop(serve.inbox, "bad.yaml", f"name: {ws.job}-bad\nsource: [\n")
+    drop(serve.inbox, f"{ws.job}.yaml", text)
+    seen: list[tuple[float, float, float]] = []
+    done = serve.inbox / "done" / f"{ws.job}.yaml"
+    t0 = time.monotonic()
+    while not done.exists():
+        assert time.monotonic() - t0 < 300, (serve.inbox.parent / "serve.log").read_text()[-3000:]
+        why = serve.inbox / "failed" / f"{ws.job}.yaml.reason.txt"
+        assert not why.exists(), why.read_text()
+        try:
+            m = serve.metrics()
+            seen.append((m["ffswarm_items_done_total"], m["ffswarm_chunks_running"], m["ffswarm_gpu_slots_in_use"]))
+        except OSError:
+            pass  # not listening yet
+        time.sleep(0.1)
+    elapsed = time.monotonic() - t0
+    final = serve.metrics()
+    print(f"serve: 6-item job through the inbox in {elapsed:.1f}s; {len(seen)} scrapes")
+    assert final["ffswarm_items_done_total"] == 6 and final["ffswarm_items_failed_total"] == 0
+    assert final["ffswarm_item_seconds_count"] == 6
+    assert final["ffswarm_chunks_running"] == 0 and final["ffswarm_jobs_running"] == 0
+    done_counts = [d for d, _, _ in seen]
+    assert done_counts == sorted(done_counts)  # counters only rise
+    assert any(0 < d < 6 for d in done_counts), done_counts  # seen mid-job, not only at the end
+    assert max(r for _, r, _ in seen) >= 1 and max(g for _, _, g in seen) >= 1
+    assert sorted(p.name for p in (ws.dir / "out").iterdir()) == sorted(p.name for p in (ws.dir / "crowd").iterdir())
+    assert not (serve.inbox / "done" / f"{ws.job}.yaml.reason.txt").exists()
+
+    reason = serve.inbox / "failed" / "bad.yaml.reason.txt"
+    wait_for(reason, 30, serve)
+    assert (serve.inbox / "failed" / "bad.yaml").is_file()
+    assert "JobFileError (exit 65)" in reason.read_text() and "bad.yaml" in reason.read_text()
+    assert list((serve.inbox / "running").iterdir()) == []
+
+
+def test_a_restarted_serve_continues_its_job(workspace: Workspace, serve: Serve, swarm: DockerSwarm) -> None:
+    ws = workspace
+    text = job_text(ws, 5)
+    serve.start()
+    drop(serve.inbox, f"{ws.job}.yaml", text)
+    deadline = time.monotonic() + 60
+    while not swarm.client.api.services(filters={"label": f"{LABEL_JOB}={ws.job}"}):
+        assert time.monotonic() < deadline, "no chunk service appeared"
+        time.sleep(0.1)
+    serve.kill()  # SIGKILL mid-job: chunk services keep running, the file stays in running/
+    assert (serve.inbox / "running" / f"{ws.job}.yaml").is_file()
+    serve.start()
+    wait_for(serve.inbox / "done" / f"{ws.job}.yaml", 300, serve)
+    report = (ws.root / "runs" / ws.job / "report.json").read_text()
+    assert '"failed": 0' in report and '"items": 6' in report
+    assert len(list((ws.dir / "out").iterdir())) == 6
