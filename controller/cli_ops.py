@@ -77,8 +77,9 @@ def job_services(config: Config, ref: str, attempt: int) -> list[ServiceSpec]:
         if len(job) != 1:
             raise UsageError(f"{ref}: render takes a file with one job, found {len(job)}")
         prepared = job[0]
-        image = DockerSwarm(config.docker_host).resolve_image(prepared.spec.image or config.image)
-        rundir = jobs_mod.start_run(config, prepared, image)
+        backend = DockerSwarm(config.docker_host)
+        image = backend.resolve_image(prepared.spec.image or config.image)
+        rundir = jobs_mod.start_run(config, backend, prepared, image)
     else:
         rundir = RunDir(config.data_root, ref)
         if not rundir.exists():
