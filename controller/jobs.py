@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller import identity, log
+from controller import identity, log, video
 from controller.config import Config
-from controller.errors import FfswarmError, JobFileError, MissingInputError, UsageError
+from controller.errors import FfswarmError, MissingInputError, UsageError
 from controller.hooks import on_complete
-from controller.jobspec import JobSpec, ResolvedJob, TargetKind, load_jobs, parse_job_text, resolve_job
-from controller.plan import ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
+from controller.jobspec import JobSpec, ResolvedJob, load_jobs, parse_job_text, resolve_job
+from controller.plan import ManifestSettings, Plan, chunk_manifests, make_plan
 from controller.report import build_report, exit_code
 from controller.rundir import Control, RunDir, next_job_id
 from controller.servicespec import RunnerSettings, chunk_service
@@ -41,16 +41,13 @@ def prepare(config: Config, paths: Sequence[Path], new: bool) -> list[PreparedJo
     for file, spec in load_jobs(paths):
         job_id = next_job_id(config.data_root, spec.name, new)
         resolved = resolve_job(spec, config.data_root, str(file), job_id=job_id)
-        videos = [t.rel for t in resolved.targets if t.kind is not TargetKind.IMAGE]
-        if videos:
-            raise JobFileError(str(file), "targets", f"video targets are not supported yet: {videos[0]}")
         pack = config.data_root / "models" / spec.models / "pack.yaml"
         if not pack.is_file():
             raise MissingInputError(
                 f"{file}: models: pack {spec.models!r} not found: {pack} does not exist "
                 f"(install one with `ffswarm models fetch` or see README 'Models')"
             )
-        targets = [TargetRef(input=t.rel, output=t.output_rel, kind=t.kind.value) for t in resolved.targets]
+        targets = video.target_refs(resolved.targets, spec)  # videos probed and cut into segments
         plan = make_plan(job_id, targets, spec.chunk_size)
         out.append(PreparedJob(file, spec, resolved, plan, job_id))
     return out
@@ -163,6 +160,7 @@ def supervise(
     todo = _pending_chunks(rundir, plan)
     emit("job_started", chunks=len(plan.chunks), pending=len(todo), items=len(plan.items), image=image)
     runs = sup.run(todo)
+    runs = video.finish(plan, rundir, job.spec, sup.run, runs, emit)  # redo bad segments, join videos
     report = build_report(plan, rundir, runs, image, started)
     path = rundir.write_report(report)
     emit("job_finished", report=str(path), **report["counts"])

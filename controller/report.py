@@ -10,6 +10,7 @@ from controller.failures import ChunkState
 from controller.plan import Plan
 from controller.rundir import RunDir
 from controller.supervisor import ChunkRun
+from controller.video import report_items
 from runner_image.manifest import ItemStatus
 
 
@@ -17,6 +18,7 @@ def build_report(plan: Plan, rundir: RunDir, runs: dict[str, ChunkRun], image: s
     items: dict[str, dict[str, Any]] = {}
     failures: list[dict[str, Any]] = []
     counts: Counter[str] = Counter()
+    segments: dict[str, dict[str, Any]] = {}  # a video's segments are reported as the video
     for chunk in plan.chunks:
         results = rundir.latest_results(chunk.id)
         run = runs.get(chunk.id)
@@ -31,16 +33,24 @@ def build_report(plan: Plan, rundir: RunDir, runs: dict[str, ChunkRun], image: s
                 status, reason, output = "cancelled", "job cancelled", None
             else:
                 status, reason, output = "error", f"no result recorded by chunk {chunk.id}", None
-            counts[status] += 1
-            items[item_id] = {
+            entry: dict[str, Any] = {
                 "input": planned.input,
                 "output": planned.output if output else None,
                 "status": status,
                 "reason": reason,
                 "chunk": chunk.id,
             }
-            if status not in (ItemStatus.OK.value, ItemStatus.NO_FACE.value):
-                failures.append({"item": item_id, "input": planned.input, "reason": reason, "chunk": chunk.id})
+            if planned.kind == "segment":
+                segments[item_id] = entry
+            else:
+                items[item_id] = entry
+    items.update(report_items(plan, rundir, segments))
+    for item_id, entry in sorted(items.items()):
+        counts[entry["status"]] += 1
+        if entry["status"] not in (ItemStatus.OK.value, ItemStatus.NO_FACE.value):
+            failures.append(
+                {"item": item_id, "input": entry["input"], "reason": entry["reason"], "chunk": entry["chunk"]}
+            )
     chunk_counts = Counter(r.state.value for r in runs.values())
     return {
         "job": plan.job,
@@ -48,7 +58,7 @@ def build_report(plan: Plan, rundir: RunDir, runs: dict[str, ChunkRun], image: s
         "started": started,
         "finished": time.time(),
         "counts": {
-            "items": len(plan.items),
+            "items": len(items),
             "ok": counts["ok"],
             "no_face": counts["no_face"],
             "failed": len(failures),

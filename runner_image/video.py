@@ -1,0 +1,165 @@
+"""One video segment: decode its frames through an ffmpeg pipe, swap faces frame by frame, encode.
+
+Frames never touch the shared volume: the decoder writes raw BGR to our stdin-side pipe and the
+encoder reads raw BGR from another; only the encoded segment is written, under a temporary name
+beside its final path, and renamed into place once ffmpeg has finished and the frame count is
+right (a killed attempt leaves a stale temp file, which the next attempt removes). ffmpeg's
+messages go to files on the container's tmpfs (/tmp) so that neither pipe can stall on them.
+
+Each frame goes through the image path's steps (detect, the job's selection rules, swap, paste);
+a frame without a face is passed through unchanged. The segment's status is ``ok`` when any frame
+had a face swapped, ``no_face`` otherwise (its file is still written: the controller joins every
+segment, and applies the job's ``no_face`` policy to the whole video).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import IO, Any
+
+import numpy as np
+
+from . import faces, media
+from .errors import ItemError
+from .ffmpeg_cmds import decode_cmd, encode_cmd
+from .manifest import Item, ItemStatus, Segment
+from .processors import Processor, Timer
+from .volume import DataRoot
+
+Select = Callable[[np.ndarray, list[faces.Face]], list[faces.Face]]
+Stage = Callable[[str], AbstractContextManager[None]]
+
+
+@dataclass(frozen=True)
+class FrameSteps:
+    """The image path's per-frame steps, as the pipeline binds them for one item."""
+
+    detector: Any
+    select: Select  # the job's selection rules (many | one | reference)
+    processors: Sequence[Processor]
+    stage: Stage  # times a stage of this item
+    timer: Timer  # adds seconds to a stage (processors report inference/paste this way)
+
+
+def process_segment(item: Item, root: DataRoot, steps: FrameSteps) -> tuple[ItemStatus, str | None, int]:
+    """Swap faces in the item's frame range; returns (status, output, faces swapped in total)."""
+    seg = item.segment
+    if seg is None:
+        raise ItemError("video item without a segment")
+    src = root.path(item.input)
+    if not src.is_file():
+        raise ItemError("file not found")
+    out = root.path(item.output)
+    media.remove_stale_temps(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = media.temp_name(out)
+    try:
+        with _pipes(str(src), str(tmp), seg) as (decoder, encoder, messages):
+            frames, swapped = _frames(decoder, encoder, seg, steps)
+            with steps.stage("encode"):
+                _close(encoder, messages[1], "encoder")
+            _close(decoder, messages[0], "decoder")
+        short = frames < seg.frame_count and not (seg.last and frames > 0)
+        if short or frames > seg.frame_count:
+            last = seg.start_frame + seg.frame_count - 1
+            raise ItemError(f"decoded {frames} of the {seg.frame_count} frames {seg.start_frame}..{last}")
+        with steps.stage("write"):
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, out)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return (ItemStatus.OK if swapped else ItemStatus.NO_FACE), item.output, swapped
+
+
+@contextlib.contextmanager
+def _pipes(
+    src: str, tmp: str, seg: Segment
+) -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], tuple[IO[bytes], IO[bytes]]]]:
+    """Decoder and encoder processes; both are killed on any way out (errors, SIGTERM)."""
+    with tempfile.TemporaryFile() as dec_err, tempfile.TemporaryFile() as enc_err:
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            try:
+                procs.append(
+                    subprocess.Popen(
+                        decode_cmd(src, seg), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=dec_err
+                    )
+                )
+                procs.append(
+                    subprocess.Popen(
+                        encode_cmd(tmp, seg), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=enc_err
+                    )
+                )
+            except FileNotFoundError as e:
+                raise ItemError(f"ffmpeg is not installed in this runner image: {e}") from e
+            yield procs[0], procs[1], (dec_err, enc_err)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+                for stream in (p.stdin, p.stdout):
+                    if stream is not None:
+                        with contextlib.suppress(OSError):
+                            stream.close()
+
+
+def _frames(
+    decoder: subprocess.Popen[bytes],
+    encoder: subprocess.Popen[bytes],
+    seg: Segment,
+    steps: FrameSteps,
+) -> tuple[int, int]:
+    """Pump frames decoder → swap → encoder; returns (frames, faces swapped)."""
+    assert decoder.stdout is not None and encoder.stdin is not None
+    size = seg.width * seg.height * 3
+    frames = swapped = 0
+    while True:
+        with steps.stage("decode"):
+            data = decoder.stdout.read(size)
+        if not data:
+            return frames, swapped
+        if len(data) != size:
+            raise ItemError(f"decoder gave a partial frame ({len(data)} of {size} bytes) at frame {frames}")
+        frame = np.frombuffer(data, np.uint8).reshape(seg.height, seg.width, 3).copy()
+        swapped += swap_frame(frame, steps)
+        with steps.stage("encode"):
+            try:
+                encoder.stdin.write(frame.tobytes())
+            except BrokenPipeError:
+                raise ItemError("encoder stopped early (see its message)") from None
+        frames += 1
+
+
+def swap_frame(frame: np.ndarray, steps: FrameSteps) -> int:
+    """Detect, select, run the job's processors in order, in place; returns the faces changed."""
+    with steps.stage("detect"):
+        found = faces.detect(steps.detector, frame)
+    chosen = steps.select(frame, found) if found else []
+    if not chosen:
+        return 0
+    for processor in steps.processors:
+        processor.apply(frame, chosen, steps.timer)
+    return len(chosen)
+
+
+def _close(proc: subprocess.Popen[bytes], messages: IO[bytes], what: str) -> None:
+    if proc.stdin is not None:
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
+    code = proc.wait()
+    if code != 0:
+        messages.seek(0)
+        text = messages.read()[-2000:].decode("utf-8", "replace").strip().splitlines()
+        raise ItemError(f"ffmpeg {what} failed (exit {code}): {' '.join(text[-3:]) or 'no message'}")
