@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import subprocess
@@ -145,7 +146,13 @@ def test_a_restarted_serve_continues_its_job(workspace: Workspace, serve: Serve,
     serve.start()
     drop(serve.inbox, f"{ws.job}.yaml", text)
     deadline = time.monotonic() + 60
-    while not swarm.client.api.services(filters={"label": f"{LABEL_JOB}={ws.job}"}):
+
+    # Wait for a CHUNK service (not the submit-time identity service): the kill lands mid-supervision.
+    def chunk_services() -> list[str]:
+        svcs = swarm.client.api.services(filters={"label": f"{LABEL_JOB}={ws.job}"})
+        return [s["Spec"]["Name"] for s in svcs if re.search(r"-c\d{4}-a\d+$", s["Spec"]["Name"])]
+
+    while not chunk_services():
         assert time.monotonic() < deadline, "no chunk service appeared"
         time.sleep(0.1)
     serve.kill()  # SIGKILL mid-job: chunk services keep running, the file stays in running/
