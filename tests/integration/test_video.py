@@ -12,6 +12,7 @@ import importlib.util
 import json
 import shutil
 import subprocess
+import time
 from fractions import Fraction
 from itertools import combinations
 from pathlib import Path
@@ -146,8 +147,10 @@ resources: {{gpus: 1, gpu_kind: GPU, memory: 2g}}
 retries: 1
 timeout: 10m
 """)
+    t0 = time.monotonic()
     with ServiceWatch(swarm, ws.job) as watch:
         proc = ws.ffswarm("submit", str(job_file))
+    wall = time.monotonic() - t0
     assert proc.returncode == 1, proc.stderr[-3000:]  # two broken files → failed items → exit 1
 
     run = ws.root / "runs" / ws.job
@@ -173,6 +176,16 @@ timeout: 10m
         spans[cid] = (min(r.started for r in rs), max(r.finished for r in rs))
     overlapping = [(a, b) for a, b in combinations(spans.values(), 2) if a[0] < b[1] and b[0] < a[1]]
     assert overlapping, f"no two of the carphone's chunk services ran at once: {spans}"
+    stages: dict[str, float] = {}
+    for r in results:
+        for stage, seconds in r.timings.items():
+            stages[stage] = stages.get(stage, 0.0) + seconds
+    joins = read_results((run / "joins.jsonl").read_text())
+    print(  # the figures README/issue notes quote
+        f"\nvideo job: {wall:.1f} s wall, "
+        f"{len(results)} segment results; stage seconds { ({k: round(v, 1) for k, v in stages.items()}) }; "
+        f"joins {[round(j.timings.get('join', 0), 2) for j in joins]} s"
+    )
     assert not list((run / "segments").glob(".*")), "temp files left behind"
 
     det = detector(ws.root)
