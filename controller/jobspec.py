@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 import yaml
 
 from controller.errors import JobFileError, MissingInputError
-from controller.paths import check_relative, relative_to_root, resolve_inside, safe_glob
+from controller.paths import Resolver, check_relative, relative_to_root, resolve_inside, safe_glob
 from controller.validate import (
     FieldError,
     Reader,
@@ -430,7 +430,8 @@ def resolve_job(spec: JobSpec, data_root: Path, file: str, *, job_id: str | None
     reference = None  # unused, so not looked for, unless faces: reference
     if spec.faces is FaceSelection.REFERENCE and spec.reference is not None:
         reference = _existing(root, spec.reference, "reference", file)
-    matches = _match_targets(spec, root, file)
+    resolver = Resolver(root)  # shares folders' real paths across all targets
+    matches = _match_targets(spec, root, file, resolver)
     names = {name for _, name, _, _ in string.Formatter().parse(spec.output) if name}
     if len(matches) > 1 and not names & set(_DISTINCT):
         reason = f"{spec.output!r} needs {{stem}}, {{name}} or {{index}}: the targets match {len(matches)} files"
@@ -439,13 +440,13 @@ def resolve_job(spec: JobSpec, data_root: Path, file: str, *, job_id: str | None
     written: dict[Path, str] = {}
     targets: list[Target] = []
     for index, (path, kind) in enumerate(matches):
-        rel = relative_to_root(root, path)
+        rel = resolver.relative(path)
         try:
             out_text = expand_output(spec.output, PurePosixPath(rel), index=index, job=job_id or spec.name)
-            out = resolve_inside(root, out_text, what="output")
+            out = resolver.inside(out_text, what="output")
         except ValueError as e:
             raise JobFileError(file, "output", f"for {rel!r}: {e}") from None
-        out_rel = relative_to_root(root, out)
+        out_rel = resolver.relative(out)
         if out in inputs:
             raise JobFileError(file, "output", f"{rel!r} would be written to {out_rel}, an input of this job")
         if out in written:
@@ -471,13 +472,13 @@ def _existing(root: Path, rel: str, f: str, file: str) -> Path:
     return path
 
 
-def _match_targets(spec: JobSpec, root: Path, file: str) -> list[tuple[Path, TargetKind]]:
+def _match_targets(spec: JobSpec, root: Path, file: str, resolver: Resolver) -> list[tuple[Path, TargetKind]]:
     seen: set[Path] = set()
     matches: list[tuple[Path, TargetKind]] = []
     for i, pattern in enumerate(spec.targets):
         f = _item_field("targets", i, len(spec.targets))
         try:
-            found = safe_glob(root, pattern)
+            found = safe_glob(root, pattern, resolver)
         except ValueError as e:
             raise JobFileError(file, f, str(e)) from None
         if not found:

@@ -31,6 +31,7 @@ def run_oneshot(
     """Create, wait until the task ends, collect logs, remove (always). Gives up when no node took
     the task within `schedule_timeout`, or it has not ended within `timeout`."""
     job = spec.labels["io.ffswarm.job"]
+    backend.remove_service(spec.name)  # left by a controller killed mid-step: start it afresh
     backend.create_service(spec)
     task = None
     try:
