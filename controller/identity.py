@@ -38,6 +38,8 @@ def request_for(config: Config, spec: JobSpec, resolved: ResolvedJob, job_id: st
         output=f"{CONTAINER_DATA_ROOT}/runs/{job_id}/identity.json",
         providers=tuple(spec.providers),
         reference=_c(root, resolved.reference) if resolved.reference else None,
+        detector_threshold=spec.detector.threshold,
+        detector_size=spec.detector.size,
     )
 
 

@@ -24,7 +24,9 @@ from controller.rundir import Control, RunDir, next_job_id
 from controller.servicespec import RunnerSettings, chunk_service
 from controller.supervisor import Policy, Supervisor
 from controller.swarm import DockerSwarm, SwarmBackend
+from runner_image.errors import MissingInput as RunnerMissingInput
 from runner_image.manifest import IdentityResult, ItemStatus
+from runner_image.pack import missing_roles, read_spec
 
 
 @dataclass(frozen=True)
@@ -41,16 +43,26 @@ def prepare(config: Config, paths: Sequence[Path], new: bool) -> list[PreparedJo
     for file, spec in load_jobs(paths):
         job_id = next_job_id(config.data_root, spec.name, new)
         resolved = resolve_job(spec, config.data_root, str(file), job_id=job_id)
-        pack = config.data_root / "models" / spec.models / "pack.yaml"
-        if not pack.is_file():
-            raise MissingInputError(
-                f"{file}: models: pack {spec.models!r} not found: {pack} does not exist "
-                f"(install one with `ffswarm models fetch` or see README 'Models')"
-            )
+        check_pack(config, spec, file)
         targets = video.target_refs(resolved.targets, spec)  # videos probed and cut into segments
         plan = make_plan(job_id, targets, spec.chunk_size)
         out.append(PreparedJob(file, spec, resolved, plan, job_id))
     return out
+
+
+def check_pack(config: Config, spec: JobSpec, file: Path) -> None:
+    """The pack exists and has a file for every role the job's processors need (no hashing here:
+    the identity step verifies every checksum on a GPU node, where the files are read anyway)."""
+    pack_dir = config.data_root / "models" / spec.models
+    if not (pack_dir / "pack.yaml").is_file():
+        raise MissingInputError(
+            f"{file}: models: pack {spec.models!r} not found: {pack_dir / 'pack.yaml'} does not exist "
+            f"(install one with `ffswarm models fetch` or see README 'Models')"
+        )
+    try:
+        missing_roles(pack_dir, read_spec(pack_dir), spec.processors)
+    except RunnerMissingInput as e:
+        raise MissingInputError(f"{file}: models: {e}") from None
 
 
 def _rel(config: Config, p: Path) -> str:
@@ -69,6 +81,11 @@ def manifest_settings(config: Config, job: PreparedJob, ident: IdentityResult | 
         source_embedding=tuple(ident.source_embedding) if ident and ident.source_embedding else None,
         reference_embedding=ident.reference_embedding if ident else None,
         reference_distance=job.spec.reference_distance,
+        detector_threshold=job.spec.detector.threshold,
+        detector_size=job.spec.detector.size,
+        mask_feather=job.spec.mask.feather,
+        mask_padding=job.spec.mask.padding,
+        enhancer_blend=job.spec.face_enhancer.blend,
     )
 
 
