@@ -40,12 +40,25 @@ class PreparedJob:
 
 def prepare(config: Config, paths: Sequence[Path], new: bool) -> list[PreparedJob]:
     out = []
+    slots: list[int] = []
+
+    def parallel(spec: JobSpec) -> int:
+        """How many chunks can run at once: max_concurrent, and the GPU slots the swarm advertises."""
+        if spec.resources.gpus == 0:
+            return spec.max_concurrent
+        if not slots:
+            try:
+                slots.append(sum(n.gpus for n in DockerSwarm(config.docker_host).nodes() if n.usable))
+            except FfswarmError:
+                slots.append(spec.max_concurrent)  # no swarm reachable (dry run): the window alone
+        return max(1, min(spec.max_concurrent, slots[0] // spec.resources.gpus or 1))
+
     for file, spec in load_jobs(paths):
         job_id = next_job_id(config.data_root, spec.name, new)
         resolved = resolve_job(spec, config.data_root, str(file), job_id=job_id)
         check_pack(config, spec, file)
         targets = video.target_refs(resolved.targets, spec)  # videos probed and cut into segments
-        plan = make_plan(job_id, targets, spec.chunk_size)
+        plan = make_plan(job_id, targets, spec.chunk_size, parallel(spec))
         out.append(PreparedJob(file, spec, resolved, plan, job_id))
     return out
 

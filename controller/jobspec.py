@@ -172,7 +172,7 @@ class JobSpec:
     no_face: NoFacePolicy = NoFacePolicy.COPY
     reference: str | None = None
     reference_distance: float = 0.6
-    chunk_size: int = 20
+    chunk_size: int | str = "auto"  # images (or video segments) per chunk; auto: see plan.auto_chunk_size
     segment_seconds: float = 30.0
     video: VideoSettings = field(default_factory=VideoSettings)
     skip_audio: bool = False
@@ -211,7 +211,9 @@ class JobSpec:
             _check_photo(self.reference, "reference")
         distance = check_number(self.reference_distance, "reference_distance", above=0, at_most=2)
         object.__setattr__(self, "reference_distance", distance)
-        check_int(self.chunk_size, "chunk_size", minimum=1)
+        size = self.chunk_size
+        if size != "auto" and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+            raise FieldError("chunk_size", f"must be an integer ≥ 1 or auto, got {show(self.chunk_size)}")
         object.__setattr__(self, "segment_seconds", check_number(self.segment_seconds, "segment_seconds", above=0))
         check_bool(self.skip_audio, "skip_audio")
         check_int(self.max_concurrent, "max_concurrent", minimum=1)

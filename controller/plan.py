@@ -125,8 +125,26 @@ def segment_output(job: str, segment_id: str) -> str:
     return f"runs/{job}/segments/{segment_id}{SEGMENT_EXT}"
 
 
-def make_plan(job: str, targets: list[TargetRef], chunk_size: int) -> Plan:
-    if chunk_size < 1:
+AUTO_MAX_CHUNK = 1000
+
+
+def auto_chunk_size(items: int, parallel: int) -> int:
+    """`chunk_size: auto`: one wave of chunks across the job's parallel GPU slots, capped.
+
+    Each chunk service pays a fixed cost (container start, imports, model load: ~2–3 s measured on
+    the dev swarm) that its items amortise; scripts/bench_orchestration.py shows efficiency climbing
+    with chunk size until the slots run out of chunks. So: as few chunks as keep every slot busy,
+    but no chunk above AUTO_MAX_CHUNK items, so that a huge job still spreads over a growing cluster
+    and a lost chunk costs little (committed items are never redone anyway).
+    """
+    return max(1, min(AUTO_MAX_CHUNK, -(-items // max(1, parallel))))
+
+
+def make_plan(job: str, targets: list[TargetRef], chunk_size: int | str, parallel: int = 1) -> Plan:
+    """Items in target order, cut into chunks of `chunk_size` (`auto`: see auto_chunk_size)."""
+    if chunk_size == "auto":
+        chunk_size = auto_chunk_size(len(targets), parallel)
+    if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError("chunk_size must be ≥ 1")
     work: list[PlannedItem] = []
     videos: list[PlannedVideo] = []

@@ -105,7 +105,7 @@ def test_retries_follow_exit_codes(workspace: Workspace, fault_image: str) -> No
 
 def test_timeout_removes_the_attempt_and_retries(workspace: Workspace, swarm: DockerSwarm, fault_image: str) -> None:
     ws = workspace
-    job = make_job(ws, 2, fault_image, faults={"c0000": {"1": {"sleep": 120}}}, timeout="4s", retries=1)
+    job = make_job(ws, 2, fault_image, faults={"c0000": {"1": {"sleep": 120}}}, timeout="4s", retries=1, chunk_size=2)
     with ServiceWatch(swarm, ws.job) as watch:
         proc = ws.ffswarm("submit", str(job))
     assert proc.returncode == 0, proc.stderr[-2000:]

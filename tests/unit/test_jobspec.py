@@ -127,7 +127,7 @@ def test_defaults() -> None:
     assert spec.no_face is NoFacePolicy.COPY
     assert spec.reference is None
     assert spec.reference_distance == 0.6
-    assert spec.chunk_size == 20
+    assert spec.chunk_size == "auto"  # sized at submit from the GPU slots (bench: scripts/bench_orchestration.py)
     assert spec.segment_seconds == 30.0
     assert spec.video == VideoSettings("libx264", 18, "medium")
     assert spec.skip_audio is False
@@ -207,11 +207,11 @@ def test_memory_sizes(memory: object, size: int) -> None:
         ({"name": "a_b"}, "name", "got 'a_b'"),
         ({"name": ""}, "name", "must be a non-empty string, got ''"),
         ({"name": 7}, "name", "must be a non-empty string, got 7"),
-        ({"chunk_size": -5}, "chunk_size", "must be an integer ≥ 1, got -5"),
-        ({"chunk_size": 0}, "chunk_size", "must be an integer ≥ 1, got 0"),
-        ({"chunk_size": True}, "chunk_size", "must be an integer ≥ 1, got true"),
-        ({"chunk_size": "20"}, "chunk_size", "must be an integer ≥ 1, got '20'"),
-        ({"chunk_size": 2.5}, "chunk_size", "must be an integer ≥ 1, got 2.5"),
+        ({"chunk_size": -5}, "chunk_size", "must be an integer ≥ 1 or auto, got -5"),
+        ({"chunk_size": 0}, "chunk_size", "must be an integer ≥ 1 or auto, got 0"),
+        ({"chunk_size": True}, "chunk_size", "must be an integer ≥ 1 or auto, got true"),
+        ({"chunk_size": "20"}, "chunk_size", "must be an integer ≥ 1 or auto, got '20'"),
+        ({"chunk_size": 2.5}, "chunk_size", "must be an integer ≥ 1 or auto, got 2.5"),
         ({"max_concurrent": 0}, "max_concurrent", "must be an integer ≥ 1, got 0"),
         ({"retries": -1}, "retries", "must be an integer ≥ 0, got -1"),
         ({"retries": False}, "retries", "got false"),
@@ -313,7 +313,7 @@ def test_refusals_name_file_field_and_reason(changes: dict[str, Any], field: str
 
 
 def test_chunk_size_message_in_full() -> None:
-    assert str(refusal(job(chunk_size=-5))) == "jobs/h.yaml: chunk_size: must be an integer ≥ 1, got -5"
+    assert str(refusal(job(chunk_size=-5))) == "jobs/h.yaml: chunk_size: must be an integer ≥ 1 or auto, got -5"
 
 
 def test_reference_with_another_face_selection_is_allowed_and_unused() -> None:
@@ -492,7 +492,7 @@ def test_load_jobs_reports_the_bad_file(tmp_path: Path) -> None:
     bad = write(tmp_path / "jobs" / "b.yaml", yaml.safe_dump(job(name="b", chunk_size=-5)))
     with pytest.raises(JobFileError) as e:
         load_jobs([tmp_path / "jobs"])
-    assert str(e.value) == f"{bad}: chunk_size: must be an integer ≥ 1, got -5"
+    assert str(e.value) == f"{bad}: chunk_size: must be an integer ≥ 1 or auto, got -5"
 
 
 # --- resolution on a data root -----------------------------------------------------------------

@@ -127,3 +127,13 @@ def test_job_tuning_reaches_every_manifest() -> None:
         assert (m.detector_threshold, m.detector_size) == (0.3, 320)
         assert (m.mask_feather, m.mask_padding, m.enhancer_blend) == (0.0, 0.2, 0.5)
         assert Manifest.from_json(m.to_json()) == m
+
+
+def test_auto_chunk_size_is_one_wave_over_the_slots_capped() -> None:
+    from controller.plan import AUTO_MAX_CHUNK, auto_chunk_size
+
+    assert auto_chunk_size(1000, 2) == 500
+    assert auto_chunk_size(1001, 2) == 501
+    assert auto_chunk_size(3, 8) == 1
+    assert auto_chunk_size(100_000, 4) == AUTO_MAX_CHUNK
+    assert auto_chunk_size(10, 0) == 10
