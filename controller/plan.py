@@ -129,7 +129,8 @@ AUTO_MAX_CHUNK = 1000
 
 
 def auto_chunk_size(items: int, parallel: int) -> int:
-    """`chunk_size: auto`: one wave of chunks across the job's parallel GPU slots, capped.
+    """`chunk_size: auto`: as few equal waves of chunks across the job's parallel GPU slots as keep
+    every chunk at most AUTO_MAX_CHUNK items.
 
     Each chunk service pays a fixed cost (container start, imports, model load: ~2–3 s measured on
     the dev swarm) that its items amortise; scripts/bench_orchestration.py shows efficiency climbing
@@ -137,7 +138,9 @@ def auto_chunk_size(items: int, parallel: int) -> int:
     but no chunk above AUTO_MAX_CHUNK items, so that a huge job still spreads over a growing cluster
     and a lost chunk costs little (committed items are never redone anyway).
     """
-    return max(1, min(AUTO_MAX_CHUNK, -(-items // max(1, parallel))))
+    parallel = max(1, parallel)
+    waves = max(1, -(-items // (parallel * AUTO_MAX_CHUNK)))  # full waves: no slot idles in the last one
+    return max(1, -(-items // (parallel * waves)))
 
 
 def make_plan(job: str, targets: list[TargetRef], chunk_size: int | str, parallel: int = 1) -> Plan:

@@ -135,5 +135,6 @@ def test_auto_chunk_size_is_one_wave_over_the_slots_capped() -> None:
     assert auto_chunk_size(1000, 2) == 500
     assert auto_chunk_size(1001, 2) == 501
     assert auto_chunk_size(3, 8) == 1
-    assert auto_chunk_size(100_000, 4) == AUTO_MAX_CHUNK
+    assert auto_chunk_size(100_000, 4) == AUTO_MAX_CHUNK  # 25 waves of 4 chunks
+    assert auto_chunk_size(5000, 2) == 834  # 3 full waves of 2, not 5 chunks leaving a slot idle
     assert auto_chunk_size(10, 0) == 10

@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""B1 efficiency, B2 chunks vs one service per image, B4 Swarm bookkeeping — on the dev swarm.
+
+The chunk work is the SIMULATED runner (scripts/bench_sim: waits the per-item time and the cold
+start measured from the real runner image on the test pack, copies input to output, writes result
+lines marked provider "simulated"); everything else — submit, the identity step (real runner),
+planning, services, GPU reservations, scheduling, watching, reports — is the real path.
+Efficiency = ideal ÷ wall, ideal = items × per-item time ÷ K GPU slots.
+
+    .venv/bin/python scripts/bench_orchestration.py --json bench-orch.json --plot bench-orch.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import cv2
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from controller import jobs  # noqa: E402
+from controller.config import Config, load_config  # noqa: E402
+from controller.rundir import RunDir  # noqa: E402
+from controller.swarm import DockerSwarm  # noqa: E402
+from tests.fixtures import photos  # noqa: E402
+
+
+def cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+class Bench:
+    def __init__(self, config: Config, swarm: DockerSwarm) -> None:
+        self.config = config
+        self.swarm = swarm
+        self.root = config.data_root
+        self.dir = self.root / "bench" / uuid.uuid4().hex[:6]
+        self.dir.mkdir(parents=True)
+        self.owner = config.runner_uid_gid()
+        self.star = photos.astronaut(self.dir / "faces")
+        self.slots = sum(n.gpus for n in swarm.nodes() if n.usable)
+
+    def chown(self, path: Path) -> None:
+        import os
+
+        uid, gid = (int(x) for x in self.owner.split(":"))
+        for p in [path, *path.rglob("*")]:
+            os.chown(p, uid, gid)
+
+    def inputs(self, n: int, real: bool = False) -> str:
+        """n target photos; hard links of one small JPEG for simulated runs."""
+        d = self.dir / f"in-{n}-{'real' if real else 'sim'}"
+        if not d.exists():
+            if real:
+                photos.face_photos(d, n)
+            else:
+                d.mkdir()
+                small = d / "seed.jpg"
+                cv2.imwrite(str(small), cv2.resize(cv2.imread(str(self.star)), (64, 64)))
+                for i in range(n):
+                    (d / f"p{i:05d}.jpg").hardlink_to(small)
+                small.unlink()
+            self.chown(self.dir)
+        return f"{d.relative_to(self.root).as_posix()}/*.jpg"
+
+    def run(
+        self, name: str, targets: str, chunk_size: int, image: str, gpus: int = 1, max_concurrent: int | None = None
+    ) -> dict[str, Any]:
+        job_id = f"bench-{name}-{uuid.uuid4().hex[:4]}"
+        out = self.dir / "out" / job_id
+        f = self.dir / f"{job_id}.yaml"
+        f.write_text(
+            json.dumps(
+                {
+                    "name": job_id,
+                    "source": self.star.relative_to(self.root).as_posix(),
+                    "targets": [targets],
+                    "output": f"{out.relative_to(self.root).as_posix()}/{{stem}}{{ext}}",
+                    "chunk_size": chunk_size,
+                    **({"max_concurrent": max_concurrent} if max_concurrent else {}),
+                    "providers": ["cpu"],
+                    "image": image,
+                    "resources": {"gpus": gpus, "memory": "1g"},
+                    "retries": 1,
+                }
+            )
+        )
+        events: list[tuple[float, str, dict[str, Any]]] = []
+
+        def record(event: str, **fields: Any) -> None:
+            events.append((time.perf_counter(), event, fields))
+
+        cpu0, t0 = cpu_seconds(), time.perf_counter()
+        prepared = jobs.prepare(self.config, [f], new=False)
+        code, reports = jobs.submit(self.config, prepared, lambda rundir, total: record)
+        wall = time.perf_counter() - t0
+        cpu = cpu_seconds() - cpu0
+        report = reports[0]
+        first_running = next((t for t, e, _ in events if e == "chunk_running"), t0) - t0
+        started = next((t for t, e, _ in events if e == "job_started"), t0) - t0
+        rundir = RunDir(self.root, job_id)
+        results = []
+        for chunk in rundir.plan().chunks:
+            results += rundir.results(chunk.id)
+        runner_start = min(_first_log_time(p) for p in (rundir.path / "logs").glob("*.log"))
+        shutil.rmtree(self.root / "runs" / job_id, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+        f.unlink()
+        return {
+            "job": job_id,
+            "exit": code,
+            "items": report["counts"]["items"],
+            "ok": report["counts"]["ok"],
+            "chunks": report["counts"]["chunks"],
+            "chunk_size": chunk_size,
+            "items_per_chunk": -(-report["counts"]["items"] // report["counts"]["chunks"]),
+            "wall_s": round(wall, 2),
+            "identity_s": round(started, 2),
+            "first_task_running_s": round(first_running, 2),
+            "controller_cpu_s": round(cpu, 2),
+            "controller_cpu_per_chunk_s": round(cpu / report["counts"]["chunks"], 4),
+            "results": results,
+            "runner_start": runner_start,
+        }
+
+
+def _first_log_time(path: Path) -> float:
+    """When a runner process wrote its first log line (structlog ISO timestamp, UTC)."""
+    from datetime import datetime
+
+    first = json.loads(path.read_text().splitlines()[0])
+    return datetime.fromisoformat(first["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def calibrate(b: Bench, image: str, n: int = 24) -> dict[str, float]:
+    """Per-item time and cold start of the REAL runner image on the test pack, one chunk."""
+    r = b.run("calib", b.inputs(n, real=True), n, image)
+    rs = r.pop("results")
+    first, last = min(x.started for x in rs), max(x.finished for x in rs)
+    # Cold start as the runner itself sees it: its first log line to its first item (pack check,
+    # model loading, source); container start and scheduling are real in every simulated run too.
+    return {
+        "item_seconds": round((last - first) / len(rs), 4),
+        "cold_seconds": round(max(first - r["runner_start"], 0.0), 2),
+        "calibration_wall_s": r["wall_s"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="100,1000,5000")
+    ap.add_argument("--chunk-sizes", default="20,50,100,250,500", help="swept at 1,000 items")
+    ap.add_argument("--default-chunk-size", default=None, help="(default: the job-file default, auto)")
+    ap.add_argument("--b2-items", type=int, default=1000)
+    ap.add_argument("--skip", default="", help="comma list of b1,sweep,b2,b4 to skip")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--plot", type=Path)
+    args = ap.parse_args()
+    skip = set(args.skip.split(","))
+    config = load_config(str(ROOT / "ffswarm.yaml"))
+    swarm = DockerSwarm(config.docker_host)
+    swarm.check_manager()
+    from controller.jobspec import JobSpec
+
+    default_cs: Any = args.default_chunk_size or JobSpec.__dataclass_fields__["chunk_size"].default
+    b = Bench(config, swarm)
+    out: dict[str, Any] = {"machine": "2-core VM, dev swarm (single node), fake GPUs", "slots": b.slots}
+    try:
+        real = swarm.resolve_image(config.image)
+        cal = calibrate(b, real)
+        out["calibration"] = cal
+        print(
+            f"calibration (real runner, test pack): {cal['item_seconds'] * 1000:.0f} ms/item, "
+            f"cold start {cal['cold_seconds']:.2f} s; K = {b.slots} GPU slots"
+        )
+        (config.data_root / "bench-sim.json").write_text(json.dumps(cal))
+        image, _ = swarm.client.images.build(
+            path=str(ROOT / "scripts" / "bench_sim"),
+            buildargs={"RUNNER_IMAGE": real},
+            tag="ffswarm/runner-sim:bench",
+            rm=True,
+        )
+        sim = str(image.id)
+
+        def line(tag: str, r: dict[str, Any]) -> dict[str, Any]:
+            r.pop("results", None)
+            r.pop("runner_start", None)
+            ideal = r["items"] * cal["item_seconds"] / b.slots
+            r["ideal_s"] = round(ideal, 2)
+            r["efficiency"] = round(ideal / r["wall_s"], 3)
+            r["items_per_s"] = round(r["items"] / r["wall_s"], 2)
+            print(
+                f"{tag}: {r['items']} items, chunk_size {r['chunk_size']} ({r['chunks']} chunks of ≤{r['items_per_chunk']}): wall {r['wall_s']:.1f} s "
+                f"vs ideal {ideal:.1f} s → efficiency {r['efficiency']:.3f}; identity {r['identity_s']:.1f} s, "
+                f"first task running {r['first_task_running_s']:.1f} s; controller CPU {r['controller_cpu_per_chunk_s'] * 1000:.0f} ms/chunk"
+            )
+            return r
+
+        if "b1" not in skip:
+            out["b1"] = [
+                line("B1", b.run(f"b1-{n}", b.inputs(n), default_cs, sim)) for n in map(int, args.sizes.split(","))
+            ]
+        if "sweep" not in skip:
+            out["sweep"] = [
+                line("B1 sweep", b.run(f"sw-{cs}", b.inputs(1000), cs, sim))
+                for cs in map(int, args.chunk_sizes.split(","))
+            ]
+        if "b2" not in skip:
+            chunks = line("B2 ffswarm chunks", b.run("b2a", b.inputs(args.b2_items), default_cs, sim))
+            naive = line("B2 one service per image", b.run("b2b", b.inputs(args.b2_items), 1, sim))
+            out["b2"] = {
+                "chunks": chunks,
+                "per_image": naive,
+                "ratio": round(chunks["items_per_s"] / naive["items_per_s"], 2),
+            }
+            print(
+                f"B2: ffswarm {chunks['items_per_s']:.1f} items/s vs one service per image {naive['items_per_s']:.2f} items/s "
+                f"→ ratio {out['b2']['ratio']:.1f}"
+            )
+        if "b4" not in skip:
+            api = swarm.client.api
+            ours = {"label": "io.ffswarm.job"}
+            left = {
+                "services": len(api.services(filters=ours)),
+                "tasks": sum(
+                    1 for t in api.tasks() if "io.ffswarm.job" in (t["Spec"]["ContainerSpec"].get("Labels") or {})
+                ),
+                "containers": len(swarm.client.containers.list(all=True, filters=ours)),
+            }
+            out["b4"] = left
+            print(f"B4: left on the swarm after these runs: {left}")
+    finally:
+        (config.data_root / "bench-sim.json").unlink(missing_ok=True)
+        shutil.rmtree(b.dir, ignore_errors=True)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    if args.plot and out.get("sweep"):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        xs = [r["chunk_size"] for r in out["sweep"]]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(xs, [r["efficiency"] for r in out["sweep"]], marker="o")
+        ax.set_xscale("log")
+        ax.set_xlabel("chunk_size (images per chunk service)")
+        ax.set_ylabel("efficiency (ideal ÷ wall)")
+        ax.set_title(f"1,000 items, K={b.slots} GPU slots, simulated runner")
+        ax.axhline(0.95, ls="--", c="grey")
+        fig.tight_layout()
+        fig.savefig(args.plot)
+
+
+if __name__ == "__main__":
+    main()
