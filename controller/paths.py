@@ -50,6 +50,9 @@ class Resolver:
         return os.path.realpath(full) if os.path.islink(full) else full
 
     def inside(self, rel: str, *, what: str) -> Path:
+        return Path(self.inside_str(rel, what=what))
+
+    def inside_str(self, rel: str, *, what: str) -> str:
         """The real (symlink-free) host path of ``rel`` under the root, or ValueError if it leaves it.
 
         The path need not exist. The root itself counts as inside.
@@ -63,7 +66,7 @@ class Resolver:
         )
         if not _is_within(real, self.root_real):
             raise ValueError(f"{rel!r} resolves outside the data root through a symlink")
-        return Path(real)
+        return real
 
     def relative(self, host_path: Path) -> str:
         """Normalised posix path of ``host_path`` relative to the root ("." for the root itself)."""
@@ -109,9 +112,9 @@ def safe_glob(root: Path, pattern: str, resolver: Resolver | None = None) -> lis
             continue
         if match.split("/", 1)[0] in RESERVED_TOP and not pattern.startswith(match.split("/", 1)[0] + "/"):
             continue  # a broad glob (**/*.jpg) never picks up run folders or model packs
-        real = resolver.inside(match, what="glob match")
+        real = resolver.inside_str(match, what="glob match")
         if os.path.isfile(real):
-            found.add(str(real))
+            found.add(real)
     return [Path(p) for p in sorted(found)]
 
 

@@ -81,7 +81,7 @@ class Policy:
     retries: int = 3
     timeout: float = 1800.0  # per attempt, once running
     schedule_timeout: float = 300.0
-    poll: float = 0.5
+    poll: float = 0.25  # 2 API calls per poll; Swarm 20.10 emits no task events to wait on instead
     backoff_base: float = 1.0
     backoff_max: float = 30.0
     max_node_losses: int = 10

@@ -230,6 +230,7 @@ def main() -> None:
         if "b4" not in skip:
             api = swarm.client.api
             ours = {"label": "io.ffswarm.job"}
+            time.sleep(10)  # the task reaper drops removed services' task records a few seconds later
             left = {
                 "services": len(api.services(filters=ours)),
                 "tasks": sum(

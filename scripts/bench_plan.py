@@ -37,8 +37,23 @@ def make_inputs(root: Path, images: int, videos: int, video_seconds: int) -> Non
     clips.mkdir(exist_ok=True)
     for v in range(videos):
         subprocess.run(
-            ["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", f"testsrc=size=64x64:rate=5:duration={video_seconds}",
-             "-c:v", "libx264", "-preset", "ultrafast", "-g", "5", str(clips / f"v{v:02d}.mp4")],
+            [
+                "ffmpeg",
+                "-v",
+                "error",
+                "-y",
+                "-f",
+                "lavfi",
+                "-i",
+                f"testsrc=size=64x64:rate=5:duration={video_seconds}",
+                "-c:v",
+                "libx264",
+                "-preset",
+                "ultrafast",
+                "-g",
+                "5",
+                str(clips / f"v{v:02d}.mp4"),
+            ],
             check=True,
         )
 
@@ -59,9 +74,15 @@ def child(root: Path, job_file: Path) -> dict[str, float]:
     t["probe"] = time.perf_counter()
     plan = make_plan(spec.name, refs, spec.chunk_size)
     t["plan"] = time.perf_counter()
-    settings = ManifestSettings(pack="default", sources=("faces/star.jpg",), processors=("face_swapper",),
-                                providers=("cpu",), faces=spec.faces, no_face=spec.no_face,
-                                source_embedding=tuple([0.04] * 512))
+    settings = ManifestSettings(
+        pack="default",
+        sources=("faces/star.jpg",),
+        processors=("face_swapper",),
+        providers=("cpu",),
+        faces=spec.faces,
+        no_face=spec.no_face,
+        source_embedding=tuple([0.04] * 512),
+    )
     manifests = chunk_manifests(plan, settings)
     t["manifests"] = time.perf_counter()
     RunDir(root, spec.name).create(job_file.read_bytes(), plan, manifests, Control(4), "sha256:bench")
@@ -91,22 +112,37 @@ def main() -> None:
     try:
         t0 = time.perf_counter()
         make_inputs(root, args.images, args.videos, args.video_seconds)
-        print(f"made {args.images} images and {args.videos} × {args.video_seconds} s videos in "
-              f"{time.perf_counter() - t0:.1f} s under {root}")
+        print(
+            f"made {args.images} images and {args.videos} × {args.video_seconds} s videos in "
+            f"{time.perf_counter() - t0:.1f} s under {root}"
+        )
         figures = {}
         for name, targets, seg in (("images", ["crowd/**/*.jpg"], 30), ("videos", ["clips/*.mp4"], 1)):
             if name == "videos" and not args.videos:
                 continue
             job = root / f"{name}.yaml"
-            job.write_text(json.dumps({"name": f"bench-{name}", "source": "faces/star.jpg", "targets": targets,
-                                       "output": "out/{dir}/{stem}{ext}", "chunk_size": 20, "segment_seconds": seg}))
-            proc = subprocess.run([sys.executable, __file__, "--child", str(root), str(job)],
-                                  capture_output=True, text=True, check=True)
+            job.write_text(
+                json.dumps(
+                    {
+                        "name": f"bench-{name}",
+                        "source": "faces/star.jpg",
+                        "targets": targets,
+                        "output": "out/{dir}/{stem}{ext}",
+                        "chunk_size": 20,
+                        "segment_seconds": seg,
+                    }
+                )
+            )
+            proc = subprocess.run(
+                [sys.executable, __file__, "--child", str(root), str(job)], capture_output=True, text=True, check=True
+            )
             figures[name] = json.loads(proc.stdout.strip().splitlines()[-1])
             f = figures[name]
-            print(f"B3 {name}: {f['items']} items ({f['segments']} segments) in {f['chunks']} chunks planned in "
-                  f"{f['total_s']:.2f} s, peak RSS {f['peak_rss_mb']:.0f} MB; stages "
-                  + ", ".join(f"{k} {f[k]:.2f}s" for k in ("parse", "resolve", "probe", "plan", "manifests", "write")))
+            print(
+                f"B3 {name}: {f['items']} items ({f['segments']} segments) in {f['chunks']} chunks planned in "
+                f"{f['total_s']:.2f} s, peak RSS {f['peak_rss_mb']:.0f} MB; stages "
+                + ", ".join(f"{k} {f[k]:.2f}s" for k in ("parse", "resolve", "probe", "plan", "manifests", "write"))
+            )
         if args.json:
             args.json.write_text(json.dumps({"benchmark": "B3 planning", "cpus": os.cpu_count(), **figures}, indent=1))
     finally:
