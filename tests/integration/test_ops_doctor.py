@@ -76,8 +76,7 @@ def root_owned_data_root(workspace: Workspace, swarm: DockerSwarm) -> Iterator[P
 def test_doctor_names_a_data_root_runners_cannot_write(
     workspace: Workspace, tmp_path: Path, root_owned_data_root: Path
 ) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to make a root-owned data root")
+    assert os.geteuid() == 0, "needs root to make a root-owned data root (scripts/test.sh runs as root)"
     config = config_like(workspace, tmp_path, data_root=str(root_owned_data_root), runner_user="10001:10001")
     proc = workspace.ffswarm("doctor", config=config, timeout=300)
     assert proc.returncode == 69, proc.stdout + proc.stderr

