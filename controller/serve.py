@@ -14,6 +14,7 @@ redone and chunk services that are still alive are adopted by their labels.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import traceback
@@ -24,12 +25,13 @@ from pathlib import Path
 from controller import jobs as jobs_mod
 from controller import log
 from controller.config import Config
-from controller.errors import FfswarmError, JobFileError
+from controller.errors import CapacityError, FfswarmError, JobFileError
 from controller.metrics import Metrics
 from controller.report import exit_code
 from controller.swarm import DockerSwarm
 
 JOB_SUFFIXES = (".yaml", ".yml")
+RETRY_SECONDS = 30.0  # a job the swarm could not take (exit 69) waits this long in the inbox, then runs again
 SETTLE_SECONDS = 1.0  # a file younger than this may still be being written (write NAME.tmp, then rename)
 
 
@@ -73,6 +75,15 @@ class Inbox:
             return None
         return target
 
+    def put_back(self, claimed: Path, delay: float) -> Path:
+        """Return a claimed file to the inbox, not to be picked again for `delay` seconds (its mtime is
+        set into the future: `waiting` only takes files that have settled)."""
+        target = self.path / claimed.name
+        claimed.rename(target)
+        later = time.time() + delay
+        os.utime(target, (later, later))
+        return target
+
     def finish(self, claimed: Path, ok: bool, reason: str | None) -> Path:
         folder = self.done if ok else self.failed
         target = folder / claimed.name
@@ -88,6 +99,7 @@ class Inbox:
 class Outcome:
     ok: bool
     reason: str | None
+    retry: bool = False  # the swarm could not take the job now (exit 69): try again later, not failed/
 
 
 def run_job_file(config: Config, path: Path, metrics: Metrics) -> Outcome:
@@ -103,6 +115,8 @@ def run_job_file(config: Config, path: Path, metrics: Metrics) -> Outcome:
         rundir = jobs_mod.start_run(config, backend, job, image)
         sink = metrics.sink(rundir, job.spec.resources.gpus)
         report = jobs_mod.supervise(config, backend, job, rundir, image, sink)
+    except CapacityError as e:
+        return Outcome(False, f"{type(e).__name__} (exit {e.exit_code}): {e}", retry=True)
     except FfswarmError as e:
         return Outcome(False, f"{type(e).__name__} (exit {e.exit_code}): {e}")
     except Exception as e:  # one job's failure must not stop the controller or its other jobs
@@ -133,6 +147,7 @@ class Server:
         concurrent_jobs: int = 1,
         poll: float = 1.0,
         run: Callable[[Config, Path, Metrics], Outcome] = run_job_file,
+        retry_after: float = RETRY_SECONDS,
     ) -> None:
         if concurrent_jobs < 1:
             raise ValueError("concurrent_jobs must be at least 1")
@@ -142,6 +157,7 @@ class Server:
         self.concurrent_jobs = concurrent_jobs
         self.poll = poll
         self.run = run
+        self.retry_after = retry_after
         self.stop = threading.Event()
         self._active: dict[str, threading.Thread] = {}
         self.log = log.get(component="serve", inbox=str(inbox.path))
@@ -150,6 +166,12 @@ class Server:
         def work() -> None:
             self.log.info("job_file_started", file=claimed.name)
             outcome = self.run(self.config, claimed, self.metrics)
+            if outcome.retry:
+                self.inbox.put_back(claimed, self.retry_after)
+                self.log.warning(
+                    "job_file_deferred", file=claimed.name, reason=outcome.reason, seconds=self.retry_after
+                )
+                return
             moved = self.inbox.finish(claimed, outcome.ok, outcome.reason)
             self.log.info("job_file_finished", file=claimed.name, ok=outcome.ok, moved_to=str(moved))
 
