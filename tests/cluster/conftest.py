@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ import pytest
 
 from controller.servicespec import LABEL_JOB
 from controller.swarm import DockerSwarm
+from tests.polling import Polling
 
 ROOT = Path(__file__).resolve().parents[2]
 STATE = ROOT / "build" / "cluster" / "state.json"
@@ -171,7 +171,7 @@ class TaskRecord:
 
 
 @dataclass
-class Watch:
+class Watch(Polling):
     """Polls the manager while a job runs: every task (node, image, states), how many ran at once,
     whether tasks waited pending while the GPUs were full, and the task containers on each worker."""
 
@@ -181,29 +181,15 @@ class Watch:
     max_running: int = 0
     pending_while_full: list[str] = field(default_factory=list)  # scheduler messages seen then
     containers: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # id → (node, Config.Image, Image)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def __enter__(self) -> Watch:
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        assert self._thread is not None
-        self._thread.join()
+    interval = 0.2
 
     def running_on(self, node: str) -> list[TaskRecord]:
         return [t for t in self.tasks.values() if t.node == node and t.states and t.states[-1] == "running"]
 
-    def _loop(self) -> None:
-        api = self.cluster.manager.client.api
-        while not self._stop.is_set():
-            # A node being killed makes single calls fail; the next poll sees the new state.
-            with contextlib.suppress(Exception):
-                self._poll(api)
-            time.sleep(0.2)
+    def poll(self) -> None:
+        # A node being killed makes single calls fail; the next poll sees the new state.
+        with contextlib.suppress(Exception):
+            self._poll(self.cluster.manager.client.api)
 
     def _poll(self, api: Any) -> None:
         services = {s["ID"]: s for s in api.services(filters={"label": f"{LABEL_JOB}={self.job}"})}

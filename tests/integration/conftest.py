@@ -7,12 +7,11 @@ teardown.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
 import sys
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,8 +21,9 @@ from typing import Any
 import pytest
 
 from controller.config import Config, load_config
-from controller.servicespec import LABEL_JOB
+from controller.servicespec import LABEL_JOB, RunnerSettings, ServiceSpec, chunk_service
 from controller.swarm import DockerSwarm
+from tests.polling import Polling
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "ffswarm.yaml"
@@ -90,7 +90,7 @@ def chown_tree(path: Path, owner: str) -> None:
 
 
 @dataclass
-class ServiceWatch:
+class ServiceWatch(Polling):
     """Polls the swarm while a job runs: how many of its chunk (runner) services existed at once, and
     each one's spec. The submit-time identity step is a separate one-shot service, not counted."""
 
@@ -98,27 +98,29 @@ class ServiceWatch:
     job: str
     max_alive: int = 0
     specs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
 
-    def __enter__(self) -> ServiceWatch:
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        assert self._thread is not None
-        self._thread.join()
-
-    def _loop(self) -> None:
+    def poll(self) -> None:
         api = self.swarm.client.api
-        while not self._stop.is_set():
-            svcs = api.services(filters={"label": [f"{LABEL_JOB}={self.job}", "io.ffswarm.role=runner"]})
-            self.max_alive = max(self.max_alive, len(svcs))
-            for s in svcs:
-                self.specs.setdefault(s["Spec"]["Name"], s["Spec"])
-            time.sleep(0.05)
+        svcs = api.services(filters={"label": [f"{LABEL_JOB}={self.job}", "io.ffswarm.role=runner"]})
+        self.max_alive = max(self.max_alive, len(svcs))
+        for s in svcs:
+            self.specs.setdefault(s["Spec"]["Name"], s["Spec"])
+
+
+def shell_service(ws: Workspace, image: str, chunk: str, script: str, constraints: tuple[str, ...] = ()) -> ServiceSpec:
+    """A chunk service exactly as ffswarm makes it (GPU, constraint, hardening, volume) whose command is
+    a shell script instead of the runner: for proving how the engine treats such services."""
+    settings = RunnerSettings(
+        job=ws.job,
+        image=image,
+        constraints=("node.labels.ffswarm.gpu==true", *constraints),
+        gpu_kind="GPU",
+        gpus=1,
+        memory_bytes=256 << 20,
+        volume=ws.config.volume,
+        user=ws.config.runner_uid_gid(),
+    )
+    return dataclasses.replace(chunk_service(settings, chunk, 1), command=("/bin/sh", "-c", script))
 
 
 FAULTS = Path(__file__).parent / "faults"

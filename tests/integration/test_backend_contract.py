@@ -3,16 +3,14 @@ must behave like the real daemon in every way the supervisor relies on, so the f
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from controller.servicespec import RunnerSettings, ServiceSpec, chunk_service
 from controller.swarm import DockerSwarm, ServiceState, SwarmBackend
 from tests.fakes import FakeSwarm
-from tests.integration.conftest import Workspace
+from tests.integration.conftest import Workspace, shell_service
 
 pytestmark = pytest.mark.integration
 
@@ -20,20 +18,6 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(params=["fake", "real"])
 def backend(request: pytest.FixtureRequest, swarm: DockerSwarm) -> Iterator[SwarmBackend]:
     yield FakeSwarm() if request.param == "fake" else swarm
-
-
-def make_spec(ws: Workspace, image: str, chunk: str, script: str, constraints: tuple[str, ...] = ()) -> ServiceSpec:
-    settings = RunnerSettings(
-        job=ws.job,
-        image=image,
-        constraints=("node.labels.ffswarm.gpu==true", *constraints),
-        gpu_kind="GPU",
-        gpus=1,
-        memory_bytes=256 << 20,
-        volume=ws.config.volume,
-        user=ws.config.runner_uid_gid(),
-    )
-    return dataclasses.replace(chunk_service(settings, chunk, 1), command=("/bin/sh", "-c", script))
 
 
 def settle(backend: SwarmBackend, job: str, name: str, until: set[str], timeout: float = 30) -> ServiceState:
@@ -50,9 +34,9 @@ def settle(backend: SwarmBackend, job: str, name: str, until: set[str], timeout:
 def test_contract(backend: SwarmBackend, workspace: Workspace, swarm: DockerSwarm) -> None:
     ws = workspace
     image = swarm.resolve_image(ws.config.image)
-    ok = make_spec(ws, image, "c0000", "exit 0")
-    bad = make_spec(ws, image, "c0001", "exit 3")
-    stuck = make_spec(ws, image, "c0002", "exit 0", ("node.labels.nosuch==true",))
+    ok = shell_service(ws, image, "c0000", "exit 0")
+    bad = shell_service(ws, image, "c0001", "exit 3")
+    stuck = shell_service(ws, image, "c0002", "exit 0", ("node.labels.nosuch==true",))
     for s in (ok, bad, stuck):
         backend.create_service(s)
 

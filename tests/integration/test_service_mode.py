@@ -3,30 +3,19 @@ proven on the real engine. Also: the hardening every runner container really get
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import pytest
 
-from controller.servicespec import LABEL_JOB, RunnerSettings, ServiceSpec, chunk_service
+from controller.servicespec import LABEL_JOB, ServiceSpec
 from controller.swarm import DockerSwarm
-from tests.integration.conftest import Workspace
+from tests.integration.conftest import Workspace, shell_service
 
 pytestmark = pytest.mark.integration
 
 
 def spec(ws: Workspace, swarm: DockerSwarm, chunk: str, script: str) -> ServiceSpec:
-    settings = RunnerSettings(
-        job=ws.job,
-        image=swarm.resolve_image(ws.config.image),
-        constraints=("node.labels.ffswarm.gpu==true",),
-        gpu_kind="GPU",
-        gpus=1,
-        memory_bytes=256 << 20,
-        volume=ws.config.volume,
-        user=ws.config.runner_uid_gid(),
-    )
-    return dataclasses.replace(chunk_service(settings, chunk, 1), command=("/bin/sh", "-c", script))
+    return shell_service(ws, swarm.resolve_image(ws.config.image), chunk, script)
 
 
 def wait_task(swarm: DockerSwarm, ws: Workspace, name: str, states: set[str], timeout: float = 30):  # type: ignore[no-untyped-def]
