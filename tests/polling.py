@@ -30,3 +30,17 @@ class Polling:
 
     def poll(self) -> None:
         raise NotImplementedError
+
+
+def remove_container(container: Any) -> None:
+    """Teardown removal that tolerates the engine removing the same container (a removed service's
+    task) at the same moment: 404 gone, 409 removal already in progress."""
+    import docker.errors
+
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as e:
+        if e.status_code != 409:
+            raise

@@ -26,7 +26,7 @@ import pytest
 
 from controller.servicespec import LABEL_JOB
 from controller.swarm import DockerSwarm
-from tests.polling import Polling
+from tests.polling import Polling, remove_container
 
 ROOT = Path(__file__).resolve().parents[2]
 STATE = ROOT / "build" / "cluster" / "state.json"
@@ -155,7 +155,7 @@ def job(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Job]:
         if not _running(node):
             continue
         for c in api.client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={name}"}):
-            c.remove(force=True)
+            remove_container(c)
     shutil.rmtree(d, ignore_errors=True)
     shutil.rmtree(cluster.data_root / "runs" / name, ignore_errors=True)
 

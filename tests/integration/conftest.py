@@ -23,7 +23,7 @@ import pytest
 from controller.config import Config, load_config
 from controller.servicespec import LABEL_JOB, RunnerSettings, ServiceSpec, chunk_service
 from controller.swarm import DockerSwarm
-from tests.polling import Polling
+from tests.polling import Polling, remove_container
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "ffswarm.yaml"
@@ -76,7 +76,7 @@ def workspace(config: Config, swarm: DockerSwarm, request: pytest.FixtureRequest
     for svc in swarm.client.api.services(filters={"label": f"{LABEL_JOB}={job}"}):
         swarm.remove_service(svc["ID"])
     for c in swarm.client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job}"}):
-        c.remove(force=True)
+        remove_container(c)
     shutil.rmtree(d, ignore_errors=True)
     shutil.rmtree(config.data_root / "runs" / job, ignore_errors=True)
 
