@@ -26,7 +26,7 @@ class OneShotResult:
 
 
 def run_oneshot(
-    backend: SwarmBackend, spec: ServiceSpec, timeout: float, schedule_timeout: float, poll: float = 0.3
+    backend: SwarmBackend, spec: ServiceSpec, timeout: float, schedule_timeout: float, poll: float = 0.1
 ) -> OneShotResult:
     """Create, wait until the task ends, collect logs, remove (always). Gives up when no node took
     the task within `schedule_timeout`, or it has not ended within `timeout`."""
