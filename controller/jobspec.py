@@ -70,7 +70,7 @@ class TargetKind(StrEnum):
 
 def target_kind(path: str | PurePosixPath | Path) -> TargetKind | None:
     """What a file is by its extension (any case); None when ffswarm cannot process it."""
-    suffix = PurePosixPath(str(path)).suffix.lower()
+    suffix = posixpath.splitext(str(path))[1].lower()
     if suffix in IMAGE_EXTENSIONS:
         return TargetKind.IMAGE
     if suffix in VIDEO_EXTENSIONS:
@@ -290,16 +290,22 @@ def _check_output(template: object, job: str) -> None:
         raise FieldError("output", f"{template!r} cannot be expanded: {e}") from None
 
 
-def expand_output(template: str, rel: PurePosixPath, *, index: int, job: str) -> str:
+_SLASHES = re.compile("/+")
+
+
+def expand_output(template: str, rel: str | PurePosixPath, *, index: int, job: str) -> str:
     """The output path (relative to the root, normalised) that ``template`` gives one target.
 
-    An empty ``{dir}`` (a target in the root) leaves no ``//`` and no leading ``/`` behind.
+    An empty ``{dir}`` (a target in the root) leaves no ``//`` and no leading ``/`` behind. String
+    functions, not PurePath objects: this runs once per target, 100,000 times for a big job.
     """
-    folder = "" if str(rel.parent) == "." else str(rel.parent)
-    text = template.format(stem=rel.stem, ext=rel.suffix, name=rel.name, index=index, job=job, dir=folder)
+    rel = str(rel)
+    folder, name = posixpath.split(rel)
+    stem, ext = posixpath.splitext(name)
+    text = template.format(stem=stem, ext=ext, name=name, index=index, job=job, dir=folder)
     if text.endswith("/"):
         raise ValueError(f"{template!r} gives a folder for {str(rel)!r}")
-    text = re.sub("/+", "/", text).lstrip("/")
+    text = _SLASHES.sub("/", text).lstrip("/")
     if not text:
         raise ValueError(f"{template!r} gives an empty path for {str(rel)!r}")
     return posixpath.normpath(text)
@@ -444,7 +450,7 @@ def resolve_job(spec: JobSpec, data_root: Path, file: str, *, job_id: str | None
     for index, (path, kind) in enumerate(matches):
         rel = resolver.relative(path)
         try:
-            out_text = expand_output(spec.output, PurePosixPath(rel), index=index, job=job_id or spec.name)
+            out_text = expand_output(spec.output, rel, index=index, job=job_id or spec.name)
             out = resolver.inside(out_text, what="output")
         except ValueError as e:
             raise JobFileError(file, "output", f"for {rel!r}: {e}") from None
