@@ -162,6 +162,7 @@ def main() -> None:
     ap.add_argument("--chunk-sizes", default="20,50,100,250,500", help="swept at 1,000 items")
     ap.add_argument("--default-chunk-size", default=None, help="(default: the job-file default, auto)")
     ap.add_argument("--b2-items", type=int, default=1000)
+    ap.add_argument("--b4-chunks", type=int, default=0, help="first run one job of this many one-item chunks (no GPU)")
     ap.add_argument("--skip", default="", help="comma list of b1,sweep,b2,b4 to skip")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
@@ -228,6 +229,9 @@ def main() -> None:
                 f"→ ratio {out['b2']['ratio']:.1f}"
             )
         if "b4" not in skip:
+            if args.b4_chunks:
+                big = line("B4 job", b.run("b4", b.inputs(args.b4_chunks), 1, sim, gpus=0, max_concurrent=12))
+                out["b4_job"] = big
             api = swarm.client.api
             ours = {"label": "io.ffswarm.job"}
             time.sleep(10)  # the task reaper drops removed services' task records a few seconds later
