@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+from controller import video
 from controller.config import Config
 from controller.errors import UsageError
 from controller.rundir import RunDir
@@ -25,13 +26,26 @@ def job_status(rundir: RunDir) -> dict[str, Any]:
     if not rundir.exists():
         raise UsageError(f"no job {rundir.job!r} under {rundir.path.parent}")
     plan = rundir.plan()
-    items: Counter[str] = Counter()
+    items: Counter[str] = Counter()  # what the user submitted: images, and videos once joined
     first = last = 0.0
+    kinds = {i.id: i.kind for i in plan.items}
+    segments_done = images_done = 0
     for chunk in plan.chunks:
         for r in rundir.latest_results(chunk.id).values():
-            items[r.status.value] += 1
             first = min(first or r.started, r.started)
             last = max(last, r.finished)
+            if kinds.get(r.item) == "segment":
+                segments_done += 1
+            else:
+                items[r.status.value] += 1
+                images_done += 1
+    joined = video.joins(rundir)
+    for v in plan.videos:
+        if v.error:
+            items["error"] += 1
+        elif v.id in joined:
+            items[joined[v.id].status.value] += 1
+    total = sum(1 for i in plan.items if i.kind != "segment") + len(plan.videos)
     done = sum(items.values())
     state = rundir.state() or {"chunks": {}}
     chunks = state["chunks"]
@@ -42,25 +56,27 @@ def job_status(rundir: RunDir) -> dict[str, Any]:
     control = rundir.control()
     if control.cancel:
         phase = "cancelled"
-    elif report is not None and done == len(plan.items):
+    elif report is not None and done == total:
         phase = "finished"
     elif report is not None:
         phase = "stopped"
     else:
         phase = "running"
     eta = None
-    if phase == "running" and done and last > first:
-        eta = round((len(plan.items) - done) * (last - first) / done)
+    work_done = images_done + segments_done  # ETA from work items: images and video segments
+    if phase == "running" and work_done > 0 and last > first:
+        eta = round(max(len(plan.items) - work_done, 0) * (last - first) / work_done)
     return {
         "job": rundir.job,
         "phase": phase,
         "items": {
-            "total": len(plan.items),
+            "total": total,
             "ok": items["ok"],
             "no_face": items["no_face"],
             "failed": items["error"],
-            "pending": len(plan.items) - done,
+            "pending": total - done,
         },
+        "segments": {"total": len(plan.items) - (total - len(plan.videos)), "done": segments_done},
         "chunks": {"total": len(plan.chunks), **dict(by_state)},
         "attempts": attempts,
         "nodes": nodes,
@@ -73,9 +89,11 @@ def describe(row: dict[str, Any]) -> str:
     i, c = row["items"], row["chunks"]
     states = ", ".join(f"{v} {k}" for k, v in c.items() if k != "total") or "none started"
     eta = f" · ETA {row['eta_seconds']}s" if row["eta_seconds"] is not None else ""
+    seg = row["segments"]
+    segs = f" · video segments {seg['done']}/{seg['total']}" if seg["total"] else ""
     return (
         f"{row['job']}: {row['phase']} · items {i['ok'] + i['no_face']}/{i['total']} done, {i['failed']} failed, "
-        f"{i['pending']} pending · chunks: {states} (of {c['total']}) · {row['attempts']} attempts on "
+        f"{i['pending']} pending{segs} · chunks: {states} (of {c['total']}) · {row['attempts']} attempts on "
         f"{len(row['nodes'])} node(s) · max_concurrent {row['max_concurrent']}{eta}"
     )
 

@@ -307,7 +307,8 @@ def finish(
     return runs
 
 
-def _joins(rundir: RunDir) -> dict[str, ItemResult]:
+def joins(rundir: RunDir) -> dict[str, ItemResult]:
+    """Each video's latest join result (runs/<job>/joins.jsonl)."""
     try:
         text = (rundir.path / JOINS).read_text()
     except FileNotFoundError:
@@ -316,7 +317,7 @@ def _joins(rundir: RunDir) -> dict[str, ItemResult]:
 
 
 def _joined(rundir: RunDir, video_id: str) -> bool:
-    r = _joins(rundir).get(video_id)
+    r = joins(rundir).get(video_id)
     if r is None or not _committed(r):
         return False
     return r.output is None or (rundir.data_root / r.output).is_file()
@@ -416,13 +417,13 @@ def _verify(joined: Path, parts: list[Path], audio: bool) -> None:
 
 def report_items(plan: Plan, rundir: RunDir, segments: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """One report entry per video target, from the plan, its segments' entries and the join."""
-    joins = _joins(rundir)
+    joined_all = joins(rundir)
     out: dict[str, dict[str, Any]] = {}
     for v in plan.videos:
         entry: dict[str, Any] = {"input": v.input, "output": None, "kind": "video", "segments": len(v.segments)}
         seg_entries = [segments[s] for s in v.segments if s in segments]
         bad = [(s, e) for s, e in zip(v.segments, seg_entries, strict=False) if e["status"] not in ("ok", "no_face")]
-        joined = joins.get(v.id)
+        joined = joined_all.get(v.id)
         if v.error is not None:
             entry.update(status="error", reason=f"{v.input}: {v.error}", chunk=None)
         elif bad:
