@@ -93,6 +93,8 @@ def read_image(path: Path, limits: Limits) -> Decoded:
 def decode_image(data: bytes, limits: Limits) -> Decoded:
     if len(data) > limits.max_file_bytes:
         raise ItemError(f"file too large: more than {limits.max_file_bytes} bytes")
+    if not data:
+        raise ItemError("empty file (0 bytes)")
     fmt = sniff(data[:16])
     if fmt is None:
         raise ItemError("not an image (unknown magic bytes)")
@@ -124,7 +126,10 @@ def _probe_header(data: bytes, fmt: str) -> tuple[int, int, int]:
             except Exception:  # a broken EXIF block must not cost the image: treat as upright
                 orientation = 1
     except (OSError, SyntaxError, ValueError, EOFError) as e:
-        raise ItemError(f"cannot read {fmt} header: {e}") from e
+        # Pillow's message names its own BytesIO object ("cannot identify image file <_io…>"): say
+        # what it means instead.
+        why = "truncated or invalid" if "cannot identify image file" in str(e) else str(e)
+        raise ItemError(f"cannot read {fmt} header: {why}") from e
     finally:
         Image.MAX_IMAGE_PIXELS = bomb_limit
     return width, height, orientation if 1 <= orientation <= 8 else 1

@@ -210,3 +210,10 @@ def test_stale_temps_of_one_output_are_removed(tmp_path: Path) -> None:
     media.remove_stale_temps(target)
     assert not stale.exists()
     assert other.exists()
+
+
+def test_empty_and_header_only_files_say_what_they_are() -> None:
+    with pytest.raises(ItemError, match=r"^empty file \(0 bytes\)$"):
+        media.decode_image(b"", Limits())
+    with pytest.raises(ItemError, match=r"^cannot read PNG header: truncated or invalid$"):
+        media.decode_image(b"\x89PNG\r\n\x1a\n", Limits())
