@@ -52,6 +52,7 @@ def compute(
     job_file: str,
 ) -> IdentityResult:
     """Run the identity step; raise a job-file error naming the photo when a source is unusable."""
+    rundir.make_dirs()  # logs/identity.log is written by the step itself
     rundir.write_file("identity-request.json", request.to_json().encode())
     spec = chunk_service(settings, STEP, 1)
     spec = dataclasses.replace(

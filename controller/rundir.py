@@ -71,9 +71,13 @@ class RunDir:
         self._mkdir(self.path)
         self._write(rel, data)
 
-    def create(self, job_file: bytes, plan: Plan, manifests: dict[str, Manifest], control: Control, image: str) -> None:
+    def make_dirs(self) -> None:
+        """The run folder's sub-folders, owned by the runner's user (runners append to them)."""
         for sub in ("", "chunks", "results", "logs"):
             self._mkdir(self.path / sub)
+
+    def create(self, job_file: bytes, plan: Plan, manifests: dict[str, Manifest], control: Control, image: str) -> None:
+        self.make_dirs()
         self._write("job.yaml", job_file)
         for chunk, manifest in manifests.items():
             write_atomic(self.path / "chunks" / f"{chunk}.json", manifest.to_json().encode(), self.owner, durable=False)

@@ -85,6 +85,7 @@ timeout: 10m
 
     run = ws.root / "runs" / ws.job
     report = json.loads((run / "report.json").read_text())
+    assert "identity written" in (run / "logs" / "identity.log").read_text()  # the submit-time step's own log
     results: list[ItemResult] = []
     for f in sorted((run / "results").glob("*.jsonl")):
         results += read_results(f.read_text())
