@@ -11,13 +11,13 @@ inside it by the runner's own `verify_pack`, so the answer is the one a chunk wo
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from controller.config import Config
 from controller.errors import FfswarmError
+from controller.oneshot import run_oneshot
 from controller.servicespec import RUNNER_COMMAND, RunnerSettings, chunk_service
 from controller.swarm import NodeInfo, SwarmAdmin
 
@@ -138,21 +138,11 @@ def probe_node(admin: SwarmAdmin, config: Config, node: NodeInfo, image: str, pa
     )
     spec = chunk_service(settings, "probe", 1)
     seen = config.data_root / f".ffswarm-{name}"
-    admin.create_service(spec)
-    try:
-        deadline = time.monotonic() + PROBE_TIMEOUT
-        task = None
-        while time.monotonic() < deadline:
-            states = admin.services(settings.job)
-            task = states[0].latest_task() if states else None
-            if task and task.state in ("complete", "failed", "rejected"):
-                break
-            time.sleep(0.3)
-        logs = admin.service_logs(spec.name, tail=20)
-    finally:
-        admin.remove_service(spec.name)
-        admin.remove_exited_containers(settings.job)
-    found: dict[str, str] = {"task": f"{task.state}: {task.message}" if task else "not scheduled in time"}
+    outcome = run_oneshot(admin, spec, timeout=PROBE_TIMEOUT, schedule_timeout=PROBE_TIMEOUT)
+    logs = outcome.logs
+    found: dict[str, str] = {
+        "task": "not scheduled in time" if outcome.state == "unscheduled" else f"{outcome.state}: {outcome.message}"
+    }
     for line in logs.splitlines():
         if PROBE_MARK in line:
             found.update(json.loads(line.split(PROBE_MARK, 1)[1]))

@@ -228,13 +228,13 @@ class DockerSwarm:
             raw = self._client.api.nodes()
         return [
             NodeState(
-                node_id=n["ID"],
-                hostname=n.get("Description", {}).get("Hostname", ""),
-                state=n.get("Status", {}).get("State", "unknown"),
-                availability=n.get("Spec", {}).get("Availability", "active"),
-                gpus=len(n.get("Description", {}).get("Resources", {}).get("GenericResources") or []),
+                n.node_id,
+                n.hostname,
+                n.state or "unknown",
+                n.availability or "active",
+                sum(n.generic_resources.values()),
             )
-            for n in raw
+            for n in map(_node_info, raw)
         ]
 
     def service_spec_raw(self, name: str) -> dict[str, Any]:
