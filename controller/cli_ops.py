@@ -79,7 +79,8 @@ def job_services(config: Config, ref: str, attempt: int) -> list[ServiceSpec]:
         prepared = job[0]
         backend = DockerSwarm(config.docker_host)
         image = backend.resolve_image(prepared.spec.image or config.image)
-        rundir = jobs_mod.start_run(config, backend, prepared, image)
+        rundir = jobs_mod.start_run(config, prepared, image)
+        jobs_mod.ensure_identity(config, backend, prepared, rundir, image)
     else:
         rundir = RunDir(config.data_root, ref)
         if not rundir.exists():

@@ -2,31 +2,53 @@
 
 The controller has no face models (it is a small Docker client), so it asks the runner image: a
 one-shot service, shaped and hardened like a chunk service, runs `python -m runner_image identity`
-on the job's source (and reference) photos and writes the embeddings to the run folder. They go
-into every manifest, so every chunk and every video segment swaps in and selects the same person,
-and a source photo without exactly one face is a job-file error before any chunk starts.
+on the job's source (and reference) photos and writes the embeddings to runs/<job>/identity.json.
+Every chunk and every video segment reads that one file, so they all swap in and select exactly the
+same person, and a source photo without exactly one face refuses the whole job, naming the photo.
+
+The step runs BESIDE the job's first chunk services, not before them: the run folder is created with
+identity.json saying "pending", chunk runners start, load their models and wait for the file to
+change (worker.await_identity), while the identity service embeds a handful of photos. It reserves
+no GPU (a few photos are quick on the CPU) so it never holds a slot the first chunks need. When it
+fails, the job's services are removed and its run folder with them (jobs.supervise): nothing has
+been committed, since no runner gets past the wait.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 from controller.config import Config
 from controller.errors import CapacityError, FfswarmError, JobFileError, MissingInputError
 from controller.jobspec import JobSpec, ResolvedJob
-from controller.oneshot import run_oneshot
+from controller.oneshot import OneShot, OneShotResult
 from controller.rundir import RunDir
-from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, RunnerSettings, chunk_service
+from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_ROLE, RunnerSettings, chunk_service
 from controller.supervisor import last_words
 from controller.swarm import SwarmBackend
 from runner_image.manifest import CONTAINER_DATA_ROOT, IdentityRequest, IdentityResult, RunnerExit
 
 STEP = "identity"
+RESULT = "identity.json"
+REQUEST = "identity-request.json"
+STEP_TIMEOUT = 600.0  # once scheduled; a handful of photos take seconds
 
 
 def _c(root: Path, p: Path) -> str:
     return f"{CONTAINER_DATA_ROOT}/{p.resolve().relative_to(root).as_posix()}"
+
+
+def container_path(job_id: str) -> str:
+    """Where chunk runners read the answer (Manifest.identity)."""
+    return f"{CONTAINER_DATA_ROOT}/runs/{job_id}/{RESULT}"
+
+
+def wait_limit(config: Config) -> float:
+    """How long a chunk runner waits for the answer (Manifest.identity_timeout): as long as the step
+    may take, queueing for a node included, and a minute more."""
+    return float(config.schedule_timeout) + STEP_TIMEOUT + 60.0
 
 
 def request_for(config: Config, spec: JobSpec, resolved: ResolvedJob, job_id: str) -> IdentityRequest:
@@ -35,48 +57,94 @@ def request_for(config: Config, spec: JobSpec, resolved: ResolvedJob, job_id: st
         job=job_id,
         pack_dir=f"{CONTAINER_DATA_ROOT}/models/{spec.models}",
         sources=tuple(_c(root, s) for s in resolved.sources),
-        output=f"{CONTAINER_DATA_ROOT}/runs/{job_id}/identity.json",
-        providers=tuple(spec.providers),
+        output=container_path(job_id),
+        providers=("cpu",),  # a few photos: no GPU reserved, none taken from the first chunks
         reference=_c(root, resolved.reference) if resolved.reference else None,
         detector_threshold=spec.detector.threshold,
         detector_size=spec.detector.size,
     )
 
 
-def compute(
-    config: Config,
-    backend: SwarmBackend,
-    settings: RunnerSettings,
-    rundir: RunDir,
-    request: IdentityRequest,
-    job_file: str,
-) -> IdentityResult:
-    """Run the identity step; raise a job-file error naming the photo when a source is unusable."""
-    rundir.make_dirs()  # logs/identity.log is written by the step itself
-    rundir.write_file("identity-request.json", request.to_json().encode())
-    spec = chunk_service(settings, STEP, 1)
-    spec = dataclasses.replace(
-        spec,
-        name=f"ffswarm-{settings.job}-{STEP}",
-        command=(*settings.command, STEP, "--request", f"{request.output.rsplit('/', 1)[0]}/identity-request.json"),
-        labels={**spec.labels, LABEL_CHUNK: STEP, LABEL_ATTEMPT: "1", "io.ffswarm.role": STEP},
-    )
-    outcome = run_oneshot(
-        backend, spec, timeout=config.schedule_timeout + 600, schedule_timeout=config.schedule_timeout
-    )
-    result_path = rundir.path / "identity.json"
-    result = IdentityResult.from_json(result_path.read_text()) if result_path.is_file() else None
-    if result is not None and result.error:
-        field = "reference" if request.reference and request.reference in result.error else "source"
-        raise JobFileError(job_file, field, result.error.replace(f"{CONTAINER_DATA_ROOT}/", ""))
-    if outcome.ok and result is not None:
-        return result
-    words = last_words(outcome.logs) or outcome.message
-    if outcome.exit_code == RunnerExit.MISSING_INPUT:
-        raise MissingInputError(f"{job_file}: {words}")
-    if outcome.state == "unscheduled":
-        raise CapacityError(
-            f"{job_file}: no node took the job's first service within {config.schedule_timeout}s "
-            f"(placement and GPU reservation of the job): {outcome.message}"
+def prepare(rundir: RunDir, request: IdentityRequest) -> None:
+    """The request, and the answer saying "pending" (a file that exists from the start is re-read
+    promptly by NFS clients, which may cache a missing name for tens of seconds)."""
+    rundir.write_file(REQUEST, request.to_json().encode())
+    rundir.write_file(RESULT, IdentityResult(pending=True).to_json().encode())
+
+
+def read_result(rundir: RunDir) -> IdentityResult | None:
+    path = rundir.path / RESULT
+    return IdentityResult.from_json(path.read_text()) if path.is_file() else None
+
+
+class Step:
+    """The identity service of one job, polled until it has answered; `poll()` raises the job's error
+    (JobFileError naming the photo, MissingInputError, CapacityError) when it cannot run."""
+
+    def __init__(
+        self, config: Config, backend: SwarmBackend, settings: RunnerSettings, rundir: RunDir, job_file: str
+    ) -> None:
+        self.config = config
+        self.rundir = rundir
+        self.job_file = job_file
+        self.request = IdentityRequest.from_json((rundir.path / REQUEST).read_text())
+        rundir.make_dirs()  # logs/identity.log is written by the step itself
+        cpu_only = dataclasses.replace(settings, gpus=0)
+        spec = chunk_service(cpu_only, STEP, 1)
+        spec = dataclasses.replace(
+            spec,
+            name=f"ffswarm-{settings.job}-{STEP}",
+            command=(*settings.command, STEP, "--request", f"{self.request.output.rsplit('/', 1)[0]}/{REQUEST}"),
+            labels={**spec.labels, LABEL_CHUNK: STEP, LABEL_ATTEMPT: "1", LABEL_ROLE: STEP},
         )
-    raise FfswarmError(f"{job_file}: the identity step failed ({outcome.state}, exit {outcome.exit_code}): {words}")
+        schedule = float(config.schedule_timeout)
+        self.shot = OneShot(backend, spec, timeout=schedule + STEP_TIMEOUT, schedule_timeout=schedule)
+
+    def poll(self) -> IdentityResult | None:
+        outcome = self.shot.poll()
+        return None if outcome is None else self._answer(outcome)
+
+    def abort(self) -> None:
+        self.shot.abort()
+
+    def _answer(self, outcome: OneShotResult) -> IdentityResult:
+        config, request, job_file = self.config, self.request, self.job_file
+        result = read_result(self.rundir)
+        if result is not None and result.error:
+            field = "reference" if request.reference and request.reference in result.error else "source"
+            raise JobFileError(job_file, field, result.error.replace(f"{CONTAINER_DATA_ROOT}/", ""))
+        if outcome.ok and result is not None and not result.pending:
+            return result
+        words = last_words(outcome.logs) or outcome.message
+        if outcome.exit_code == RunnerExit.MISSING_INPUT:
+            raise MissingInputError(f"{job_file}: {words}")
+        if outcome.state == "unscheduled":
+            raise CapacityError(
+                f"{job_file}: no node took the job's identity step within {config.schedule_timeout}s "
+                f"(the job's placement constraints): {outcome.message}"
+            )
+        raise FfswarmError(f"{job_file}: the identity step failed ({outcome.state}, exit {outcome.exit_code}): {words}")
+
+
+def start(
+    config: Config, backend: SwarmBackend, settings: RunnerSettings, rundir: RunDir, job_file: str
+) -> Step | None:
+    """The step of a run folder whose identity is still pending (a new job, or a controller that died
+    during the step); None when identity.json already holds the answer."""
+    result = read_result(rundir)
+    if result is not None and not result.pending and not result.error:
+        return None
+    return Step(config, backend, settings, rundir, job_file)
+
+
+def ensure(config: Config, backend: SwarmBackend, settings: RunnerSettings, rundir: RunDir, job_file: str) -> None:
+    """Blocking form, for callers that start no chunks themselves (`ffswarm render`)."""
+    step = start(config, backend, settings, rundir, job_file)
+    if step is None:
+        return
+    try:
+        while step.poll() is None:
+            time.sleep(0.1)
+    except BaseException:
+        step.abort()
+        raise

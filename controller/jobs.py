@@ -83,6 +83,7 @@ def _rel(config: Config, p: Path) -> str:
 
 
 def manifest_settings(config: Config, job: PreparedJob, ident: IdentityResult | None = None) -> ManifestSettings:
+    """With `ident`, the embeddings go into every manifest; without, runners read identity.json."""
     assert job.resolved is not None, "manifests are made at submit, from a resolved job"
     return ManifestSettings(
         pack=job.spec.models,
@@ -93,6 +94,7 @@ def manifest_settings(config: Config, job: PreparedJob, ident: IdentityResult | 
         no_face=job.spec.no_face,
         source_embedding=tuple(ident.source_embedding) if ident and ident.source_embedding else None,
         reference_embedding=ident.reference_embedding if ident else None,
+        identity_timeout=None if ident else identity.wait_limit(config),
         reference_distance=job.spec.reference_distance,
         detector_threshold=job.spec.detector.threshold,
         detector_size=job.spec.detector.size,
@@ -150,20 +152,35 @@ def _pending_chunks(rundir: RunDir, plan: Plan) -> list[str]:
     return todo
 
 
-def start_run(config: Config, backend: SwarmBackend, job: PreparedJob, image: str) -> RunDir:
+def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
+    """The job's run folder (created unless it exists). Its identity is still pending: supervise()
+    runs the identity step beside the first chunks (ensure_identity() for callers that don't)."""
     rundir = RunDir(config.data_root, job.job_id, _owner(config))
     if not rundir.exists():
         assert job.resolved is not None
-        request = identity.request_for(config, job.spec, job.resolved, job.job_id)
-        settings = runner_settings(config, job, image)
-        try:
-            ident = identity.compute(config, backend, settings, rundir, request, str(job.file))
-        except FfswarmError:
-            shutil.rmtree(rundir.path, ignore_errors=True)  # a refused submit leaves nothing behind
-            raise
-        manifests = chunk_manifests(job.plan, manifest_settings(config, job, ident))
+        rundir.make_dirs()
+        identity.prepare(rundir, identity.request_for(config, job.spec, job.resolved, job.job_id))
+        manifests = chunk_manifests(job.plan, manifest_settings(config, job))
         rundir.create(job.file.read_bytes(), job.plan, manifests, Control(job.spec.max_concurrent), image)
     return rundir
+
+
+def _refused(backend: SwarmBackend, rundir: RunDir) -> None:
+    """The identity step refused the job: no runner got past its wait, so nothing was committed.
+    Remove the job's services and its run folder: a refused submit leaves nothing behind."""
+    for svc in backend.services(rundir.job):
+        backend.remove_service(svc.name)
+    backend.remove_exited_containers(rundir.job)
+    shutil.rmtree(rundir.path, ignore_errors=True)
+
+
+def ensure_identity(config: Config, backend: SwarmBackend, job: PreparedJob, rundir: RunDir, image: str) -> None:
+    """Run a pending identity step to its end (for `render`: the stack's runners wait for it)."""
+    try:
+        identity.ensure(config, backend, runner_settings(config, job, image), rundir, str(job.file))
+    except FfswarmError:
+        _refused(backend, rundir)
+        raise
 
 
 def supervise(
@@ -186,10 +203,27 @@ def supervise(
         if on_event:
             on_event(event, **fields)
 
-    sup = Supervisor(backend, rundir, runner_settings(config, job, image), policy, on_event=emit)
+    settings = runner_settings(config, job, image)
+    sup = Supervisor(backend, rundir, settings, policy, on_event=emit)
     todo = _pending_chunks(rundir, plan)
+    step = identity.start(config, backend, settings, rundir, str(job.file))
     emit("job_started", chunks=len(plan.chunks), pending=len(todo), items=len(plan.items), image=image)
-    runs = sup.run(todo)
+
+    def identity_ready() -> bool:
+        assert step is not None
+        answer = step.poll()
+        if answer is not None:
+            emit("identity_ready", seconds=round(time.time() - started, 3), provider=answer.provider)
+        return answer is not None
+
+    try:
+        runs = sup.run(todo, gate=identity_ready if step else None)
+    except FfswarmError:
+        _refused(backend, rundir)
+        raise
+    finally:
+        if step is not None:
+            step.abort()  # no-op once it answered; removes it after a cancel or an interrupt
     runs = video.finish(plan, rundir, job.spec, sup.run, runs, emit)  # redo bad segments, join videos
     report = build_report(plan, rundir, runs, image, started)
     path = rundir.write_report(report)
@@ -213,7 +247,7 @@ def submit(
     for job in jobs:
         existing = RunDir(config.data_root, job.job_id)
         image = existing.image() if existing.exists() else backend.resolve_image(job.spec.image or config.image)
-        rundir = start_run(config, backend, job, image)
+        rundir = start_run(config, job, image)
         on_event = progress(rundir, len(job.plan.items)) if progress else None
         reports.append(supervise(config, backend, job, rundir, image, on_event))
     worst = max((exit_code(r) for r in reports), default=0)

@@ -18,6 +18,7 @@ from runner_image.manifest import (
     DETECTOR_SIZE,
     DETECTOR_THRESHOLD,
     ENHANCER_BLEND,
+    IDENTITY_TIMEOUT,
     MASK_FEATHER,
     MASK_PADDING,
     REFERENCE_DISTANCE,
@@ -177,9 +178,12 @@ class ManifestSettings:
     providers: tuple[str, ...]
     faces: FaceSelection
     no_face: NoFacePolicy
-    # From the identity subcommand run at submit (runner_image.manifest.IdentityResult).
+    # The job's identity (runner_image.manifest.IdentityResult): given here, or — with
+    # identity_timeout set — read by each runner from runs/<job>/identity.json, waiting up to that
+    # many seconds for the submit-time identity step that runs beside the first chunks.
     source_embedding: tuple[float, ...] | None = None
     reference_embedding: tuple[float, ...] | None = None
+    identity_timeout: float | None = None
     reference_distance: float = REFERENCE_DISTANCE
     # Tuning from the job file (detector, mask, face_enhancer); defaults as in the manifest.
     detector_threshold: float = DETECTOR_THRESHOLD
@@ -215,6 +219,8 @@ def chunk_manifests(plan: Plan, settings: ManifestSettings) -> dict[str, Manifes
             no_face=settings.no_face,
             source_embedding=settings.source_embedding,
             reference_embedding=settings.reference_embedding,
+            identity=None if settings.identity_timeout is None else _c(f"runs/{plan.job}/identity.json"),
+            identity_timeout=settings.identity_timeout or IDENTITY_TIMEOUT,
             reference_distance=settings.reference_distance,
             detector_threshold=settings.detector_threshold,
             detector_size=settings.detector_size,

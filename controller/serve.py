@@ -112,7 +112,7 @@ def run_job_file(config: Config, path: Path, metrics: Metrics) -> Outcome:
         backend = DockerSwarm(config.docker_host)
         backend.check_manager()
         image = backend.resolve_image(job.spec.image or config.image)
-        rundir = jobs_mod.start_run(config, backend, job, image)
+        rundir = jobs_mod.start_run(config, job, image)
         sink = metrics.sink(rundir, job.spec.resources.gpus)
         report = jobs_mod.supervise(config, backend, job, rundir, image, sink)
     except CapacityError as e:

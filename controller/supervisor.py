@@ -18,7 +18,7 @@ from typing import Any
 
 from controller.failures import ChunkState, FailureClass, classify_exit, describe_exit
 from controller.rundir import RunDir, write_atomic
-from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, RunnerSettings, chunk_service
+from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_ROLE, ROLE_RUNNER, RunnerSettings, chunk_service
 from controller.swarm import NodeState, ServiceState, SwarmBackend
 
 PENDING_STATES = {"new", "pending", "allocated", "assigned"}
@@ -116,24 +116,29 @@ class Supervisor:
         self.emit = emit
 
     # -- the loop ---------------------------------------------------------------------------------
-    def run(self, chunk_ids: list[str]) -> dict[str, ChunkRun]:
+    def run(self, chunk_ids: list[str], gate: Callable[[], bool] | None = None) -> dict[str, ChunkRun]:
+        """Run the chunks to their ends. `gate`, when given, is a step that runs beside them (the
+        identity step): polled once per round until it returns True; whatever it raises ends the run
+        and propagates, the chunks' services left to the caller."""
         queue: deque[str] = deque()
         for cid in chunk_ids:
             self.chunks[cid] = ChunkRun(cid, last_attempt=self.rundir.last_attempt(cid))
             queue.append(cid)
-        self._adopt(queue)
-        while queue or self._running():
+        self._adopt(queue, keep_steps=gate is not None)
+        while queue or self._running() or gate:
             control = self.rundir.control()
             if control.cancel:
                 self._cancel_all(queue)
                 break
             self.nodes = {n.node_id: n for n in self.backend.nodes()}
             self._fill(queue, control.max_concurrent)
+            if gate is not None and gate():
+                gate = None
             by_name = {s.name: s for s in self.backend.services(self.settings.job)}
             for run in self._running():
                 self._watch(run, by_name.get(run.current.service), queue)
             self._save_state()
-            if queue or self._running():
+            if queue or self._running() or gate:
                 self.sleep(self.policy.poll)
         self._save_state()
         self.backend.remove_exited_containers(self.settings.job)
@@ -148,9 +153,12 @@ class Supervisor:
     def _running(self) -> list[ChunkRun]:
         return [c for c in self.chunks.values() if c.state is ChunkState.RUNNING]
 
-    def _adopt(self, queue: deque[str]) -> None:
-        """Services left by an earlier controller: keep the live ones, never start a second one."""
+    def _adopt(self, queue: deque[str], keep_steps: bool = False) -> None:
+        """Services left by an earlier controller: keep the live ones, never start a second one.
+        A step's service (not a chunk: the identity step) is kept while that step is being run."""
         for svc in self.backend.services(self.settings.job):
+            if keep_steps and svc.labels.get(LABEL_ROLE, ROLE_RUNNER) != ROLE_RUNNER:
+                continue
             cid = svc.labels.get(LABEL_CHUNK, "")
             run = self.chunks.get(cid)
             if run is None or run.state is not ChunkState.QUEUED:

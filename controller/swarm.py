@@ -180,7 +180,10 @@ class DockerSwarm:
             raw = self._client.api.services(filters={"label": f"{LABEL_JOB}={job}"})
             out = []
             for svc in raw:
-                tasks = self._client.api.tasks(filters={"service": svc["ID"]})
+                try:
+                    tasks = self._client.api.tasks(filters={"service": svc["ID"]})
+                except docker.errors.NotFound:
+                    continue  # removed since the listing (a cancel, a finished step): it is gone
                 out.append(
                     ServiceState(
                         name=svc["Spec"]["Name"],

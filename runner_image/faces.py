@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from insightface.utils import face_align
 
 from .errors import ItemError
+from .insightface_lite import face_align
 from .manifest import FaceSelection
 
 

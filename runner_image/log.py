@@ -98,3 +98,14 @@ def bind(**values: Any) -> None:
 def get() -> Any:
     """The bound logger (typed Any: structlog's filtering wrapper class is generated at runtime)."""
     return structlog.get_logger("ffswarm.runner")
+
+
+def process_age() -> float | None:
+    """Seconds since this process was started (exec), from /proc: the runner's whole cold start,
+    interpreter and imports included, which no log line written after them can see."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return round(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 3)
+    except (OSError, ValueError, IndexError):
+        return None

@@ -32,6 +32,7 @@ MASK_FEATHER = 0.05
 MASK_PADDING = 0.1
 ENHANCER_BLEND = 0.8
 REFERENCE_DISTANCE = 0.6
+IDENTITY_TIMEOUT = 960.0  # seconds a runner waits for the identity step (the controller sets it per job)
 
 
 class FaceSelection(StrEnum):
@@ -143,10 +144,14 @@ class Manifest:
     no_face: NoFacePolicy = NoFacePolicy.COPY
     limits: Limits = field(default_factory=Limits)
     schema: int = SCHEMA_VERSION
-    # Optional (absent in older manifests). Identity computed once at submit (IdentityResult): with
-    # source_embedding the runner does not re-embed the source photos.
+    # Optional (absent in older manifests). Identity computed once per job (IdentityResult): either
+    # given here, or `identity` names the job's identity.json, which the runner waits for (up to
+    # identity_timeout seconds) while the submit-time identity step is still running. With neither,
+    # the runner embeds the source photos itself.
     source_embedding: tuple[float, ...] | None = None
-    reference_embedding: tuple[float, ...] | None = None  # required with faces: reference
+    reference_embedding: tuple[float, ...] | None = None  # with faces: reference, here or via identity
+    identity: str | None = None  # container path of runs/<job>/identity.json
+    identity_timeout: float = IDENTITY_TIMEOUT
     reference_distance: float = REFERENCE_DISTANCE  # max cosine distance to the reference face
     detector_threshold: float = DETECTOR_THRESHOLD
     detector_size: int = DETECTOR_SIZE  # square input side, a multiple of 32
@@ -172,6 +177,8 @@ class Manifest:
             _require_container_path(getattr(self, name), name)
         for s in self.source:
             _require_container_path(s, "source")
+        if self.identity is not None:
+            _require_container_path(self.identity, "identity")
         ids = [i.id for i in self.items]
         if len(set(ids)) != len(ids):
             raise ManifestError("duplicate item ids")
@@ -238,6 +245,8 @@ _FIELDS = {f.name: f for f in fields(Manifest)}
 _OPTIONAL = (
     "source_embedding",
     "reference_embedding",
+    "identity",
+    "identity_timeout",
     "reference_distance",
     "detector_threshold",
     "detector_size",
@@ -252,7 +261,16 @@ def _optional_fields(data: dict[str, Any]) -> dict[str, Any]:
     for name in ("source_embedding", "reference_embedding"):
         if data.get(name) is not None:
             out[name] = _embedding(data[name], name)
-    for name in ("reference_distance", "detector_threshold", "mask_feather", "mask_padding", "enhancer_blend"):
+    if data.get("identity") is not None:
+        out["identity"] = _str(data, "identity")
+    for name in (
+        "reference_distance",
+        "detector_threshold",
+        "mask_feather",
+        "mask_padding",
+        "enhancer_blend",
+        "identity_timeout",
+    ):
         if name in data:
             out[name] = _number(data[name], name)
     if "detector_size" in data:
@@ -284,8 +302,10 @@ def _check_tuning(m: Manifest) -> None:
             raise ManifestError(f"{name} must be a non-empty tuple of finite floats")
     if m.source_embedding and m.reference_embedding and len(m.source_embedding) != len(m.reference_embedding):
         raise ManifestError("source_embedding and reference_embedding differ in length")
-    if m.faces is FaceSelection.REFERENCE and m.reference_embedding is None:
-        raise ManifestError("faces: reference needs reference_embedding (computed at submit)")
+    if m.faces is FaceSelection.REFERENCE and m.reference_embedding is None and m.identity is None:
+        raise ManifestError("faces: reference needs reference_embedding or identity (computed at submit)")
+    if not 0 < m.identity_timeout <= 86400:
+        raise ManifestError(f"identity_timeout must be in (0, 86400] seconds, got {m.identity_timeout!r}")
     checks = (
         ("reference_distance", m.reference_distance, 0.0, 2.0),
         ("detector_threshold", m.detector_threshold, 0.0, 1.0),
@@ -383,13 +403,15 @@ class SourceFaces:
 @dataclass(frozen=True)
 class IdentityResult:
     """The answer to an IdentityRequest. ``error`` set: the job cannot run (the subcommand exits 66)
-    and it says which photo and why; the embeddings are then empty/None."""
+    and it says which photo and why; the embeddings are then empty/None. ``pending``: the step has
+    not answered yet (what the controller writes when it creates the run folder)."""
 
     source_embedding: tuple[float, ...] = ()  # mean of the sources' normed embeddings, renormalised
     reference_embedding: tuple[float, ...] | None = None
     sources: tuple[SourceFaces, ...] = ()
     error: str | None = None
     provider: str | None = None
+    pending: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -405,6 +427,7 @@ class IdentityResult:
                 sources=tuple(SourceFaces(path=str(s["path"]), faces=int(s["faces"])) for s in data.get("sources", ())),
                 error=data.get("error"),
                 provider=data.get("provider"),
+                pending=bool(data.get("pending", False)),
             )
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise ManifestError(f"malformed identity result: {type(e).__name__}: {e}") from e

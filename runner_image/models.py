@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import onnxruntime as ort
-from insightface.model_zoo import model_zoo
 
 from .errors import MissingInput, Temporary
+from .insightface_lite import model_zoo
 from .pack import ROLES, Pack, sha256_file, verify_pack
 
 __all__ = ["ROLES", "Models", "Pack", "load_models", "sha256_file", "verify_pack"]

@@ -17,9 +17,9 @@ from typing import Any
 
 import cv2
 import numpy as np
-from insightface.utils import face_align
 
 from .faces import Face
+from .insightface_lite import face_align
 from .manifest import MASK_FEATHER, MASK_PADDING
 
 MASK_THRESHOLD = 20  # insightface: warped white mask values above this count as inside

@@ -11,8 +11,9 @@ Chunk-level problems raise errors.RunnerError subclasses that ``__main__`` maps 
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,17 @@ import numpy as np
 
 from . import faces, log, media, models, pipeline, processors
 from .errors import ItemError, MissingInput, Temporary
-from .manifest import ENV_GPU, FaceSelection, Item, ItemResult, ItemStatus, Manifest, RunnerExit
+from .manifest import (
+    ENV_GPU,
+    FaceSelection,
+    IdentityResult,
+    Item,
+    ItemResult,
+    ItemStatus,
+    Manifest,
+    ManifestError,
+    RunnerExit,
+)
 from .volume import DataRoot, ResultsLog, committed, is_volume_error, previous_results, read_manifest
 
 STAGES = pipeline.STAGES
@@ -133,7 +144,9 @@ def _run_pending(inv: Invocation, manifest: Manifest, pending: list[Item], resul
         threads=loaded.threads,
         verify_s=round(t_verify, 3),
         load_s=round(t_load, 3),
+        process_s=log.process_age(),  # the cold start: exec, imports, verify, load
     )
+    manifest = await_identity(inv.root, manifest, logger)
     identity = source_identity(inv.root, manifest, loaded, logger)
     engine = pipeline.Engine(
         root=inv.root,
@@ -171,6 +184,54 @@ def inflight(provider: str, threads: int) -> int:
     if provider == "cuda":
         return max(4, min(8, threads))
     return max(2, threads)
+
+
+IDENTITY_POLL = 0.05  # seconds between reads of identity.json while the identity step runs
+
+
+def await_identity(
+    root: DataRoot,
+    manifest: Manifest,
+    logger: Any,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Manifest:
+    """The manifest with the job's identity filled in. The first chunks start beside the submit-time
+    identity step (controller/identity.py): their models are loaded by now, and they wait here for
+    identity.json to stop saying "pending". Nothing is written before that, so a job whose identity
+    fails leaves no output. A step that answers with an error is the job's input problem (66); one
+    that never answers within identity_timeout is temporary (75: retried, and the controller will
+    have re-run the step)."""
+    if manifest.source_embedding is not None or manifest.identity is None:
+        return manifest
+    path = root.path(manifest.identity)
+    start = clock()
+    while True:
+        try:
+            result: IdentityResult | None = IdentityResult.from_json(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            result = None  # not written yet (or a folder made by hand): wait like for "pending"
+        except ManifestError:
+            result = None  # a half-visible copy on a network filesystem: read it again
+        except OSError as e:
+            if is_volume_error(e):
+                raise Temporary(f"identity {manifest.identity}: {e.strerror or e}") from e
+            raise MissingInput(f"identity {manifest.identity}: {e.strerror or e}") from e
+        waited = clock() - start
+        if result is not None and result.error:
+            raise MissingInput(f"the job's identity step failed: {result.error}")
+        if result is not None and not result.pending:
+            if not result.source_embedding:
+                raise MissingInput(f"identity {manifest.identity} holds no source embedding")
+            logger.info("identity ready", waited_s=round(waited, 3), provider=result.provider)
+            return dataclasses.replace(
+                manifest,
+                source_embedding=result.source_embedding,
+                reference_embedding=result.reference_embedding or manifest.reference_embedding,
+            )
+        if waited > manifest.identity_timeout:
+            raise Temporary(f"identity {manifest.identity} still pending after {manifest.identity_timeout:.0f}s")
+        sleep(IDENTITY_POLL)
 
 
 def source_identity(root: DataRoot, manifest: Manifest, loaded: models.Models, logger: Any) -> np.ndarray:

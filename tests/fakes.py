@@ -6,6 +6,7 @@ pending → running → its scripted ending, one step per `services()` poll.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_JOB, ServiceSpec
@@ -36,6 +37,8 @@ class FakeSwarm:
     labels: dict[str, str] = field(default_factory=lambda: {"ffswarm.gpu": "true"})
     logs: dict[str, str] = field(default_factory=dict)  # service name -> what its container printed
     node_states: list[NodeState] = field(default_factory=lambda: [NodeState("node-1", "n1", "ready", "active", 2)])
+    # chunk label -> what its container does before it ends (e.g. the identity step writes its answer)
+    on_end: dict[str, Callable[[], None]] = field(default_factory=dict)
     _svcs: dict[str, _Svc] = field(default_factory=dict)
 
     def create_service(self, spec: ServiceSpec) -> str:
@@ -82,6 +85,9 @@ class FakeSwarm:
             state, code, msg = "running", None, ""
         else:
             state, code, msg = o.state, o.exit_code, o.message
+            effect = self.on_end.pop(svc.spec.labels[LABEL_CHUNK], None)
+            if effect is not None:
+                effect()
         return TaskState(
             state=state,
             desired_state="running",

@@ -2,9 +2,11 @@
 
 Baked into the throwaway image ffswarm/runner-sim:bench (never used for real jobs). Python imports
 it at start-up, before the runner: when /data/bench-sim.json exists it does what a runner does to
-the run folder — waits the calibrated cold start, then per item waits the calibrated per-item time,
-copies the input to the output atomically and appends a result line marked provider "simulated" —
-and exits 0 without loading any model. The identity step runs the real runner.
+the run folder — waits until the calibrated cold start has passed since exec (the real runner's
+imports and model loading), waits for the job's identity.json like the real runner, then gives each
+item exactly the calibrated per-item time (copying the input to the output atomically and appending
+a result line marked provider "simulated" within it) — and exits 0 without loading any model. The
+identity step runs the real runner.
 """
 
 import json
@@ -12,42 +14,55 @@ import os
 import sys
 import time
 
-_argv = sys.argv[1:]
-_manifest_path = os.environ.get("FFSWARM_MANIFEST", "")
-try:
-    with open("/data/bench-sim.json") as _f:
-        _sim = json.load(_f)
-except OSError:
-    _sim = None
 
-if _sim is not None and _manifest_path and "identity" not in _argv:
+def _load(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError:
+        return None
+
+
+def _simulate(sim: dict, manifest_path: str) -> None:
+    from runner_image.log import process_age
     from runner_image.manifest import ItemResult, ItemStatus, Manifest
 
-    _m = Manifest.from_json(open(_manifest_path).read())
-    _attempt = int(os.environ.get("FFSWARM_ATTEMPT", "1"))
-    time.sleep(float(_sim["cold_seconds"]))
-    os.makedirs(f"{_m.run_dir}/results", exist_ok=True)
-    _fd = os.open(_m.results_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    for _item in _m.items:
-        _t0 = time.time()
-        time.sleep(float(_sim["item_seconds"]))
-        os.makedirs(os.path.dirname(_item.output), exist_ok=True)
-        _tmp = f"{os.path.dirname(_item.output)}/.{os.path.basename(_item.output)}.tmp-sim"
-        with open(_item.input, "rb") as _src, open(_tmp, "wb") as _dst:
-            _dst.write(_src.read())
-        os.replace(_tmp, _item.output)
-        _r = ItemResult(
-            item=_item.id,
+    with open(manifest_path) as f:
+        m = Manifest.from_json(f.read())
+    attempt = int(os.environ.get("FFSWARM_ATTEMPT", "1"))
+    time.sleep(max(0.0, float(sim["cold_seconds"]) - (process_age() or 0.0)))  # exec → models loaded
+    while m.identity and (_load(m.identity) or {"pending": True}).get("pending"):
+        time.sleep(0.05)  # worker.await_identity polls at the same period
+    os.makedirs(f"{m.run_dir}/results", exist_ok=True)
+    fd = os.open(m.results_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    due = time.time()
+    for item in m.items:
+        t0 = due
+        os.makedirs(os.path.dirname(item.output), exist_ok=True)
+        tmp = f"{os.path.dirname(item.output)}/.{os.path.basename(item.output)}.tmp-sim"
+        with open(item.input, "rb") as src, open(tmp, "wb") as dst:
+            dst.write(src.read())
+        os.replace(tmp, item.output)
+        due = t0 + float(sim["item_seconds"])
+        time.sleep(max(0.0, due - time.time()))
+        r = ItemResult(
+            item=item.id,
             status=ItemStatus.OK,
-            attempt=_attempt,
-            input=_item.input,
-            output=_item.output,
+            attempt=attempt,
+            input=item.input,
+            output=item.output,
             faces=1,
             gpu=os.environ.get("DOCKER_RESOURCE_GPU"),
             provider="simulated",
-            started=_t0,
+            started=t0,
             finished=time.time(),
         )
-        os.write(_fd, _r.to_line().encode())
-    os.close(_fd)
+        os.write(fd, r.to_line().encode())
+    os.close(fd)
+
+
+_sim = _load("/data/bench-sim.json")
+_manifest = os.environ.get("FFSWARM_MANIFEST", "")
+if _sim is not None and _manifest and "identity" not in sys.argv[1:]:
+    _simulate(_sim, _manifest)
     os._exit(0)

@@ -92,19 +92,27 @@ def chown_tree(path: Path, owner: str) -> None:
 @dataclass
 class ServiceWatch(Polling):
     """Polls the swarm while a job runs: how many of its chunk (runner) services existed at once, and
-    each one's spec. The submit-time identity step is a separate one-shot service, not counted."""
+    each one's spec. The submit-time identity step is a separate one-shot service, not counted: its
+    spec is kept apart, with whether it was ever seen beside a chunk service."""
 
     swarm: DockerSwarm
     job: str
     max_alive: int = 0
     specs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    step_specs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    identity_beside_chunks: bool = False
 
     def poll(self) -> None:
         api = self.swarm.client.api
-        svcs = api.services(filters={"label": [f"{LABEL_JOB}={self.job}", "io.ffswarm.role=runner"]})
-        self.max_alive = max(self.max_alive, len(svcs))
-        for s in svcs:
+        svcs = api.services(filters={"label": f"{LABEL_JOB}={self.job}"})
+        runners = [s for s in svcs if s["Spec"]["Labels"].get("io.ffswarm.role") == "runner"]
+        steps = [s for s in svcs if s["Spec"]["Labels"].get("io.ffswarm.role") != "runner"]
+        self.max_alive = max(self.max_alive, len(runners))
+        self.identity_beside_chunks |= bool(runners) and bool(steps)
+        for s in runners:
             self.specs.setdefault(s["Spec"]["Name"], s["Spec"])
+        for s in steps:
+            self.step_specs.setdefault(s["Spec"]["Name"], s["Spec"])
 
 
 def shell_service(ws: Workspace, image: str, chunk: str, script: str, constraints: tuple[str, ...] = ()) -> ServiceSpec:

@@ -79,6 +79,12 @@ timeout: 10m
         assert task["RestartPolicy"]["Condition"] == "none"
         assert task["ContainerSpec"]["Image"].startswith("sha256:")  # resolved, never a tag
 
+    # The identity step ran as its own one-shot service beside the first chunks, reserving no GPU.
+    assert watch.identity_beside_chunks
+    (step,) = watch.step_specs.values()
+    assert step["Name"] == f"ffswarm-{ws.job}-identity" and step["Labels"]["io.ffswarm.role"] == "identity"
+    assert "GenericResources" not in (step["TaskTemplate"]["Resources"].get("Reservations") or {})
+
     # Nothing of ours is left on the swarm.
     assert swarm.client.api.services(filters={"label": f"{LABEL_JOB}={ws.job}"}) == []
     assert swarm.client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={ws.job}"}) == []

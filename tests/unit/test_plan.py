@@ -65,6 +65,10 @@ def test_manifests_use_container_paths_and_round_trip() -> None:
         (lambda d: d["items"][0].update(output="/data/../etc/x"), "not normalised"),
         (lambda d: d.update(processors=["rm -rf"]), "unknown processor"),
         (lambda d: d.pop("job"), "malformed manifest"),
+        (lambda d: d.update(identity="/etc/identity.json"), "not a path under /data"),
+        (lambda d: d.update(identity=7), "field .identity. must be a non-empty string"),
+        (lambda d: d.update(identity="/data/runs/h/identity.json", identity_timeout=0), "identity_timeout"),
+        (lambda d: d.update(faces="reference"), "faces: reference needs reference_embedding or identity"),
     ],
 )
 def test_bad_manifests_refused(mutate, match) -> None:  # type: ignore[no-untyped-def]
@@ -117,6 +121,18 @@ def test_identity_from_submit_reaches_every_manifest() -> None:
         assert m.source_embedding == (0.6, 0.8) and m.reference_embedding == (1.0, 0.0)
         assert m.reference_distance == 0.4
         assert Manifest.from_json(m.to_json()) == m
+
+
+def test_pending_identity_is_named_in_every_manifest() -> None:
+    """A new job's identity is computed beside its first chunks: manifests name identity.json and how
+    long to wait for it (faces: reference included: its reference embedding comes from there too)."""
+    settings = dataclasses.replace(ms(), faces=FaceSelection.REFERENCE, identity_timeout=420.0)
+    for m in chunk_manifests(make_plan("h", targets(3), 2), settings).values():
+        assert m.identity == "/data/runs/h/identity.json" and m.identity_timeout == 420.0
+        assert m.source_embedding is None and m.reference_embedding is None
+        assert Manifest.from_json(m.to_json()) == m
+    without = chunk_manifests(make_plan("h", targets(1), 1), ms())["c0000"]
+    assert without.identity is None and "identity" not in without.to_json()  # older runners read it unchanged
 
 
 def test_job_tuning_reaches_every_manifest() -> None:

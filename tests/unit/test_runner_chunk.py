@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from runner_image.__main__ import main
 from runner_image.errors import Terminated
 from runner_image.manifest import (
     FaceSelection,
+    IdentityRequest,
+    IdentityResult,
     Item,
     ItemResult,
     ItemStatus,
@@ -476,3 +479,60 @@ def test_pack_file_that_is_not_a_model_exits_66(data: Path, capsys: pytest.Captu
     (pack / "pack.yaml").write_text(yaml.safe_dump(spec))
     assert run(data, write_manifest(data, ["astronaut.jpg"])) == 66
     assert "det_10g.onnx does not load" in capsys.readouterr().out
+
+
+# -- the identity step running beside the first chunks (manifest.identity) ------------------------------
+def identity_file(root: Path, source: str, name: str) -> Path:
+    """identity.json as the submit-time step writes it, for `source`, by the real identity subcommand."""
+    req = IdentityRequest(
+        job=JOB, pack_dir="/data/models/default", sources=(source,), output=f"{RUN}/{name}", providers=("cpu",)
+    )
+    (root / "runs" / JOB / f"{name}.request").write_text(req.to_json())
+    assert main(["identity", "--request", f"{RUN}/{name}.request", "--data-root", str(root)], env={}) == 0
+    return root / "runs" / JOB / name
+
+
+def test_runner_waits_for_the_pending_identity_and_swaps_in_that_identity(
+    data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Manifests of a new job name identity.json, which says "pending" until the identity step
+    answers: the runner waits, then swaps in exactly the identity the step computed (face_02 here,
+    not the manifest's source photo), as if the embedding had been in the manifest."""
+    ready = identity_file(data, "/data/in/face_02.jpg", "identity-ready.json")
+    target = data / "runs" / JOB / "identity.json"
+    target.write_text(IdentityResult(pending=True).to_json())
+    manifest = write_manifest(data, ["astronaut.jpg"], identity=f"{RUN}/identity.json")
+    answer = threading.Timer(0.6, lambda: ready.replace(target))
+    answer.start()
+    try:
+        assert run(data, manifest) == 0
+    finally:
+        answer.join()
+    waited = [r["waited_s"] for r in log_lines(capsys.readouterr().out) if r["event"] == "identity ready"]
+    assert len(waited) == 1 and waited[0] >= 0.5
+    via_file = pixels(data / "out/astronaut.png")
+    # The same photo, the identity embedded by the runner itself from the manifest's source.
+    direct = write_manifest(data, ["astronaut.jpg"], chunk="c0002", ext=".bmp", source=("/data/in/face_02.jpg",))
+    assert run(data, direct) == 0
+    other = write_manifest(data, ["astronaut.jpg"], chunk="c0003", ext=".tif")
+    assert run(data, other) == 0
+    assert np.abs(via_file - pixels(data / "out/astronaut.bmp")).max() <= 1  # float rounding at most
+    assert np.abs(via_file - pixels(data / "out/astronaut.tif")).max() > 10  # the manifest's own source differs
+
+
+def test_identity_step_error_exits_66_and_commits_nothing(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (data / "runs" / JOB / "identity.json").write_text(
+        IdentityResult(error="source photo /data/in/x.jpg: no face detected").to_json()
+    )
+    manifest = write_manifest(data, ["astronaut.jpg", "face_00.jpg"], identity=f"{RUN}/identity.json")
+    assert run(data, manifest) == 66
+    assert not (data / "out").exists()
+    errors = [r.get("error", "") for r in log_lines(capsys.readouterr().out)]
+    assert any("identity step failed: source photo /data/in/x.jpg: no face detected" in e for e in errors)
+
+
+def test_identity_that_never_answers_is_temporary(data: Path) -> None:
+    (data / "runs" / JOB / "identity.json").write_text(IdentityResult(pending=True).to_json())
+    manifest = write_manifest(data, ["astronaut.jpg"], identity=f"{RUN}/identity.json", identity_timeout=0.3)
+    assert run(data, manifest) == 75
+    assert not (data / "out").exists()

@@ -6,6 +6,8 @@ faces with the stand-in pack, and requires the same pixels (within interpolation
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -191,3 +193,17 @@ def test_paste_back_touches_only_the_face_region(loaded: models.Models, tmp_path
     assert changed[:, 0].min() >= region.y0 and changed[:, 0].max() < region.y1
     assert changed[:, 1].min() >= region.x0 and changed[:, 1].max() < region.x1
     assert region.width * region.height < 0.5 * image.shape[0] * image.shape[1]
+
+
+def test_the_runner_loads_insightface_models_without_the_packages_app_layer() -> None:
+    """Every chunk's cold start pays the runner's imports: insightface's own __init__ (app and
+    thirdparty, and scipy through the app's addons) is skipped; the model classes are insightface's."""
+    code = (
+        "import sys, runner_image.__main__ as m\n"
+        "from runner_image.insightface_lite import model_zoo\n"
+        "print(sorted(n for n in ('insightface.app', 'insightface.thirdparty', 'scipy') if n in sys.modules))\n"
+        "print(model_zoo.__name__, model_zoo.get_model.__module__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "[]"
+    assert out[1] == "insightface.model_zoo.model_zoo insightface.model_zoo.model_zoo"

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
+from controller.errors import JobFileError
 from controller.failures import ChunkState, FailureClass, classify_exit
 from controller.rundir import Control, RunDir
-from controller.servicespec import RunnerSettings, VolumeSpec, chunk_service
+from controller.servicespec import LABEL_ROLE, RunnerSettings, VolumeSpec, chunk_service
 from controller.supervisor import Policy, Supervisor
 from tests.fakes import FakeSwarm, Outcome
 
@@ -234,3 +236,47 @@ def test_last_words_prefer_the_runners_error_field() -> None:
     assert last_words(log) == "pack: w600k_r50.onnx has the wrong checksum"
     assert last_words("Traceback (most recent call last):\nImportError: nope\n") == "ImportError: nope"
     assert last_words("") is None
+
+
+# -- a step beside the chunks (the identity step) -----------------------------------------------------
+def test_chunks_start_beside_the_gate_and_the_run_waits_for_its_answer(tmp_path: Path) -> None:
+    """The first chunks are created before the gate (the identity step) has answered, and the run
+    does not end while it has not, even when every chunk is already done."""
+    swarm = FakeSwarm()
+    sup, clock = make(tmp_path, swarm, max_concurrent=2)
+    seen: list[int] = []
+
+    def gate() -> bool:
+        seen.append(len(swarm.created))
+        return clock.now >= 20.0  # answers long after both chunks have completed
+
+    runs = sup.run(["c0000", "c0001"], gate=gate)
+    assert seen[0] == 2  # both chunk services existed at the first look at the gate
+    assert clock.now >= 20.0 and all(r.state is ChunkState.DONE for r in runs.values())
+
+
+def test_a_gate_error_ends_the_run_and_propagates(tmp_path: Path) -> None:
+    swarm = FakeSwarm(script={("c0000", 1): Outcome("running"), ("c0001", 1): Outcome("running")})
+    sup, clock = make(tmp_path, swarm, timeout=1e9)
+
+    def gate() -> bool:
+        if clock.now > 2:
+            raise JobFileError("job.yaml", "source", "faces/x.jpg: no face detected")
+        return False
+
+    with pytest.raises(JobFileError, match="no face detected"):
+        sup.run(["c0000", "c0001", "c0002"], gate=gate)
+    assert sorted(swarm.alive()) == ["ffswarm-j-c0000-a1", "ffswarm-j-c0001-a1"]  # left to the caller
+
+
+def test_adoption_keeps_the_running_steps_service(tmp_path: Path) -> None:
+    swarm = FakeSwarm()
+    step = dataclasses.replace(
+        chunk_service(settings(), "identity", 1),
+        name="ffswarm-j-identity",
+        labels={**chunk_service(settings(), "identity", 1).labels, LABEL_ROLE: "identity"},
+    )
+    swarm.add_orphan(step, Outcome("running"))
+    sup, clock = make(tmp_path, swarm)
+    sup.run(["c0000"], gate=lambda: clock.now > 5)
+    assert "ffswarm-j-identity" in swarm.alive()  # the gate's owner removes it, not the supervisor

@@ -1,0 +1,112 @@
+"""The submit-time identity step beside the first chunks (controller/identity.py, jobs.supervise),
+driven through the in-memory FakeSwarm: what runs when, what a refusal leaves, what resume redoes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from controller import identity
+from controller.config import Config, parse_config
+from controller.errors import JobFileError
+from controller.jobs import PreparedJob, prepare, runner_settings, start_run, supervise
+from controller.rundir import RunDir
+from controller.servicespec import LABEL_ROLE
+from runner_image.manifest import IdentityRequest, IdentityResult
+from tests.fakes import FakeSwarm, Outcome
+from tests.unit.test_submit_checks import BASE, setup
+
+IMAGE = "sha256:" + "1" * 64
+IDENTITY = "ffswarm-j-identity"
+EMBEDDING = tuple([0.0] * 511 + [1.0])
+
+
+def new_job(tmp_path: Path) -> tuple[Config, PreparedJob, RunDir]:
+    root = setup(tmp_path, BASE)
+    (root / "crowd" / "b.jpg").write_bytes(b"x")
+    config = parse_config(
+        tmp_path / "ffswarm.yaml",
+        {"data_root": str(root), "docker_host": "unix:///nonexistent/docker.sock", "runner_user": "10001:10001"},
+    )
+    f = tmp_path / "job.yaml"
+    f.write_text(
+        "name: j\nsource: faces/star.jpg\ntargets: [crowd/*.jpg]\noutput: out/{stem}{ext}\n"
+        "chunk_size: 1\nmax_concurrent: 2\nretries: 0\n"
+    )
+    (job,) = prepare(config, [f], new=False)
+    return config, job, start_run(config, job, IMAGE)
+
+
+def answer(rundir: RunDir, result: IdentityResult, log: list[list[str]], swarm: FakeSwarm) -> Callable[[], None]:
+    def effect() -> None:
+        log.append(sorted(swarm.alive()))
+        (rundir.path / "identity.json").write_text(result.to_json())
+
+    return effect
+
+
+def test_identity_runs_beside_the_first_chunks_on_the_cpu_without_a_gpu(tmp_path: Path) -> None:
+    config, job, rundir = new_job(tmp_path)
+    assert IdentityResult.from_json((rundir.path / "identity.json").read_text()).pending
+    manifest = rundir.manifest("c0000")
+    assert manifest.identity == "/data/runs/j/identity.json" and manifest.source_embedding is None
+    assert manifest.identity_timeout == config.schedule_timeout + 600 + 60
+    request = IdentityRequest.from_json((rundir.path / "identity-request.json").read_text())
+    assert request.providers == ("cpu",) and request.sources == ("/data/faces/star.jpg",)
+
+    swarm = FakeSwarm()
+    alive_at_answer: list[list[str]] = []
+    swarm.on_end["identity"] = answer(rundir, IdentityResult(source_embedding=EMBEDDING), alive_at_answer, swarm)
+    supervise(config, swarm, job, rundir, IMAGE)
+
+    assert alive_at_answer == [["ffswarm-j-c0000-a1", "ffswarm-j-c0001-a1", IDENTITY]]  # chunks did not wait
+    step = next(s for s in swarm.created if s.name == IDENTITY)
+    chunk = next(s for s in swarm.created if s.name == "ffswarm-j-c0000-a1")
+    assert dict(step.generic_resources) == {} and dict(chunk.generic_resources) == {"GPU": 1}
+    assert step.labels[LABEL_ROLE] == "identity" and step.constraints == chunk.constraints
+    assert step.command[-3:] == ("identity", "--request", "/data/runs/j/identity-request.json")
+    assert swarm.alive() == []
+    assert IdentityResult.from_json((rundir.path / "identity.json").read_text()).source_embedding == EMBEDDING
+
+
+def test_a_refused_identity_removes_the_jobs_services_and_run_folder(tmp_path: Path) -> None:
+    config, job, rundir = new_job(tmp_path)
+    swarm = FakeSwarm(
+        script={
+            ("identity", 1): Outcome("failed", 66, "task: non-zero exit (66)"),
+            ("c0000", 1): Outcome("running"),
+            ("c0001", 1): Outcome("running"),
+        }
+    )
+    alive_at_answer: list[list[str]] = []
+    refusal = IdentityResult(error="source photo /data/faces/star.jpg: no face detected")
+    swarm.on_end["identity"] = answer(rundir, refusal, alive_at_answer, swarm)
+    with pytest.raises(JobFileError) as e:
+        supervise(config, swarm, job, rundir, IMAGE)
+    assert str(e.value).endswith("source: source photo faces/star.jpg: no face detected")
+    assert e.value.exit_code == 65
+    assert len(alive_at_answer[0]) == 3  # the chunks had started beside it…
+    assert swarm.alive() == [] and not rundir.path.exists()  # …and nothing of the job is left
+
+
+def test_resume_reruns_a_step_that_a_dead_controller_left_pending(tmp_path: Path) -> None:
+    config, job, rundir = new_job(tmp_path)
+    swarm = FakeSwarm()
+    stale_log: list[list[str]] = []
+    swarm.on_end["identity"] = answer(rundir, IdentityResult(source_embedding=EMBEDDING), stale_log, swarm)
+    # The first controller created the step and died: its service is still there, its answer pending.
+    identity.Step(config, swarm, runner_settings(config, job, IMAGE), rundir, str(job.file))
+    assert swarm.alive() == [IDENTITY]
+    supervise(config, swarm, job, rundir, IMAGE)
+    assert [s.name for s in swarm.created].count(IDENTITY) == 2  # removed and created afresh
+    assert swarm.alive() == [] and len(stale_log) == 1
+
+
+def test_a_job_whose_identity_is_known_runs_no_step(tmp_path: Path) -> None:
+    config, job, rundir = new_job(tmp_path)
+    (rundir.path / "identity.json").write_text(IdentityResult(source_embedding=EMBEDDING).to_json())
+    swarm = FakeSwarm()
+    supervise(config, swarm, job, rundir, IMAGE)
+    assert IDENTITY not in [s.name for s in swarm.created]
