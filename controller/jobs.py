@@ -204,7 +204,8 @@ def supervise(
             on_event(event, **fields)
 
     settings = runner_settings(config, job, image)
-    sup = Supervisor(backend, rundir, settings, policy, on_event=emit)
+    sizes = {c.id: len(c.items) for c in plan.chunks}
+    sup = Supervisor(backend, rundir, settings, policy, on_event=emit, sizes=sizes)
     todo = _pending_chunks(rundir, plan)
     step = identity.start(config, backend, settings, rundir, str(job.file))
     emit("job_started", chunks=len(plan.chunks), pending=len(todo), items=len(plan.items), image=image)

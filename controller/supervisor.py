@@ -9,10 +9,11 @@ services it finds (DESIGN.md: the controller is stateless between calls).
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ from controller.failures import ChunkState, FailureClass, classify_exit, describ
 from controller.rundir import RunDir, write_atomic
 from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_ROLE, ROLE_RUNNER, RunnerSettings, chunk_service
 from controller.swarm import NodeState, ServiceState, SwarmBackend
+from runner_image.manifest import read_results
 
 PENDING_STATES = {"new", "pending", "allocated", "assigned"}
 LOST_STATES = {"shutdown", "orphaned", "remove"}
@@ -37,6 +39,8 @@ class Attempt:
     exit_code: int | None = None
     outcome: str = "running"  # done | failed class name | running
     reason: str | None = None
+    results_read: int = 0  # bytes of the chunk's results file already read (ResultsTail)
+    items_recorded: set[str] = field(default_factory=set)  # items with a result line of this attempt
 
 
 @dataclass
@@ -81,7 +85,14 @@ class Policy:
     retries: int = 3
     timeout: float = 1800.0  # per attempt, once running
     schedule_timeout: float = 300.0
-    poll: float = 0.25  # 2 API calls per poll; Swarm 20.10 emits no task events to wait on instead
+    # Swarm 20.10 emits no task events to wait on, so the watch polls: the job's services and their
+    # tasks every `poll` (2 API calls), the node list every `node_poll`. In between it reads what
+    # the runners appended to their results files every `ending_poll`: once a chunk has a line for
+    # each of its items its container is about to exit, and the swarm is asked every `ending_poll`
+    # until it has, so that a finished chunk — and the job — is seen finished promptly.
+    poll: float = 0.5
+    node_poll: float = 1.0
+    ending_poll: float = 0.05
     backoff_base: float = 1.0
     backoff_max: float = 30.0
     max_node_losses: int = 10
@@ -97,8 +108,11 @@ class Supervisor:
         on_event: EventSink | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        sizes: Mapping[str, int] | None = None,
     ) -> None:
         self.backend = backend
+        self.sizes = dict(sizes or {})  # chunk id -> items (from the plan): tells an ending chunk
+        self._nodes_at = -math.inf
         self.rundir = rundir
         self.settings = settings
         self.policy = policy
@@ -130,7 +144,9 @@ class Supervisor:
             if control.cancel:
                 self._cancel_all(queue)
                 break
-            self.nodes = {n.node_id: n for n in self.backend.nodes()}
+            if self.clock() - self._nodes_at >= self.policy.node_poll:
+                self.nodes = {n.node_id: n for n in self.backend.nodes()}
+                self._nodes_at = self.clock()
             self._fill(queue, control.max_concurrent)
             if gate is not None and gate():
                 gate = None
@@ -139,10 +155,47 @@ class Supervisor:
                 self._watch(run, by_name.get(run.current.service), queue)
             self._save_state()
             if queue or self._running() or gate:
-                self.sleep(self.policy.poll)
+                self._pause()
         self._save_state()
         self.backend.remove_exited_containers(self.settings.job)
         return self.chunks
+
+    def _pause(self) -> None:
+        """Wait until the next look at the swarm is due, watching the running chunks' results files
+        meanwhile (a local read of what was appended): a chunk that has recorded every item is
+        about to exit, so the swarm is asked again within `ending_poll` rather than `poll`."""
+        due = self.clock() + self.policy.poll
+        while True:
+            if any(self._ending(run) for run in self._running()):
+                self.sleep(self.policy.ending_poll)
+                return
+            left = due - self.clock()
+            if left <= 1e-9:
+                return
+            self.sleep(min(self.policy.ending_poll, left))
+
+    def _ending(self, run: ChunkRun) -> bool:
+        """Whether the current attempt has recorded a result for each of the chunk's items: reads
+        only what was appended to the results file since the last look."""
+        size = self.sizes.get(run.id)
+        if not size:
+            return False
+        att = run.current
+        if len(att.items_recorded) >= size:
+            return True
+        path = self.rundir.path / "results" / f"{run.id}.jsonl"
+        try:
+            with path.open("rb") as f:
+                f.seek(att.results_read)
+                new = f.read()
+        except OSError:
+            return False
+        complete = new[: new.rfind(b"\n") + 1]  # a line still being written is read next time
+        att.results_read += len(complete)
+        att.items_recorded.update(
+            r.item for r in read_results(complete.decode("utf-8", "replace")) if r.attempt == att.attempt
+        )
+        return len(att.items_recorded) >= size
 
     def _save_state(self) -> None:
         """state.json: chunk states and attempts, for `ffswarm status` while the job runs."""

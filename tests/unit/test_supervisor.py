@@ -12,6 +12,7 @@ from controller.failures import ChunkState, FailureClass, classify_exit
 from controller.rundir import Control, RunDir
 from controller.servicespec import LABEL_ROLE, RunnerSettings, VolumeSpec, chunk_service
 from controller.supervisor import Policy, Supervisor
+from runner_image.manifest import ItemResult, ItemStatus
 from tests.fakes import FakeSwarm, Outcome
 
 
@@ -280,3 +281,34 @@ def test_adoption_keeps_the_running_steps_service(tmp_path: Path) -> None:
     sup, clock = make(tmp_path, swarm)
     sup.run(["c0000"], gate=lambda: clock.now > 5)
     assert "ffswarm-j-identity" in swarm.alive()  # the gate's owner removes it, not the supervisor
+
+
+def _result_line(item: str, attempt: int) -> str:
+    return ItemResult(item=item, status=ItemStatus.OK, attempt=attempt, input="/data/a", output="/data/b").to_line()
+
+
+@pytest.mark.parametrize(
+    ("lines", "ending"),
+    [
+        ([("i0", 1), ("i1", 1), ("i2", 1)], True),  # every item recorded by this attempt: about to exit
+        ([("i0", 1), ("i1", 1)], False),  # one item to go
+        ([("i0", 0), ("i1", 0), ("i2", 0)], False),  # an earlier attempt's lines do not count
+    ],
+)
+def test_a_chunk_whose_items_are_all_recorded_is_watched_closely(
+    tmp_path: Path, lines: list[tuple[str, int]], ending: bool
+) -> None:
+    """Between looks at the swarm the watch reads the results files: once the current attempt has a
+    line for each item, the container is about to exit and the swarm is asked every ending_poll
+    (the fake's task completes on the third look) instead of every poll."""
+    swarm = FakeSwarm()
+    rundir = RunDir(tmp_path, "j")
+    (rundir.path / "results").mkdir(parents=True)
+    rundir.write_control(Control(1))
+    body = "".join(_result_line(i, a) for i, a in lines)
+    (rundir.path / "results" / "c0000.jsonl").write_text(body + '{"item": "i2", "stat')  # and a torn line
+    clock = Clock()
+    policy = Policy(retries=0, poll=0.5, ending_poll=0.05)
+    sup = Supervisor(swarm, rundir, settings(), policy, clock=clock, sleep=clock.sleep, sizes={"c0000": 3})
+    assert sup.run(["c0000"])["c0000"].state is ChunkState.DONE
+    assert (clock.now < 0.2) if ending else (clock.now >= 1.0)
