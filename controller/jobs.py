@@ -165,12 +165,21 @@ def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
     return rundir
 
 
+REFUSAL_GRACE = 15.0  # seconds for the first chunks' containers to stop after their services are removed
+
+
 def _refused(backend: SwarmBackend, rundir: RunDir) -> None:
     """The identity step refused the job: no runner got past its wait, so nothing was committed.
-    Remove the job's services and its run folder: a refused submit leaves nothing behind."""
+    Remove the job's services, their containers once stopped (a runner still starting could else
+    recreate a folder after it is gone) and the run folder: a refused submit leaves nothing behind."""
     for svc in backend.services(rundir.job):
         backend.remove_service(svc.name)
-    backend.remove_exited_containers(rundir.job)
+    deadline = time.monotonic() + REFUSAL_GRACE
+    while True:
+        backend.remove_exited_containers(rundir.job)
+        if backend.containers_left(rundir.job) == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     shutil.rmtree(rundir.path, ignore_errors=True)
 
 

@@ -143,9 +143,10 @@ def auto_chunk_size(items: int, parallel: int) -> int:
     """`chunk_size: auto`: as few equal waves of chunks across the job's parallel GPU slots as keep
     every chunk at most AUTO_MAX_CHUNK items.
 
-    Each chunk service pays a fixed cost (container start, imports, model load: ~2–3 s measured on
-    the dev swarm) that its items amortise; scripts/bench_orchestration.py shows efficiency climbing
-    with chunk size until the slots run out of chunks. So: as few chunks as keep every slot busy,
+    Each chunk service pays a fixed cost before its first item (container start ≈ 1.2 s, the
+    runner's imports and model load ≈ 1.3 s on the dev swarm) that its items amortise;
+    scripts/bench_orchestration.py shows efficiency climbing with chunk size until the slots run
+    out of chunks (README "Performance"). So: as few chunks as keep every slot busy,
     but no chunk above AUTO_MAX_CHUNK items, so that a huge job still spreads over a growing cluster
     and a lost chunk costs little (committed items are never redone anyway).
     """

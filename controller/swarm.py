@@ -66,6 +66,7 @@ class SwarmBackend(Protocol):
     def services(self, job: str) -> list[ServiceState]: ...
     def remove_service(self, name: str) -> None: ...
     def remove_exited_containers(self, job: str) -> int: ...
+    def containers_left(self, job: str) -> int: ...
     def service_logs(self, name: str, tail: int = 40) -> str: ...
     def nodes(self) -> list[NodeState]: ...
 
@@ -225,6 +226,11 @@ class DockerSwarm:
                         if e.status_code != 409:  # 409: being removed already (`ffswarm cancel` beside us)
                             raise
         return removed
+
+    def containers_left(self, job: str) -> int:
+        """This job's containers on this node, running or not."""
+        with _translated(f"listing containers of job {job}"):
+            return len(self._client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job}"}))
 
     def service_logs(self, name: str, tail: int = 40) -> str:
         """The last lines a service's containers wrote (kept for attempts that died before logging)."""

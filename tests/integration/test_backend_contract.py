@@ -60,3 +60,10 @@ def test_contract(backend: SwarmBackend, workspace: Workspace, swarm: DockerSwar
         backend.remove_service(s.name)
     backend.remove_service(ok.name)  # removing twice is harmless
     assert backend.services(ws.job) == []
+    deadline = time.monotonic() + 30  # the containers of removed services go, with the clean-up's help
+    while True:
+        backend.remove_exited_containers(ws.job)
+        if backend.containers_left(ws.job) == 0:
+            break
+        assert time.monotonic() < deadline, "containers of removed services never went away"
+        time.sleep(0.2)
