@@ -81,7 +81,7 @@ def child(root: Path, job_file: Path) -> dict[str, float]:
         providers=("cpu",),
         faces=spec.faces,
         no_face=spec.no_face,
-        source_embedding=tuple([0.04] * 512),
+        identity_timeout=960.0,  # as submit writes them: runners read the job's identity.json
     )
     manifests = chunk_manifests(plan, settings)
     t["manifests"] = time.perf_counter()
