@@ -34,6 +34,8 @@ STEP = "identity"
 RESULT = "identity.json"
 REQUEST = "identity-request.json"
 STEP_TIMEOUT = 600.0  # once scheduled; a handful of photos take seconds
+STEP_ATTEMPTS = 3  # a step ended by its node (drained, rejected) or a temporary failure is run again
+RETRY_STATES = {"shutdown", "orphaned", "rejected"}
 
 
 def _c(root: Path, p: Path) -> str:
@@ -97,12 +99,26 @@ class Step:
             command=(*settings.command, STEP, "--request", f"{self.request.output.rsplit('/', 1)[0]}/{REQUEST}"),
             labels={**spec.labels, LABEL_CHUNK: STEP, LABEL_ATTEMPT: "1", LABEL_ROLE: STEP},
         )
-        schedule = float(config.schedule_timeout)
-        self.shot = OneShot(backend, spec, timeout=schedule + STEP_TIMEOUT, schedule_timeout=schedule)
+        self.backend, self.spec, self.attempts = backend, spec, 1
+        self.shot = self._shot()
+
+    def _shot(self) -> OneShot:
+        schedule = float(self.config.schedule_timeout)
+        return OneShot(self.backend, self.spec, timeout=schedule + STEP_TIMEOUT, schedule_timeout=schedule)
 
     def poll(self) -> IdentityResult | None:
         outcome = self.shot.poll()
-        return None if outcome is None else self._answer(outcome)
+        if outcome is None:
+            return None
+        result = read_result(self.rundir)
+        if result is not None and not result.pending and not result.error and result.source_embedding:
+            return result  # answered: the file is the truth, however the container ended after writing it
+        temporary = outcome.state in RETRY_STATES or outcome.exit_code == RunnerExit.TEMPORARY
+        if temporary and self.attempts < STEP_ATTEMPTS:
+            self.attempts += 1
+            self.shot = self._shot()  # e.g. its node was drained: the scheduler places it elsewhere
+            return None
+        return self._answer(outcome)
 
     def abort(self) -> None:
         self.shot.abort()

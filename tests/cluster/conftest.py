@@ -172,7 +172,7 @@ class TaskRecord:
 
 @dataclass
 class Watch(Polling):
-    """Polls the manager while a job runs: every task (node, image, states), how many ran at once,
+    """Polls the manager while a job runs: every task (node, image, states), how many chunks ran at once,
     whether tasks waited pending while the GPUs were full, and the task containers on each worker."""
 
     cluster: Cluster
@@ -213,7 +213,8 @@ class Watch(Polling):
                     rec.node = self.cluster.node_name(t["NodeID"])
                 if not rec.states or rec.states[-1] != state:
                     rec.states.append(state)
-                if state == "running" and t["DesiredState"] == "running":
+                gpu_chunk = svc["Spec"]["Labels"].get("io.ffswarm.role") == "runner"  # not the identity step
+                if state == "running" and t["DesiredState"] == "running" and gpu_chunk:
                     running += 1
                 elif state == "pending":
                     pending.append(str(t["Status"].get("Err") or t["Status"].get("Message") or ""))

@@ -110,3 +110,32 @@ def test_a_job_whose_identity_is_known_runs_no_step(tmp_path: Path) -> None:
     swarm = FakeSwarm()
     supervise(config, swarm, job, rundir, IMAGE)
     assert IDENTITY not in [s.name for s in swarm.created]
+
+
+def test_a_step_ended_by_its_node_after_answering_counts_as_answered(tmp_path: Path) -> None:
+    """Its node drained (task "shutdown") just after identity.json was written: the answer stands."""
+    config, job, rundir = new_job(tmp_path)
+    swarm = FakeSwarm(script={("identity", 1): Outcome("shutdown", None, "node drained")})
+    swarm.on_end["identity"] = answer(rundir, IdentityResult(source_embedding=EMBEDDING), [], swarm)
+    supervise(config, swarm, job, rundir, IMAGE)
+    assert [s.name for s in swarm.created].count(IDENTITY) == 1
+    assert swarm.alive() == [] and rundir.path.exists()
+
+
+def test_a_step_ended_by_its_node_before_answering_runs_again(tmp_path: Path) -> None:
+    config, job, rundir = new_job(tmp_path)
+    swarm = FakeSwarm(script={("identity", 1): Outcome("shutdown", None, "node drained")})
+
+    write = answer(rundir, IdentityResult(source_embedding=EMBEDDING), [], swarm)
+
+    def ended() -> None:
+        if IDENTITY not in swarm.removed:  # the drained first service: ended without an answer
+            swarm.script[("identity", 1)] = Outcome()  # the next one runs on a node that stays
+            swarm.on_end["identity"] = ended
+        else:
+            write()
+
+    swarm.on_end["identity"] = ended
+    supervise(config, swarm, job, rundir, IMAGE)
+    assert [s.name for s in swarm.created].count(IDENTITY) == 2
+    assert IdentityResult.from_json((rundir.path / "identity.json").read_text()).source_embedding == EMBEDDING
