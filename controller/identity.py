@@ -109,6 +109,7 @@ class Step:
     def poll(self) -> IdentityResult | None:
         outcome = self.shot.poll()
         if outcome is None:
+            self._unless_node_lost()
             return None
         result = read_result(self.rundir)
         if result is not None and not result.pending and not result.error and result.source_embedding:
@@ -122,6 +123,23 @@ class Step:
 
     def abort(self) -> None:
         self.shot.abort()
+
+    def _unless_node_lost(self) -> None:
+        """Swarm (engine 20.10) leaves a dead node's task "running": the first chunks would wait for
+        the step's whole timeout. Like the supervisor does for chunks, run it again elsewhere."""
+        task = self.shot.task
+        if (
+            task is None
+            or task.node_id is None
+            or task.state not in ("assigned", "accepted", "preparing", "starting", "running")
+        ):
+            return
+        node = next((n for n in self.backend.nodes() if n.node_id == task.node_id), None)
+        if node is None or node.state == "ready" or self.attempts >= STEP_ATTEMPTS:
+            return
+        self.shot.abort()
+        self.attempts += 1
+        self.shot = self._shot()
 
     def _answer(self, outcome: OneShotResult) -> IdentityResult:
         config, request, job_file = self.config, self.request, self.job_file

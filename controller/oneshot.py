@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from controller.servicespec import ServiceSpec
 from controller.supervisor import PENDING_STATES
-from controller.swarm import SwarmBackend
+from controller.swarm import SwarmBackend, TaskState
 
 ENDED = {"complete", "failed", "rejected", "shutdown", "orphaned"}
 
@@ -41,6 +41,7 @@ class OneShot:
         self.schedule_timeout = schedule_timeout
         self.job = spec.labels["io.ffswarm.job"]
         self.result: OneShotResult | None = None
+        self.task: TaskState | None = None  # as last seen
         backend.remove_service(spec.name)  # left by a controller killed mid-step: start it afresh
         backend.create_service(spec)
         self.started = time.monotonic()
@@ -49,7 +50,7 @@ class OneShot:
         if self.result is not None:
             return self.result
         states = [s for s in self.backend.services(self.job) if s.name == self.spec.name]
-        task = states[0].latest_task() if states else None
+        task = self.task = states[0].latest_task() if states else None
         elapsed = time.monotonic() - self.started
         ended = task is not None and task.state in ENDED
         unscheduled = (task is None or task.state in PENDING_STATES) and elapsed > self.schedule_timeout

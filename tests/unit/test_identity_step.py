@@ -3,6 +3,7 @@ driven through the in-memory FakeSwarm: what runs when, what a refusal leaves, w
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from controller.errors import JobFileError
 from controller.jobs import PreparedJob, prepare, runner_settings, start_run, supervise
 from controller.rundir import RunDir
 from controller.servicespec import LABEL_ROLE
+from controller.swarm import NodeState
 from runner_image.manifest import IdentityRequest, IdentityResult
 from tests.fakes import FakeSwarm, Outcome
 from tests.unit.test_submit_checks import BASE, setup
@@ -138,4 +140,28 @@ def test_a_step_ended_by_its_node_before_answering_runs_again(tmp_path: Path) ->
     swarm.on_end["identity"] = ended
     supervise(config, swarm, job, rundir, IMAGE)
     assert [s.name for s in swarm.created].count(IDENTITY) == 2
+    assert IdentityResult.from_json((rundir.path / "identity.json").read_text()).source_embedding == EMBEDDING
+
+
+def test_a_step_whose_node_dies_runs_again_on_another_node(tmp_path: Path) -> None:
+    """Engine 20.10 leaves a dead node's task "running": the step is moved like a chunk would be, so
+    the first chunks (holding GPUs while they wait) are not kept waiting for its whole timeout."""
+    config, job, rundir = new_job(tmp_path)
+    n1, n2 = NodeState("node-1", "n1", "ready", "active", 2), NodeState("node-2", "n2", "ready", "active", 2)
+    swarm = FakeSwarm(node_states=[n1, n2], script={("identity", 1): Outcome("running")})
+    polls = 0
+
+    def dies_after_a_while() -> list[NodeState]:
+        nonlocal polls
+        polls += 1
+        if polls == 3:  # node-1, where the step (and the chunks) run, goes down
+            swarm.node_states = [dataclasses.replace(n1, state="down"), n2]
+            swarm.script[("identity", 1)] = Outcome()
+            swarm.on_end["identity"] = answer(rundir, IdentityResult(source_embedding=EMBEDDING), [], swarm)
+        return list(swarm.node_states)
+
+    swarm.nodes = dies_after_a_while  # type: ignore[method-assign]
+    supervise(config, swarm, job, rundir, IMAGE)
+    steps = [s for s in swarm.created if s.name == IDENTITY]
+    assert len(steps) == 2
     assert IdentityResult.from_json((rundir.path / "identity.json").read_text()).source_embedding == EMBEDDING
