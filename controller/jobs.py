@@ -219,17 +219,24 @@ def supervise(
     step = identity.start(config, backend, settings, rundir, str(job.file))
     emit("job_started", chunks=len(plan.chunks), pending=len(todo), items=len(plan.items), image=image)
 
+    refusal: list[FfswarmError] = []
+
     def identity_ready() -> bool:
         assert step is not None
-        answer = step.poll()
+        try:
+            answer = step.poll()
+        except FfswarmError as e:
+            refusal.append(e)
+            raise
         if answer is not None:
             emit("identity_ready", seconds=round(time.time() - started, 3), provider=answer.provider)
         return answer is not None
 
     try:
         runs = sup.run(todo, gate=identity_ready if step else None)
-    except FfswarmError:
-        _refused(backend, rundir)
+    except FfswarmError as e:
+        if refusal and e is refusal[0]:  # only the identity step's refusal: nothing was committed yet
+            _refused(backend, rundir)
         raise
     finally:
         if step is not None:

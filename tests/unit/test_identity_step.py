@@ -11,11 +11,11 @@ import pytest
 
 from controller import identity
 from controller.config import Config, parse_config
-from controller.errors import JobFileError
+from controller.errors import FfswarmError, JobFileError
 from controller.jobs import PreparedJob, prepare, runner_settings, start_run, supervise
 from controller.rundir import RunDir
 from controller.servicespec import LABEL_ROLE
-from controller.swarm import NodeState
+from controller.swarm import NodeState, ServiceState
 from runner_image.manifest import IdentityRequest, IdentityResult
 from tests.fakes import FakeSwarm, Outcome
 from tests.unit.test_submit_checks import BASE, setup
@@ -165,3 +165,23 @@ def test_a_step_whose_node_dies_runs_again_on_another_node(tmp_path: Path) -> No
     steps = [s for s in swarm.created if s.name == IDENTITY]
     assert len(steps) == 2
     assert IdentityResult.from_json((rundir.path / "identity.json").read_text()).source_embedding == EMBEDDING
+
+
+def test_a_docker_error_after_the_identity_answered_keeps_the_run_folder(tmp_path: Path) -> None:
+    """Only the identity step's refusal removes the job: a later error (the daemon unreachable for a
+    moment) ends this controller, and the run folder with its committed results stays for resume."""
+    config, job, rundir = new_job(tmp_path)
+    (rundir.path / "results" / "c0000.jsonl").write_text("committed results\n")
+
+    class Flaky(FakeSwarm):
+        def services(self, job: str) -> list[ServiceState]:
+            if IDENTITY in self.removed:  # the step has answered and gone
+                raise FfswarmError("listing services of job j: Docker said: connection refused")
+            return super().services(job)
+
+    swarm = Flaky(script={("c0000", 1): Outcome("running"), ("c0001", 1): Outcome("running")})
+    swarm.on_end["identity"] = answer(rundir, IdentityResult(source_embedding=EMBEDDING), [], swarm)
+    with pytest.raises(FfswarmError, match="connection refused"):
+        supervise(config, swarm, job, rundir, IMAGE)
+    assert (rundir.path / "results" / "c0000.jsonl").read_text() == "committed results\n"
+    assert sorted(swarm.alive()) == ["ffswarm-j-c0000-a1", "ffswarm-j-c0001-a1"]  # left for resume to adopt
