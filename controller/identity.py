@@ -112,8 +112,8 @@ class Step:
             self._unless_node_lost()
             return None
         result = read_result(self.rundir)
-        if result is not None and not result.pending and not result.error and result.source_embedding:
-            return result  # answered: the file is the truth, however the container ended after writing it
+        if result is not None and result.answered:
+            return result  # the file is the truth, however the container ended after writing it
         temporary = outcome.state in RETRY_STATES or outcome.exit_code == RunnerExit.TEMPORARY
         if temporary and self.attempts < STEP_ATTEMPTS:
             self.attempts += 1
@@ -147,8 +147,6 @@ class Step:
         if result is not None and result.error:
             field = "reference" if request.reference and request.reference in result.error else "source"
             raise JobFileError(job_file, field, result.error.replace(f"{CONTAINER_DATA_ROOT}/", ""))
-        if outcome.ok and result is not None and not result.pending:
-            return result
         words = last_words(outcome.logs) or outcome.message
         if outcome.exit_code == RunnerExit.MISSING_INPUT:
             raise MissingInputError(f"{job_file}: {words}")
@@ -166,7 +164,7 @@ def start(
     """The step of a run folder whose identity is still pending (a new job, or a controller that died
     during the step); None when identity.json already holds the answer."""
     result = read_result(rundir)
-    if result is not None and not result.pending and not result.error:
+    if result is not None and result.answered:
         return None
     return Step(config, backend, settings, rundir, job_file)
 

@@ -39,7 +39,7 @@ class Attempt:
     exit_code: int | None = None
     outcome: str = "running"  # done | failed class name | running
     reason: str | None = None
-    results_read: int = 0  # bytes of the chunk's results file already read (ResultsTail)
+    results_read: int = 0  # bytes of the chunk's results file already read (_ending)
     items_recorded: set[str] = field(default_factory=set)  # items with a result line of this attempt
 
 

@@ -413,6 +413,11 @@ class IdentityResult:
     provider: str | None = None
     pending: bool = False
 
+    @property
+    def answered(self) -> bool:
+        """The step has answered with the embeddings (not pending, no error)."""
+        return not self.pending and not self.error and bool(self.source_embedding)
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 

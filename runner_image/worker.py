@@ -221,7 +221,7 @@ def await_identity(
         if result is not None and result.error:
             raise MissingInput(f"the job's identity step failed: {result.error}")
         if result is not None and not result.pending:
-            if not result.source_embedding:
+            if not result.answered:
                 raise MissingInput(f"identity {manifest.identity} holds no source embedding")
             logger.info("identity ready", waited_s=round(waited, 3), provider=result.provider)
             return dataclasses.replace(
