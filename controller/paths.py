@@ -29,25 +29,47 @@ def check_relative(rel: str, *, what: str) -> str:
 
 
 class Resolver:
-    """Containment checks for many paths under one root (planning 100,000 targets), sharing the real
-    paths of their folders: one lstat per path instead of one per path component. Make a new one per
-    planning pass, so a folder swapped for a symlink later is seen."""
+    """Containment checks for many paths under one root (planning 100,000 targets): each folder's
+    real path and lexical containment are worked out once, then a path costs a dictionary look-up
+    and, with ``listings``, no system call at all. Make a new one per planning pass, so a folder
+    swapped for a symlink later is seen."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, listings: bool = False) -> None:
+        """``listings``: read each folder once (``os.scandir``, whose entries carry their type) and
+        answer "is it a symlink / file / folder" from that, instead of an lstat and a stat per path;
+        for planning many targets, not for looking up a few paths in big folders."""
         self.root = root
         self.root_abs = os.path.abspath(root)
         self.root_real = os.path.realpath(root)
-        self._dirs: dict[str, str] = {}
+        self._real_prefix = self.root_real.rstrip(os.sep) + os.sep
+        self._folders: dict[str, str] = {}  # folder as given (relative) → its real host path
+        self._listings: dict[str, dict[str, str] | None] | None = {} if listings else None
 
-    def realpath(self, path: str) -> str:
-        folder, name = os.path.split(path)
-        if name in ("", ".", ".."):
-            return os.path.realpath(path)
-        real_folder = self._dirs.get(folder)
-        if real_folder is None:
-            real_folder = self._dirs[folder] = os.path.realpath(folder)
-        full = os.path.join(real_folder, name)
-        return os.path.realpath(full) if os.path.islink(full) else full
+    def _kind(self, real_folder: str, name: str) -> str | None:
+        """'link', 'dir', 'file', 'other' or '' (absent) from the folder's listing; None: not known
+        (no listings kept, or the folder could not be read)."""
+        if self._listings is None:
+            return None
+        if real_folder not in self._listings:
+            self._listings[real_folder] = _listing(real_folder)
+        listing = self._listings[real_folder]
+        return None if listing is None else listing.get(name, "")
+
+    def isfile(self, real: str) -> bool:
+        """``os.path.isfile`` of a real path this resolver returned."""
+        folder, _, name = real.rpartition("/")
+        kind = self._kind(folder or "/", name)
+        return os.path.isfile(real) if kind in (None, "link") else kind == "file"
+
+    def isdir(self, real: str) -> bool:
+        """``os.path.isdir`` of a real path this resolver returned."""
+        folder, _, name = real.rpartition("/")
+        kind = self._kind(folder or "/", name)
+        return os.path.isdir(real) if kind in (None, "link") else kind == "dir"
+
+    def glob(self, pattern: str) -> list[str]:
+        """``safe_glob`` as real host path strings."""
+        return _glob(self, pattern)
 
     def inside(self, rel: str, *, what: str) -> Path:
         return Path(self.inside_str(rel, what=what))
@@ -58,18 +80,33 @@ class Resolver:
         The path need not exist. The root itself counts as inside.
         """
         _check_form(rel, what=what)
-        lexical = os.path.normpath(os.path.join(self.root_abs, rel))
-        if not _is_within(lexical, self.root_abs):
-            raise ValueError(f"{rel!r} escapes the data root {self.root}")
-        real = (
-            self.realpath(lexical) if ".." not in rel.split("/") else os.path.realpath(os.path.join(self.root_abs, rel))
-        )
+        folder, _, name = rel.rpartition("/")
+        if name in ("", ".", ".."):
+            real = self._lexically_inside(rel, rel)
+        else:
+            real_folder = self._folders.get(folder)
+            if real_folder is None:
+                real_folder = self._folders[folder] = self._lexically_inside(folder, rel)
+            full = f"{real_folder}/{name}" if real_folder != "/" else f"/{name}"
+            kind = self._kind(real_folder, name)
+            if kind == "link" or (kind is None and os.path.islink(full)):
+                full = os.path.realpath(full)
+            real = full
         if not _is_within(real, self.root_real):
             raise ValueError(f"{rel!r} resolves outside the data root through a symlink")
         return real
 
-    def relative(self, host_path: Path) -> str:
+    def _lexically_inside(self, part: str, rel: str) -> str:
+        """The real path of ``part`` (``rel`` or its folder), refusing a ``rel`` that leaves the root
+        by its spelling (``..``) whatever the disk holds."""
+        if not _is_within(os.path.normpath(os.path.join(self.root_abs, part)), self.root_abs):
+            raise ValueError(f"{rel!r} escapes the data root {self.root}")
+        return os.path.realpath(os.path.join(self.root_abs, part))
+
+    def relative(self, host_path: Path | str) -> str:
         """Normalised posix path of ``host_path`` relative to the root ("." for the root itself)."""
+        if isinstance(host_path, str) and host_path.startswith(self._real_prefix):
+            return host_path[len(self._real_prefix) :]  # a real path this resolver returned
         host = os.path.abspath(host_path)
         for base in (self.root_abs, self.root_real, None):
             if base is None:
@@ -104,18 +141,42 @@ def safe_glob(root: Path, pattern: str, resolver: Resolver | None = None) -> lis
     that is a symlink leading out of the root is refused rather than skipped, so a job never silently
     loses an input.
     """
+    return [Path(p) for p in (resolver or Resolver(root)).glob(pattern)]
+
+
+def _glob(resolver: Resolver, pattern: str) -> list[str]:
     check_relative(pattern, what="glob pattern")
-    resolver = resolver or Resolver(root)
     found: set[str] = set()
-    for match in glob.glob(pattern, root_dir=root, recursive=True):
+    for match in glob.glob(pattern, root_dir=resolver.root, recursive=True):
         if posixpath.basename(match.rstrip("/")).startswith("."):
             continue
-        if match.split("/", 1)[0] in RESERVED_TOP and not pattern.startswith(match.split("/", 1)[0] + "/"):
+        top = match.split("/", 1)[0]
+        if top in RESERVED_TOP and not pattern.startswith(top + "/"):
             continue  # a broad glob (**/*.jpg) never picks up run folders or model packs
         real = resolver.inside_str(match, what="glob match")
-        if os.path.isfile(real):
+        if resolver.isfile(real):
             found.add(real)
-    return [Path(p) for p in sorted(found)]
+    return sorted(found)
+
+
+def _listing(folder: str) -> dict[str, str] | None:
+    """Name → 'link' / 'dir' / 'file' / 'other' for one folder ({} if it does not exist, None if it
+    cannot be read). DirEntry knows the type from the folder read itself on local filesystems and NFS."""
+    listing: dict[str, str] = {}
+    try:
+        with os.scandir(folder) as entries:
+            for e in entries:
+                if e.is_symlink():
+                    listing[e.name] = "link"
+                elif e.is_dir(follow_symlinks=False):
+                    listing[e.name] = "dir"
+                else:
+                    listing[e.name] = "file" if e.is_file(follow_symlinks=False) else "other"
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    except OSError:
+        return None
+    return listing
 
 
 RESERVED_TOP = ("runs", "models")

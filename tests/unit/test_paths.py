@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.paths import check_relative, relative_to_root, resolve_inside, safe_glob, to_container
+from controller.paths import Resolver, check_relative, relative_to_root, resolve_inside, safe_glob, to_container
 
 
 @pytest.fixture
@@ -188,3 +188,55 @@ def test_broad_glob_skips_run_folders_and_model_packs(tmp_path: Path) -> None:
     found = [p.relative_to(tmp_path.resolve()).as_posix() for p in safe_glob(tmp_path, "**/*.jpg")]
     assert found == ["a/x.jpg", "b/runs/y.jpg"]
     assert [p.name for p in safe_glob(tmp_path, "runs/j/*.jpg")] == ["out.jpg"]  # asked for explicitly
+
+
+# --- Resolver with folder listings (planning 100,000 targets) ----------------------------------
+
+
+def _answers(resolver: Resolver, rel: str) -> tuple[str, bool, bool] | str:
+    try:
+        real = resolver.inside_str(rel, what="output")
+    except ValueError as e:
+        return str(e)
+    return real, resolver.isfile(real), resolver.isdir(real)
+
+
+def test_listings_answer_as_the_disk_does(root: Path, tmp_path: Path) -> None:
+    """The listing-based look-ups refuse, resolve and classify every kind of entry exactly as the
+    per-path system calls do: links in and out, to files and folders, dangling, a fifo, absent."""
+    os.symlink(root / "crowd" / "a.jpg", root / "crowd" / "in.jpg")
+    os.symlink(tmp_path / "outside" / "secret.jpg", root / "crowd" / "out.jpg")
+    os.symlink(root / "crowd" / "sub", root / "crowd" / "subdir-link")
+    os.symlink(tmp_path / "outside", root / "away")
+    os.symlink(root / "nowhere.jpg", root / "crowd" / "dangling.jpg")
+    os.mkfifo(root / "crowd" / "pipe.jpg")
+    rels = [
+        "crowd/a.jpg",
+        "crowd/in.jpg",
+        "crowd/out.jpg",
+        "crowd/subdir-link",
+        "crowd/subdir-link/c.jpg",
+        "away/secret.jpg",
+        "away/new.jpg",
+        "crowd/dangling.jpg",
+        "crowd/pipe.jpg",
+        "crowd/sub",
+        "crowd/none.jpg",
+        "new/folder/x.jpg",
+        "top.jpg",
+        "crowd/../top.jpg",
+        "crowd/..",
+        "crowd/",
+        "./crowd//a.jpg",
+        "../x.jpg",
+        "a/../../x.jpg",
+        ".",
+    ]
+    listed, plain = Resolver(root, listings=True), Resolver(root)
+    for rel in rels * 2:  # the second pass answers from the caches
+        assert _answers(listed, rel) == _answers(plain, rel), rel
+    assert _answers(listed, "crowd/in.jpg") == (str((root / "crowd" / "a.jpg").resolve()), True, False)
+    assert _answers(listed, "crowd/out.jpg") == "'crowd/out.jpg' resolves outside the data root through a symlink"
+    assert _answers(listed, "crowd/subdir-link")[1:] == (False, True)
+    assert _answers(listed, "crowd/pipe.jpg")[1:] == (False, False)
+    assert _answers(listed, "a/../../x.jpg") == f"'a/../../x.jpg' escapes the data root {root}"
