@@ -233,7 +233,7 @@ def supervise(
         return answer is not None
 
     try:
-        runs = sup.run(todo, gate=identity_ready if step else None)
+        runs = sup.run(todo, gate=identity_ready if step else None, gate_service=step.spec.name if step else None)
     except FfswarmError as e:
         if refusal and e is refusal[0]:  # only the identity step's refusal: nothing was committed yet
             _refused(backend, rundir)

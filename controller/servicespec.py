@@ -26,9 +26,14 @@ TMPFS_BYTES = 512 * 1024 * 1024
 LOG_OPTIONS: Mapping[str, str] = MappingProxyType({"max-size": "20m", "max-file": "3"})
 
 
+def service_prefix(job: str) -> str:
+    """What the names of a job's services start with (a longer job name can share it)."""
+    return f"ffswarm-{job}-"
+
+
 def service_name(job: str, chunk: str, attempt: int) -> str:
     """`ffswarm-<job>-c0007-a2`: the chunk id stays, the attempt number grows."""
-    return f"ffswarm-{job}-{chunk}-a{attempt}"
+    return f"{service_prefix(job)}{chunk}-a{attempt}"
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any
 from controller.failures import ChunkState, FailureClass, classify_exit, describe_exit
 from controller.rundir import RunDir, write_atomic
 from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_ROLE, ROLE_RUNNER, RunnerSettings, chunk_service
-from controller.swarm import NodeState, ServiceState, SwarmBackend
+from controller.swarm import JobEvents, NodeState, ServiceState, SwarmBackend
 from runner_image.manifest import read_results
 
 PENDING_STATES = {"new", "pending", "allocated", "assigned"}
@@ -85,12 +85,16 @@ class Policy:
     retries: int = 3
     timeout: float = 1800.0  # per attempt, once running
     schedule_timeout: float = 300.0
-    # Swarm 20.10 emits no task events to wait on, so the watch polls: the job's services and their
-    # tasks every `poll` (2 API calls), the node list every `node_poll`. In between it reads what
-    # the runners appended to their results files every `ending_poll`: once a chunk has a line for
-    # each of its items its container is about to exit, and the swarm is asked every `ending_poll`
-    # until it has, so that a finished chunk — and the job — is seen finished promptly.
+    # Swarm 20.10 emits no task events, so the watch polls: the job's services and their tasks every
+    # `poll` (2 API calls), the node list every `node_poll`. With Docker's event stream (the job's
+    # containers starting and dying on this engine, node changes) to wake it at once, every
+    # `event_poll` instead: the poll is left for what the stream cannot see — other nodes' tasks.
+    # In between it reads what the runners appended to their results files every `ending_poll`:
+    # once a chunk has a line for each of its items (or its container died here) it is about to
+    # end, and the swarm is asked every `ending_poll` until it has, so that a finished chunk — and
+    # the job — is seen finished promptly.
     poll: float = 0.5
+    event_poll: float = 2.0
     node_poll: float = 1.0
     ending_poll: float = 0.05
     backoff_base: float = 1.0
@@ -120,6 +124,8 @@ class Supervisor:
         self.sleep = sleep
         self.chunks: dict[str, ChunkRun] = {}
         self.nodes: dict[str, NodeState] = {}
+        self.events: JobEvents | None = None
+        self._gate_service: str | None = None
         self._dirty = True
 
         def emit(event: str, **fields: Any) -> None:
@@ -130,20 +136,36 @@ class Supervisor:
         self.emit = emit
 
     # -- the loop ---------------------------------------------------------------------------------
-    def run(self, chunk_ids: list[str], gate: Callable[[], bool] | None = None) -> dict[str, ChunkRun]:
+    def run(
+        self, chunk_ids: list[str], gate: Callable[[], bool] | None = None, gate_service: str | None = None
+    ) -> dict[str, ChunkRun]:
         """Run the chunks to their ends. `gate`, when given, is a step that runs beside them (the
-        identity step): polled once per round until it returns True; whatever it raises ends the run
-        and propagates, the chunks' services left to the caller."""
+        identity step, whose service is `gate_service`): polled once per round until it returns
+        True; whatever it raises ends the run and propagates, the chunks' services left to the caller."""
+        self._gate_service = gate_service
         queue: deque[str] = deque()
         for cid in chunk_ids:
             self.chunks[cid] = ChunkRun(cid, last_attempt=self.rundir.last_attempt(cid))
             queue.append(cid)
-        self._adopt(queue, keep_steps=gate is not None)
+        self.events = self.backend.events(self.settings.job)
+        try:
+            self._adopt(queue, keep_steps=gate is not None)
+            self._loop(queue, gate)
+        finally:
+            if self.events is not None:
+                self.events.close()
+                self.events = None
+        self.backend.remove_exited_containers(self.settings.job)
+        return self.chunks
+
+    def _loop(self, queue: deque[str], gate: Callable[[], bool] | None) -> None:
         while queue or self._running() or gate:
             control = self.rundir.control()
             if control.cancel:
                 self._cancel_all(queue)
                 break
+            if self.events is not None and self.events.nodes_changed():
+                self._nodes_at = -math.inf
             if self.clock() - self._nodes_at >= self.policy.node_poll:
                 self.nodes = {n.node_id: n for n in self.backend.nodes()}
                 self._nodes_at = self.clock()
@@ -155,32 +177,43 @@ class Supervisor:
                 self._watch(run, by_name.get(run.current.service), queue)
             self._save_state()
             if queue or self._running() or gate:
-                self._pause()
+                self._pause(gate)
         self._save_state()
-        self.backend.remove_exited_containers(self.settings.job)
-        return self.chunks
 
-    def _pause(self) -> None:
-        """Wait until the next look at the swarm is due, watching the running chunks' results files
-        meanwhile (a local read of what was appended): a chunk that has recorded every item is
-        about to exit, so the swarm is asked again within `ending_poll` rather than `poll`."""
-        due = self.clock() + self.policy.poll
+    def _pause(self, gate: Callable[[], bool] | None) -> None:
+        """Wait until the next look at the swarm is due, or an event says to look now, watching the
+        running chunks' results files meanwhile (a local read of what was appended): a chunk that
+        has recorded every item is about to exit, so the swarm is asked again within `ending_poll`.
+        While a step is pending the swarm is asked every `poll` (the step is short, and its answer
+        is what the job waits for)."""
+        events = self.events if self.events is not None and self.events.alive else None
+        gated = gate is not None
+        due = self.clock() + (self.policy.event_poll if events and not gated else self.policy.poll)
         while True:
-            if any(self._ending(run) for run in self._running()):
-                self.sleep(self.policy.ending_poll)
+            step_ended = gated and events is not None and events.ended(self._gate_service or "")
+            if step_ended or any(self._ending(run) for run in self._running()):
+                self._nap(events, self.policy.ending_poll)
                 return
             left = due - self.clock()
-            if left <= 1e-9:
+            if left <= 1e-9 or self._nap(events, min(self.policy.ending_poll, left)):
                 return
-            self.sleep(min(self.policy.ending_poll, left))
+
+    def _nap(self, events: JobEvents | None, seconds: float) -> bool:
+        """Sleep up to `seconds`; True when an event cut it short."""
+        if events is None:
+            self.sleep(seconds)
+            return False
+        return events.wait(seconds)
 
     def _ending(self, run: ChunkRun) -> bool:
-        """Whether the current attempt has recorded a result for each of the chunk's items: reads
-        only what was appended to the results file since the last look."""
+        """Whether the current attempt has recorded a result for each of the chunk's items (reads
+        only what was appended to the results file since the last look), or its container died."""
+        att = run.current
+        if self.events is not None and self.events.ended(att.service):
+            return True
         size = self.sizes.get(run.id)
         if not size:
             return False
-        att = run.current
         if len(att.items_recorded) >= size:
             return True
         path = self.rundir.path / "results" / f"{run.id}.jsonl"

@@ -6,7 +6,8 @@ documents are reduced to TaskState so the supervisor never reads raw API dicts.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,7 +18,7 @@ import docker.errors
 from docker import types as dt
 
 from controller.errors import CapacityError, FfswarmError, MissingInputError
-from controller.servicespec import LABEL_JOB, ServiceSpec
+from controller.servicespec import LABEL_JOB, ServiceSpec, service_prefix
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,18 @@ class SwarmBackend(Protocol):
     def containers_left(self, job: str) -> int: ...
     def service_logs(self, name: str, tail: int = 40) -> str: ...
     def nodes(self) -> list[NodeState]: ...
+    def events(self, job: str) -> JobEvents | None: ...
+
+
+class JobEvents(Protocol):
+    """What happened to a job on the swarm since the watch last looked, pushed rather than polled."""
+
+    @property
+    def alive(self) -> bool: ...  # still receiving (False: the watch polls as if there were none)
+    def wait(self, timeout: float) -> bool: ...  # True as soon as something happened, else after timeout
+    def ended(self, service: str) -> bool: ...  # the service's container has died (on this engine)
+    def nodes_changed(self) -> bool: ...  # a node changed since the last call
+    def close(self) -> None: ...
 
 
 def _ts(value: str | None) -> float:
@@ -108,18 +121,104 @@ def _translated(what: str) -> Iterator[None]:
         raise CapacityError(f"{what}: cannot reach the Docker engine: {e}") from e
 
 
+class DockerEvents:
+    """Docker's event stream, read on a thread, for one job's watch.
+
+    Swarm (engine 20.10) has no task events, and a manager hears only about its own engine's
+    containers, so the watch keeps polling the swarm — less often — and these events make it look
+    at once: one of the job's containers started or died here (container events carry the task's
+    labels, ``io.ffswarm.job`` among them), a node changed, or one of the job's services was removed.
+    """
+
+    def __init__(self, client: docker.DockerClient, job: str) -> None:
+        self.job = job
+        self._client = client
+        self._woken = threading.Event()
+        self._nodes = threading.Event()
+        self._ended: set[str] = set()
+        self._prefix = service_prefix(job)
+        self._stream = client.api.events(filters={"type": ["container", "node", "service"]}, decode=True)
+        self._alive = True
+        self._thread = threading.Thread(target=self._read, name=f"docker-events-{job}", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    def _read(self) -> None:
+        try:
+            for event in self._stream:
+                if self._note(event):
+                    self._woken.set()
+        except Exception:  # noqa: BLE001 - closed, or the daemon went away: the watch polls on
+            pass
+        finally:
+            self._alive = False
+            self._woken.set()
+
+    def _note(self, event: Mapping[str, Any]) -> bool:
+        kind, action = event.get("Type"), event.get("Action", "")
+        attributes = (event.get("Actor") or {}).get("Attributes") or {}
+        if kind == "node":
+            self._nodes.set()
+            return True
+        if kind == "service":
+            return action == "remove" and str(attributes.get("name", "")).startswith(self._prefix)
+        if kind != "container" or attributes.get(LABEL_JOB) != self.job:
+            return False
+        if action == "die":
+            self._ended.add(str(attributes.get("com.docker.swarm.service.name", "")))
+            return True
+        return bool(action == "start")
+
+    def wait(self, timeout: float) -> bool:
+        woken = self._woken.wait(timeout) and self._alive
+        self._woken.clear()
+        return woken
+
+    def ended(self, service: str) -> bool:
+        return service in self._ended
+
+    def nodes_changed(self) -> bool:
+        changed = self._nodes.is_set()
+        self._nodes.clear()
+        return changed
+
+    def close(self) -> None:
+        self._stream.close()
+        self._thread.join(timeout=2)
+        self._client.close()
+
+
 class DockerSwarm:
     """SwarmBackend over a real dockerd (docker-py)."""
 
     def __init__(self, base_url: str | None = None) -> None:
+        self._connect: Callable[[], docker.DockerClient] = (
+            (lambda: docker.DockerClient(base_url=base_url, version="auto"))
+            if base_url
+            else (lambda: docker.from_env(version="auto"))
+        )
+        self._client = self._new_client()
+
+    def _new_client(self) -> docker.DockerClient:
         with _translated("connecting to Docker"):
-            self._client = (
-                docker.DockerClient(base_url=base_url, version="auto") if base_url else docker.from_env(version="auto")
-            )
-        if self._client.api.base_url.startswith("http+docker://"):  # a local socket: no proxy applies
+            client = self._connect()
+        if client.api.base_url.startswith("http+docker://"):  # a local socket: no proxy applies
             # requests scans the environment for proxy settings on every call: ~2 ms of CPU per API
             # call here, a fifth of the controller's CPU while it watches a job.
-            self._client.api.trust_env = False
+            client.api.trust_env = False
+        return client
+
+    def events(self, job: str) -> DockerEvents | None:
+        """The job's events, on a connection of their own (a stream holds its connection); None
+        when the engine will not stream them — the watch then polls alone."""
+        try:
+            client = self._new_client()
+            return DockerEvents(client, job)
+        except (FfswarmError, docker.errors.DockerException):
+            return None
 
     @property
     def client(self) -> docker.DockerClient:

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from . import align
 from .errors import ItemError
-from .insightface_lite import face_align
 from .manifest import FaceSelection
 
 
@@ -80,7 +80,7 @@ def embed(recognizer: Any, image: np.ndarray, faces: Sequence[Face]) -> np.ndarr
     if not faces:
         return np.zeros((0, 512), dtype=np.float32)
     size = int(recognizer.input_size[0])
-    crops = [face_align.norm_crop(image, landmark=f.kps, image_size=size) for f in faces]
+    crops = [align.crop(image, f.kps, size)[0] for f in faces]
     feats = np.asarray(recognizer.get_feat(crops), dtype=np.float32).reshape(len(faces), -1)
     return normalise_rows(feats)
 

@@ -18,8 +18,8 @@ from typing import Any
 import cv2
 import numpy as np
 
+from . import align
 from .faces import Face
-from .insightface_lite import face_align
 from .manifest import MASK_FEATHER, MASK_PADDING
 
 MASK_THRESHOLD = 20  # insightface: warped white mask values above this count as inside
@@ -56,7 +56,7 @@ class Swapper:
         self._latent = (latent / np.linalg.norm(latent)).astype(self._dtypes[1])
 
     def swap(self, image: np.ndarray, face: Face) -> Swapped:
-        crop, matrix = face_align.norm_crop2(image, face.kps, self._size)
+        crop, matrix = align.crop(image, face.kps, self._size)
         blob = cv2.dnn.blobFromImage(crop, 1.0 / 255.0, (self._size, self._size), (0.0, 0.0, 0.0), swapRB=True)
         feed = {self._names[0]: blob.astype(self._dtypes[0]), self._names[1]: self._latent}
         pred = np.asarray(self._session.run([self._output], feed)[0], dtype=np.float32)

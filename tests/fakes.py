@@ -39,6 +39,7 @@ class FakeSwarm:
     node_states: list[NodeState] = field(default_factory=lambda: [NodeState("node-1", "n1", "ready", "active", 2)])
     # chunk label -> what its container does before it ends (e.g. the identity step writes its answer)
     on_end: dict[str, Callable[[], None]] = field(default_factory=dict)
+    job_events: FakeEvents | None = None  # what events(job) gives: None, like an engine without a stream
     _svcs: dict[str, _Svc] = field(default_factory=dict)
 
     def create_service(self, spec: ServiceSpec) -> str:
@@ -115,12 +116,43 @@ class FakeSwarm:
     def nodes(self) -> list[NodeState]:
         return list(self.node_states)
 
+    def events(self, job: str) -> FakeEvents | None:
+        return self.job_events
+
     def alive(self) -> list[str]:
         return list(self._svcs)
 
     def add_orphan(self, spec: ServiceSpec, outcome: Outcome) -> None:
         """A service left by an earlier controller (for adoption tests)."""
         self._svcs[spec.name] = _Svc(spec, outcome, self._place(spec))
+
+
+@dataclass
+class FakeEvents:
+    """JobEvents that a test drives: the services whose containers died, a node change, whether the
+    stream still flows. Waiting advances the test's clock through `sleep`, which may change things."""
+
+    sleep: Callable[[float], None]
+    died: set[str] = field(default_factory=set)
+    node_change: bool = False
+    alive: bool = True
+    closed: bool = False
+
+    def wait(self, timeout: float) -> bool:
+        if self.node_change:
+            return True
+        self.sleep(timeout)
+        return self.node_change
+
+    def ended(self, service: str) -> bool:
+        return service in self.died
+
+    def nodes_changed(self) -> bool:
+        changed, self.node_change = self.node_change, False
+        return changed
+
+    def close(self) -> None:
+        self.closed = True
 
 
 NO_NODE = "no suitable node (scheduling constraints not satisfied on 1 node)"

@@ -3,11 +3,13 @@ must behave like the real daemon in every way the supervisor relies on, so the f
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from controller.servicespec import LABEL_JOB
 from controller.swarm import DockerSwarm, ServiceState, SwarmBackend
 from tests.fakes import FakeSwarm
 from tests.integration.conftest import Workspace, shell_service
@@ -67,3 +69,31 @@ def test_contract(backend: SwarmBackend, workspace: Workspace, swarm: DockerSwar
             break
         assert time.monotonic() < deadline, "containers of removed services never went away"
         time.sleep(0.2)
+
+
+def test_docker_events_name_the_jobs_containers_that_died(workspace: Workspace, swarm: DockerSwarm) -> None:
+    """The event stream the watch wakes on: a container of this job that exits is reported by its
+    service's name; another job's is not."""
+    ws = workspace
+    image = swarm.resolve_image(ws.config.image)
+    base = shell_service(ws, image, "c0001", "exit 0")
+    other_job = f"{ws.job}x"
+    other = dataclasses.replace(base, name=f"{base.name}x", labels={**base.labels, LABEL_JOB: other_job})
+    mine = shell_service(ws, image, "c0000", "exit 3")
+    events = swarm.events(ws.job)
+    assert events is not None and events.alive
+    try:
+        swarm.create_service(other)  # ends first: its die event is in the stream before ours
+        settle(swarm, other_job, other.name, {"complete"})
+        swarm.create_service(mine)
+        deadline = time.monotonic() + 60
+        while not events.ended(mine.name):
+            assert time.monotonic() < deadline, "the job's container died but no event said so"
+            events.wait(1.0)
+        assert not events.ended(other.name)
+    finally:
+        events.close()
+        swarm.remove_service(other.name)
+        for c in swarm.client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={other_job}"}):
+            c.remove(force=True)
+    assert not events.alive  # closed: the watch would poll on its own

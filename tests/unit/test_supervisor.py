@@ -13,7 +13,7 @@ from controller.rundir import Control, RunDir
 from controller.servicespec import LABEL_ROLE, RunnerSettings, VolumeSpec, chunk_service
 from controller.supervisor import Policy, Supervisor
 from runner_image.manifest import ItemResult, ItemStatus
-from tests.fakes import FakeSwarm, Outcome
+from tests.fakes import FakeEvents, FakeSwarm, Outcome
 
 
 class Clock:
@@ -312,3 +312,48 @@ def test_a_chunk_whose_items_are_all_recorded_is_watched_closely(
     sup = Supervisor(swarm, rundir, settings(), policy, clock=clock, sleep=clock.sleep, sizes={"c0000": 3})
     assert sup.run(["c0000"])["c0000"].state is ChunkState.DONE
     assert (clock.now < 0.2) if ending else (clock.now >= 1.0)
+
+
+# --- Docker events -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("died", "alive", "seen_between"),
+    [
+        (True, True, (0.0, 0.2)),  # the container died here: the swarm is asked every ending_poll
+        (False, True, (3.9, 4.2)),  # nothing heard: the swarm is asked every event_poll (2 s)
+        (False, False, (1.0, 1.2)),  # the stream is gone: every poll (0.5 s), as without events
+    ],
+)
+def test_events_decide_how_often_the_swarm_is_asked(
+    tmp_path: Path, died: bool, alive: bool, seen_between: tuple[float, float]
+) -> None:
+    """The fake's task completes on the third look. With Docker's event stream flowing the watch
+    looks every event_poll, at once when a container of the job dies; without it, every poll."""
+    swarm = FakeSwarm()
+    sup, clock = make(tmp_path, swarm, event_poll=2.0, ending_poll=0.05)
+    swarm.job_events = FakeEvents(clock.sleep, died={"ffswarm-j-c0000-a1"} if died else set(), alive=alive)
+    assert sup.run(["c0000"])["c0000"].state is ChunkState.DONE
+    assert seen_between[0] <= clock.now < seen_between[1]
+    assert swarm.job_events.closed  # the stream is closed with the run
+
+
+def test_a_node_event_makes_the_watch_read_the_nodes_at_once(tmp_path: Path) -> None:
+    """A node that dies under a running chunk is acted on when its event arrives, not at the next
+    node poll (here 1,000 s away): the chunk moves to the other node and finishes."""
+    from controller.swarm import NodeState
+
+    two = [NodeState("node-1", "w1", "ready", "active", 2), NodeState("node-2", "w2", "ready", "active", 2)]
+    swarm = FakeSwarm(script={("c0000", 1): Outcome("running")}, node_states=two)
+    sup, clock = make(tmp_path, swarm, retries=0, timeout=1e9, node_poll=1000.0, event_poll=2.0)
+
+    def sleep(s: float) -> None:
+        clock.sleep(s)
+        if clock.now > 3 and swarm.node_states[0].state == "ready":
+            swarm.node_states[0] = NodeState("node-1", "w1", "down", "active", 2)
+            events.node_change = True
+
+    events = swarm.job_events = FakeEvents(sleep)
+    run = sup.run(["c0000"])["c0000"]
+    assert run.state is ChunkState.DONE and [a.node for a in run.attempts] == ["node-1", "node-2"]
+    assert clock.now < 10
