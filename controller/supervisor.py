@@ -185,10 +185,11 @@ class Supervisor:
         running chunks' results files meanwhile (a local read of what was appended): a chunk that
         has recorded every item is about to exit, so the swarm is asked again within `ending_poll`.
         While a step is pending the swarm is asked every `poll` (the step is short, and its answer
-        is what the job waits for)."""
+        is what the job waits for); a changed control.json ends the wait at once."""
         events = self.events if self.events is not None and self.events.alive else None
         gated = gate is not None
         due = self.clock() + (self.policy.event_poll if events and not gated else self.policy.poll)
+        asked = self._control_stamp()
         while True:
             step_ended = gated and events is not None and events.ended(self._gate_service or "")
             if step_ended or any(self._ending(run) for run in self._running()):
@@ -197,6 +198,15 @@ class Supervisor:
             left = due - self.clock()
             if left <= 1e-9 or self._nap(events, min(self.policy.ending_poll, left)):
                 return
+            if self._control_stamp() != asked:  # `ffswarm scale` or `cancel`: act on it now
+                return
+
+    def _control_stamp(self) -> tuple[int, int] | None:
+        try:
+            st = (self.rundir.path / "control.json").stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns
 
     def _nap(self, events: JobEvents | None, seconds: float) -> bool:
         """Sleep up to `seconds`; True when an event cut it short."""

@@ -357,3 +357,22 @@ def test_a_node_event_makes_the_watch_read_the_nodes_at_once(tmp_path: Path) -> 
     run = sup.run(["c0000"])["c0000"]
     assert run.state is ChunkState.DONE and [a.node for a in run.attempts] == ["node-1", "node-2"]
     assert clock.now < 10
+
+
+def test_scale_and_cancel_are_acted_on_without_waiting_for_the_next_poll(tmp_path: Path) -> None:
+    """control.json is watched between looks at the swarm: a cancel written 1 s into a job whose
+    next look is 2 s away removes its service within ending_poll."""
+    swarm = FakeSwarm(script={("c0000", 1): Outcome("running")})
+    sup, clock = make(tmp_path, swarm, event_poll=2.0, ending_poll=0.05)
+    asked: list[float] = []
+
+    def sleep(s: float) -> None:
+        clock.sleep(s)
+        if clock.now > 1.0 and not asked:
+            sup.rundir.write_control(Control(2, cancel=True))
+            asked.append(clock.now)
+
+    swarm.job_events = FakeEvents(sleep)
+    run = sup.run(["c0000"])["c0000"]
+    assert run.state is ChunkState.CANCELLED and swarm.alive() == []
+    assert clock.now - asked[0] < 0.2
