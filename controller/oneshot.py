@@ -11,10 +11,8 @@ import time
 from dataclasses import dataclass
 
 from controller.servicespec import ServiceSpec
-from controller.supervisor import PENDING_STATES
+from controller.supervisor import ENDED, PENDING_STATES
 from controller.swarm import SwarmBackend, TaskState
-
-ENDED = {"complete", "failed", "rejected", "shutdown", "orphaned"}
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,7 @@ class JobEvents(Protocol):
     @property
     def alive(self) -> bool: ...  # still receiving (False: the watch polls as if there were none)
     def wait(self, timeout: float) -> bool: ...  # True as soon as something happened, else after timeout
-    def ended(self, service: str) -> bool: ...  # the service's container has died (on this engine)
+    def exit_code(self, service: str) -> int | None: ...  # how its container exited (on this engine)
     def nodes_changed(self) -> bool: ...  # a node changed since the last call
     def close(self) -> None: ...
 
@@ -135,7 +135,7 @@ class DockerEvents:
         self._client = client
         self._woken = threading.Event()
         self._nodes = threading.Event()
-        self._ended: set[str] = set()
+        self._exits: dict[str, int] = {}  # service name -> its container's exit code
         self._prefix = service_prefix(job)
         self._stream = client.api.events(filters={"type": ["container", "node", "service"]}, decode=True)
         self._alive = True
@@ -168,7 +168,9 @@ class DockerEvents:
         if kind != "container" or attributes.get(LABEL_JOB) != self.job:
             return False
         if action == "die":
-            self._ended.add(str(attributes.get("com.docker.swarm.service.name", "")))
+            code = attributes.get("exitCode", "")
+            service = str(attributes.get("com.docker.swarm.service.name", ""))
+            self._exits[service] = int(code) if str(code).lstrip("-").isdigit() else -1
             return True
         return bool(action == "start")
 
@@ -177,8 +179,8 @@ class DockerEvents:
         self._woken.clear()
         return woken
 
-    def ended(self, service: str) -> bool:
-        return service in self._ended
+    def exit_code(self, service: str) -> int | None:
+        return self._exits.get(service)
 
     def nodes_changed(self) -> bool:
         changed = self._nodes.is_set()

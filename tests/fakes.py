@@ -133,7 +133,7 @@ class FakeEvents:
     stream still flows. Waiting advances the test's clock through `sleep`, which may change things."""
 
     sleep: Callable[[float], None]
-    died: set[str] = field(default_factory=set)
+    died: dict[str, int] = field(default_factory=dict)  # service name -> exit code
     node_change: bool = False
     alive: bool = True
     closed: bool = False
@@ -144,8 +144,8 @@ class FakeEvents:
         self.sleep(timeout)
         return self.node_change
 
-    def ended(self, service: str) -> bool:
-        return service in self.died
+    def exit_code(self, service: str) -> int | None:
+        return self.died.get(service)
 
     def nodes_changed(self) -> bool:
         changed, self.node_change = self.node_change, False

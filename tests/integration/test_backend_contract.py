@@ -73,7 +73,7 @@ def test_contract(backend: SwarmBackend, workspace: Workspace, swarm: DockerSwar
 
 def test_docker_events_name_the_jobs_containers_that_died(workspace: Workspace, swarm: DockerSwarm) -> None:
     """The event stream the watch wakes on: a container of this job that exits is reported by its
-    service's name; another job's is not."""
+    service's name, with its exit code; another job's is not."""
     ws = workspace
     image = swarm.resolve_image(ws.config.image)
     base = shell_service(ws, image, "c0001", "exit 0")
@@ -87,10 +87,10 @@ def test_docker_events_name_the_jobs_containers_that_died(workspace: Workspace, 
         settle(swarm, other_job, other.name, {"complete"})
         swarm.create_service(mine)
         deadline = time.monotonic() + 60
-        while not events.ended(mine.name):
+        while events.exit_code(mine.name) is None:
             assert time.monotonic() < deadline, "the job's container died but no event said so"
             events.wait(1.0)
-        assert not events.ended(other.name)
+        assert events.exit_code(mine.name) == 3 and events.exit_code(other.name) is None
     finally:
         events.close()
         swarm.remove_service(other.name)

@@ -332,7 +332,8 @@ def test_events_decide_how_often_the_swarm_is_asked(
     looks every event_poll, at once when a container of the job dies; without it, every poll."""
     swarm = FakeSwarm()
     sup, clock = make(tmp_path, swarm, event_poll=2.0, ending_poll=0.05)
-    swarm.job_events = FakeEvents(clock.sleep, died={"ffswarm-j-c0000-a1"} if died else set(), alive=alive)
+    exits = {"ffswarm-j-c0000-a1": 70} if died else {}  # a code the swarm's task record must explain
+    swarm.job_events = FakeEvents(clock.sleep, died=exits, alive=alive)
     assert sup.run(["c0000"])["c0000"].state is ChunkState.DONE
     assert seen_between[0] <= clock.now < seen_between[1]
     assert swarm.job_events.closed  # the stream is closed with the run
@@ -376,3 +377,15 @@ def test_scale_and_cancel_are_acted_on_without_waiting_for_the_next_poll(tmp_pat
     run = sup.run(["c0000"])["c0000"]
     assert run.state is ChunkState.CANCELLED and swarm.alive() == []
     assert clock.now - asked[0] < 0.2
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_container_that_exited_here_ends_its_chunk_before_the_swarm_records_it(tmp_path: Path, code: int) -> None:
+    """Swarm's task record lags the container's exit; a die event whose exit code ends the chunk (0,
+    or 3: some items failed) is enough — here the record would say "running" forever."""
+    swarm = FakeSwarm(script={("c0000", 1): Outcome("running")})
+    sup, clock = make(tmp_path, swarm, event_poll=2.0, ending_poll=0.05)
+    swarm.job_events = FakeEvents(clock.sleep, died={"ffswarm-j-c0000-a1": code})
+    run = sup.run(["c0000"])["c0000"]
+    assert run.state is ChunkState.DONE and run.current.exit_code == code
+    assert swarm.alive() == [] and clock.now < 0.2
