@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
+import subprocess
 import sys
 import time
 import uuid
@@ -51,8 +53,6 @@ class Bench:
         self.slots = sum(n.gpus for n in swarm.nodes() if n.usable)
 
     def chown(self, path: Path) -> None:
-        import os
-
         uid, gid = (int(x) for x in self.owner.split(":"))
         for p in [path, *path.rglob("*")]:
             os.chown(p, uid, gid)
@@ -167,6 +167,53 @@ def calibrate(b: Bench, image: str, n: int = 48) -> dict[str, float]:
     }
 
 
+def in_process(b: Bench, targets: str, n: int) -> dict[str, Any]:
+    """The same photos and pack through the runner alone: one manifest holding every item, run as
+    `python -m runner_image` in a child process on this machine's Python (cold start and the
+    source's identity included) — what one node does with no Swarm, no services, no controller."""
+    from runner_image.manifest import Item, Manifest, read_results
+
+    folder = b.root / targets.rsplit("/", 1)[0]
+    photos_in = sorted(folder.glob("*.jpg"))[:n]
+    name = f"inproc-{uuid.uuid4().hex[:4]}"
+    run_dir = b.dir / name
+    out = b.dir / "out" / name
+    (run_dir / "chunks").mkdir(parents=True)
+    rel = run_dir.relative_to(b.root).as_posix()
+    items = tuple(
+        Item(
+            f"i{i:06d}",
+            f"/data/{p.relative_to(b.root).as_posix()}",
+            f"/data/{out.relative_to(b.root).as_posix()}/{p.name}",
+        )
+        for i, p in enumerate(photos_in)
+    )
+    manifest = Manifest(
+        job=name, chunk="c0000", run_dir=f"/data/{rel}", pack_dir="/data/models/default",
+        source=(f"/data/{b.star.relative_to(b.root).as_posix()}",), items=items, providers=("cpu",),
+    )  # fmt: skip
+    (run_dir / "chunks" / "c0000.json").write_text(manifest.to_json())
+    cmd = [
+        sys.executable,
+        "-m",
+        "runner_image",
+        "--manifest",
+        f"/data/{rel}/chunks/c0000.json",
+        "--data-root",
+        str(b.root),
+    ]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    wall = time.perf_counter() - t0
+    results = read_results((run_dir / "results" / "c0000.jsonl").read_text())
+    ok = sum(1 for r in results if r.status.value == "ok")
+    if proc.returncode != 0 or ok != len(items):
+        raise SystemExit(f"in-process runner: exit {proc.returncode}, {ok}/{len(items)} ok\n{proc.stderr[-2000:]}")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    return {"items": len(items), "wall_s": round(wall, 2), "items_per_s": round(len(items) / wall, 2)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="100,1000,5000")
@@ -174,7 +221,8 @@ def main() -> None:
     ap.add_argument("--default-chunk-size", default=None, help="(default: the job-file default, auto)")
     ap.add_argument("--b2-items", type=int, default=1000)
     ap.add_argument("--b4-chunks", type=int, default=0, help="first run one job of this many one-item chunks (no GPU)")
-    ap.add_argument("--skip", default="", help="comma list of b1,sweep,b2,b4 to skip")
+    ap.add_argument("--b5-items", type=int, default=500, help="real photos for B5 (the real runner, both ways)")
+    ap.add_argument("--skip", default="", help="comma list of b1,sweep,b2,b5,b4 to skip")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
     args = ap.parse_args()
@@ -245,6 +293,25 @@ def main() -> None:
                 f"vs one service per image {naive['items_per_s']:.2f} items/s "
                 f"→ ratio {out['b2']['ratio']:.1f}"
             )
+        if "b5" not in skip:
+            # The REAL runner image on real photos and the test pack, both ways, back to back: the
+            # whole path (submit → chunk services on this node's K slots → outputs → report) against
+            # the runner in-process on the same machine. No GPU here: CPU provider on both sides.
+            targets = b.inputs(args.b5_items, real=True)
+            path = b.run("b5", targets, default_cs, real)
+            path.pop("results", None)
+            path.pop("cold_s", None)
+            path["items_per_s"] = round(path["items"] / path["wall_s"], 2)
+            alone = in_process(b, targets, args.b5_items)
+            share = 1 - path["items_per_s"] / alone["items_per_s"]
+            out["b5"] = {"path": path, "in_process": alone, "orchestration_share": round(share, 3)}
+            print(
+                f"B5 (CPU, real runner, {path['items']} photos): whole path {path['items_per_s']:.1f} items/s "
+                f"({path['chunks']} chunks, wall {path['wall_s']:.1f} s) vs runner in-process "
+                f"{alone['items_per_s']:.1f} items/s (wall {alone['wall_s']:.1f} s) → orchestration's share "
+                f"{share * 100:.1f} %\n    profile (s from submit): first item {path['first_item_s']:.2f}, "
+                f"last item {path['last_item_s']:.2f}, end {path['wall_s']:.2f}"
+            )
         if "b4" not in skip:
             if args.b4_chunks:
                 big = line("B4 job", b.run("b4", b.inputs(args.b4_chunks), 1, sim, gpus=0, max_concurrent=12))
@@ -276,6 +343,8 @@ def main() -> None:
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot(xs, [r["efficiency"] for r in out["sweep"]], marker="o")
         ax.set_xscale("log")
+        ax.set_xticks(xs, [str(x) for x in xs])  # the swept sizes themselves, not powers of ten
+        ax.minorticks_off()
         ax.set_xlabel("chunk_size (images per chunk service)")
         ax.set_ylabel("efficiency (ideal ÷ wall)")
         ax.set_title(f"1,000 items, K={b.slots} GPU slots, simulated runner")
