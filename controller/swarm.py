@@ -6,6 +6,7 @@ documents are reduced to TaskState so the supervisor never reads raw API dicts.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -188,7 +189,10 @@ class DockerEvents:
         return changed
 
     def close(self) -> None:
-        self._stream.close()
+        # Shuts the socket down, which ends the reader's loop; if the daemon closed it first,
+        # docker-py finds no socket left to shut.
+        with contextlib.suppress(OSError, AttributeError):
+            self._stream.close()
         self._thread.join(timeout=2)
         self._client.close()
 

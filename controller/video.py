@@ -193,13 +193,60 @@ def probe(path: Path) -> VideoInfo:
     return parse_probe(proc.stdout)
 
 
+@dataclass(frozen=True)
+class FrameTimes:
+    """The video's frames' presentation times, in order (ticks of ``time_base``), and the file's
+    start time that ffmpeg's ``-ss`` counts from."""
+
+    pts: tuple[int, ...]
+    time_base: Fraction
+    start: Fraction
+
+    def seek(self, frame: int) -> str | None:
+        """``-ss`` for a decode that begins exactly at ``frame``: halfway between its time and the
+        previous frame's, so rounding to microseconds cannot land on either (None: from the start)."""
+        if frame <= 0 or frame >= len(self.pts):
+            return None
+        mid = Fraction(self.pts[frame - 1] + self.pts[frame], 2) * self.time_base - self.start
+        return f"{float(mid):.6f}" if mid > 0 else None
+
+
+def frame_times(path: Path, frames: int) -> FrameTimes | None:
+    """Each frame's presentation time, from a demux of the video stream (no decode); None when
+    they cannot all be known as the decoder will deliver them — a packet without a time (AVI's
+    packed B-frames), a count other than the probe's, two frames at one time — and the segments
+    then decode from the start instead of seeking."""
+    try:
+        proc = _run(ffmpeg_cmds.frame_times_cmd(str(path)), PROBE_TIMEOUT)
+        data = json.loads(proc.stdout) if proc.returncode == 0 else {}
+    except (subprocess.TimeoutExpired, json.JSONDecodeError):
+        return None
+    streams = data.get("streams") or [{}]
+    time_base = _rational(streams[0].get("time_base"))
+    try:
+        start = Fraction(str(data.get("format", {}).get("start_time", "0")))
+    except ValueError:
+        return None
+    pts: list[int] = []
+    for packet in data.get("packets", []):
+        if "D" in str(packet.get("flags", "")):
+            continue  # discarded by the demuxer (an edit list's lead-in): never decoded into a frame
+        value = str(packet.get("pts", ""))
+        if not value.lstrip("-").isdigit():
+            return None
+        pts.append(int(value))
+    if time_base is None or len(pts) != frames or len(set(pts)) != len(pts):
+        return None
+    return FrameTimes(tuple(sorted(pts)), time_base, start)
+
+
 def segment_ranges(frames: int, fps: Fraction, segment_seconds: float) -> list[tuple[int, int]]:
     """(start_frame, frame_count) of each segment: ``segment_seconds`` rounded to whole frames."""
     per = max(1, round(Fraction(repr(segment_seconds)) * fps))
     return [(start, min(per, frames - start)) for start in range(0, frames, per)]
 
 
-def segments_for(info: VideoInfo, spec: JobSpec) -> tuple[Segment, ...]:
+def segments_for(info: VideoInfo, spec: JobSpec, times: FrameTimes | None = None) -> tuple[Segment, ...]:
     width, height = info.upright_size
     sar, fps = info.upright_sar, info.fps
     ranges = segment_ranges(info.frames, fps, spec.segment_seconds)
@@ -216,6 +263,7 @@ def segments_for(info: VideoInfo, spec: JobSpec) -> tuple[Segment, ...]:
             codec=spec.video.codec,
             crf=spec.video.crf,
             preset=spec.video.preset,
+            seek=times.seek(start) if times else None,
         )
         for n, (start, count) in enumerate(ranges)
     )
@@ -233,7 +281,9 @@ def target_ref(target: Target, spec: JobSpec) -> TargetRef:
         info = probe(target.input)
     except ProbeError as e:
         return TargetRef(input=target.rel, output=target.output_rel, kind="video", error=str(e))
-    return TargetRef(target.rel, target.output_rel, "video", segments_for(info, spec), None, info.as_dict())
+    times = frame_times(target.input, info.frames) if info.frames > 1 else None
+    segments = segments_for(info, spec, times)
+    return TargetRef(target.rel, target.output_rel, "video", segments, None, info.as_dict())
 
 
 def target_refs(targets: Iterable[Target], spec: JobSpec) -> list[TargetRef]:

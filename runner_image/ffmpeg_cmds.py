@@ -50,21 +50,36 @@ def probe_cmd(path: str) -> list[str]:
     return [FFPROBE, "-v", "error", "-count_packets", "-show_format", "-show_streams", "-of", "json", path]
 
 
+def frame_times_cmd(path: str) -> list[str]:
+    """Every packet of the first video stream (presentation time, flags) and the time base and
+    start time to read them with: a demux, no decode. Planning turns them into segments' seeks."""
+    return [
+        FFPROBE, "-v", "error", "-select_streams", "v:0",
+        "-show_entries", "packet=pts,flags:stream=time_base:format=start_time", "-of", "json", path,
+    ]  # fmt: skip
+
+
 def decode_cmd(path: str, seg: Segment) -> list[str]:
-    """Frames [start, start + count) of the first video stream as raw BGR on stdout."""
+    """Frames [start, start + count) of the first video stream as raw BGR on stdout: from a seek
+    just before the segment's first frame when the plan knows its time (ffmpeg decodes from the
+    keyframe before it and drops what precedes it), else from the start, picked by number."""
     end = seg.start_frame + seg.frame_count - 1
+    if seg.seek is not None:
+        where = ["-ss", seg.seek, "-i", path]
+        pick: list[str] = []
+    else:
+        where = ["-i", path]
+        pick = ["-vf", f"select='between(n,{seg.start_frame},{end})'"]
     return [
         FFMPEG,
         *QUIET,
-        "-i",
-        path,
+        *where,
         "-map",
         "0:v:0",
         "-an",
         "-sn",
         "-dn",
-        "-vf",
-        f"select='between(n,{seg.start_frame},{end})'",
+        *pick,
         "-fps_mode",
         "passthrough",
         "-frames:v",

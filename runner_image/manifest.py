@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum, StrEnum
 from typing import Any
@@ -67,6 +68,11 @@ class Segment:
     ``width``/``height``/``sar`` are of the upright frames the decoder delivers (rotation applied);
     ``fps`` is the exact rate as "num/den"; the segment's stream gets time base 1/``timescale``.
     ``last``: the video's final segment, which may decode fewer frames than planned.
+    ``seek``: seconds (decimal text, from the file's start time) halfway between the presentation
+    times of frame ``start_frame - 1`` and ``start_frame``: ffmpeg seeks to the keyframe before it
+    and drops the frames before it, so the segment decodes one GOP or so instead of the whole video
+    up to its start. None: decode from the start and pick the frames by number (the planner could
+    not list every frame's time — AVI's packed B-frames — or the segment starts the video).
     """
 
     start_frame: int
@@ -80,8 +86,11 @@ class Segment:
     codec: str = "libx264"
     crf: int = 18
     preset: str = "medium"
+    seek: str | None = None
 
     def __post_init__(self) -> None:
+        if self.seek is not None and not re.fullmatch(r"\d{1,9}\.\d{6}", str(self.seek)):
+            raise ManifestError(f"segment: seek must be seconds like '12.345678', got {self.seek!r}")
         ints = (self.start_frame, self.frame_count - 1, self.width - 1, self.height - 1, self.timescale - 1, self.crf)
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints):
             raise ManifestError(f"segment: bad frame range, size, timescale or crf in {self!r}")

@@ -55,6 +55,15 @@ def test_decode_cmd_selects_exactly_the_frame_range() -> None:
     ]  # fmt: skip
 
 
+def test_decode_cmd_seeks_when_the_plan_knows_the_segments_time() -> None:
+    seg = Segment(**{**SEG.__dict__, "seek": "0.817483"})
+    assert ffmpeg_cmds.decode_cmd("/data/in/a.mp4", seg) == [
+        "ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error",
+        "-ss", "0.817483", "-i", "/data/in/a.mp4", "-map", "0:v:0", "-an", "-sn", "-dn",
+        "-fps_mode", "passthrough", "-frames:v", "25", "-f", "rawvideo", "-pix_fmt", "bgr24", "pipe:1",
+    ]  # fmt: skip
+
+
 def test_encode_cmd_keeps_rate_and_timebase() -> None:
     seg = Segment(0, 30, "25/1", 360, 480, 12800, sar="117/128", codec="libx265", crf=23, preset="fast")
     assert ffmpeg_cmds.encode_cmd("/data/runs/j/segments/.x.tmp", seg) == [
@@ -110,6 +119,10 @@ def test_audio_copy_when_the_container_allows(muxer: str, codec: str, expected: 
         {"preset": "fast;rm"},
         {"sar": "a/b"},
         {"crf": True},
+        {"seek": "1e3"},
+        {"seek": "-0.500000"},
+        {"seek": "12"},
+        {"seek": "0.5;rm -rf /"},
     ],
 )
 def test_segment_checks_itself(change: dict[str, Any]) -> None:
@@ -431,3 +444,50 @@ def test_skip_audio_and_a_failed_audio_restore(tmp_path: Path) -> None:
     report = build_report(plan2, rundir2, {}, "img", 0.0)
     (failure,) = report["failures"]
     assert "audio restore failed" in failure["reason"] and not (root / "out" / "a.mp4").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "rate", "encode", "seeks"),
+    [
+        ("bframes.mp4", "25", ("-c:v", "libx264", "-preset", "veryfast", "-bf", "3", "-g", "25"), True),
+        ("ntsc.mp4", "30000/1001", ("-c:v", "libx264", "-preset", "veryfast", "-g", "48"), True),
+        ("open-gop.mkv", "25", ("-c:v", "libx264", "-x264-params", "open-gop=1:keyint=30", "-bf", "3"), True),
+        ("vp9.webm", "25", ("-c:v", "libvpx-vp9", "-deadline", "realtime", "-g", "20"), True),
+        ("vfr.mp4", "25", ("-vf", "setpts='PTS+gt(N,30)*N*0.5/TB/25'", "-fps_mode", "vfr", "-c:v", "libx264"), True),
+        ("offset.mp4", "25", ("-c:v", "libx264", "-bf", "3", "-output_ts_offset", "3.3"), True),
+        ("rotated.mov", "24", ("-c:v", "libx264", "-bf", "2", "-metadata:s:v", "rotate=90"), True),
+        ("packed.avi", "25", ("-c:v", "mpeg4", "-bf", "2", "-g", "12"), False),  # packets without times
+    ],
+)
+def test_each_segment_decodes_exactly_its_frames(
+    tmp_path: Path, name: str, rate: str, encode: tuple[str, ...], seeks: bool
+) -> None:
+    """A segment decodes from a seek just before its first frame (one GOP, not the whole video up to
+    it), yet holds exactly the frames a decode of the whole video gives at its place — B-frames, open
+    GOPs, NTSC and variable rates, a start time offset, rotation; where frame times cannot all be
+    listed (AVI) it decodes from the start, picking frames by number, with the same result."""
+    clip = tmp_path / "in" / name
+    clip.parent.mkdir(parents=True)
+    subprocess.run(
+        ["ffmpeg", "-v", "error", "-f", "lavfi", "-i", f"testsrc2=size=96x64:rate={rate}", "-t", "4",
+         *encode, *(() if name.endswith(".avi") else ("-pix_fmt", "yuv420p")), str(clip)],
+        check=True,
+    )  # fmt: skip
+    _, plan = job_on(tmp_path, segment_seconds=0.4, output="out/{stem}.mp4")
+    segments = [plan.item(s).segment for s in plan.videos[0].segments]
+    assert len(segments) >= 8 and all(s is not None for s in segments)
+    width, height = segments[0].width, segments[0].height  # type: ignore[union-attr]
+    whole = subprocess.run(
+        ["ffmpeg", "-v", "error", "-i", str(clip), "-map", "0:v:0", "-fps_mode", "passthrough",
+         "-f", "rawvideo", "-pix_fmt", "bgr24", "pipe:1"],
+        capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    frames = np.frombuffer(whole, np.uint8).reshape(-1, height, width, 3)
+    assert sum(s.frame_count for s in segments) == len(frames)  # type: ignore[union-attr]
+    for seg in segments:
+        assert seg is not None
+        assert (seg.seek is not None) == (seeks and seg.start_frame > 0)
+        raw = subprocess.run(ffmpeg_cmds.decode_cmd(str(clip), seg), capture_output=True, check=True).stdout
+        got = np.frombuffer(raw, np.uint8).reshape(-1, height, width, 3)
+        expected = frames[seg.start_frame : seg.start_frame + seg.frame_count]
+        assert got.shape == expected.shape and np.array_equal(got, expected), f"segment at frame {seg.start_frame}"
