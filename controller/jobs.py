@@ -23,7 +23,7 @@ from controller.report import build_report, exit_code
 from controller.rundir import Control, RunDir, next_job_id
 from controller.servicespec import RunnerSettings, chunk_service
 from controller.supervisor import Policy, Supervisor
-from controller.swarm import DockerSwarm, SwarmBackend
+from controller.swarm import DockerSwarm, SwarmBackend, clear_containers
 from runner_image.errors import MissingInput as RunnerMissingInput
 from runner_image.manifest import IdentityResult, ItemStatus
 from runner_image.pack import missing_roles, read_spec
@@ -174,12 +174,7 @@ def _refused(backend: SwarmBackend, rundir: RunDir) -> None:
     recreate a folder after it is gone) and the run folder: a refused submit leaves nothing behind."""
     for svc in backend.services(rundir.job):
         backend.remove_service(svc.name)
-    deadline = time.monotonic() + REFUSAL_GRACE
-    while True:
-        backend.remove_exited_containers(rundir.job)
-        if backend.containers_left(rundir.job) == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    clear_containers(backend, rundir.job, REFUSAL_GRACE)
     shutil.rmtree(rundir.path, ignore_errors=True)
 
 

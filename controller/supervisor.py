@@ -20,7 +20,7 @@ from typing import Any
 from controller.failures import ChunkState, FailureClass, classify_exit, describe_exit
 from controller.rundir import RunDir, write_atomic
 from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_ROLE, ROLE_RUNNER, RunnerSettings, chunk_service
-from controller.swarm import JobEvents, NodeState, ServiceState, SwarmBackend
+from controller.swarm import JobEvents, NodeState, ServiceState, SwarmBackend, clear_containers
 from runner_image.manifest import read_results
 
 PENDING_STATES = {"new", "pending", "allocated", "assigned"}
@@ -98,6 +98,7 @@ class Policy:
     event_poll: float = 2.0
     node_poll: float = 1.0
     ending_poll: float = 0.05
+    cleanup_wait: float = 5.0  # at the end, for containers being removed (after a cancel: stopping)
     backoff_base: float = 1.0
     backoff_max: float = 30.0
     max_node_losses: int = 10
@@ -156,8 +157,14 @@ class Supervisor:
             if self.events is not None:
                 self.events.close()
                 self.events = None
-        self.backend.remove_exited_containers(self.settings.job)
+        self._clean_up()
         return self.chunks
+
+    def _clean_up(self) -> None:
+        """Remove the job's exited containers on this engine, and wait a moment for those the swarm
+        is removing itself after their services went (a chunk ends at its container's exit, before
+        the swarm has tidied up): when the controller returns, nothing of the job is left here."""
+        clear_containers(self.backend, self.settings.job, self.policy.cleanup_wait, self.clock, self.sleep)
 
     def _loop(self, queue: deque[str], gate: Callable[[], bool] | None) -> None:
         while queue or self._running() or gate:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -72,6 +73,27 @@ class SwarmBackend(Protocol):
     def service_logs(self, name: str, tail: int = 40) -> str: ...
     def nodes(self) -> list[NodeState]: ...
     def events(self, job: str) -> JobEvents | None: ...
+
+
+def clear_containers(
+    backend: SwarmBackend,
+    job: str,
+    wait: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    poll: float = 0.05,
+) -> bool:
+    """Remove the job's exited containers on this engine until none of its containers is left or
+    `wait` has passed: the swarm removes a removed service's container itself a moment later, and a
+    stopped runner takes its grace period. True when none is left."""
+    deadline = clock() + wait
+    while True:
+        backend.remove_exited_containers(job)
+        if backend.containers_left(job) == 0:
+            return True
+        if clock() >= deadline:
+            return False
+        sleep(poll)
 
 
 class JobEvents(Protocol):

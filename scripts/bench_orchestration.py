@@ -42,8 +42,9 @@ def cpu_seconds() -> float:
 
 
 class Bench:
-    def __init__(self, config: Config, swarm: DockerSwarm) -> None:
+    def __init__(self, config: Config, swarm: DockerSwarm, providers: tuple[str, ...] = ("cpu",)) -> None:
         self.config = config
+        self.providers = providers
         self.swarm = swarm
         self.root = config.data_root
         self.dir = self.root / "bench" / uuid.uuid4().hex[:6]
@@ -88,7 +89,7 @@ class Bench:
                     "output": f"{out.relative_to(self.root).as_posix()}/{{stem}}{{ext}}",
                     "chunk_size": chunk_size,
                     **({"max_concurrent": max_concurrent} if max_concurrent else {}),
-                    "providers": ["cpu"],
+                    "providers": list(self.providers),
                     "image": image,
                     "resources": {"gpus": gpus, "memory": "1g"},
                     "retries": 1,
@@ -190,7 +191,7 @@ def in_process(b: Bench, targets: str, n: int) -> dict[str, Any]:
     )
     manifest = Manifest(
         job=name, chunk="c0000", run_dir=f"/data/{rel}", pack_dir="/data/models/default",
-        source=(f"/data/{b.star.relative_to(b.root).as_posix()}",), items=items, providers=("cpu",),
+        source=(f"/data/{b.star.relative_to(b.root).as_posix()}",), items=items, providers=b.providers,
     )  # fmt: skip
     (run_dir / "chunks" / "c0000.json").write_text(manifest.to_json())
     cmd = [
@@ -222,6 +223,7 @@ def main() -> None:
     ap.add_argument("--b2-items", type=int, default=1000)
     ap.add_argument("--b4-chunks", type=int, default=0, help="first run one job of this many one-item chunks (no GPU)")
     ap.add_argument("--b5-items", type=int, default=500, help="real photos for B5 (the real runner, both ways)")
+    ap.add_argument("--providers", default="cpu", help="of every job and of B5's in-process runner, e.g. cuda,cpu")
     ap.add_argument("--skip", default="", help="comma list of b1,sweep,b2,b5,b4 to skip")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
@@ -233,7 +235,7 @@ def main() -> None:
     from controller.jobspec import JobSpec
 
     default_cs: Any = args.default_chunk_size or JobSpec.__dataclass_fields__["chunk_size"].default
-    b = Bench(config, swarm)
+    b = Bench(config, swarm, tuple(args.providers.split(",")))
     out: dict[str, Any] = {"machine": "2-core VM, dev swarm (single node), fake GPUs", "slots": b.slots}
     try:
         real = swarm.resolve_image(config.image)
