@@ -51,11 +51,10 @@ def probe_cmd(path: str) -> list[str]:
 
 
 def frame_times_cmd(path: str) -> list[str]:
-    """Every packet of the first video stream (presentation time, flags) and the time base and
-    start time to read them with: a demux, no decode. Planning turns them into segments' seeks."""
+    """Every packet of the first video stream as a CSV line "pts,flags" (in the stream's time base,
+    which the probe gives): a demux, no decode. Planning turns them into segments' seeks."""
     return [
-        FFPROBE, "-v", "error", "-select_streams", "v:0",
-        "-show_entries", "packet=pts,flags:stream=time_base:format=start_time", "-of", "json", path,
+        FFPROBE, "-v", "error", "-select_streams", "v:0", "-show_entries", "packet=pts,flags", "-of", "csv=p=0", path,
     ]  # fmt: skip
 
 

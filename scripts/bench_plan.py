@@ -118,7 +118,7 @@ def main() -> None:
         )
         figures = {}
         for name, targets, seg in (("images", ["crowd/**/*.jpg"], 30), ("videos", ["clips/*.mp4"], 1)):
-            if name == "videos" and not args.videos:
+            if (name == "videos" and not args.videos) or (name == "images" and not args.images):
                 continue
             job = root / f"{name}.yaml"
             job.write_text(

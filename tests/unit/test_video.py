@@ -491,3 +491,17 @@ def test_each_segment_decodes_exactly_its_frames(
         got = np.frombuffer(raw, np.uint8).reshape(-1, height, width, 3)
         expected = frames[seg.start_frame : seg.start_frame + seg.frame_count]
         assert got.shape == expected.shape and np.array_equal(got, expected), f"segment at frame {seg.start_frame}"
+
+
+def test_several_videos_are_probed_at_once_and_keep_the_targets_order(tmp_path: Path) -> None:
+    """Planning probes videos several at a time; the plan still lists targets in glob order, each
+    with its own probe (a broken one carrying its own error)."""
+    for n, seconds in ((0, 1), (2, 2), (3, 1)):
+        make_clip(tmp_path / "in" / f"v{n}.mp4", seconds=seconds, audio=False)
+    (tmp_path / "in" / "v1.jpg").write_bytes(b"x")
+    (tmp_path / "in" / "v4.mp4").write_bytes(b"not a video")
+    _, plan = job_on(tmp_path, segment_seconds=0.4)  # 10 frames of 25 fps
+    assert [(v.id, v.error is None, len(v.segments)) for v in plan.videos] == [
+        ("i000000", True, 3), ("i000002", True, 5), ("i000003", True, 3), ("i000004", False, 0),
+    ]  # fmt: skip
+    assert plan.item("i000001").input == "in/v1.jpg"
