@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller import identity, log, video
+from controller import identity, log, timings, video
 from controller.config import Config
 from controller.errors import FfswarmError, MissingInputError, UsageError
 from controller.hooks import on_complete
 from controller.jobspec import JobSpec, ResolvedJob, load_jobs, parse_job_text, resolve_job
-from controller.plan import ManifestSettings, Plan, chunk_manifests, make_plan
+from controller.plan import AUTO_MAX_CHUNK, ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
 from controller.report import build_report, exit_code
 from controller.rundir import Control, RunDir, next_job_id
 from controller.servicespec import RunnerSettings, chunk_service
@@ -58,9 +58,18 @@ def prepare(config: Config, paths: Sequence[Path], new: bool) -> list[PreparedJo
         resolved = resolve_job(spec, config.data_root, str(file), job_id=job_id)
         check_pack(config, spec, file)
         targets = video.target_refs(resolved.targets, spec)  # videos probed and cut into segments
-        plan = make_plan(job_id, targets, spec.chunk_size, parallel(spec))
+        plan = make_plan(job_id, targets, spec.chunk_size, parallel(spec), chunk_cap(config, spec, targets))
         out.append(PreparedJob(file, spec, resolved, plan, job_id))
     return out
+
+
+def chunk_cap(config: Config, spec: JobSpec, targets: Sequence[TargetRef]) -> int:
+    """The largest chunk `auto` makes for this job: from what earlier jobs with its pack and
+    providers measured (controller/timings.py), for photos; AUTO_MAX_CHUNK otherwise."""
+    if spec.chunk_size != "auto" or any(t.kind == "video" for t in targets):
+        return AUTO_MAX_CHUNK
+    timing = timings.lookup(config.data_root, spec.models, spec.providers)
+    return timing.chunk_cap(float(spec.timeout)) if timing else AUTO_MAX_CHUNK
 
 
 def check_pack(config: Config, spec: JobSpec, file: Path) -> None:
@@ -238,6 +247,7 @@ def supervise(
             step.abort()  # no-op once it answered; removes it after a cancel or an interrupt
     runs = video.finish(plan, rundir, job.spec, sup.run, runs, emit)  # redo bad segments, join videos
     report = build_report(plan, rundir, runs, image, started)
+    _record_timing(config, job, rundir, plan, report, logger)
     path = rundir.write_report(report)
     emit("job_finished", report=str(path), **report["counts"])
     hooks = job.spec.on_complete
@@ -245,6 +255,21 @@ def supervise(
         report["hooks"] = on_complete(hooks.webhook, hooks.command, report, path)
         rundir.write_report(report)
     return report
+
+
+def _record_timing(
+    config: Config, job: PreparedJob, rundir: RunDir, plan: Plan, report: dict[str, Any], logger: Any
+) -> None:
+    """What this job's chunks cost, into its report and runs/.timings.json for the next `auto`."""
+    measured = timings.measure(rundir, plan)
+    if measured is None:
+        return
+    provider, timing = measured
+    report["timing"] = {"provider": provider, "cold_start_s": timing.cold_start_s, "item_s": timing.item_s}
+    try:
+        timings.record(config.data_root, job.spec.models, provider, timing, _owner(config))
+    except OSError as e:  # the job itself is done: a measurement that cannot be kept is only a loss
+        logger.warning("timing_not_recorded", error=str(e))
 
 
 ProgressFactory = Callable[[RunDir, int], Callable[..., None]]

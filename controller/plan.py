@@ -139,9 +139,10 @@ def segment_output(job: str, segment_id: str) -> str:
 AUTO_MAX_CHUNK = 1000
 
 
-def auto_chunk_size(items: int, parallel: int) -> int:
+def auto_chunk_size(items: int, parallel: int, max_chunk: int = AUTO_MAX_CHUNK) -> int:
     """`chunk_size: auto`: as few equal waves of chunks across the job's parallel GPU slots as keep
-    every chunk at most AUTO_MAX_CHUNK items.
+    every chunk at most `max_chunk` items (AUTO_MAX_CHUNK, or what the measured cold start and
+    per-item time of earlier jobs call for: controller/timings.py).
 
     Each chunk service pays a fixed cost before its first item (container start ≈ 1.2 s, the
     runner's imports and model load ≈ 1.3 s on the dev swarm) that its items amortise;
@@ -151,14 +152,16 @@ def auto_chunk_size(items: int, parallel: int) -> int:
     and a lost chunk costs little (committed items are never redone anyway).
     """
     parallel = max(1, parallel)
-    waves = max(1, -(-items // (parallel * AUTO_MAX_CHUNK)))  # full waves: no slot idles in the last one
+    waves = max(1, -(-items // (parallel * max(1, max_chunk))))  # full waves: no slot idles in the last one
     return max(1, -(-items // (parallel * waves)))
 
 
-def make_plan(job: str, targets: list[TargetRef], chunk_size: int | str, parallel: int = 1) -> Plan:
+def make_plan(
+    job: str, targets: list[TargetRef], chunk_size: int | str, parallel: int = 1, max_chunk: int = AUTO_MAX_CHUNK
+) -> Plan:
     """Items in target order, cut into chunks of `chunk_size` (`auto`: see auto_chunk_size)."""
     if chunk_size == "auto":
-        chunk_size = auto_chunk_size(len(targets), parallel)
+        chunk_size = auto_chunk_size(len(targets), parallel, max_chunk)
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError("chunk_size must be ≥ 1")
     work: list[PlannedItem] = []

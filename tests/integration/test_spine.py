@@ -115,6 +115,12 @@ timeout: 10m
     }
     assert [f["input"] for f in report["failures"]] == [ws.rel(broken)]
     assert report["image"].startswith("sha256:")
+
+    # What the chunks cost is measured and kept for the next `chunk_size: auto` with this pack.
+    timing = report["timing"]
+    assert timing["provider"] == "cpu" and 0 < timing["cold_start_s"] < 60 and 0 < timing["item_s"] < 60
+    kept = json.loads((ws.root / "runs" / ".timings.json").read_text())["default/cpu"]
+    assert kept["job"] == ws.job and kept["cold_start_s"] == timing["cold_start_s"]
     out_files = sorted(p.name for p in (ws.dir / "out").iterdir())
     assert out_files == sorted([p.name for p in faces] + [empty.name])  # no temp files, no partial output
     assert (ws.dir / "out" / empty.name).read_bytes() == empty.read_bytes()  # no_face: copy

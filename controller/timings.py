@@ -1,0 +1,122 @@
+"""What chunks cost, measured by the runners and kept on the data root for `chunk_size: auto`.
+
+Every chunk service pays a cold start before its first item (container start, the runner's
+imports, pack check and model sessions: seconds on a GPU node, where CUDA and the model files load)
+and its items amortise it. After each job the controller records what its runners measured — the
+cold start (the runner's process age when it logged "models loaded") and the time per item (each
+chunk's items' span over their number: items overlap inside a runner) — per model pack and
+provider, in ``runs/.timings.json``. `auto` then sizes image chunks so that the cold start is at
+most COLD_SHARE of a chunk's time, as long as a chunk stays well inside its timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from controller.plan import AUTO_MAX_CHUNK, Plan
+from controller.rundir import RunDir, write_atomic
+
+FILE = "runs/.timings.json"
+COLD_SHARE = 0.05  # of a chunk's time, at most, spent before its first item
+TIMEOUT_SHARE = 0.5  # of the chunk timeout, at most, that a chunk's items should take
+SAMPLE = 50  # chunks read to measure a job (their logs' first lines and their results)
+
+
+@dataclass(frozen=True)
+class Timing:
+    cold_start_s: float
+    item_s: float
+    job: str
+    measured_at: float
+
+    def chunk_cap(self, timeout_s: float) -> int:
+        """The largest chunk `auto` makes: big enough that the cold start is ≤ COLD_SHARE of it
+        (never below AUTO_MAX_CHUNK), small enough to take ≤ TIMEOUT_SHARE of the timeout."""
+        amortised = math.ceil(self.cold_start_s * (1 - COLD_SHARE) / COLD_SHARE / self.item_s)
+        in_time = max(1, math.floor(TIMEOUT_SHARE * timeout_s / self.item_s))
+        return min(max(AUTO_MAX_CHUNK, amortised), in_time)
+
+
+def measure(rundir: RunDir, plan: Plan) -> tuple[str, Timing] | None:
+    """(provider, Timing) from a finished job's run folder; None when its chunks measured nothing
+    usable (no runner loaded models, or no chunk had two items done)."""
+    chunks = [c for c in plan.chunks if all(plan.item(i).kind == "image" for i in c.items)][:SAMPLE]
+    cold: list[float] = []
+    providers: list[str] = []
+    for chunk in chunks:
+        for log in sorted((rundir.path / "logs").glob(f"{chunk.id}.a*.log")):
+            loaded = _models_loaded(log)
+            if loaded is not None:
+                providers.append(loaded[0])
+                cold.append(loaded[1])
+    per_item: list[float] = []
+    for chunk in chunks:
+        done = [r for r in rundir.latest_results(chunk.id).values() if r.status.value == "ok" and not r.cached]
+        if len(done) >= 2:
+            span = max(r.finished for r in done) - min(r.started for r in done)
+            if span > 0:
+                per_item.append(span / len(done))
+    if not cold or not per_item:
+        return None
+    provider = statistics.mode(providers)
+    return provider, Timing(
+        cold_start_s=round(statistics.median(cold), 3),
+        item_s=round(statistics.median(per_item), 5),
+        job=rundir.job,
+        measured_at=round(time.time(), 3),
+    )
+
+
+def _models_loaded(log: Path) -> tuple[str, float] | None:
+    """The provider and cold start a runner logged; its "models loaded" line comes early."""
+    try:
+        with log.open(encoding="utf-8", errors="replace") as f:
+            for _, line in zip(range(40), f, strict=False):
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and rec.get("event") == "models loaded" and rec.get("process_s"):
+                    return str(rec.get("provider", "")), float(rec["process_s"])
+    except OSError:
+        return None
+    return None
+
+
+def _key(pack: str, provider: str) -> str:
+    return f"{pack}/{provider}"
+
+
+def _read(root: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((root / FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def record(root: Path, pack: str, provider: str, timing: Timing, owner: tuple[int, int] | None = None) -> None:
+    """Keep the latest measurement per pack and provider (written atomically)."""
+    data = _read(root)
+    data[_key(pack, provider)] = asdict(timing)
+    write_atomic(root / FILE, json.dumps(data, indent=1, sort_keys=True).encode(), owner)
+
+
+def lookup(root: Path, pack: str, providers: tuple[str, ...]) -> Timing | None:
+    """The latest measurement for the pack with the first of the job's providers that has one."""
+    data = _read(root)
+    for provider in providers:
+        entry = data.get(_key(pack, provider))
+        try:
+            timing = Timing(**entry) if isinstance(entry, dict) else None
+        except TypeError:
+            timing = None
+        if timing is not None and timing.item_s > 0 and timing.cold_start_s >= 0:
+            return timing
+    return None
