@@ -157,14 +157,10 @@ class Supervisor:
             if self.events is not None:
                 self.events.close()
                 self.events = None
-        self._clean_up()
-        return self.chunks
-
-    def _clean_up(self) -> None:
-        """Remove the job's exited containers on this engine, and wait a moment for those the swarm
-        is removing itself after their services went (a chunk ends at its container's exit, before
-        the swarm has tidied up): when the controller returns, nothing of the job is left here."""
+        # A chunk ends at its container's exit, before the swarm has tidied up: wait a moment for
+        # the containers it is still removing, so that nothing of the job is left here on return.
         clear_containers(self.backend, self.settings.job, self.policy.cleanup_wait, self.clock, self.sleep)
+        return self.chunks
 
     def _loop(self, queue: deque[str], gate: Callable[[], bool] | None) -> None:
         while queue or self._running() or gate:

@@ -51,7 +51,7 @@ def measure(rundir: RunDir, plan: Plan) -> tuple[str, Timing] | None:
     providers: list[str] = []
     for chunk in chunks:
         for log in sorted((rundir.path / "logs").glob(f"{chunk.id}.a*.log")):
-            loaded = _models_loaded(log)
+            loaded = models_loaded(log)
             if loaded is not None:
                 providers.append(loaded[0])
                 cold.append(loaded[1])
@@ -73,7 +73,7 @@ def measure(rundir: RunDir, plan: Plan) -> tuple[str, Timing] | None:
     )
 
 
-def _models_loaded(log: Path) -> tuple[str, float] | None:
+def models_loaded(log: Path) -> tuple[str, float] | None:
     """The provider and cold start a runner logged; its "models loaded" line comes early."""
     try:
         with log.open(encoding="utf-8", errors="replace") as f:

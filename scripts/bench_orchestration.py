@@ -29,7 +29,7 @@ import cv2
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from controller import jobs  # noqa: E402
+from controller import jobs, timings  # noqa: E402
 from controller.config import Config, load_config  # noqa: E402
 from controller.rundir import RunDir  # noqa: E402
 from controller.swarm import DockerSwarm  # noqa: E402
@@ -114,7 +114,7 @@ class Bench:
         results = []
         for chunk in rundir.plan().chunks:
             results += rundir.results(chunk.id)
-        loaded = [_models_loaded(p) for p in (rundir.path / "logs").glob("c*.log")]
+        loaded = [timings.models_loaded(p) for p in (rundir.path / "logs").glob("c*.log")]
         shutil.rmtree(self.root / "runs" / job_id, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
         f.unlink()
@@ -140,17 +140,8 @@ class Bench:
             "controller_cpu_s": round(cpu, 2),
             "controller_cpu_per_chunk_s": round(cpu / report["counts"]["chunks"], 4),
             "results": results,
-            "cold_s": [c for c in loaded if c is not None],
+            "cold_s": [c[1] for c in loaded if c is not None],  # the runner's process age at "models loaded"
         }
-
-
-def _models_loaded(path: Path) -> float | None:
-    """The runner's cold start as it logged it: process age when its models were loaded."""
-    for line in path.read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("event") == "models loaded":
-            return float(rec["process_s"])
-    return None
 
 
 def calibrate(b: Bench, image: str, n: int = 48) -> dict[str, float]:
