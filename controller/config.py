@@ -14,7 +14,7 @@ from controller.servicespec import VolumeSpec
 from controller.validate import parse_duration
 
 DEFAULT_IMAGE = "ffswarm/runner:dev"
-_KEYS = {"data_root", "volume", "image", "schedule_timeout", "runner_user", "docker_host"}
+_KEYS = {"data_root", "volume", "image", "schedule_timeout", "runner_user", "docker_host", "engine_outage"}
 _VOLUME_KEYS = {"type", "server", "export", "options"}
 
 
@@ -27,6 +27,7 @@ class Config:
     schedule_timeout: int = 300  # seconds a chunk may stay unschedulable
     runner_user: str | None = None  # uid:gid for runners; default: the data root's owner
     docker_host: str | None = None
+    engine_outage: int = 120  # seconds a running job waits for a Docker engine that stopped answering
 
     def runner_uid_gid(self) -> str:
         """Runners run as the owner of the data root (a non-root runner must be able to write it)."""
@@ -95,6 +96,7 @@ def parse_config(path: Path, data: dict[str, Any]) -> Config:
         else:
             raise ValueError(f"volume.type must be nfs or bind, got {vol.get('type')!r}")
         timeout = parse_duration(data.get("schedule_timeout", 300), "schedule_timeout")
+        outage = parse_duration(data.get("engine_outage", 120), "engine_outage")
     except ValueError as e:
         raise ConfigError(f"{path}: {e}") from e
     user = data.get("runner_user")
@@ -108,4 +110,5 @@ def parse_config(path: Path, data: dict[str, Any]) -> Config:
         schedule_timeout=timeout,
         runner_user=user,
         docker_host=data.get("docker_host"),
+        engine_outage=outage,
     )

@@ -40,6 +40,11 @@ class CapacityError(FfswarmError):
     exit_code = 69
 
 
+class EngineUnavailable(CapacityError):
+    """The Docker engine did not answer (stopped, restarting, socket gone): a job's watch rides this
+    out for a while (Policy.engine_outage), then gives up with exit 69 and how to resume."""
+
+
 class InternalError(FfswarmError):
     exit_code = 70
 

@@ -67,7 +67,7 @@ class OneShot:
 
     def abort(self) -> None:
         self.backend.remove_service(self.spec.name)
-        self.backend.remove_exited_containers(self.job)
+        self.backend.remove_exited_containers(self.job, self.spec.name)  # never the chunks' beside it
 
 
 def run_oneshot(

@@ -17,11 +17,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.errors import EngineUnavailable
 from controller.failures import ChunkState, FailureClass, classify_exit, describe_exit
 from controller.rundir import RunDir, write_atomic
 from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_ROLE, ROLE_RUNNER, RunnerSettings, chunk_service
 from controller.swarm import JobEvents, NodeState, ServiceState, SwarmBackend, clear_containers
-from runner_image.manifest import read_results
+from runner_image.manifest import read_results, user_text
 
 PENDING_STATES = {"new", "pending", "allocated", "assigned"}
 LOST_STATES = {"shutdown", "orphaned", "remove"}
@@ -42,6 +43,7 @@ class Attempt:
     reason: str | None = None
     results_read: int = 0  # bytes of the chunk's results file already read (_ending)
     items_recorded: set[str] = field(default_factory=set)  # items with a result line of this attempt
+    outage: bool = False  # the engine went away while it ran: an infrastructure ending is the engine's
 
 
 @dataclass
@@ -50,7 +52,7 @@ class ChunkRun:
     state: ChunkState = ChunkState.QUEUED
     attempts: list[Attempt] = field(default_factory=list)
     retries_used: int = 0
-    node_losses: int = 0  # re-attempts after node loss: never counted against `retries`
+    node_losses: int = 0  # re-attempts after node loss or an engine restart: never counted against `retries`
     avoid: set[str] = field(default_factory=set)  # node ids where it failed for infrastructure reasons
     last_attempt: int = 0  # highest attempt number already used (earlier controllers included)
     not_before: float = 0.0
@@ -102,6 +104,7 @@ class Policy:
     backoff_base: float = 1.0
     backoff_max: float = 30.0
     max_node_losses: int = 10
+    engine_outage: float = 120.0  # how long the watch waits for an engine that stopped answering
 
 
 class Supervisor:
@@ -128,6 +131,8 @@ class Supervisor:
         self.nodes: dict[str, NodeState] = {}
         self.events: JobEvents | None = None
         self._gate_service: str | None = None
+        self._outage_since: float | None = None  # when the engine stopped answering (None: it answers)
+        self._outage_naps = 0
         self._dirty = True
 
         def emit(event: str, **fields: Any) -> None:
@@ -168,21 +173,67 @@ class Supervisor:
             if control.cancel:
                 self._cancel_all(queue)
                 break
-            if self.events is not None and self.events.nodes_changed():
-                self._nodes_at = -math.inf
-            if self.clock() - self._nodes_at >= self.policy.node_poll:
-                self.nodes = {n.node_id: n for n in self.backend.nodes()}
-                self._nodes_at = self.clock()
-            self._fill(queue, control.max_concurrent)
-            if gate is not None and gate():
-                gate = None
-            by_name = {s.name: s for s in self.backend.services(self.settings.job)}
-            for run in self._running():
-                self._watch(run, by_name.get(run.current.service), queue)
-            self._save_state()
-            if queue or self._running() or gate:
-                self._pause(gate)
+            try:
+                gate = self._round(queue, gate, control.max_concurrent)
+            except EngineUnavailable as e:
+                self._ride_out(e)
         self._save_state()
+
+    def _round(self, queue: deque[str], gate: Callable[[], bool] | None, limit: int) -> Callable[[], bool] | None:
+        """One look at the swarm: start what fits, watch what runs, then wait for the next look.
+        Returns the gate, or None once it has passed."""
+        if self._outage_since is not None:
+            self._recover(queue)
+        if self.events is not None and self.events.nodes_changed():
+            self._nodes_at = -math.inf
+        if self.clock() - self._nodes_at >= self.policy.node_poll:
+            self.nodes = {n.node_id: n for n in self.backend.nodes()}
+            self._nodes_at = self.clock()
+        self._fill(queue, limit)
+        if gate is not None and gate():
+            gate = None
+        by_name = {s.name: s for s in self.backend.services(self.settings.job)}
+        for run in self._running():
+            self._watch(run, by_name.get(run.current.service), queue)
+        self._save_state()
+        if queue or self._running() or gate:
+            self._pause(gate)
+        return gate
+
+    # -- the engine going away (a restart, an upgrade) ---------------------------------------------
+    def _ride_out(self, error: EngineUnavailable) -> None:
+        """The engine stopped answering mid-round. Wait for it with backoff (the run folder and the
+        services' labels hold the truth meanwhile); after `engine_outage`, give up with the way back."""
+        now = self.clock()
+        if self._outage_since is None:
+            self._outage_since = now
+            for run in self._running():
+                run.current.outage = True
+            self.emit("engine_unavailable", error=str(error), waiting_s=self.policy.engine_outage)
+        waited = now - self._outage_since
+        if waited > self.policy.engine_outage:
+            self._save_state()
+            raise EngineUnavailable(
+                f"the Docker engine has not answered for {waited:.0f}s ({error}); the job's services and run "
+                f"folder are kept: continue with `ffswarm resume {self.settings.job}` once the engine is back"
+            ) from error
+        self._outage_naps += 1
+        self.sleep(min(5.0, 0.25 * 2 ** min(self._outage_naps, 5)))
+
+    def _recover(self, queue: deque[str]) -> None:
+        """The engine answers again: listen to its events afresh (the old stream died with it), and
+        take back what it holds — a chunk whose service was created just before it went away is
+        adopted, never started twice. Chunks whose containers it killed end as infrastructure
+        failures that do not count against `retries` (Attempt.outage)."""
+        self.backend.nodes()  # raises again if it is still away
+        if self.events is not None:
+            self.events.close()
+        self.events = self.backend.events(self.settings.job)
+        self._nodes_at = -math.inf
+        self._adopt(queue, keep_steps=self._gate_service is not None)
+        self.emit("engine_back", seconds=round(self.clock() - (self._outage_since or self.clock()), 1))
+        self._outage_since = None
+        self._outage_naps = 0
 
     def _pause(self, gate: Callable[[], bool] | None) -> None:
         """Wait until the next look at the swarm is due, or an event says to look now, watching the
@@ -261,6 +312,8 @@ class Supervisor:
                 continue
             cid = svc.labels.get(LABEL_CHUNK, "")
             run = self.chunks.get(cid)
+            if run is not None and run.state is ChunkState.RUNNING and run.current.service == svc.name:
+                continue  # its own live attempt (adopting again after an engine outage)
             if run is None or run.state is not ChunkState.QUEUED:
                 self.backend.remove_service(svc.name)
                 continue
@@ -274,20 +327,26 @@ class Supervisor:
     def _fill(self, queue: deque[str], limit: int) -> None:
         now = self.clock()
         waiting: list[str] = []
-        while queue and len(self._running()) < limit:
-            cid = queue.popleft()
-            run = self.chunks[cid]
-            if run.not_before > now:
-                waiting.append(cid)
-                continue
-            self._start(run)
-        queue.extendleft(reversed(waiting))
+        try:
+            while queue and len(self._running()) < limit:
+                cid = queue.popleft()
+                run = self.chunks[cid]
+                if run.not_before > now:
+                    waiting.append(cid)
+                    continue
+                self._start(run, queue)
+        finally:
+            queue.extendleft(reversed(waiting))
 
-    def _start(self, run: ChunkRun) -> None:
+    def _start(self, run: ChunkRun, queue: deque[str]) -> None:
         attempt = run.last_attempt + 1
         run.last_attempt = attempt
         spec = chunk_service(self.settings, run.id, attempt, self._avoidance(run))
-        self.backend.create_service(spec)
+        try:
+            self.backend.create_service(spec)
+        except EngineUnavailable:
+            queue.appendleft(run.id)  # started after the outage, or adopted if the engine made it anyway
+            raise
         run.attempts.append(Attempt(attempt, spec.name, started=self.clock()))
         run.state = ChunkState.RUNNING
         self.emit("chunk_started", chunk=run.id, attempt=attempt, service=spec.name)
@@ -406,6 +465,13 @@ class Supervisor:
         if att.reason:  # the runner's own last words, kept by _keep_logs
             reason = f"{reason}: {att.reason}"
         att.reason = reason
+        if failure is FailureClass.INFRASTRUCTURE and att.outage and run.node_losses < self.policy.max_node_losses:
+            run.node_losses += 1  # the engine restarted under it: not the chunk's fault, nor the node's
+            run.state = ChunkState.QUEUED
+            run.not_before = 0.0
+            queue.appendleft(run.id)
+            self.emit("chunk_engine_lost", chunk=run.id, attempt=att.attempt, reason=reason)
+            return
         if failure is FailureClass.INFRASTRUCTURE and att.node:
             run.avoid.add(att.node)
         if failure.is_retryable() and run.retries_used < self.policy.retries:
@@ -434,7 +500,8 @@ class Supervisor:
 
 def last_words(log_text: str) -> str | None:
     """The runner's reason for failing: the `error` of its last JSON log line that has one, else its
-    last line of output (a traceback's last line, a shell's complaint)."""
+    last line of output (a traceback's last line, a shell's complaint). A reason the user reads, so
+    the container paths in it are written relative to the data root (user_text)."""
     lines = [line for line in log_text.strip().splitlines() if line.strip()]
     for line in reversed(lines):
         try:
@@ -442,5 +509,5 @@ def last_words(log_text: str) -> str | None:
         except ValueError:
             continue
         if isinstance(data, dict) and data.get("error"):
-            return str(data["error"])[:500]
-    return lines[-1][:300] if lines else None
+            return user_text(str(data["error"]))[:500]
+    return user_text(lines[-1])[:300] if lines else None

@@ -17,10 +17,13 @@ from typing import Any, Protocol
 
 import docker
 import docker.errors
+import requests.exceptions
 from docker import types as dt
 
-from controller.errors import CapacityError, FfswarmError, MissingInputError
+from controller.errors import CapacityError, EngineUnavailable, FfswarmError, MissingInputError
 from controller.servicespec import LABEL_JOB, ServiceSpec, service_prefix
+
+LABEL_SERVICE_NAME = "com.docker.swarm.service.name"  # set by the engine on every task's container
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ class SwarmBackend(Protocol):
     def create_service(self, spec: ServiceSpec) -> str: ...
     def services(self, job: str) -> list[ServiceState]: ...
     def remove_service(self, name: str) -> None: ...
-    def remove_exited_containers(self, job: str) -> int: ...
+    def remove_exited_containers(self, job: str, service: str | None = None) -> int: ...
     def containers_left(self, job: str) -> int: ...
     def service_logs(self, name: str, tail: int = 40) -> str: ...
     def nodes(self) -> list[NodeState]: ...
@@ -132,16 +135,39 @@ def _task_state(task: Mapping[str, Any]) -> TaskState:
     )
 
 
+# What the engine answers while it (or its swarm manager) is stopping or starting again: worth waiting
+# out, unlike an API error about the request itself.
+_OUTAGE_STATUS = frozenset({500, 502, 503, 504})
+_OUTAGE_WORDS = ("not a swarm manager", "code = Unavailable", "code = DeadlineExceeded", "connection refused")
+
+
+def _outage(e: docker.errors.APIError) -> bool:
+    text = str(e.explanation or e)
+    return e.status_code in _OUTAGE_STATUS and any(w in text for w in _OUTAGE_WORDS)
+
+
 @contextmanager
 def _translated(what: str) -> Iterator[None]:
+    """The one translation point: nothing Docker or its HTTP transport raises gets past it."""
     try:
         yield
     except docker.errors.ImageNotFound as e:
         raise MissingInputError(f"{what}: {e.explanation or e}") from e
     except docker.errors.APIError as e:
+        if _outage(e):
+            raise EngineUnavailable(f"{what}: the swarm is not answering: {e.explanation or e}") from e
         raise FfswarmError(f"{what}: Docker said: {e.explanation or e}") from e
-    except docker.errors.DockerException as e:
-        raise CapacityError(f"{what}: cannot reach the Docker engine: {e}") from e
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+        raise EngineUnavailable(f"{what}: cannot reach the Docker engine: {_first_line(e)}") from e
+
+
+def _first_line(e: BaseException) -> str:
+    """requests' connection errors nest urllib3's whole repr; the user needs its gist."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    for cause in ("No such file or directory", "Connection refused", "Connection aborted", "Read timed out"):
+        if cause in text:
+            return cause
+    return text[:200]
 
 
 class DockerEvents:
@@ -192,7 +218,7 @@ class DockerEvents:
             return False
         if action == "die":
             code = attributes.get("exitCode", "")
-            service = str(attributes.get("com.docker.swarm.service.name", ""))
+            service = str(attributes.get(LABEL_SERVICE_NAME, ""))
             self._exits[service] = int(code) if str(code).lstrip("-").isdigit() else -1
             return True
         return bool(action == "start")
@@ -245,7 +271,7 @@ class DockerSwarm:
         try:
             client = self._new_client()
             return DockerEvents(client, job)
-        except (FfswarmError, docker.errors.DockerException):
+        except (FfswarmError, docker.errors.DockerException, requests.exceptions.RequestException):
             return None
 
     @property
@@ -329,23 +355,25 @@ class DockerSwarm:
         return out
 
     def remove_service(self, name: str) -> None:
-        try:
+        with _translated(f"removing service {name}"), contextlib.suppress(docker.errors.NotFound):
             self._client.api.remove_service(name)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as e:
-            raise FfswarmError(f"removing service {name}: Docker said: {e.explanation or e}") from e
 
-    def remove_exited_containers(self, job: str) -> int:
-        """Engines before 24 can leave exited task containers behind; remove this job's on this node."""
+    def remove_exited_containers(self, job: str, service: str | None = None) -> int:
+        """Engines before 24 can leave exited task containers behind; remove this job's on this node
+        (only `service`'s when given). Callers remove the services first: a "created" container is
+        removed too, which is right for a removed service's but would kill a live one's the moment it
+        starts (exit 137) — so a step that ends beside its job's chunks names its own service."""
         removed = 0
+        filters: dict[str, Any] = {"label": [f"{LABEL_JOB}={job}"]}
+        if service:
+            filters["label"].append(f"{LABEL_SERVICE_NAME}={service}")
         with _translated(f"cleaning containers of job {job}"):
+            # The low-level list: the high-level one inspects each container it lists, and a container
+            # the engine removes meanwhile (a removed service's) fails the whole call with 404.
             for status in ("exited", "created", "dead"):
-                for c in self._client.containers.list(
-                    all=True, filters={"label": f"{LABEL_JOB}={job}", "status": status}
-                ):
+                for c in self._client.api.containers(all=True, filters={**filters, "status": status}):
                     try:
-                        c.remove(force=True)
+                        self._client.api.remove_container(c["Id"], force=True)
                         removed += 1
                     except docker.errors.NotFound:
                         pass
@@ -357,14 +385,14 @@ class DockerSwarm:
     def containers_left(self, job: str) -> int:
         """This job's containers on this node, running or not."""
         with _translated(f"listing containers of job {job}"):
-            return len(self._client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job}"}))
+            return len(self._client.api.containers(all=True, filters={"label": f"{LABEL_JOB}={job}"}))
 
     def service_logs(self, name: str, tail: int = 40) -> str:
         """The last lines a service's containers wrote (kept for attempts that died before logging)."""
         try:
             chunks = self._client.api.service_logs(name, stdout=True, stderr=True, tail=tail, follow=False)
             return b"".join(chunks).decode("utf-8", "replace")
-        except docker.errors.DockerException:
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
             return ""
 
     def nodes(self) -> list[NodeState]:
@@ -463,5 +491,5 @@ class SwarmAdmin(DockerSwarm):
             return str(self._client.images.get(ref).id)
         except docker.errors.ImageNotFound:
             return None
-        except docker.errors.DockerException as e:
-            raise CapacityError(f"image {ref}: cannot reach the Docker engine: {e}") from e
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            raise EngineUnavailable(f"image {ref}: cannot reach the Docker engine: {_first_line(e)}") from e

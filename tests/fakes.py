@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from controller.errors import EngineUnavailable
 from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_JOB, ServiceSpec
 from controller.swarm import NodeState, ServiceState, TaskState
 
@@ -40,9 +41,23 @@ class FakeSwarm:
     # chunk label -> what its container does before it ends (e.g. the identity step writes its answer)
     on_end: dict[str, Callable[[], None]] = field(default_factory=dict)
     job_events: FakeEvents | None = None  # what events(job) gives: None, like an engine without a stream
+    # An engine restart: the next `down` calls raise EngineUnavailable, and the containers running
+    # when it went down end with exit 137 (what a dockerd restart does to them).
+    down: int = 0
     _svcs: dict[str, _Svc] = field(default_factory=dict)
 
+    def _answer(self) -> None:
+        if self.down <= 0:
+            return
+        self.down -= 1
+        for svc in self._svcs.values():
+            if svc.node is not None and svc.polls >= 2 and svc.outcome.state in ("complete", "running"):
+                svc.outcome = Outcome("failed", 137, "task: non-zero exit (137)")
+                svc.polls = max(svc.polls, 3)
+        raise EngineUnavailable("cannot reach the Docker engine: Connection refused")
+
     def create_service(self, spec: ServiceSpec) -> str:
+        self._answer()
         assert spec.name not in self._svcs, f"second service named {spec.name}"
         key = (spec.labels[LABEL_CHUNK], int(spec.labels[LABEL_ATTEMPT]))
         self._svcs[spec.name] = _Svc(spec, self.script.get(key, _from_command(spec)), self._place(spec))
@@ -51,6 +66,7 @@ class FakeSwarm:
         return f"id-{spec.name}"
 
     def services(self, job: str) -> list[ServiceState]:
+        self._answer()
         out = []
         for name, svc in self._svcs.items():
             if svc.spec.labels[LABEL_JOB] != job:
@@ -101,10 +117,11 @@ class FakeSwarm:
         )
 
     def remove_service(self, name: str) -> None:
+        self._answer()
         if self._svcs.pop(name, None) is not None:
             self.removed.append(name)
 
-    def remove_exited_containers(self, job: str) -> int:
+    def remove_exited_containers(self, job: str, service: str | None = None) -> int:
         return 0
 
     def containers_left(self, job: str) -> int:
@@ -114,6 +131,7 @@ class FakeSwarm:
         return self.logs.get(name, "")
 
     def nodes(self) -> list[NodeState]:
+        self._answer()
         return list(self.node_states)
 
     def events(self, job: str) -> FakeEvents | None:

@@ -32,14 +32,14 @@ def free_port() -> int:
 class Serve:
     """One `ffswarm serve` subprocess on a test's own inbox; killed in teardown."""
 
-    def __init__(self, inbox: Path, port: int) -> None:
-        self.inbox, self.port = inbox, port
+    def __init__(self, inbox: Path, port: int, concurrent_jobs: int = 2) -> None:
+        self.inbox, self.port, self.concurrent_jobs = inbox, port, concurrent_jobs
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
         cmd = [sys.executable, "-m", "controller.cli", "--json-logs", "--config", str(CONFIG), "serve",
                "--inbox", str(self.inbox), "--metrics-port", str(self.port), "--metrics-addr", "127.0.0.1",
-               "--poll", "0.3", "--concurrent-jobs", "2"]  # fmt: skip
+               "--poll", "0.3", "--concurrent-jobs", str(self.concurrent_jobs)]  # fmt: skip
         log = open(self.inbox.parent / "serve.log", "a")  # noqa: SIM115  (the child keeps it; closed when it ends)
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
         log.close()

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from controller.errors import JobFileError
+from controller.errors import EngineUnavailable, JobFileError
 from controller.failures import ChunkState, FailureClass, classify_exit
 from controller.rundir import Control, RunDir
-from controller.servicespec import LABEL_ROLE, RunnerSettings, VolumeSpec, chunk_service
+from controller.servicespec import LABEL_ROLE, RunnerSettings, ServiceSpec, VolumeSpec, chunk_service
 from controller.supervisor import Policy, Supervisor
+from controller.swarm import ServiceState
 from runner_image.manifest import ItemResult, ItemStatus
 from tests.fakes import FakeEvents, FakeSwarm, Outcome
 
@@ -389,3 +390,67 @@ def test_a_container_that_exited_here_ends_its_chunk_before_the_swarm_records_it
     run = sup.run(["c0000"])["c0000"]
     assert run.state is ChunkState.DONE and run.current.exit_code == code
     assert swarm.alive() == [] and clock.now < 0.2
+
+
+# -- the engine restarting under a running job (Tried as a new user, part 6) ------------------------
+class RestartingSwarm(FakeSwarm):
+    """Goes down for `down_for` calls once its `at`-th services() call has answered."""
+
+    def __init__(self, at: int, down_for: int, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.at, self.down_for, self.calls = at, down_for, 0
+
+    def services(self, job: str) -> list[ServiceState]:
+        out = super().services(job)
+        self.calls += 1
+        if self.calls == self.at:
+            self.down = self.down_for
+        return out
+
+
+def test_an_engine_restart_is_ridden_out_and_killed_chunks_rerun_without_using_retries(tmp_path: Path) -> None:
+    swarm = RestartingSwarm(at=4, down_for=6)
+    events: list[str] = []
+    sup, clock = make(tmp_path, swarm, max_concurrent=2, retries=0)
+    sup.emit = lambda event, **f: events.append(event)  # type: ignore[method-assign]
+    runs = sup.run(["c0000", "c0001", "c0002"])
+    assert all(r.state is ChunkState.DONE for r in runs.values()), {k: r.as_dict() for k, r in runs.items()}
+    killed = [r for r in runs.values() if len(r.attempts) == 2]
+    assert killed, "the restart killed no running chunk: the test did not test anything"
+    for r in killed:
+        assert r.attempts[0].outcome == "infrastructure" and "137" in (r.attempts[0].reason or "")
+        assert r.retries_used == 0  # retries=0, and still re-run: the engine's fault, not the chunk's
+    assert "engine_unavailable" in events and "engine_back" in events
+    assert events.count("engine_unavailable") == 1
+    names = [s.name for s in swarm.created]
+    assert len(names) == len(set(names))  # never two services with one name
+    assert clock.now < 60  # waited with backoff, not for the whole outage budget
+
+
+def test_an_engine_that_stays_away_ends_the_watch_with_how_to_resume(tmp_path: Path) -> None:
+    swarm = RestartingSwarm(at=2, down_for=10_000)
+    sup, clock = make(tmp_path, swarm, engine_outage=30.0)
+    with pytest.raises(EngineUnavailable) as raised:
+        sup.run(["c0000"])
+    assert "ffswarm resume j" in str(raised.value) and "\n" not in str(raised.value)
+    assert 30 <= clock.now < 40
+    state = sup.rundir.state()
+    assert state is not None and state["chunks"]["c0000"]["state"] == "running"  # kept for resume
+
+
+def test_a_create_refused_by_a_stopping_engine_loses_no_chunk(tmp_path: Path) -> None:
+    swarm = FakeSwarm()
+    sup, _ = make(tmp_path, swarm, max_concurrent=4)
+    original = swarm.create_service
+    failed_once: list[str] = []
+
+    def create(spec: ServiceSpec) -> str:
+        if not failed_once:
+            failed_once.append(spec.name)
+            raise EngineUnavailable("cannot reach the Docker engine: Connection refused")
+        return original(spec)
+
+    swarm.create_service = create  # type: ignore[method-assign]
+    runs = sup.run(["c0000", "c0001", "c0002"])
+    assert all(r.state is ChunkState.DONE for r in runs.values())
+    assert sorted({s.labels["io.ffswarm.chunk"] for s in swarm.created}) == ["c0000", "c0001", "c0002"]
