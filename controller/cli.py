@@ -9,12 +9,14 @@ from typing import Any
 
 import click
 
+from controller import handover, log
 from controller import jobs as jobs_mod
-from controller import log
+from controller import progress as progress_mod
 from controller import status as status_mod
 from controller.config import load_config
 from controller.errors import FfswarmError, Interrupted, UsageError
 from controller.progress import Progress
+from controller.report import exit_code
 from controller.rundir import RunDir
 
 
@@ -27,11 +29,12 @@ from controller.rundir import RunDir
     help="Config file (else $FFSWARM_CONFIG, ./ffswarm.yaml, ~/.config/ffswarm/config.yaml).",
 )
 @click.option("--json-logs/--console-logs", default=None, help="Log format (default: console on a terminal).")
+@click.option("-v", "--verbose", is_flag=True, help="On a terminal, also print every chunk's events above the bar.")
 @click.pass_context
-def cli(ctx: click.Context, config_path: str | None, json_logs: bool | None) -> None:
+def cli(ctx: click.Context, config_path: str | None, json_logs: bool | None, verbose: bool) -> None:
     """ffswarm: batch face swapping on a Docker Swarm of GPU machines."""
-    log.setup(json_logs)
-    ctx.obj = {"config_path": config_path}
+    console = log.setup(json_logs, verbose)  # the progress bar draws on it; None: JSON lines, no bar
+    ctx.obj = {"config_path": config_path, "console": console}
 
 
 def _config(ctx: click.Context) -> Any:
@@ -42,11 +45,37 @@ def _config(ctx: click.Context) -> Any:
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--dry-run", is_flag=True, help="Print the plan and the services; create nothing.")
 @click.option("--new", is_flag=True, help="Start a new run (job id name-2, -3 …) instead of continuing one.")
+@click.option("--detach", is_flag=True, help="Hand the jobs to the controller serving the inbox and return at once.")
+@click.option(
+    "--inbox",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="With --detach: the inbox `ffswarm serve` watches (default <data_root>/inbox).",
+)
 @click.pass_context
-def submit(ctx: click.Context, paths: tuple[Path, ...], dry_run: bool, new: bool) -> None:
+def submit(
+    ctx: click.Context,
+    paths: tuple[Path, ...],
+    dry_run: bool,
+    new: bool,
+    detach: bool,
+    inbox: Path | None,
+) -> None:
     """Validate job files (or folders of them), plan, and run every chunk as a one-shot service."""
+    if detach and new:
+        raise UsageError(
+            "--detach cannot start a new run (--new): the controller runs the job named in the file, "
+            "continuing its run; to start afresh, give the job file a new name"
+        )
+    if detach and dry_run:
+        raise UsageError("--detach and --dry-run do not go together: a dry run hands nothing over")
+    if inbox is not None and not detach:
+        raise UsageError("--inbox goes with --detach")
     config = _config(ctx)
     prepared = jobs_mod.prepare(config, list(paths), new)
+    if detach:
+        click.echo(handover.describe(handover.hand_over(inbox or config.data_root / "inbox", prepared)))
+        return
     if dry_run:
         click.echo(json.dumps(jobs_mod.dry_run(config, prepared, _image_lookup(config)), indent=1))
         return
@@ -115,9 +144,12 @@ def retry(ctx: click.Context, job: str, failed_only: bool) -> None:
 
 def _run_with_progress(fn: Any, how_to_resume: str) -> Any:
     bars: list[Progress] = []
+    console = click.get_current_context().obj.get("console")
 
     def make_progress(rundir: RunDir, total: int) -> Progress:
-        bars.append(Progress(rundir, total))
+        if bars:
+            bars[-1].close()  # one live bar at a time: the previous job of this submit has ended
+        bars.append(Progress(rundir, total, console))
         return bars[-1]
 
     try:
@@ -132,9 +164,23 @@ def _run_with_progress(fn: Any, how_to_resume: str) -> Any:
 @cli.command()
 @click.argument("job", required=False)
 @click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="Watch JOB (running anywhere) with the progress bar until it ends; then its summary and exit code.",
+)
 @click.pass_context
-def status(ctx: click.Context, job: str | None, as_json: bool) -> None:
+def status(ctx: click.Context, job: str | None, as_json: bool, follow: bool) -> None:
     """Jobs, chunks by state, items ok/failed/pending, attempts, nodes, ETA (from the run folders)."""
+    if follow:
+        if job is None:
+            raise UsageError("--follow needs a JOB")
+        config = _config(ctx)
+        console = None if as_json else ctx.obj.get("console")  # --json: status lines even on a terminal
+        report = progress_mod.follow(RunDir(config.data_root, job), console, click.echo)
+        _summary(config, jobs_mod.open_run(config, job)[0], report)
+        sys.exit(exit_code(report))
     rows = status_mod.collect(_config(ctx), job)
     if as_json:
         click.echo(json.dumps(rows, indent=1))

@@ -28,7 +28,7 @@ from controller.rundir import RunDir
 from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_ROLE, RunnerSettings, chunk_service
 from controller.supervisor import last_words
 from controller.swarm import SwarmBackend
-from runner_image.manifest import CONTAINER_DATA_ROOT, IdentityRequest, IdentityResult, RunnerExit
+from runner_image.manifest import CONTAINER_DATA_ROOT, IdentityRequest, IdentityResult, RunnerExit, user_path, user_text
 
 STEP = "identity"
 RESULT = "identity.json"
@@ -107,13 +107,20 @@ class Step:
         return OneShot(self.backend, self.spec, timeout=schedule + STEP_TIMEOUT, schedule_timeout=schedule)
 
     def poll(self) -> IdentityResult | None:
+        result = read_result(self.rundir)
+        if result is not None and result.answered:
+            # The file is the truth, however the container ended after writing it — or whatever the
+            # swarm says of its task after an engine restart (seen: a task left unfinished for the
+            # whole schedule_timeout although its container had answered and gone).
+            self.shot.abort()
+            return result
         outcome = self.shot.poll()
         if outcome is None:
             self._unless_node_lost()
             return None
         result = read_result(self.rundir)
         if result is not None and result.answered:
-            return result  # the file is the truth, however the container ended after writing it
+            return result  # written between the two reads
         temporary = outcome.state in RETRY_STATES or outcome.exit_code == RunnerExit.TEMPORARY
         if temporary and self.attempts < STEP_ATTEMPTS:
             self.attempts += 1
@@ -144,9 +151,10 @@ class Step:
     def _answer(self, outcome: OneShotResult) -> IdentityResult:
         config, request, job_file = self.config, self.request, self.job_file
         result = read_result(self.rundir)
-        if result is not None and result.error:
-            field = "reference" if request.reference and request.reference in result.error else "source"
-            raise JobFileError(job_file, field, result.error.replace(f"{CONTAINER_DATA_ROOT}/", ""))
+        if result is not None and result.error:  # photos named as the job file does (an older runner: /data/…)
+            error = user_text(result.error)
+            reference = request.reference and f"reference photo {user_path(request.reference)}:" in error
+            raise JobFileError(job_file, "reference" if reference else "source", error)
         words = last_words(outcome.logs) or outcome.message
         if outcome.exit_code == RunnerExit.MISSING_INPUT:
             raise MissingInputError(f"{job_file}: {words}")

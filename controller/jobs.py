@@ -6,6 +6,7 @@ is parsed and resolved against the data root first, and one bad file stops the w
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -13,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller import identity, log, timings, video
+from controller import access, identity, log, timings, video
 from controller.config import Config
-from controller.errors import FfswarmError, MissingInputError, UsageError
+from controller.errors import EngineUnavailable, FfswarmError, MissingInputError, UsageError
 from controller.hooks import on_complete
 from controller.jobspec import JobSpec, ResolvedJob, load_jobs, parse_job_text, resolve_job
 from controller.plan import AUTO_MAX_CHUNK, ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
@@ -36,6 +37,7 @@ class PreparedJob:
     resolved: ResolvedJob | None  # None for a job reopened from its run folder
     plan: Plan
     job_id: str
+    folders: tuple[str, ...] = ()  # output folders to create for the runner (access.check_job)
 
 
 def prepare(config: Config, paths: Sequence[Path], new: bool) -> list[PreparedJob]:
@@ -57,9 +59,10 @@ def prepare(config: Config, paths: Sequence[Path], new: bool) -> list[PreparedJo
         job_id = next_job_id(config.data_root, spec.name, new)
         resolved = resolve_job(spec, config.data_root, str(file), job_id=job_id)
         check_pack(config, spec, file)
+        folders = access.check_job(config, resolved, str(file))  # the runner can read and write it all
         targets = video.target_refs(resolved.targets, spec)  # videos probed and cut into segments
         plan = make_plan(job_id, targets, spec.chunk_size, parallel(spec), chunk_cap(config, spec, targets))
-        out.append(PreparedJob(file, spec, resolved, plan, job_id))
+        out.append(PreparedJob(file, spec, resolved, plan, job_id, folders))
     return out
 
 
@@ -75,14 +78,15 @@ def chunk_cap(config: Config, spec: JobSpec, targets: Sequence[TargetRef]) -> in
 def check_pack(config: Config, spec: JobSpec, file: Path) -> None:
     """The pack exists and has a file for every role the job's processors need (no hashing here:
     the identity step verifies every checksum on a GPU node, where the files are read anyway)."""
-    pack_dir = config.data_root / "models" / spec.models
+    shown = f"models/{spec.models}"  # reasons name paths relative to the data root, as users know them
+    pack_dir = config.data_root / shown
     if not (pack_dir / "pack.yaml").is_file():
         raise MissingInputError(
-            f"{file}: models: pack {spec.models!r} not found: {pack_dir / 'pack.yaml'} does not exist "
+            f"{file}: models: pack {spec.models!r} not found: {shown}/pack.yaml does not exist "
             f"(install one with `ffswarm models fetch` or see README 'Models')"
         )
     try:
-        missing_roles(pack_dir, read_spec(pack_dir), spec.processors)
+        missing_roles(pack_dir, read_spec(pack_dir, shown), spec.processors, shown)
     except RunnerMissingInput as e:
         raise MissingInputError(f"{file}: models: {e}") from None
 
@@ -147,8 +151,7 @@ def dry_run(config: Config, jobs: list[PreparedJob], image_of: Callable[[str], s
 
 
 def _owner(config: Config) -> tuple[int, int]:
-    uid, gid = config.runner_uid_gid().split(":")
-    return int(uid), int(gid)
+    return access.parse_ids(config.runner_uid_gid())
 
 
 def _pending_chunks(rundir: RunDir, plan: Plan) -> list[str]:
@@ -163,8 +166,11 @@ def _pending_chunks(rundir: RunDir, plan: Plan) -> list[str]:
 
 def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
     """The job's run folder (created unless it exists). Its identity is still pending: supervise()
-    runs the identity step beside the first chunks (ensure_identity() for callers that don't)."""
+    runs the identity step beside the first chunks (ensure_identity() for callers that don't).
+    The job's missing output folders are made first, owned by the runner (checked in prepare)."""
+    made = access.make_folders(config.data_root, job.folders, _owner(config))
     rundir = RunDir(config.data_root, job.job_id, _owner(config))
+    rundir.made_folders = made
     if not rundir.exists():
         assert job.resolved is not None
         rundir.make_dirs()
@@ -185,6 +191,7 @@ def _refused(backend: SwarmBackend, rundir: RunDir) -> None:
         backend.remove_service(svc.name)
     clear_containers(backend, rundir.job, REFUSAL_GRACE)
     shutil.rmtree(rundir.path, ignore_errors=True)
+    access.remove_folders(rundir.data_root, rundir.made_folders)
 
 
 def ensure_identity(config: Config, backend: SwarmBackend, job: PreparedJob, rundir: RunDir, image: str) -> None:
@@ -207,7 +214,10 @@ def supervise(
     plan = rundir.plan()
     started = time.time()
     policy = Policy(
-        retries=job.spec.retries, timeout=float(job.spec.timeout), schedule_timeout=float(config.schedule_timeout)
+        retries=job.spec.retries,
+        timeout=float(job.spec.timeout),
+        schedule_timeout=float(config.schedule_timeout),
+        engine_outage=float(config.engine_outage),
     )
     logger = log.get(job=job.job_id)
 
@@ -229,6 +239,8 @@ def supervise(
         assert step is not None
         try:
             answer = step.poll()
+        except EngineUnavailable:
+            raise  # the engine, not the step: the watch waits for it
         except FfswarmError as e:
             refusal.append(e)
             raise
@@ -244,7 +256,8 @@ def supervise(
         raise
     finally:
         if step is not None:
-            step.abort()  # no-op once it answered; removes it after a cancel or an interrupt
+            with contextlib.suppress(EngineUnavailable):  # gone with the engine: resume removes it
+                step.abort()  # no-op once it answered; removes it after a cancel or an interrupt
     runs = video.finish(plan, rundir, job.spec, sup.run, runs, emit)  # redo bad segments, join videos
     report = build_report(plan, rundir, runs, image, started)
     _record_timing(config, job, rundir, plan, report, logger)
@@ -308,6 +321,8 @@ def resume(config: Config, job_id: str, progress: ProgressFactory | None = None)
     backend.check_manager()
     if rundir.control().cancel:
         raise UsageError(f"job {job_id} was cancelled; submit it again with --new to run it afresh")
+    todo = _pending_chunks(rundir, job.plan)
+    access.make_folders(config.data_root, access.check_plan(config, job.plan, todo, str(job.file)), _owner(config))
     on_event = progress(rundir, len(job.plan.items)) if progress else None
     report = supervise(config, backend, job, rundir, rundir.image(), on_event)
     return exit_code(report), report

@@ -13,7 +13,7 @@ import os
 import posixpath
 from pathlib import Path
 
-from runner_image.manifest import CONTAINER_DATA_ROOT
+from runner_image.manifest import CONTAINER_DATA_ROOT, user_text
 
 
 def check_relative(rel: str, *, what: str) -> str:
@@ -127,6 +127,12 @@ def to_container(root: Path, host_path: Path) -> str:
     """``/data/<rel>`` for a host path under ``root`` (as given, or with symlinks resolved)."""
     rel = relative_to_root(root, host_path)
     return CONTAINER_DATA_ROOT if rel == "." else f"{CONTAINER_DATA_ROOT}/{rel}"
+
+
+def relative_text(text: str, root: Path) -> str:
+    """``text`` with the paths in it under the data root, the container's (``/data``) or this host's
+    ``root``, written relative to it as a job file names them: what a reason shows a user."""
+    return user_text(text, os.path.abspath(root), os.path.realpath(root))
 
 
 def relative_to_root(root: Path, host_path: Path) -> str:

@@ -11,10 +11,13 @@ from controller.plan import Plan
 from controller.rundir import RunDir
 from controller.supervisor import ChunkRun
 from controller.video import report_items
-from runner_image.manifest import ItemStatus
+from runner_image.manifest import ItemStatus, user_text
 
 
 def build_report(plan: Plan, rundir: RunDir, runs: dict[str, ChunkRun], image: str, started: float) -> dict[str, Any]:
+    """Every path in it is relative to the data root, as the job file names them: items' input and
+    output come from the plan, and reasons name files that way (a runner writes them so; a result
+    line of an older runner is rewritten here)."""
     items: dict[str, dict[str, Any]] = {}
     failures: list[dict[str, Any]] = []
     counts: Counter[str] = Counter()
@@ -26,7 +29,7 @@ def build_report(plan: Plan, rundir: RunDir, runs: dict[str, ChunkRun], image: s
             planned = plan.item(item_id)
             r = results.get(item_id)
             if r is not None:
-                status, reason, output = r.status.value, r.reason, r.output
+                status, reason, output = r.status.value, r.reason and user_text(r.reason), r.output
             elif run is not None and run.state is ChunkState.FAILED:
                 status, reason, output = "error", f"chunk {chunk.id} failed: {run.reason}", None
             elif run is not None and run.state is ChunkState.CANCELLED:

@@ -56,6 +56,7 @@ class RunDir:
         self.job = job
         self.path = data_root / "runs" / job
         self.owner = owner
+        self.made_folders: list[str] = []  # output folders made for this job now (undone if it is refused)
 
     def exists(self) -> bool:
         return (self.path / "plan.json").is_file()

@@ -6,6 +6,9 @@ shared volume (`<data_root>/inbox/`), so any manager can take over. A file moves
     inbox/NAME.yaml → inbox/running/NAME.yaml → inbox/done/NAME.yaml
                                               ↘ inbox/failed/NAME.yaml + NAME.yaml.reason.txt
 
+While it serves, the controller rewrites a heartbeat beside the inbox (handover.py), so that
+`ffswarm submit --detach` knows someone will run the file it drops there.
+
 The claim is a rename (atomic on one filesystem): two controllers never run the same file. The
 controller keeps no state of its own: after a restart every file still in running/ is submitted
 again, and submitting a job whose run folder exists continues it (jobs.py): committed items are not
@@ -14,6 +17,7 @@ redone and chunk services that are still alive are adopted by their labels.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -26,7 +30,9 @@ from controller import jobs as jobs_mod
 from controller import log
 from controller.config import Config
 from controller.errors import CapacityError, FfswarmError, JobFileError
+from controller.handover import HEARTBEAT_SECONDS, HeartbeatFile
 from controller.metrics import Metrics
+from controller.paths import relative_text
 from controller.report import exit_code
 from controller.swarm import DockerSwarm
 
@@ -103,7 +109,16 @@ class Outcome:
 
 
 def run_job_file(config: Config, path: Path, metrics: Metrics) -> Outcome:
-    """One job file, start to report, as `ffswarm submit FILE` would run it (continuing its run)."""
+    """One job file, start to report, as `ffswarm submit FILE` would run it (continuing its run).
+    The reason names paths relative to the data root (inbox/running/NAME.yaml, hidden/in/a.jpg), as
+    whoever dropped the file knows them: neither this host's data root nor the container's /data."""
+    outcome = _run_job_file(config, path, metrics)
+    if outcome.reason is None:
+        return outcome
+    return dataclasses.replace(outcome, reason=relative_text(outcome.reason, config.data_root))
+
+
+def _run_job_file(config: Config, path: Path, metrics: Metrics) -> Outcome:
     try:
         prepared = jobs_mod.prepare(config, [path], new=False)
         if len(prepared) != 1:
@@ -124,7 +139,7 @@ def run_job_file(config: Config, path: Path, metrics: Metrics) -> Outcome:
     c = report["counts"]
     summary = (
         f"job {report['job']}: {c['ok']} ok, {c['no_face']} without a face, {c['failed']} failed of {c['items']} "
-        f"items; report: {config.data_root / 'runs' / report['job'] / 'report.json'}"
+        f"items; report: runs/{report['job']}/report.json"
     )
     if exit_code(report) == 0:
         return Outcome(True, None)
@@ -148,6 +163,7 @@ class Server:
         poll: float = 1.0,
         run: Callable[[Config, Path, Metrics], Outcome] = run_job_file,
         retry_after: float = RETRY_SECONDS,
+        heartbeat_every: float = HEARTBEAT_SECONDS,
     ) -> None:
         if concurrent_jobs < 1:
             raise ValueError("concurrent_jobs must be at least 1")
@@ -160,6 +176,7 @@ class Server:
         self.retry_after = retry_after
         self.stop = threading.Event()
         self._active: dict[str, threading.Thread] = {}
+        self.heartbeat = HeartbeatFile(inbox.path, concurrent_jobs, heartbeat_every)
         self.log = log.get(component="serve", inbox=str(inbox.path))
 
     def start_job(self, claimed: Path) -> None:
@@ -179,18 +196,37 @@ class Server:
         self._active[claimed.name] = thread
         thread.start()
 
+    def _beat(self) -> None:
+        """Tell `submit --detach` this inbox is served; a failed write must not stop the controller."""
+        try:
+            self.heartbeat.beat(sum(t.is_alive() for t in self._active.values()))
+        except OSError as e:
+            self.log.warning("heartbeat_not_written", file=str(self.heartbeat.path), error=str(e))
+
     def serve_forever(self) -> None:
         self.inbox.ensure()
+        self.heartbeat.clear_stale()
+        self._beat()
+        try:
+            self._loop()
+        finally:  # a clean stop (SIGTERM, Ctrl-C) says so at once; a killed one goes stale
+            self.heartbeat.remove()
+
+    def _loop(self) -> None:
         resumed = sorted(p for p in self.inbox.running.iterdir() if p.is_file() and p.suffix in JOB_SUFFIXES)
         for claimed in resumed:  # claimed by an earlier controller: continue (beyond the limit, once)
             self.log.info("job_file_resumed", file=claimed.name)
             self.start_job(claimed)
         self.log.info("serving", concurrent_jobs=self.concurrent_jobs, resumed=len(resumed))
+        beat_due = time.monotonic() + self.heartbeat.interval
         while not self.stop.is_set():
+            if time.monotonic() >= beat_due:
+                self._beat()
+                beat_due = time.monotonic() + self.heartbeat.interval
             self._active = {k: t for k, t in self._active.items() if t.is_alive()}
             free = self.concurrent_jobs - len(self._active)
             for path in self.inbox.waiting(time.time())[: max(free, 0)]:
                 taken = self.inbox.claim(path)
                 if taken is not None:
                     self.start_job(taken)
-            self.stop.wait(self.poll)
+            self.stop.wait(min(self.poll, max(beat_due - time.monotonic(), 0.05)))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import subprocess
 import tempfile
@@ -25,7 +26,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from controller.errors import CapacityError
+from controller import access
+from controller.errors import CapacityError, MissingInputError
 from controller.jobspec import JobSpec, Target, TargetKind
 from controller.plan import Plan, PlannedVideo, TargetRef
 from controller.rundir import RunDir
@@ -176,11 +178,16 @@ def parse_probe(text: str) -> VideoInfo:
     )
 
 
-def _reason(stderr: str, path: Path) -> str:
-    """ffmpeg's own words, without addresses and with the file named once by the caller."""
+def _reason(stderr: str, path: Path, names: dict[str, str] | None = None) -> str:
+    """ffmpeg's own words, without addresses and with the file named once by the caller. Other files
+    it names are written as ``names`` says (relative to the data root), ``path`` else by its bare
+    name: a reason never shows the controller host's paths."""
     lines = [re.sub(r"^\[[^\]]* @ 0x[0-9a-f]+\] ", "", ln).strip() for ln in stderr.splitlines()]
     lines = [ln.removeprefix(f"{path}: ") for ln in lines if ln]
-    return "; ".join(dict.fromkeys(lines)) or "ffmpeg failed without a message"
+    text = "; ".join(dict.fromkeys(lines)) or "ffmpeg failed without a message"
+    for host, name in sorted({str(path): path.name, **(names or {})}.items(), key=lambda kv: -len(kv[0])):
+        text = text.replace(host, name)  # longest first: a file's path before its folder's
+    return text
 
 
 def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -190,7 +197,8 @@ def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
         raise CapacityError(f"{cmd[0]} not found: the controller host needs ffmpeg (apt-get install ffmpeg)") from None
 
 
-def probe(path: Path) -> VideoInfo:
+def probe(path: Path, name: str | None = None) -> VideoInfo:
+    """``name``: how ffprobe's words name the file (its data-root-relative path; default its bare name)."""
     try:
         if path.stat().st_size == 0:
             raise ProbeError("empty file (0 bytes)")
@@ -201,7 +209,7 @@ def probe(path: Path) -> VideoInfo:
     except subprocess.TimeoutExpired:
         raise ProbeError(f"ffprobe did not finish within {PROBE_TIMEOUT:.0f} s") from None
     if proc.returncode != 0:
-        raise ProbeError(f"ffprobe: {_reason(proc.stderr, path)}")
+        raise ProbeError(f"ffprobe: {_reason(proc.stderr, path, {str(path): name} if name else None)}")
     return parse_probe(proc.stdout)
 
 
@@ -289,7 +297,7 @@ def target_ref(target: Target, spec: JobSpec) -> TargetRef:
     try:
         if allowed is not None and spec.video.codec not in allowed:
             raise ProbeError(f"a {target.output.suffix} output cannot hold {spec.video.codec} video (video.codec)")
-        info = probe(target.input)
+        info = probe(target.input, target.rel)
     except ProbeError as e:
         return TargetRef(input=target.rel, output=target.output_rel, kind="video", error=str(e))
     times = frame_times(target.input, info) if info.frames > 1 else None
@@ -423,9 +431,12 @@ def join_video(
         return result(ItemStatus.NO_FACE, None)
     out = root / video.output
     audio = [] if spec.skip_audio else list(video.info.get("audio", []))
+    parts = [plan.item(s).output for s in video.segments]
+    names = {str(root / rel): rel for rel in (video.output, video.input, *parts)}  # ffmpeg's words, as users know them
     try:
-        _join(out, root / video.input, [root / plan.item(s).output for s in video.segments], audio, rundir.owner)
-    except JoinError as e:
+        access.make_folders(root, [posixpath.dirname(video.output)], rundir.owner)  # the runner's, as at submit
+        _join(out, root / video.input, [root / p for p in parts], audio, rundir.owner, names)
+    except (JoinError, MissingInputError) as e:
         return result(ItemStatus.ERROR, None, f"{video.output}: {e}")
     return result(ItemStatus.NO_FACE if no_face else ItemStatus.OK, video.output)
 
@@ -435,26 +446,32 @@ class JoinError(Exception):
 
 
 def _join(
-    out: Path, original: Path, parts: list[Path], audio: list[dict[str, Any]], owner: tuple[int, int] | None
+    out: Path,
+    original: Path,
+    parts: list[Path],
+    audio: list[dict[str, Any]],
+    owner: tuple[int, int] | None,
+    names: dict[str, str] | None = None,
 ) -> None:
+    """``names``: how errors name the files (host path → relative to the data root)."""
     muxer = ffmpeg_cmds.MUXERS[out.suffix.lower()]
     codecs = {ffmpeg_cmds.audio_codec(muxer, str(a["codec"])) for a in audio}
     first = None if not audio else ("copy" if codecs == {"copy"} else (codecs - {"copy"}).pop())
     tries: list[str | None] = [first]
     if first == "copy":
         tries.append(ffmpeg_cmds.AUDIO_REENCODE.get(muxer, ffmpeg_cmds.AUDIO_REENCODE_DEFAULT))
-    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ffswarm-join-") as scratch:
         listing = Path(scratch) / "segments.ffconcat"
         listing.write_text(ffmpeg_cmds.concat_list([str(p) for p in parts]))
         tmp = out.with_name(f".{out.name}.tmp-join-{os.getpid()}")
+        names = {**(names or {}), str(tmp): (names or {}).get(str(out), out.name), str(listing): listing.name}
         try:
             errors = []
             for codec in tries:
                 proc = _run(ffmpeg_cmds.join_cmd(str(listing), str(original), str(tmp), muxer, codec), JOIN_TIMEOUT)
                 if proc.returncode == 0:
                     break
-                errors.append(f"{codec}: {_reason(proc.stderr, tmp)}")
+                errors.append(f"{codec}: {_reason(proc.stderr, tmp, names)}")
             else:
                 if audio:  # tell a failed audio restore from a failed join
                     video_only = _run(ffmpeg_cmds.join_cmd(str(listing), "", str(tmp), muxer, None), JOIN_TIMEOUT)

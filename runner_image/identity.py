@@ -18,7 +18,7 @@ import numpy as np
 
 from . import faces, log, media, models
 from .errors import BadManifest, ItemError, MissingInput, Temporary
-from .manifest import FaceSelection, IdentityRequest, IdentityResult, ManifestError, RunnerExit, SourceFaces
+from .manifest import FaceSelection, IdentityRequest, IdentityResult, ManifestError, RunnerExit, SourceFaces, user_path
 from .volume import DataRoot, is_volume_error
 
 IDENTITY_ROLES = ("detector", "recognizer")
@@ -47,28 +47,30 @@ def _photo_faces(root: DataRoot, req: IdentityRequest, loaded: models.Models, pa
         decoded = media.read_image(root.path(path), req.limits)
     except OSError as e:
         if is_volume_error(e):
-            raise Temporary(f"{path}: {e.strerror or e}") from e
+            raise Temporary(f"{user_path(path)}: {e.strerror or e}") from e
         raise ItemError(e.strerror or str(e)) from e
     return decoded.image, faces.detect(loaded.detector, decoded.image)
 
 
 def compute(root: DataRoot, req: IdentityRequest, loaded: models.Models, logger: Any) -> IdentityResult:
-    """Embed every source (exactly one face each) and the reference (its largest face)."""
+    """Embed every source (exactly one face each) and the reference (its largest face). ``error``
+    names each photo as the user wrote it (manifest.user_path): it is the job file's error."""
     errors: list[str] = []
     embeddings: list[np.ndarray] = []
     counts: list[SourceFaces] = []
     for src in req.sources:
+        shown = user_path(src)
         try:
             image, found = _photo_faces(root, req, loaded, src)
         except ItemError as e:
-            errors.append(f"source photo {src}: {e}")
+            errors.append(f"source photo {shown}: {e}")
             counts.append(SourceFaces(path=src, faces=0))
             continue
         counts.append(SourceFaces(path=src, faces=len(found)))
         if not found:
-            errors.append(f"source photo {src}: no face detected")
+            errors.append(f"source photo {shown}: no face detected")
         elif len(found) > 1:
-            errors.append(f"source photo {src}: {len(found)} faces found; a source photo must show one person only")
+            errors.append(f"source photo {shown}: {len(found)} faces found; a source photo must show one person only")
         else:
             embeddings.append(faces.embed(loaded.recognizer, image, found)[0])
     reference: tuple[float, ...] | None = None
@@ -76,14 +78,14 @@ def compute(root: DataRoot, req: IdentityRequest, loaded: models.Models, logger:
         try:
             image, found = _photo_faces(root, req, loaded, req.reference)
             if not found:
-                errors.append(f"reference photo {req.reference}: no face detected")
+                errors.append(f"reference photo {user_path(req.reference)}: no face detected")
             else:
                 if len(found) > 1:
                     logger.warning("reference photo has several faces; using the largest", faces=len(found))
                 chosen = faces.select(found, FaceSelection.ONE)
                 reference = tuple(float(v) for v in faces.embed(loaded.recognizer, image, chosen)[0])
         except ItemError as e:
-            errors.append(f"reference photo {req.reference}: {e}")
+            errors.append(f"reference photo {user_path(req.reference)}: {e}")
     if errors:
         return IdentityResult(sources=tuple(counts), error="; ".join(errors), provider=loaded.provider)
     identity = faces.identity(embeddings)
@@ -107,7 +109,7 @@ def run_identity(root: DataRoot, given: str, sink: log.TeeSink) -> RunnerExit:
     why_not = sink.attach(out.parent / "logs" / "identity.log")
     if why_not:
         logger.warning("log file not writable; logging to stdout only", reason=why_not)
-    pack = models.verify_pack(root.path(req.pack_dir), ())
+    pack = models.verify_pack(root.path(req.pack_dir), (), user_path(req.pack_dir))
     loaded = models.load_models(
         pack, req.providers, det_size=req.detector_size, det_thresh=req.detector_threshold, roles=IDENTITY_ROLES
     )
@@ -115,7 +117,7 @@ def run_identity(root: DataRoot, given: str, sink: log.TeeSink) -> RunnerExit:
     try:
         media.atomic_write(out, result.to_json().encode("utf-8"))
     except OSError as e:
-        raise Temporary(f"cannot write {req.output}: {e.strerror or e}") from e
+        raise Temporary(f"cannot write {user_path(req.output)}: {e.strerror or e}") from e
     if result.error:
         logger.error("identity failed", error=result.error, exit_code=int(RunnerExit.MISSING_INPUT))
         return RunnerExit.MISSING_INPUT

@@ -454,9 +454,9 @@ class ItemResult:
     item: str
     status: ItemStatus
     attempt: int
-    input: str
+    input: str  # container path, as in the manifest
     output: str | None  # None when nothing was written (error, or no_face with skip)
-    reason: str | None = None
+    reason: str | None = None  # for people: names files relative to the data root (user_path)
     faces: int = 0
     cached: bool = False  # True: committed by an earlier attempt, not redone
     gpu: str | None = None  # DOCKER_RESOURCE_GPU the container saw
@@ -508,6 +508,28 @@ def _str(data: dict[str, Any], key: str) -> str:
     if not isinstance(value, str) or not value:
         raise ManifestError(f"manifest field {key!r} must be a non-empty string")
     return value
+
+
+def user_path(container_path: str) -> str:
+    """A container path as the user wrote it in the job file: relative to the data root
+    (``/data/hidden/in/a.jpg`` → ``hidden/in/a.jpg``). Every reason a user reads (results, report,
+    summary, serve's reason files) names files this way; the runner's own log lines may keep
+    container paths. A path outside the data root is returned unchanged."""
+    if container_path == CONTAINER_DATA_ROOT:
+        return "."
+    return container_path.removeprefix(CONTAINER_DATA_ROOT + "/")
+
+
+def user_text(text: str, *roots: str) -> str:
+    """Free text someone else wrote (a runner's last words, a traceback's last line, a result line
+    of an older runner, an error naming host files) with the paths in it under the data root written
+    as ``user_path`` writes them. ``roots``: other folders that are the data root (the controller
+    host's); a path counts where no other path's characters come right before it."""
+    for root in (CONTAINER_DATA_ROOT, *roots):
+        root = root.rstrip("/")
+        if root and root + "/" in text:
+            text = re.sub(rf"(?<![\w./~-]){re.escape(root)}/", "", text)
+    return text
 
 
 def _require_container_path(path: str, what: str) -> None:

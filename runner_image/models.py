@@ -155,9 +155,9 @@ def load_models(
                 if plan.name == "cuda":  # most likely the device or its libraries: another node may do
                     raise Temporary(f"cannot initialise CUDA for {pack.files[role].name}: {e}") from e
                 # on CPU a file whose checksum matched but does not load is a broken pack
-                raise MissingInput(f"model pack {pack.dir}: {pack.files[role].name} does not load: {e}") from e
+                raise MissingInput(f"model pack {pack.shown}: {pack.files[role].name} does not load: {e}") from e
             if model is None:
-                raise MissingInput(f"model pack {pack.dir}: {pack.files[role].name} is not a recognised {role} model")
+                raise MissingInput(f"model pack {pack.shown}: {pack.files[role].name} is not a recognised {role} model")
             loaded[role] = model
     granted = {loaded[role].session.get_providers()[0] for role in roles}
     provider = "cuda" if granted == {ORT_NAMES["cuda"]} else "cpu"
@@ -182,7 +182,7 @@ def _check_roles(pack: Pack, loaded: dict[str, Any]) -> None:
     for role, cls in expected.items():
         if role in loaded and type(loaded[role]).__name__ != cls:
             raise MissingInput(
-                f"model pack {pack.dir}: {pack.files[role].name} loads as {type(loaded[role]).__name__}, not a {role}"
+                f"model pack {pack.shown}: {pack.files[role].name} loads as {type(loaded[role]).__name__}, not a {role}"
             )
     if not getattr(loaded["detector"], "use_kps", False):
-        raise MissingInput(f"model pack {pack.dir}: {pack.files['detector'].name} gives no keypoints")
+        raise MissingInput(f"model pack {pack.shown}: {pack.files['detector'].name} gives no keypoints")

@@ -71,6 +71,7 @@ class Pack:
     name: str
     standin: bool
     files: dict[str, Path]
+    shown: str  # how reasons name the folder (the runner: relative to the data root, as users know it)
 
 
 def sha256_file(path: Path) -> str:
@@ -78,9 +79,14 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def read_spec(pack_dir: Path) -> dict[str, Any]:
-    """pack.yaml as a mapping with a ``files`` mapping of name -> {role, sha256}."""
-    where = f"model pack {pack_dir}"
+def _where(pack_dir: Path, shown: str | None) -> str:
+    return f"model pack {pack_dir if shown is None else shown}"
+
+
+def read_spec(pack_dir: Path, shown: str | None = None) -> dict[str, Any]:
+    """pack.yaml as a mapping with a ``files`` mapping of name -> {role, sha256}. ``shown``: how
+    errors name the folder (default: ``pack_dir``); a runner passes its data-root-relative path."""
+    where = _where(pack_dir, shown)
     try:
         text = (pack_dir / PACK_FILE).read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -106,14 +112,15 @@ def parse_spec(text: str, where: str) -> dict[str, Any]:
     return spec
 
 
-def check_file(pack_dir: Path, name: str, expected: str) -> Path:
+def check_file(pack_dir: Path, name: str, expected: str, shown: str | None = None) -> Path:
     """Hash one listed file; MissingInput names it when absent, unreadable or different."""
-    where = f"model pack {pack_dir}"
+    where = _where(pack_dir, shown)
     path = pack_dir / name
     try:
         digest = sha256_file(path)
     except FileNotFoundError:
-        raise MissingInput(f"{where}: {name} is missing ({path})") from None
+        missing = path if shown is None else f"{shown}/{name}"
+        raise MissingInput(f"{where}: {name} is missing ({missing})") from None
     except OSError as e:
         raise MissingInput(f"{where}: cannot read {name}: {e.strerror or e}") from e
     expected = expected.strip().lower()
@@ -134,23 +141,24 @@ def roles_of(spec: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def missing_roles(pack_dir: Path, spec: dict[str, Any], processors: Iterable[str]) -> None:
+def missing_roles(pack_dir: Path, spec: dict[str, Any], processors: Iterable[str], shown: str | None = None) -> None:
     """MissingInput naming the first role the processors need that pack.yaml lacks, and its source."""
     have = roles_of(spec)
     for need in needs(processors):
         if need.role not in have:
             users = [p for p, ns in PROCESSOR_NEEDS.items() if need in ns] or ["every job"]
             raise MissingInput(
-                f"model pack {pack_dir}: {PACK_FILE} lists no file with role {need.role} "
+                f"{_where(pack_dir, shown)}: {PACK_FILE} lists no file with role {need.role} "
                 f"(needed by {', '.join(users)}: {need.usual}, from {need.where})"
             )
 
 
-def verify_pack(pack_dir: Path, processors: Iterable[str] = ("face_swapper",)) -> Pack:
+def verify_pack(pack_dir: Path, processors: Iterable[str] = ("face_swapper",), shown: str | None = None) -> Pack:
     """Check pack.yaml, the roles the processors need, and every listed file's sha256."""
-    spec = read_spec(pack_dir)
+    spec = read_spec(pack_dir, shown)
     processors = tuple(processors)
-    missing_roles(pack_dir, spec, processors)
-    checked = {name: check_file(pack_dir, name, entry["sha256"]) for name, entry in spec["files"].items()}
+    missing_roles(pack_dir, spec, processors, shown)
+    checked = {name: check_file(pack_dir, name, entry["sha256"], shown) for name, entry in spec["files"].items()}
     files = {role: checked[name] for role, name in roles_of(spec).items()}
-    return Pack(dir=pack_dir, name=str(spec.get("name", pack_dir.name)), standin=bool(spec.get("standin")), files=files)
+    name, standin = str(spec.get("name", pack_dir.name)), bool(spec.get("standin"))
+    return Pack(dir=pack_dir, name=name, standin=standin, files=files, shown=str(pack_dir) if shown is None else shown)

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import faces, media, video
 from .errors import ItemError, Temporary
-from .manifest import FaceSelection, Item, ItemResult, ItemStatus, Manifest, NoFacePolicy
+from .manifest import FaceSelection, Item, ItemResult, ItemStatus, Manifest, NoFacePolicy, user_path
 from .processors import Processor
 from .volume import DataRoot, is_volume_error
 
@@ -67,12 +67,12 @@ class _ItemRun:
         try:
             status, output, count = self._process()
         except ItemError as e:
-            reason = f"{self._concerned()}: {e}"
+            reason = f"{user_path(self._concerned())}: {e}"
         except OSError as e:
             if is_volume_error(e):
-                raise Temporary(f"{self._concerned()}: shared volume error: {e.strerror or e}") from e
+                raise Temporary(f"{user_path(self._concerned())}: shared volume error: {e.strerror or e}") from e
             verb = "cannot write output" if self._concerned() == self.item.output else "cannot read"
-            reason = f"{self._concerned()}: {verb}: {e.strerror or e}"
+            reason = f"{user_path(self._concerned())}: {verb}: {e.strerror or e}"
         return ItemResult(
             item=self.item.id,
             status=status,
@@ -89,7 +89,8 @@ class _ItemRun:
         )
 
     def _concerned(self) -> str:
-        """The file a failure is about: the output while preparing, encoding or writing it."""
+        """The file a failure is about (its container path): the output while preparing, encoding or
+        writing it. A reason names it as the user wrote it (manifest.user_path)."""
         return self.item.output if self.current in ("prepare", "encode", "write") else self.item.input
 
     def _process(self) -> tuple[ItemStatus, str | None, int]:

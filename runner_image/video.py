@@ -28,7 +28,7 @@ import numpy as np
 from . import faces, media
 from .errors import ItemError
 from .ffmpeg_cmds import decode_cmd, encode_cmd
-from .manifest import Item, ItemStatus, Segment
+from .manifest import Item, ItemStatus, Segment, user_path
 from .processors import Processor, Timer
 from .volume import DataRoot
 
@@ -59,12 +59,13 @@ def process_segment(item: Item, root: DataRoot, steps: FrameSteps) -> tuple[Item
     media.remove_stale_temps(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = media.temp_name(out)
+    names = {str(tmp): user_path(item.output), str(src): user_path(item.input)}  # in ffmpeg's words
     try:
         with _pipes(str(src), str(tmp), seg) as (decoder, encoder, messages):
             frames, swapped = _frames(decoder, encoder, seg, steps)
             with steps.stage("encode"):
-                _close(encoder, messages[1], "encoder")
-            _close(decoder, messages[0], "decoder")
+                _close(encoder, messages[1], "encoder", names)
+            _close(decoder, messages[0], "decoder", names)
         short = frames < seg.frame_count and not (seg.last and frames > 0)
         if short or frames > seg.frame_count:
             last = seg.start_frame + seg.frame_count - 1
@@ -154,12 +155,16 @@ def swap_frame(frame: np.ndarray, steps: FrameSteps) -> int:
     return len(chosen)
 
 
-def _close(proc: subprocess.Popen[bytes], messages: IO[bytes], what: str) -> None:
+def _close(proc: subprocess.Popen[bytes], messages: IO[bytes], what: str, names: dict[str, str]) -> None:
+    """Wait for ``proc``; ItemError with ffmpeg's last words, the files it names written as ``names``
+    says (the user's data-root-relative paths, not the container's)."""
     if proc.stdin is not None:
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.close()
     code = proc.wait()
     if code != 0:
         messages.seek(0)
-        text = messages.read()[-2000:].decode("utf-8", "replace").strip().splitlines()
-        raise ItemError(f"ffmpeg {what} failed (exit {code}): {' '.join(text[-3:]) or 'no message'}")
+        text = " ".join(messages.read()[-2000:].decode("utf-8", "replace").strip().splitlines()[-3:])
+        for path, name in names.items():
+            text = text.replace(path, name)
+        raise ItemError(f"ffmpeg {what} failed (exit {code}): {text or 'no message'}")

@@ -32,6 +32,7 @@ from .manifest import (
     Manifest,
     ManifestError,
     RunnerExit,
+    user_path,
 )
 from .volume import DataRoot, ResultsLog, committed, is_volume_error, previous_results, read_manifest
 
@@ -121,7 +122,7 @@ def _reusable(root: DataRoot, item: Item, prior: ItemResult | None) -> ItemResul
 
 def _run_pending(inv: Invocation, manifest: Manifest, pending: list[Item], results: ResultsLog, logger: Any) -> int:
     t0 = time.perf_counter()
-    pack = models.verify_pack(inv.root.path(manifest.pack_dir), manifest.processors)
+    pack = models.verify_pack(inv.root.path(manifest.pack_dir), manifest.processors, user_path(manifest.pack_dir))
     t_verify = time.perf_counter() - t0
     loaded = models.load_models(
         pack,
@@ -204,7 +205,7 @@ def await_identity(
     have re-run the step)."""
     if manifest.source_embedding is not None or manifest.identity is None:
         return manifest
-    path = root.path(manifest.identity)
+    path, shown = root.path(manifest.identity), user_path(manifest.identity)
     start = clock()
     while True:
         try:
@@ -215,14 +216,14 @@ def await_identity(
             result = None  # a half-visible copy on a network filesystem: read it again
         except OSError as e:
             if is_volume_error(e):
-                raise Temporary(f"identity {manifest.identity}: {e.strerror or e}") from e
-            raise MissingInput(f"identity {manifest.identity}: {e.strerror or e}") from e
+                raise Temporary(f"identity {shown}: {e.strerror or e}") from e
+            raise MissingInput(f"identity {shown}: {e.strerror or e}") from e
         waited = clock() - start
         if result is not None and result.error:
             raise MissingInput(f"the job's identity step failed: {result.error}")
         if result is not None and not result.pending:
             if not result.answered:
-                raise MissingInput(f"identity {manifest.identity} holds no source embedding")
+                raise MissingInput(f"identity {shown} holds no source embedding")
             logger.info("identity ready", waited_s=round(waited, 3), provider=result.provider)
             return dataclasses.replace(
                 manifest,
@@ -230,7 +231,7 @@ def await_identity(
                 reference_embedding=result.reference_embedding or manifest.reference_embedding,
             )
         if waited > manifest.identity_timeout:
-            raise Temporary(f"identity {manifest.identity} still pending after {manifest.identity_timeout:.0f}s")
+            raise Temporary(f"identity {shown} still pending after {manifest.identity_timeout:.0f}s")
         sleep(IDENTITY_POLL)
 
 
@@ -242,17 +243,18 @@ def source_identity(root: DataRoot, manifest: Manifest, loaded: models.Models, l
         return given
     embeddings = []
     for src in manifest.source:
+        shown = user_path(src)
         try:
             decoded = media.read_image(root.path(src), manifest.limits)
         except ItemError as e:
-            raise MissingInput(f"source photo {src}: {e}") from e
+            raise MissingInput(f"source photo {shown}: {e}") from e
         except OSError as e:
             if is_volume_error(e):
-                raise Temporary(f"source photo {src}: {e.strerror or e}") from e
-            raise MissingInput(f"source photo {src}: {e.strerror or e}") from e
+                raise Temporary(f"source photo {shown}: {e.strerror or e}") from e
+            raise MissingInput(f"source photo {shown}: {e.strerror or e}") from e
         found = faces.detect(loaded.detector, decoded.image)
         if not found:
-            raise MissingInput(f"source photo {src}: no face detected")
+            raise MissingInput(f"source photo {shown}: no face detected")
         if len(found) > 1:
             logger.warning("source photo has several faces; using the largest", source=src, faces=len(found))
         chosen = faces.select(found, FaceSelection.ONE)

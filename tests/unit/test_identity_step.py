@@ -25,9 +25,10 @@ IDENTITY = "ffswarm-j-identity"
 EMBEDDING = tuple([0.0] * 511 + [1.0])
 
 
-def new_job(tmp_path: Path) -> tuple[Config, PreparedJob, RunDir]:
+def new_job(tmp_path: Path, extra: str = "") -> tuple[Config, PreparedJob, RunDir]:
     root = setup(tmp_path, BASE)
     (root / "crowd" / "b.jpg").write_bytes(b"x")
+    (root / "faces" / "ref.jpg").write_bytes(b"x")
     config = parse_config(
         tmp_path / "ffswarm.yaml",
         {"data_root": str(root), "docker_host": "unix:///nonexistent/docker.sock", "runner_user": "10001:10001"},
@@ -35,7 +36,7 @@ def new_job(tmp_path: Path) -> tuple[Config, PreparedJob, RunDir]:
     f = tmp_path / "job.yaml"
     f.write_text(
         "name: j\nsource: faces/star.jpg\ntargets: [crowd/*.jpg]\noutput: out/{stem}{ext}\n"
-        "chunk_size: 1\nmax_concurrent: 2\nretries: 0\n"
+        "chunk_size: 1\nmax_concurrent: 2\nretries: 0\n" + extra
     )
     (job,) = prepare(config, [f], new=False)
     return config, job, start_run(config, job, IMAGE)
@@ -91,6 +92,17 @@ def test_a_refused_identity_removes_the_jobs_services_and_run_folder(tmp_path: P
     assert e.value.exit_code == 65
     assert len(alive_at_answer[0]) == 3  # the chunks had started beside it…
     assert swarm.alive() == [] and not rundir.path.exists()  # …and nothing of the job is left
+
+
+def test_a_refused_reference_photo_is_the_reference_fields_error(tmp_path: Path) -> None:
+    """The step names photos as the job file does (faces/ref.jpg, not /data/faces/ref.jpg)."""
+    config, job, rundir = new_job(tmp_path, "faces: reference\nreference: faces/ref.jpg\n")
+    swarm = FakeSwarm(script={("identity", 1): Outcome("failed", 66, "task: non-zero exit (66)")})
+    refusal = IdentityResult(error="reference photo faces/ref.jpg: no face detected")
+    swarm.on_end["identity"] = answer(rundir, refusal, [], swarm)
+    with pytest.raises(JobFileError) as e:
+        supervise(config, swarm, job, rundir, IMAGE)
+    assert str(e.value).endswith("reference: reference photo faces/ref.jpg: no face detected")
 
 
 def test_resume_reruns_a_step_that_a_dead_controller_left_pending(tmp_path: Path) -> None:

@@ -167,7 +167,7 @@ def test_mixed_chunk_swaps_faces_copies_no_face_and_fails_the_broken_file(
 
     broken = lines["broken.jpg"]
     assert broken.status is ItemStatus.ERROR and broken.output is None
-    assert broken.reason == "/data/in/broken.jpg: not an image (unknown magic bytes)"
+    assert broken.reason == "in/broken.jpg: not an image (unknown magic bytes)"
     assert not (data / "out/broken.png").exists()
     assert temp_files(data) == []
 
@@ -225,7 +225,7 @@ def test_no_face_policies(data: Path, policy: NoFacePolicy, code: int, status: I
     assert (data / "out/no_face.jpg").exists() is has_output
     assert (r.output is not None) is has_output
     if policy is NoFacePolicy.FAIL:
-        assert r.reason == "/data/in/no_face.jpg: no face detected"
+        assert r.reason == "in/no_face.jpg: no face detected"
     if has_output:
         assert (data / "out/no_face.jpg").read_bytes() == (data / "in/no_face.jpg").read_bytes()
 
@@ -287,19 +287,19 @@ def test_broken_pack_exits_66_naming_file_and_pack(
     assert run(data, write_manifest(data, ["astronaut.jpg"])) == 66
     errors = [line for line in log_lines(capsys.readouterr().out) if line["level"] == "error"]
     assert len(errors) == 1
-    assert message in errors[0]["error"] and str(data / "models/default") in errors[0]["error"]
+    assert message in errors[0]["error"] and errors[0]["error"].startswith("model pack models/default: ")
     assert not (data / "out").exists()
 
 
 def test_source_without_face_exits_66(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     manifest = write_manifest(data, ["astronaut.jpg"], source=("/data/in/no_face.jpg",))
     assert run(data, manifest) == 66
-    assert "source photo /data/in/no_face.jpg: no face detected" in capsys.readouterr().out
+    assert "source photo in/no_face.jpg: no face detected" in capsys.readouterr().out
 
 
 def test_missing_source_exits_66(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(data, write_manifest(data, ["astronaut.jpg"], source=("/data/in/gone.jpg",))) == 66
-    assert "source photo /data/in/gone.jpg: file not found" in capsys.readouterr().out
+    assert "source photo in/gone.jpg: file not found" in capsys.readouterr().out
 
 
 def test_unknown_schema_exits_65(data: Path) -> None:
@@ -366,11 +366,11 @@ def test_size_caps_fail_the_item(data: Path, cap: str) -> None:
         source_pixels = im.size[0] * im.size[1]
     if cap == "pixels":
         limits = Limits(max_pixels=source_pixels)
-        reason = f"/data/in/astronaut.jpg: image too large: 512x512 pixels exceeds limit {source_pixels}"
+        reason = f"in/astronaut.jpg: image too large: 512x512 pixels exceeds limit {source_pixels}"
     else:
         limits = Limits(max_file_bytes=source.stat().st_size)
         size = (data / "in/astronaut.jpg").stat().st_size
-        reason = f"/data/in/astronaut.jpg: file too large: {size} bytes exceeds limit {limits.max_file_bytes}"
+        reason = f"in/astronaut.jpg: file too large: {size} bytes exceeds limit {limits.max_file_bytes}"
     assert source_pixels < 512 * 512 and source.stat().st_size < (data / "in/astronaut.jpg").stat().st_size
     assert run(data, write_manifest(data, ["astronaut.jpg"], limits=limits)) == 3
     (r,) = results(data)
@@ -405,14 +405,14 @@ def test_unwritable_output_is_an_item_error_without_temp_files(data: Path) -> No
     assert run(data, write_manifest(data, ["astronaut.jpg"])) == 3
     (r,) = results(data)
     assert r.status is ItemStatus.ERROR
-    assert r.reason == "/data/out/astronaut.png: cannot write output: Is a directory"
+    assert r.reason == "out/astronaut.png: cannot write output: Is a directory"
     assert temp_files(data) == []
 
 
 def test_unsupported_output_extension_is_an_item_error(data: Path) -> None:
     assert run(data, write_manifest(data, ["astronaut.jpg"], ext=".gif")) == 3
     (r,) = results(data)
-    assert r.reason is not None and r.reason.startswith("/data/out/astronaut.gif: unsupported output extension '.gif'")
+    assert r.reason is not None and r.reason.startswith("out/astronaut.gif: unsupported output extension '.gif'")
 
 
 def test_torn_line_from_a_killed_writer_does_not_hide_later_lines(data: Path) -> None:
@@ -536,3 +536,32 @@ def test_identity_that_never_answers_is_temporary(data: Path) -> None:
     manifest = write_manifest(data, ["astronaut.jpg"], identity=f"{RUN}/identity.json", identity_timeout=0.3)
     assert run(data, manifest) == 75
     assert not (data / "out").exists()
+
+
+def test_reasons_name_files_as_the_job_file_does(data: Path) -> None:
+    """A user wrote ``hidden/in/fake.jpg`` in the job file: the reason says that, not the container's
+    ``/data/hidden/in/fake.jpg``; the result's ``input``/``output`` stay container paths (the contract)."""
+    hidden = data / "hidden" / "in"
+    hidden.mkdir(parents=True)
+    shutil.copyfile(data / "in" / "broken.jpg", hidden / "fake.jpg")
+    shutil.copyfile(data / "in" / "astronaut.jpg", hidden / "astronaut.jpg")
+    (data / "hidden" / "out" / "astronaut.png").mkdir(parents=True)  # a folder where the output goes
+    items = tuple(
+        Item(id=f"i{i:06d}", input=f"/data/hidden/in/{n}", output=f"/data/hidden/out/{Path(n).stem}.png")
+        for i, n in enumerate(["fake.jpg", "astronaut.jpg"])
+    )
+    manifest = Manifest(
+        job=JOB,
+        chunk="c0001",
+        run_dir=RUN,
+        pack_dir="/data/models/default",
+        source=("/data/in/source.jpg",),
+        items=items,
+        providers=("cpu",),
+    )
+    (data / "runs" / JOB / "chunks" / "c0001.json").write_text(manifest.to_json())
+    assert run(data, f"{RUN}/chunks/c0001.json") == 3
+    got = {Path(r.input).name: r for r in results(data)}
+    assert got["fake.jpg"].reason == "hidden/in/fake.jpg: not an image (unknown magic bytes)"
+    assert got["astronaut.jpg"].reason == "hidden/out/astronaut.png: cannot write output: Is a directory"
+    assert got["fake.jpg"].input == "/data/hidden/in/fake.jpg"

@@ -505,3 +505,24 @@ def test_several_videos_are_probed_at_once_and_keep_the_targets_order(tmp_path: 
         ("i000000", True, 3), ("i000002", True, 5), ("i000003", True, 3), ("i000004", False, 0),
     ]  # fmt: skip
     assert plan.item("i000001").input == "in/v1.jpg"
+
+
+def test_ffmpeg_reasons_name_files_relative_to_the_data_root(tmp_path: Path) -> None:
+    """ffmpeg names the files it was given (host or container paths); a reason names them as the job
+    file does. The runner: a segment of a broken video. The controller: ffprobe's and the join's words."""
+    clip = make_clip(tmp_path / "in" / "v.mp4")
+    clip.write_bytes(clip.read_bytes()[:2000])
+    seg = Segment(0, 50, "25/1", 64, 48, 12800)
+    item = Item("i0-s0000", "/data/in/v.mp4", "/data/out/s.mp4", kind="video", segment=seg)
+    with pytest.raises(ItemError) as e:
+        rvideo.process_segment(item, DataRoot(tmp_path), STEPS)
+    assert "ffmpeg decoder failed" in str(e.value) and "in/v.mp4: Invalid data" in str(e.value)
+    assert str(tmp_path) not in str(e.value)
+
+    host = "/srv/ffswarm/in/v.mp4"
+    stderr = f"[in#0 @ 0x55d0] Error opening input: Invalid data\nError opening input file {host}.\n{host}: bad\n"
+    assert video._reason(stderr, Path(host), {host: "in/v.mp4"}) == (
+        "Error opening input: Invalid data; Error opening input file in/v.mp4.; bad"
+    )
+    bare = video._reason(stderr, Path(host))  # no names given: the file's bare name, never a host path
+    assert bare == "Error opening input: Invalid data; Error opening input file v.mp4.; bad"

@@ -1,0 +1,245 @@
+"""Can the runner read a job's inputs and write its outputs? Asked at submit, before anything exists.
+
+Runner containers run as a non-root uid:gid (config.runner_uid_gid()); the controller runs as root
+or as the data root's owner. A folder a user made as root (`mkdir -p hidden/in`) is fine for the
+controller and fatal for every item of the runner, late. So `jobs.prepare` (submit, serve, render,
+dry runs) judges the job's paths with the runner's ids — each distinct folder once, each input file
+by one lstat — and refuses a job the runner could not do, naming every path with its owner, mode and
+the fix; nothing is created then. `jobs.start_run` creates the output folders that do not exist yet,
+owned by the runner, and the video join makes its output folder the same way (make_folders).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+import shlex
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+
+from controller.config import Config
+from controller.errors import MissingInputError
+from controller.jobspec import ResolvedJob
+from controller.plan import Plan
+
+Ids = tuple[int, int]
+R, W, X = 4, 2, 1
+MAX_LISTED = 10
+
+
+def parse_ids(text: str) -> Ids:
+    """`UID:GID` (or a bare `UID`, whose gid Docker takes to be the uid's own group)."""
+    uid, _, gid = text.partition(":")
+    return int(uid), int(gid or uid)
+
+
+def allows(st: os.stat_result, ids: Ids, want: int) -> bool:
+    """Whether `ids` get every bit of `want` (R|W|X) from the mode, as the kernel judges one uid and
+    one gid: the owner's bits if the uid owns it, else the group's if the gid matches, else the
+    others'. Supplementary groups and ACLs are not considered: the runner's extra groups come from
+    the image's /etc/group, which the controller never sees, so a path open to the runner only
+    through one of them is refused (the fix names chown and runner_user:)."""
+    uid, gid = ids
+    shift = 6 if st.st_uid == uid else 3 if st.st_gid == gid else 0
+    return (st.st_mode >> shift) & want == want
+
+
+class _Check:
+    """One pass over a job's paths; folders are stat'ed once (cached) whatever the number of files."""
+
+    def __init__(self, root: Path, ids: Ids) -> None:
+        self.root = os.path.realpath(root)
+        self.ids = ids
+        self._stats: dict[str, os.stat_result | None] = {}
+        self._enter: dict[str, bool] = {}
+        self.problems: list[str] = []
+        self.fix: set[str] = set()  # paths whose ownership the fix hands to the runner
+        self.missing: set[str] = set()
+        self._creatable: set[str] = set()
+
+    def _stat(self, rel: str) -> os.stat_result | None:
+        if rel not in self._stats:
+            try:
+                self._stats[rel] = os.lstat(f"{self.root}/{rel}" if rel else self.root)
+            except (FileNotFoundError, NotADirectoryError):
+                self._stats[rel] = None
+        return self._stats[rel]
+
+    def _problem(self, rel: str, what: str, st: os.stat_result, fix: str | None) -> None:
+        self.problems.append(
+            f"{rel or '.'}: {what} (owner {st.st_uid}:{st.st_gid}, mode {stat.S_IMODE(st.st_mode):04o})"
+        )
+        if fix is not None:
+            self.fix.add(fix)
+
+    def enter(self, folder: str) -> bool:
+        """The runner can reach into `folder` ('' is the root); a refusal is reported once, at the
+        highest folder that blocks. A missing folder is False without a report (callers know why)."""
+        if folder not in self._enter:
+            ok = folder == "" or self.enter(posixpath.dirname(folder))
+            st = self._stat(folder) if ok else None
+            if st is None:
+                ok = False
+            elif not stat.S_ISDIR(st.st_mode):
+                self._problem(folder, "not a folder, but the job's paths go through it", st, None)
+                ok = False
+            elif not allows(st, self.ids, X):
+                self._problem(folder, "folder the runner cannot enter", st, folder)
+                ok = False
+            self._enter[folder] = ok
+        return self._enter[folder]
+
+    def input(self, rel: str) -> None:
+        folder = posixpath.dirname(rel)
+        if not self.enter(folder):
+            return
+        try:
+            st = os.lstat(f"{self.root}/{rel}")
+        except OSError:
+            return  # a missing input is resolve_job's to report (or the runner's, on resume)
+        if not allows(st, self.ids, R):
+            self._problem(rel, "input the runner cannot read", st, folder or rel)
+
+    def output_folder(self, folder: str) -> None:
+        parts = folder.split("/") if folder else []
+        for n in range(len(parts) + 1):
+            rel = "/".join(parts[:n])
+            if self._stat(rel) is None:  # missing from here down: made at start_run, for the runner
+                parent = "/".join(parts[: n - 1])
+                if self.enter(parent):
+                    self.missing.add(folder)
+                    self._controller_can_create(parent)
+                return
+        if self.enter(folder):
+            st = self._stat(folder)
+            assert st is not None
+            if not allows(st, self.ids, W | X):
+                self._problem(folder, "output folder the runner cannot write", st, folder)
+
+    def _controller_can_create(self, parent: str) -> None:
+        """Not root: the controller makes the missing folders as itself, so it must be able to."""
+        if os.geteuid() == 0 or parent in self._creatable:
+            return
+        self._creatable.add(parent)
+        if not os.access(f"{self.root}/{parent}" if parent else self.root, os.W_OK | os.X_OK):
+            st = self._stat(parent)
+            assert st is not None
+            self._problem(parent, f"ffswarm (uid {os.geteuid()}) cannot create the output folders in it", st, parent)
+
+    def refusal(self, file: str, config: Config) -> MissingInputError:
+        uid, gid = self.ids
+        shown = list(dict.fromkeys(self.problems))
+        lines = [f"{file}: the runner (uid:gid {uid}:{gid}) could not do this job; nothing was created:"]
+        lines += [f"  {p}" for p in shown[:MAX_LISTED]]
+        if len(shown) > MAX_LISTED:
+            lines.append(f"  … and {len(shown) - MAX_LISTED} more")
+        targets = sorted(self.fix)
+        targets = [t for t in targets if not any(t != o and (o == "" or t.startswith(o + "/")) for o in targets)]
+        if targets:
+            paths = " ".join(shlex.quote(t or ".") for t in targets[:MAX_LISTED])
+            more = " …" if len(targets) > MAX_LISTED else ""
+            lines.append(
+                f"fix (as root, in {self.root}): chown -R {uid}:{gid} {paths}{more} && chmod -R u+rwX {paths}{more}"
+            )
+        lines.append(
+            f"or set runner_user: UID:GID in {config.path} to a user that can read the inputs and write the outputs"
+        )
+        return MissingInputError("\n".join(lines))
+
+
+def check(config: Config, inputs: Iterable[str], output_folders: Iterable[str], file: str) -> tuple[str, ...]:
+    """Paths relative to the data root (real, symlink-free, as resolve_job gives them): refuse the job
+    (MissingInputError, exit 66) listing every problem, or return the output folders to create."""
+    c = _Check(config.data_root, parse_ids(config.runner_uid_gid()))
+    for rel in inputs:
+        c.input(rel)
+    for folder in dict.fromkeys(output_folders):
+        c.output_folder(folder)
+    if c.problems:
+        raise c.refusal(file, config)
+    return tuple(sorted(c.missing))
+
+
+def check_job(config: Config, job: ResolvedJob, file: str) -> tuple[str, ...]:
+    """At submit: sources, reference and targets are read; every target's output folder written."""
+    root = Path(os.path.realpath(config.data_root))
+    inputs = [p.relative_to(root).as_posix() for p in (*job.sources, *([job.reference] if job.reference else []))]
+    inputs += [t.rel for t in job.targets]
+    return check(config, inputs, (posixpath.dirname(t.output_rel) for t in job.targets), file)
+
+
+def check_plan(config: Config, plan: Plan, chunks: Iterable[str], file: str) -> tuple[str, ...]:
+    """On resume: the inputs of the chunks still to do, the output folders of their images and of
+    every video (joined by the controller once its segments are in)."""
+    todo = set(chunks)
+    items = [plan.item(i) for c in plan.chunks if c.id in todo for i in c.items]
+    outputs = [posixpath.dirname(i.output) for i in items if i.kind != "segment"]
+    outputs += [posixpath.dirname(v.output) for v in plan.videos]
+    return check(config, dict.fromkeys(i.input for i in items), outputs, file)
+
+
+def make_folders(root: Path, folders: Iterable[str], owner: Ids | None) -> list[str]:
+    """Create each folder (relative to `root`, parents included), one component at a time from the
+    root through directory descriptors opened with O_NOFOLLOW: a component swapped for a symlink
+    since the check is refused, never followed out of the root. What is made here is handed to
+    `owner` (the runner) when the controller runs as root, as rundir.py does. Returns the folders it
+    made, parents first (remove_folders undoes them)."""
+    chown = owner is not None and os.geteuid() == 0
+    made_here: list[str] = []
+    for folder in sorted(set(folders)):
+        parts = [p for p in folder.split("/") if p not in ("", ".")]
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for n, name in enumerate(parts, 1):
+                where = "/".join(parts[:n])
+                if name == "..":
+                    raise MissingInputError(f"{folder}: output folder leads out of the data root")
+                made = False
+                try:
+                    os.mkdir(name, dir_fd=fd)
+                    made = True
+                    made_here.append(where)
+                except FileExistsError:
+                    pass
+                except OSError as e:
+                    raise MissingInputError(f"{where}: cannot create output folder: {e.strerror}") from None
+                try:
+                    sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                except OSError as e:
+                    why = "a symlink is in the way" if e.errno == errno.ELOOP or _is_link(name, fd) else e.strerror
+                    raise MissingInputError(f"{where}: cannot create output folder {folder}: {why}") from None
+                os.close(fd)
+                fd = sub
+                if made and chown:
+                    assert owner is not None
+                    os.fchown(fd, *owner)
+        finally:
+            os.close(fd)
+    return made_here
+
+
+def remove_folders(root: Path, made: Iterable[str]) -> None:
+    """Undo make_folders for a job refused after it ran (its identity step said no): the folders it
+    made, deepest first, each only while still empty; never through a symlink."""
+    for rel in sorted(set(made), key=lambda p: p.count("/"), reverse=True):
+        parent, _, name = rel.rpartition("/")
+        try:
+            fd = os.open(root / parent if parent else root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            os.rmdir(name, dir_fd=fd)
+        except OSError:
+            pass  # not empty (something was written after all) or gone: leave it
+        finally:
+            os.close(fd)
+
+
+def _is_link(name: str, dir_fd: int) -> bool:
+    """O_DIRECTORY|O_NOFOLLOW on a symlink fails with ENOTDIR on Linux, as on a file: tell them apart."""
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
