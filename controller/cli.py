@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from contract.layout import RunLayout
 from controller import handover, log
 from controller import jobs as jobs_mod
 from controller import progress as progress_mod
@@ -115,7 +116,7 @@ def _summary(config: Any, job: jobs_mod.PreparedJob, report: dict[str, Any]) -> 
     for f in report["failures"]:
         click.echo(f"  failed: {f['input']}: {f['reason']}")
     click.echo(f"  model pack: {job.spec.models}" + (" (STAND-IN test pack: not real face swaps)" if standin else ""))
-    click.echo(f"  report: {root / 'runs' / report['job'] / 'report.json'}")
+    click.echo(f"  report: {RunLayout.host(root, report['job']).report}")
 
 
 @cli.command()

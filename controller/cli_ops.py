@@ -87,8 +87,8 @@ def job_services(config: Config, ref: str, attempt: int) -> list[ServiceSpec]:
             raise UsageError(
                 f"{ref!r} is neither a job file nor a job with a run folder under {config.data_root / 'runs'}"
             )
-        prepared = dataclasses.replace(jobs_mod.prepare(config, [rundir.path / "job.yaml"], new=False)[0], job_id=ref)
-        image = json.loads((rundir.path / "image.json").read_text())["image"]
+        prepared = dataclasses.replace(jobs_mod.prepare(config, [rundir.layout.job_file], new=False)[0], job_id=ref)
+        image = rundir.image()
     settings = jobs_mod.runner_settings(config, prepared, image)
     pending = []
     for chunk in rundir.plan().chunks:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from runner_image.manifest import RunnerExit
+from contract.exits import RunnerExit
 
 
 class ChunkState(StrEnum):

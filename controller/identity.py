@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
+from contract.exits import RunnerExit
+from contract.identity import IdentityRequest, IdentityResult
+from contract.layout import RunLayout
+from contract.paths import CONTAINER_DATA_ROOT, user_path, user_text
 from controller.config import Config
 from controller.errors import CapacityError, FfswarmError, JobFileError, MissingInputError
 from controller.jobspec import JobSpec, ResolvedJob
@@ -28,11 +32,8 @@ from controller.rundir import RunDir
 from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_ROLE, RunnerSettings, chunk_service
 from controller.supervisor import last_words
 from controller.swarm import SwarmBackend
-from runner_image.manifest import CONTAINER_DATA_ROOT, IdentityRequest, IdentityResult, RunnerExit, user_path, user_text
 
 STEP = "identity"
-RESULT = "identity.json"
-REQUEST = "identity-request.json"
 STEP_TIMEOUT = 600.0  # once scheduled; a handful of photos take seconds
 STEP_ATTEMPTS = 3  # a step ended by its node (drained, rejected) or a temporary failure is run again
 RETRY_STATES = {"shutdown", "orphaned", "rejected"}
@@ -44,7 +45,7 @@ def _c(root: Path, p: Path) -> str:
 
 def container_path(job_id: str) -> str:
     """Where chunk runners read the answer (Manifest.identity)."""
-    return f"{CONTAINER_DATA_ROOT}/runs/{job_id}/{RESULT}"
+    return str(RunLayout.container(job_id).identity)
 
 
 def wait_limit(config: Config) -> float:
@@ -70,12 +71,12 @@ def request_for(config: Config, spec: JobSpec, resolved: ResolvedJob, job_id: st
 def prepare(rundir: RunDir, request: IdentityRequest) -> None:
     """The request, and the answer saying "pending" (a file that exists from the start is re-read
     promptly by NFS clients, which may cache a missing name for tens of seconds)."""
-    rundir.write_file(REQUEST, request.to_json().encode())
-    rundir.write_file(RESULT, IdentityResult(pending=True).to_json().encode())
+    rundir.write_file(rundir.layout.identity_request, request.to_json().encode())
+    rundir.write_file(rundir.layout.identity, IdentityResult(pending=True).to_json().encode())
 
 
 def read_result(rundir: RunDir) -> IdentityResult | None:
-    path = rundir.path / RESULT
+    path = rundir.layout.identity
     return IdentityResult.from_json(path.read_text()) if path.is_file() else None
 
 
@@ -89,18 +90,22 @@ class Step:
         self.config = config
         self.rundir = rundir
         self.job_file = job_file
-        self.request = IdentityRequest.from_json((rundir.path / REQUEST).read_text())
+        self.request = IdentityRequest.from_json(rundir.layout.identity_request.read_text())
         rundir.make_dirs()  # logs/identity.log is written by the step itself
         cpu_only = dataclasses.replace(settings, gpus=0)
         spec = chunk_service(cpu_only, STEP, 1)
         spec = dataclasses.replace(
             spec,
             name=f"ffswarm-{settings.job}-{STEP}",
-            command=(*settings.command, STEP, "--request", f"{self.request.output.rsplit('/', 1)[0]}/{REQUEST}"),
+            command=(*settings.command, STEP, "--request", str(self._request_path())),
             labels={**spec.labels, LABEL_CHUNK: STEP, LABEL_ATTEMPT: "1", LABEL_ROLE: STEP},
         )
         self.backend, self.spec, self.attempts = backend, spec, 1
         self.shot = self._shot()
+
+    def _request_path(self) -> PurePosixPath:
+        """The request, in the container: beside the answer it asks for."""
+        return RunLayout(PurePosixPath(self.request.output).parent).identity_request
 
     def _shot(self) -> OneShot:
         schedule = float(self.config.schedule_timeout)

@@ -14,20 +14,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contract.errors import PackError
+from contract.identity import IdentityResult
+from contract.pack import missing_roles
+from contract.results import ItemStatus
 from controller import access, identity, log, timings, video
 from controller.config import Config
 from controller.errors import EngineUnavailable, FfswarmError, MissingInputError, UsageError
 from controller.hooks import on_complete
 from controller.jobspec import JobSpec, ResolvedJob, load_jobs, parse_job_text, resolve_job
+from controller.models import read_spec
 from controller.plan import AUTO_MAX_CHUNK, ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
 from controller.report import build_report, exit_code
 from controller.rundir import Control, RunDir, next_job_id
 from controller.servicespec import RunnerSettings, chunk_service
 from controller.supervisor import Policy, Supervisor
 from controller.swarm import DockerSwarm, SwarmBackend, clear_containers
-from runner_image.errors import MissingInput as RunnerMissingInput
-from runner_image.manifest import IdentityResult, ItemStatus
-from runner_image.pack import missing_roles, read_spec
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ def check_pack(config: Config, spec: JobSpec, file: Path) -> None:
         )
     try:
         missing_roles(pack_dir, read_spec(pack_dir, shown), spec.processors, shown)
-    except RunnerMissingInput as e:
+    except PackError as e:
         raise MissingInputError(f"{file}: models: {e}") from None
 
 
@@ -308,8 +310,8 @@ def open_run(config: Config, job_id: str) -> tuple[PreparedJob, RunDir]:
     """A job as its run folder recorded it (frozen job file, plan): what resume and retry continue."""
     rundir = RunDir(config.data_root, job_id, _owner(config))
     if not rundir.exists():
-        raise UsageError(f"no job {job_id!r}: {rundir.path} has no plan.json")
-    job_file = rundir.path / "job.yaml"
+        raise UsageError(f"no job {job_id!r}: {rundir.path} has no {rundir.layout.plan.name}")
+    job_file = rundir.layout.job_file
     spec = parse_job_text(job_file.read_text(), str(job_file))
     return PreparedJob(job_file, spec, None, rundir.plan(), job_id), rundir
 

@@ -19,6 +19,17 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
+from contract.manifest import (
+    DETECTOR_SIZE,
+    DETECTOR_THRESHOLD,
+    ENHANCER_BLEND,
+    MASK_FEATHER,
+    MASK_PADDING,
+    PROCESSORS,
+    PROVIDERS,
+    FaceSelection,
+    NoFacePolicy,
+)
 from controller.errors import JobFileError, MissingInputError
 from controller.paths import Resolver, check_relative, resolve_inside
 from controller.validate import (
@@ -39,17 +50,6 @@ from controller.validate import (
     parse_memory,
     same,
     show,
-)
-from runner_image.manifest import (
-    DETECTOR_SIZE,
-    DETECTOR_THRESHOLD,
-    ENHANCER_BLEND,
-    MASK_FEATHER,
-    MASK_PADDING,
-    PROCESSORS,
-    PROVIDERS,
-    FaceSelection,
-    NoFacePolicy,
 )
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")

@@ -1,8 +1,8 @@
 """Model packs on the data root: ``ffswarm models verify`` and ``ffswarm models fetch``.
 
-The rules (pack.yaml, roles, sha256) are runner_image.pack's, so a pack that verifies here is one the
-runner accepts. onnxruntime is never imported; the I/O-signature check reads graphs with ``onnx``
-when it is installed and says it was skipped otherwise.
+The rules (pack.yaml, roles, sha256) are the contract's (contract/pack.py), the runner's too, so a
+pack that verifies here is one the runner accepts. onnxruntime is never imported; the I/O-signature
+check reads graphs with ``onnx`` when it is installed and says it was skipped otherwise.
 
 ``fetch`` stages into ``<root>/models/.<pack>.fetch/`` (kept across interrupted runs: a partial file
 resumes with an HTTP Range request), checks every sha256 against the source's pack.yaml, and only
@@ -24,9 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from contract import pack
+from contract.errors import PackError
+from contract.pack import PACK_FILE, check_file, roles_of
 from controller.errors import MissingInputError
-from runner_image.errors import MissingInput
-from runner_image.pack import PACK_FILE, check_file, parse_spec, read_spec, roles_of
 
 CHUNK = 1 << 20
 # What each role's graph looks like (input count, square input side or None, output count or None).
@@ -63,6 +66,21 @@ class PackReport:
         return out
 
 
+def read_spec(pack_dir: Path, shown: str | None = None) -> dict[str, Any]:
+    """pack.yaml of an installed pack, checked; PackError when it is missing, unreadable or malformed.
+    ``shown``: how refusals name the folder (default: ``pack_dir``)."""
+    return parse_spec(pack.read_text(pack_dir, shown), pack.where(pack_dir, shown))
+
+
+def parse_spec(text: str, named: str) -> dict[str, Any]:
+    """pack.yaml's text, parsed (``yaml.safe_load``) and checked; ``named`` says whose in refusals."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise pack.not_yaml(named, e) from e
+    return pack.check_spec(data, named)
+
+
 def signature(path: Path, role: str) -> tuple[bool, str]:
     """The graph's inputs/outputs and whether they fit the role; (True, 'skipped …') without onnx."""
     try:
@@ -97,7 +115,7 @@ def verify(pack_dir: Path) -> PackReport:
     """Every listed file: present, sha256 as pack.yaml says, I/O signature fit for its role."""
     try:
         spec = read_spec(pack_dir)
-    except MissingInput as e:
+    except PackError as e:
         return PackReport(pack_dir, [], [str(e)])
     files: list[FileReport] = []
     for name, entry in spec["files"].items():
@@ -109,7 +127,7 @@ def verify(pack_dir: Path) -> PackReport:
             fits, text = signature(pack_dir / name, role)
             report.ok = fits
             report.notes.append(text)
-        except MissingInput as e:
+        except PackError as e:
             report.ok = False
             report.notes.append(str(e).split(": ", 1)[-1])
         files.append(report)
@@ -137,7 +155,7 @@ def _read_source_spec(source: str) -> tuple[str, dict[str, Any]]:
         raise MissingInputError(f"{where}: cannot read {PACK_FILE}: {e}") from e
     try:
         return text, parse_spec(text, where)
-    except MissingInput as e:
+    except PackError as e:
         raise MissingInputError(str(e)) from e
 
 

@@ -13,7 +13,8 @@ import os
 import posixpath
 from pathlib import Path
 
-from runner_image.manifest import CONTAINER_DATA_ROOT, user_text
+from contract.layout import RUNS
+from contract.paths import CONTAINER_DATA_ROOT, user_text
 
 
 def check_relative(rel: str, *, what: str) -> str:
@@ -185,7 +186,7 @@ def _listing(folder: str) -> dict[str, str] | None:
     return listing
 
 
-RESERVED_TOP = ("runs", "models")
+RESERVED_TOP = (RUNS, "models")
 
 
 def _check_form(rel: str, *, what: str) -> None:

@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
-from runner_image.ffmpeg_cmds import SEGMENT_EXT
-from runner_image.manifest import (
-    CONTAINER_DATA_ROOT,
+from contract.ffmpeg import SEGMENT_EXT
+from contract.layout import RunLayout
+from contract.manifest import (
     DETECTOR_SIZE,
     DETECTOR_THRESHOLD,
     ENHANCER_BLEND,
@@ -29,6 +29,7 @@ from runner_image.manifest import (
     NoFacePolicy,
     Segment,
 )
+from contract.paths import CONTAINER_DATA_ROOT
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ def chunk_id(index: int) -> str:
 
 
 def segment_output(job: str, segment_id: str) -> str:
-    return f"runs/{job}/segments/{segment_id}{SEGMENT_EXT}"
+    return str(RunLayout.relative(job).segment(segment_id, SEGMENT_EXT))
 
 
 AUTO_MAX_CHUNK = 1000
@@ -192,7 +193,7 @@ class ManifestSettings:
     providers: tuple[str, ...]
     faces: FaceSelection
     no_face: NoFacePolicy
-    # The job's identity (runner_image.manifest.IdentityResult): given here, or — with
+    # The job's identity (contract/identity.py IdentityResult): given here, or — with
     # identity_timeout set — read by each runner from runs/<job>/identity.json, waiting up to that
     # many seconds for the submit-time identity step that runs beside the first chunks.
     source_embedding: tuple[float, ...] | None = None
@@ -219,11 +220,12 @@ def _manifest_item(i: PlannedItem) -> Item:
 
 def chunk_manifests(plan: Plan, settings: ManifestSettings) -> dict[str, Manifest]:
     by_id = {i.id: i for i in plan.items}
+    layout = RunLayout.container(plan.job)
     return {
         c.id: Manifest(
             job=plan.job,
             chunk=c.id,
-            run_dir=_c(f"runs/{plan.job}"),
+            run_dir=str(layout.dir),
             pack_dir=_c(f"models/{settings.pack}"),
             source=tuple(_c(s) for s in settings.sources),
             items=tuple(_manifest_item(by_id[i]) for i in c.items),
@@ -233,7 +235,7 @@ def chunk_manifests(plan: Plan, settings: ManifestSettings) -> dict[str, Manifes
             no_face=settings.no_face,
             source_embedding=settings.source_embedding,
             reference_embedding=settings.reference_embedding,
-            identity=None if settings.identity_timeout is None else _c(f"runs/{plan.job}/identity.json"),
+            identity=None if settings.identity_timeout is None else str(layout.identity),
             identity_timeout=settings.identity_timeout or IDENTITY_TIMEOUT,
             reference_distance=settings.reference_distance,
             detector_threshold=settings.detector_threshold,

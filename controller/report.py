@@ -6,12 +6,13 @@ import time
 from collections import Counter
 from typing import Any
 
+from contract.paths import user_text
+from contract.results import ItemStatus
 from controller.failures import ChunkState
 from controller.plan import Plan
 from controller.rundir import RunDir
 from controller.supervisor import ChunkRun
 from controller.video import report_items
-from runner_image.manifest import ItemStatus, user_text
 
 
 def build_report(plan: Plan, rundir: RunDir, runs: dict[str, ChunkRun], image: str, started: float) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The run folder on the shared volume: the job's durable state (DESIGN.md layout).
+"""The run folder on the shared volume: the job's durable state (its paths: contract/layout.py).
 
 Every file is written to a temporary name in the same folder and renamed into place, so a reader
 (another controller, a runner on another node) sees the old file or the new one, never half of one.
@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contract.layout import RUNS, AttemptLog, RunLayout, parse_attempt_log
+from contract.manifest import Manifest
+from contract.results import ItemResult, read_results
 from controller.plan import Plan
-from runner_image.manifest import ItemResult, Manifest, read_results
 
 BULK_MANIFESTS = 64
 
@@ -54,66 +56,67 @@ class RunDir:
     def __init__(self, data_root: Path, job: str, owner: tuple[int, int] | None = None) -> None:
         self.data_root = data_root
         self.job = job
-        self.path = data_root / "runs" / job
+        self.layout = RunLayout.host(data_root, job)
+        self.path = self.layout.dir
         self.owner = owner
         self.made_folders: list[str] = []  # output folders made for this job now (undone if it is refused)
 
     def exists(self) -> bool:
-        return (self.path / "plan.json").is_file()
+        return self.layout.plan.is_file()
 
     def _mkdir(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
         if self.owner and os.geteuid() == 0:
             os.chown(path, *self.owner)
 
-    def _write(self, rel: str, data: bytes) -> None:
-        write_atomic(self.path / rel, data, self.owner)
+    def _write(self, path: Path, data: bytes) -> None:
+        write_atomic(path, data, self.owner)
 
-    def write_file(self, rel: str, data: bytes) -> None:
-        """Any other file of the run folder (atomic, owned by the runner's user)."""
+    def write_file(self, path: Path, data: bytes) -> None:
+        """Any other file of the run folder (``path``: one of self.layout's; atomic, owned by the
+        runner's user)."""
         self._mkdir(self.path)
-        self._write(rel, data)
+        self._write(path, data)
 
     def make_dirs(self) -> None:
         """The run folder's sub-folders, owned by the runner's user (runners append to them)."""
-        for sub in ("", "chunks", "results", "logs"):
-            self._mkdir(self.path / sub)
+        for folder in self.layout.subfolders():
+            self._mkdir(folder)
 
     def create(self, job_file: bytes, plan: Plan, manifests: dict[str, Manifest], control: Control, image: str) -> None:
         self.make_dirs()
-        self._write("job.yaml", job_file)
+        self._write(self.layout.job_file, job_file)
         # Every manifest on disk before the plan says the run folder is complete: a few are fsynced
         # one by one; thousands get one os.sync() (which flushes every filesystem of the machine:
         # cheaper than thousands of fsyncs, dearer than a few).
         bulk = len(manifests) > BULK_MANIFESTS
         for chunk, manifest in manifests.items():
-            path = self.path / "chunks" / f"{chunk}.json"
-            write_atomic(path, manifest.to_json().encode(), self.owner, durable=not bulk)
+            write_atomic(self.layout.manifest(chunk), manifest.to_json().encode(), self.owner, durable=not bulk)
         self.write_control(control)
         self.write_image(image)
         if bulk:
             os.sync()
-        self._write("plan.json", plan.to_json().encode())  # last: its presence means "created"
+        self._write(self.layout.plan, plan.to_json().encode())  # last: its presence means "created"
 
     def plan(self) -> Plan:
-        return Plan.from_json((self.path / "plan.json").read_text())
+        return Plan.from_json(self.layout.plan.read_text())
 
     def manifest(self, chunk: str) -> Manifest:
-        return Manifest.from_json((self.path / "chunks" / f"{chunk}.json").read_text())
+        return Manifest.from_json(self.layout.manifest(chunk).read_text())
 
     def write_control(self, control: Control) -> None:
         self._write(
-            "control.json", json.dumps({"max_concurrent": control.max_concurrent, "cancel": control.cancel}).encode()
+            self.layout.control,
+            json.dumps({"max_concurrent": control.max_concurrent, "cancel": control.cancel}).encode(),
         )
 
     def control(self) -> Control:
-        data = json.loads((self.path / "control.json").read_text())
+        data = json.loads(self.layout.control.read_text())
         return Control(max_concurrent=int(data["max_concurrent"]), cancel=bool(data.get("cancel", False)))
 
     def results(self, chunk: str) -> list[ItemResult]:
-        path = self.path / "results" / f"{chunk}.jsonl"
         try:
-            return read_results(path.read_text())
+            return read_results(self.layout.results(chunk).read_text())
         except FileNotFoundError:
             return []
 
@@ -124,42 +127,46 @@ class RunDir:
             out[r.item] = r
         return out
 
+    def attempt_logs(self, chunk: str | None = None) -> list[tuple[Path, AttemptLog]]:
+        """The runner logs of every attempt (of one chunk), in file-name order, with whose each is."""
+        out = []
+        for path in sorted(self.layout.logs_dir.glob(f"{chunk or '*'}.a*.log")):
+            name = parse_attempt_log(path.name)
+            if name is not None and (chunk is None or name.chunk == chunk):
+                out.append((path, name))
+        return out
+
     def last_attempt(self, chunk: str) -> int:
         """The highest attempt number an earlier run of this chunk used (from its runner logs)."""
-        best = 0
-        for f in (self.path / "logs").glob(f"{chunk}.a*.log"):
-            n = f.name[len(chunk) + 2 : -4]
-            if n.isdigit():
-                best = max(best, int(n))
-        return best
+        return max((name.attempt for _, name in self.attempt_logs(chunk)), default=0)
 
     def write_state(self, chunks: dict[str, Any]) -> None:
-        self._write("state.json", json.dumps({"updated": time.time(), "chunks": chunks}, indent=1).encode())
+        self._write(self.layout.state, json.dumps({"updated": time.time(), "chunks": chunks}, indent=1).encode())
 
     def state(self) -> dict[str, Any] | None:
         try:
-            data: dict[str, Any] = json.loads((self.path / "state.json").read_text())
+            data: dict[str, Any] = json.loads(self.layout.state.read_text())
             return data
         except FileNotFoundError:
             return None
 
     def log_path(self, chunk: str, attempt: int) -> Path:
-        return self.path / "logs" / f"{chunk}.a{attempt}.log"
+        return self.layout.log(chunk, attempt)
 
     def write_image(self, image: str) -> None:
-        self._write("image.json", json.dumps({"image": image}).encode())
+        self._write(self.layout.image, json.dumps({"image": image}).encode())
 
     def image(self) -> str:
         """The image (digest or ID) resolved at the first submit: every attempt runs the same one."""
-        return str(json.loads((self.path / "image.json").read_text())["image"])
+        return str(json.loads(self.layout.image.read_text())["image"])
 
     def write_report(self, report: dict[str, Any]) -> Path:
-        self._write("report.json", json.dumps(report, indent=1, sort_keys=True).encode())
-        return self.path / "report.json"
+        self._write(self.layout.report, json.dumps(report, indent=1, sort_keys=True).encode())
+        return self.layout.report
 
     def report(self) -> dict[str, Any] | None:
         try:
-            data: dict[str, Any] = json.loads((self.path / "report.json").read_text())
+            data: dict[str, Any] = json.loads(self.layout.report.read_text())
             return data
         except FileNotFoundError:
             return None
@@ -167,9 +174,9 @@ class RunDir:
 
 def next_job_id(data_root: Path, name: str, new: bool) -> str:
     """Job id = name; with --new the first free name-2, name-3 … when a run of that name exists."""
-    if not new or not (data_root / "runs" / name).exists():
+    if not new or not (data_root / RUNS / name).exists():
         return name
     n = 2
-    while (data_root / "runs" / f"{name}-{n}").exists():
+    while (data_root / RUNS / f"{name}-{n}").exists():
         n += 1
     return f"{name}-{n}"

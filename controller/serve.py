@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract.layout import RunLayout
 from controller import jobs as jobs_mod
 from controller import log
 from controller.config import Config
@@ -139,7 +140,7 @@ def _run_job_file(config: Config, path: Path, metrics: Metrics) -> Outcome:
     c = report["counts"]
     summary = (
         f"job {report['job']}: {c['ok']} ok, {c['no_face']} without a face, {c['failed']} failed of {c['items']} "
-        f"items; report: runs/{report['job']}/report.json"
+        f"items; report: {RunLayout.relative(report['job']).report}"
     )
     if exit_code(report) == 0:
         return Outcome(True, None)

@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from runner_image.manifest import CONTAINER_DATA_ROOT, ENV_ATTEMPT, ENV_MANIFEST
+from contract.layout import RunLayout
+from contract.manifest import ENV_ATTEMPT, ENV_MANIFEST
+from contract.paths import CONTAINER_DATA_ROOT
 
 LABEL_JOB = "io.ffswarm.job"
 LABEL_CHUNK = "io.ffswarm.chunk"
@@ -156,7 +158,7 @@ def chunk_service(
     )
     env = MappingProxyType(
         {
-            ENV_MANIFEST: f"{CONTAINER_DATA_ROOT}/runs/{settings.job}/chunks/{chunk}.json",
+            ENV_MANIFEST: str(RunLayout.container(settings.job).manifest(chunk)),
             ENV_ATTEMPT: str(attempt),
         }
     )

@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+from contract.layout import RUNS, RunLayout
 from controller import video
 from controller.config import Config
 from controller.errors import UsageError
@@ -14,11 +15,11 @@ from controller.rundir import RunDir
 
 
 def collect(config: Config, job: str | None) -> list[dict[str, Any]]:
-    runs = config.data_root / "runs"
+    runs = config.data_root / RUNS
     if job:
         names = [job]
     else:
-        names = sorted(p.name for p in runs.iterdir() if (p / "plan.json").is_file()) if runs.is_dir() else []
+        names = sorted(p.name for p in runs.iterdir() if RunLayout(p).plan.is_file()) if runs.is_dir() else []
     return [job_status(RunDir(config.data_root, n)) for n in names]
 
 
@@ -103,8 +104,7 @@ def log_lines(rundir: RunDir, chunk: str | None, follow: bool, poll: float = 0.5
     lines and new attempt files until the job's report is written."""
     offsets: dict[str, int] = {}
     while True:
-        files = sorted((rundir.path / "logs").glob(f"{chunk or '*'}.a*.log"))
-        for f in files:
+        for f, _ in rundir.attempt_logs(chunk):
             with f.open() as fh:
                 fh.seek(offsets.get(f.name, 0))
                 text = fh.read()

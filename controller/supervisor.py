@@ -17,12 +17,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.paths import user_text
+from contract.results import read_results
 from controller.errors import EngineUnavailable
 from controller.failures import ChunkState, FailureClass, classify_exit, describe_exit
 from controller.rundir import RunDir, write_atomic
 from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_ROLE, ROLE_RUNNER, RunnerSettings, chunk_service
 from controller.swarm import JobEvents, NodeState, ServiceState, SwarmBackend, clear_containers
-from runner_image.manifest import read_results, user_text
 
 PENDING_STATES = {"new", "pending", "allocated", "assigned"}
 LOST_STATES = {"shutdown", "orphaned", "remove"}
@@ -258,7 +259,7 @@ class Supervisor:
 
     def _control_stamp(self) -> tuple[int, int] | None:
         try:
-            st = (self.rundir.path / "control.json").stat()
+            st = self.rundir.layout.control.stat()
         except OSError:
             return None
         return st.st_ino, st.st_mtime_ns
@@ -281,7 +282,7 @@ class Supervisor:
             return False
         if len(att.items_recorded) >= size:
             return True
-        path = self.rundir.path / "results" / f"{run.id}.jsonl"
+        path = self.rundir.layout.results(run.id)
         try:
             with path.open("rb") as f:
                 f.seek(att.results_read)

@@ -19,10 +19,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from contract.layout import RUNS
 from controller.plan import AUTO_MAX_CHUNK, Plan
 from controller.rundir import RunDir, write_atomic
 
-FILE = "runs/.timings.json"
+FILE = f"{RUNS}/.timings.json"
 COLD_SHARE = 0.05  # of a chunk's time, at most, spent before its first item
 TIMEOUT_SHARE = 0.5  # of the chunk timeout, at most, that a chunk's items should take
 SAMPLE = 50  # chunks read to measure a job (their logs' first lines and their results)
@@ -50,7 +51,7 @@ def measure(rundir: RunDir, plan: Plan) -> tuple[str, Timing] | None:
     cold: list[float] = []
     providers: list[str] = []
     for chunk in chunks:
-        for log in sorted((rundir.path / "logs").glob(f"{chunk.id}.a*.log")):
+        for log, _ in rundir.attempt_logs(chunk.id):
             loaded = models_loaded(log)
             if loaded is not None:
                 providers.append(loaded[0])

@@ -26,19 +26,19 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from contract import ffmpeg
+from contract.manifest import NoFacePolicy, Segment
+from contract.results import ItemResult, ItemStatus, read_results
 from controller import access
 from controller.errors import CapacityError, MissingInputError
 from controller.jobspec import JobSpec, Target, TargetKind
 from controller.plan import Plan, PlannedVideo, TargetRef
 from controller.rundir import RunDir
 from controller.supervisor import ChunkRun
-from runner_image import ffmpeg_cmds
-from runner_image.manifest import ItemResult, ItemStatus, NoFacePolicy, Segment, read_results
 
 PROBE_TIMEOUT = 300.0
 PROBES_AT_ONCE = 8
 JOIN_TIMEOUT = 1800.0
-JOINS = "joins.jsonl"  # runs/<job>/joins.jsonl: one ItemResult line per video per join
 
 
 class ProbeError(Exception):
@@ -205,7 +205,7 @@ def probe(path: Path, name: str | None = None) -> VideoInfo:
     except OSError as e:
         raise ProbeError(f"cannot read: {e.strerror or e}") from e
     try:
-        proc = _run(ffmpeg_cmds.probe_cmd(str(path)), PROBE_TIMEOUT)
+        proc = _run(ffmpeg.probe_cmd(str(path)), PROBE_TIMEOUT)
     except subprocess.TimeoutExpired:
         raise ProbeError(f"ffprobe did not finish within {PROBE_TIMEOUT:.0f} s") from None
     if proc.returncode != 0:
@@ -238,7 +238,7 @@ def frame_times(path: Path, info: VideoInfo) -> FrameTimes | None:
     then decode from the start instead of seeking. Read as CSV lines into a list of ints: an hour
     of 60 fps video is 216,000 packets."""
     try:
-        proc = _run(ffmpeg_cmds.frame_times_cmd(str(path)), PROBE_TIMEOUT)
+        proc = _run(ffmpeg.frame_times_cmd(str(path)), PROBE_TIMEOUT)
     except subprocess.TimeoutExpired:
         return None
     if proc.returncode != 0:
@@ -292,8 +292,8 @@ def target_ref(target: Target, spec: JobSpec) -> TargetRef:
     """An image as it is; a video probed and cut (a probe failure becomes the item's error)."""
     if target.kind is not TargetKind.VIDEO:
         return TargetRef(input=target.rel, output=target.output_rel, kind=target.kind.value)
-    muxer = ffmpeg_cmds.MUXERS[target.output.suffix.lower()]
-    allowed = ffmpeg_cmds.VIDEO_OK.get(muxer)
+    muxer = ffmpeg.MUXERS[target.output.suffix.lower()]
+    allowed = ffmpeg.VIDEO_OK.get(muxer)
     try:
         if allowed is not None and spec.video.codec not in allowed:
             raise ProbeError(f"a {target.output.suffix} output cannot hold {spec.video.codec} video (video.codec)")
@@ -387,7 +387,7 @@ def finish(
 def joins(rundir: RunDir) -> dict[str, ItemResult]:
     """Each video's latest join result (runs/<job>/joins.jsonl)."""
     try:
-        text = (rundir.path / JOINS).read_text()
+        text = rundir.layout.joins.read_text()
     except FileNotFoundError:
         return {}
     return {r.item: r for r in read_results(text)}
@@ -401,7 +401,7 @@ def _joined(rundir: RunDir, video_id: str) -> bool:
 
 
 def _append(rundir: RunDir, result: ItemResult) -> None:
-    fd = os.open(rundir.path / JOINS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(rundir.layout.joins, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         os.write(fd, result.to_line().encode())
         os.fsync(fd)
@@ -454,27 +454,27 @@ def _join(
     names: dict[str, str] | None = None,
 ) -> None:
     """``names``: how errors name the files (host path → relative to the data root)."""
-    muxer = ffmpeg_cmds.MUXERS[out.suffix.lower()]
-    codecs = {ffmpeg_cmds.audio_codec(muxer, str(a["codec"])) for a in audio}
+    muxer = ffmpeg.MUXERS[out.suffix.lower()]
+    codecs = {ffmpeg.audio_codec(muxer, str(a["codec"])) for a in audio}
     first = None if not audio else ("copy" if codecs == {"copy"} else (codecs - {"copy"}).pop())
     tries: list[str | None] = [first]
     if first == "copy":
-        tries.append(ffmpeg_cmds.AUDIO_REENCODE.get(muxer, ffmpeg_cmds.AUDIO_REENCODE_DEFAULT))
+        tries.append(ffmpeg.AUDIO_REENCODE.get(muxer, ffmpeg.AUDIO_REENCODE_DEFAULT))
     with tempfile.TemporaryDirectory(prefix="ffswarm-join-") as scratch:
         listing = Path(scratch) / "segments.ffconcat"
-        listing.write_text(ffmpeg_cmds.concat_list([str(p) for p in parts]))
+        listing.write_text(ffmpeg.concat_list([str(p) for p in parts]))
         tmp = out.with_name(f".{out.name}.tmp-join-{os.getpid()}")
         names = {**(names or {}), str(tmp): (names or {}).get(str(out), out.name), str(listing): listing.name}
         try:
             errors = []
             for codec in tries:
-                proc = _run(ffmpeg_cmds.join_cmd(str(listing), str(original), str(tmp), muxer, codec), JOIN_TIMEOUT)
+                proc = _run(ffmpeg.join_cmd(str(listing), str(original), str(tmp), muxer, codec), JOIN_TIMEOUT)
                 if proc.returncode == 0:
                     break
                 errors.append(f"{codec}: {_reason(proc.stderr, tmp, names)}")
             else:
                 if audio:  # tell a failed audio restore from a failed join
-                    video_only = _run(ffmpeg_cmds.join_cmd(str(listing), "", str(tmp), muxer, None), JOIN_TIMEOUT)
+                    video_only = _run(ffmpeg.join_cmd(str(listing), "", str(tmp), muxer, None), JOIN_TIMEOUT)
                     if video_only.returncode == 0:
                         raise JoinError(f"audio restore failed ({'; '.join(errors)})")
                 raise JoinError(f"joining segments failed: {'; '.join(errors)}")

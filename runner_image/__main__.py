@@ -20,10 +20,13 @@ import warnings
 from collections.abc import Mapping, Sequence
 from types import FrameType
 
+from contract.errors import ManifestError
+from contract.exits import RunnerExit
+from contract.manifest import ENV_ATTEMPT, ENV_MANIFEST
+
 from . import log
 from .errors import BadManifest, RunnerError, Terminated
 from .identity import run_identity
-from .manifest import ENV_ATTEMPT, ENV_MANIFEST, ManifestError, RunnerExit
 from .volume import ENV_DATA_ROOT, DataRoot
 from .worker import invocation_from_env, run_attempt
 

@@ -7,7 +7,7 @@ own item (result status ``error``), never the whole chunk.
 
 from __future__ import annotations
 
-from .manifest import RunnerExit
+from contract.exits import RunnerExit
 
 
 class RunnerError(Exception):

@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from contract.manifest import FaceSelection
+
 from . import align
 from .errors import ItemError
-from .manifest import FaceSelection
 
 
 @dataclass(frozen=True)

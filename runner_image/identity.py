@@ -5,20 +5,27 @@ and copies the answer into every chunk manifest. Doing it once means every chunk
 segment swaps in exactly the same identity and selects by exactly the same reference, and a source
 photo without a face (or with several) is a submit-time error naming the file, not a chunk failure.
 
-The answer (manifest.IdentityResult) is always written to the request's ``output`` when the request
+The answer (contract/identity.py IdentityResult) is always written to the request's ``output`` when the request
 itself could be read: with the embeddings, or with ``error`` saying which photo is wrong and why
 (then the exit code is 66).
 """
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
 from typing import Any
 
 import numpy as np
 
+from contract.errors import ManifestError
+from contract.exits import RunnerExit
+from contract.identity import IdentityRequest, IdentityResult, SourceFaces
+from contract.layout import RunLayout
+from contract.manifest import FaceSelection
+from contract.paths import user_path
+
 from . import faces, log, media, models
 from .errors import BadManifest, ItemError, MissingInput, Temporary
-from .manifest import FaceSelection, IdentityRequest, IdentityResult, ManifestError, RunnerExit, SourceFaces, user_path
 from .volume import DataRoot, is_volume_error
 
 IDENTITY_ROLES = ("detector", "recognizer")
@@ -54,7 +61,7 @@ def _photo_faces(root: DataRoot, req: IdentityRequest, loaded: models.Models, pa
 
 def compute(root: DataRoot, req: IdentityRequest, loaded: models.Models, logger: Any) -> IdentityResult:
     """Embed every source (exactly one face each) and the reference (its largest face). ``error``
-    names each photo as the user wrote it (manifest.user_path): it is the job file's error."""
+    names each photo as the user wrote it (contract/paths.py user_path): it is the job file's error."""
     errors: list[str] = []
     embeddings: list[np.ndarray] = []
     counts: list[SourceFaces] = []
@@ -106,7 +113,7 @@ def run_identity(root: DataRoot, given: str, sink: log.TeeSink) -> RunnerExit:
         raise BadManifest(f"identity request {given}: {e}") from e
     log.bind(job=req.job, chunk="identity")
     out = root.path(req.output)
-    why_not = sink.attach(out.parent / "logs" / "identity.log")
+    why_not = sink.attach(root.path(str(RunLayout(PurePosixPath(req.output).parent).identity_log)))
     if why_not:
         logger.warning("log file not writable; logging to stdout only", reason=why_not)
     pack = models.verify_pack(root.path(req.pack_dir), (), user_path(req.pack_dir))

@@ -1,7 +1,7 @@
 """Image files in and out: safe decoding, encoding by extension, and atomic writes.
 
 Targets are user files from a shared volume, so decoding is defensive: the magic bytes must name a
-format we handle, and the file-size and pixel-count caps (manifest.Limits) are checked from the
+format we handle, and the file-size and pixel-count caps (contract/manifest.py Limits) are checked from the
 file's size and its header BEFORE any pixel is decoded (a 30000x30000 PNG is a few kB on disk).
 Pillow is used only to read headers (size, EXIF orientation); OpenCV decodes pixels.
 
@@ -25,8 +25,9 @@ import cv2
 import numpy as np
 from PIL import Image
 
+from contract.manifest import Limits
+
 from .errors import ItemError
-from .manifest import Limits
 
 MAGIC: tuple[tuple[bytes, int, str], ...] = (
     (b"\xff\xd8\xff", 0, "JPEG"),

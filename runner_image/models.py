@@ -22,9 +22,11 @@ from typing import Any
 
 import onnxruntime as ort
 
+from contract.pack import ROLES, Pack, sha256_file
+
 from .errors import MissingInput, Temporary
 from .insightface_lite import model_zoo
-from .pack import ROLES, Pack, sha256_file, verify_pack
+from .pack import verify_pack
 
 __all__ = ["ROLES", "Models", "Pack", "load_models", "sha256_file", "verify_pack"]
 

@@ -1,164 +1,36 @@
-"""The model pack as files: pack.yaml, checksums, and which roles a job's processors need.
-
-Stdlib + PyYAML only, so that the controller (``ffswarm models verify|fetch`` and the submit-time
-pack check) uses the very same rules as the runner without importing onnxruntime.
-
-A pack is ``<root>/models/<name>/pack.yaml`` plus model files; pack.yaml names each file's role and
-sha256. Every file is hashed before use: a truncated copy on NFS or a swapped file must fail with
-exit 66 naming the file, not produce silently different faces.
-"""
+"""The runner's reading of a model pack: pack.yaml parsed here, the rules applied by contract/pack.py
+(the same the controller applies), and a refusal turned into MissingInput (exit 66)."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from contract import pack
+from contract.errors import PackError
+from contract.pack import Pack
+
 from .errors import MissingInput
-
-PACK_FILE = "pack.yaml"
-ROLES = ("detector", "recognizer", "swapper", "enhancer")
-
-
-@dataclass(frozen=True)
-class ModelNeed:
-    """A model file a processor cannot run without, and where its operator gets one."""
-
-    role: str
-    usual: str  # the file names it usually has
-    where: str
-
-
-BASE_NEEDS = (
-    ModelNeed("detector", "det_10g.onnx", "insightface's buffalo_l release (SCRFD-10G)"),
-    ModelNeed("recognizer", "w600k_r50.onnx", "insightface's buffalo_l release (ArcFace R50)"),
-)
-PROCESSOR_NEEDS: dict[str, tuple[ModelNeed, ...]] = {
-    "face_swapper": (
-        ModelNeed(
-            "swapper",
-            "inswapper_128.onnx or inswapper_128_fp16.onnx",
-            "the insightface project (inswapper_128); the fp16 export is FaceFusion's models release",
-        ),
-    ),
-    "face_enhancer": (
-        ModelNeed(
-            "enhancer",
-            "gfpgan_1.4.onnx",
-            "GFPGAN v1.4 (TencentARC) exported to ONNX, e.g. FaceFusion's models release",
-        ),
-    ),
-}
-
-
-def needs(processors: Iterable[str]) -> tuple[ModelNeed, ...]:
-    """Every model the detector/recogniser base and the listed processors require, in order."""
-    out = list(BASE_NEEDS)
-    for p in processors:
-        out.extend(PROCESSOR_NEEDS.get(p, ()))
-    return tuple(out)
-
-
-@dataclass(frozen=True)
-class Pack:
-    """A verified pack: role -> file whose sha256 matched pack.yaml."""
-
-    dir: Path
-    name: str
-    standin: bool
-    files: dict[str, Path]
-    shown: str  # how reasons name the folder (the runner: relative to the data root, as users know it)
-
-
-def sha256_file(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _where(pack_dir: Path, shown: str | None) -> str:
-    return f"model pack {pack_dir if shown is None else shown}"
 
 
 def read_spec(pack_dir: Path, shown: str | None = None) -> dict[str, Any]:
-    """pack.yaml as a mapping with a ``files`` mapping of name -> {role, sha256}. ``shown``: how
-    errors name the folder (default: ``pack_dir``); a runner passes its data-root-relative path."""
-    where = _where(pack_dir, shown)
+    """pack.yaml, checked; PackError when it is missing, unreadable or malformed."""
+    named = pack.where(pack_dir, shown)
+    text = pack.read_text(pack_dir, shown)
     try:
-        text = (pack_dir / PACK_FILE).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        what = f"{PACK_FILE} not found" if pack_dir.is_dir() else "folder not found"
-        raise MissingInput(f"{where}: {what}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise MissingInput(f"{where}: cannot read {PACK_FILE}: {e}") from e
-    return parse_spec(text, where)
-
-
-def parse_spec(text: str, where: str) -> dict[str, Any]:
-    try:
-        spec = yaml.safe_load(text)
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise MissingInput(f"{where}: {PACK_FILE} is not valid YAML: {e}") from e
-    if not isinstance(spec, dict) or not isinstance(spec.get("files"), dict):
-        raise MissingInput(f"{where}: {PACK_FILE} has no 'files' mapping")
-    for name, entry in spec["files"].items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
-            raise MissingInput(f"{where}: {PACK_FILE} entry {name!r} needs role and sha256")
-        if not isinstance(name, str) or "/" in name or "\\" in name or name in ("", ".", "..") or name == PACK_FILE:
-            raise MissingInput(f"{where}: {PACK_FILE} names an invalid file {name!r}")
-    return spec
-
-
-def check_file(pack_dir: Path, name: str, expected: str, shown: str | None = None) -> Path:
-    """Hash one listed file; MissingInput names it when absent, unreadable or different."""
-    where = _where(pack_dir, shown)
-    path = pack_dir / name
-    try:
-        digest = sha256_file(path)
-    except FileNotFoundError:
-        missing = path if shown is None else f"{shown}/{name}"
-        raise MissingInput(f"{where}: {name} is missing ({missing})") from None
-    except OSError as e:
-        raise MissingInput(f"{where}: cannot read {name}: {e.strerror or e}") from e
-    expected = expected.strip().lower()
-    if digest != expected:
-        raise MissingInput(
-            f"{where}: {name} has the wrong checksum (sha256 {digest[:16]}…, pack.yaml says {expected[:16]}…)"
-        )
-    return path
-
-
-def roles_of(spec: dict[str, Any]) -> dict[str, str]:
-    """role -> file name (the first file listed for a role wins)."""
-    out: dict[str, str] = {}
-    for name, entry in spec["files"].items():
-        role = entry.get("role")
-        if isinstance(role, str) and role in ROLES:
-            out.setdefault(role, name)
-    return out
-
-
-def missing_roles(pack_dir: Path, spec: dict[str, Any], processors: Iterable[str], shown: str | None = None) -> None:
-    """MissingInput naming the first role the processors need that pack.yaml lacks, and its source."""
-    have = roles_of(spec)
-    for need in needs(processors):
-        if need.role not in have:
-            users = [p for p, ns in PROCESSOR_NEEDS.items() if need in ns] or ["every job"]
-            raise MissingInput(
-                f"{_where(pack_dir, shown)}: {PACK_FILE} lists no file with role {need.role} "
-                f"(needed by {', '.join(users)}: {need.usual}, from {need.where})"
-            )
+        raise pack.not_yaml(named, e) from e
+    return pack.check_spec(data, named)
 
 
 def verify_pack(pack_dir: Path, processors: Iterable[str] = ("face_swapper",), shown: str | None = None) -> Pack:
-    """Check pack.yaml, the roles the processors need, and every listed file's sha256."""
-    spec = read_spec(pack_dir, shown)
-    processors = tuple(processors)
-    missing_roles(pack_dir, spec, processors, shown)
-    checked = {name: check_file(pack_dir, name, entry["sha256"], shown) for name, entry in spec["files"].items()}
-    files = {role: checked[name] for role, name in roles_of(spec).items()}
-    name, standin = str(spec.get("name", pack_dir.name)), bool(spec.get("standin"))
-    return Pack(dir=pack_dir, name=name, standin=standin, files=files, shown=str(pack_dir) if shown is None else shown)
+    """Check pack.yaml, the roles the processors need, and every listed file's sha256. ``shown``: how
+    reasons name the folder (the runner passes its data-root-relative path)."""
+    try:
+        return pack.verify(pack_dir, read_spec(pack_dir, shown), processors, shown)
+    except PackError as e:
+        raise MissingInput(str(e)) from e

@@ -22,9 +22,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from contract.manifest import FaceSelection, Item, Manifest, NoFacePolicy
+from contract.paths import user_path
+from contract.results import ItemResult, ItemStatus
+
 from . import faces, media, video
 from .errors import ItemError, Temporary
-from .manifest import FaceSelection, Item, ItemResult, ItemStatus, Manifest, NoFacePolicy, user_path
 from .processors import Processor
 from .volume import DataRoot, is_volume_error
 
@@ -90,7 +93,7 @@ class _ItemRun:
 
     def _concerned(self) -> str:
         """The file a failure is about (its container path): the output while preparing, encoding or
-        writing it. A reason names it as the user wrote it (manifest.user_path)."""
+        writing it. A reason names it as the user wrote it (contract/paths.py user_path)."""
         return self.item.output if self.current in ("prepare", "encode", "write") else self.item.input
 
     def _process(self) -> tuple[ItemStatus, str | None, int]:

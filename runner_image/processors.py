@@ -18,10 +18,11 @@ from typing import Any, Protocol
 import cv2
 import numpy as np
 
+from contract.manifest import Manifest
+
 from . import swap
 from .errors import MissingInput
 from .faces import Face
-from .manifest import Manifest
 
 # FFHQ 512 alignment template (five landmarks, fraction of the side): what GFPGAN was trained on.
 FFHQ_512 = np.array(

@@ -18,9 +18,10 @@ from typing import Any
 import cv2
 import numpy as np
 
+from contract.manifest import MASK_FEATHER, MASK_PADDING
+
 from . import align
 from .faces import Face
-from .manifest import MASK_FEATHER, MASK_PADDING
 
 MASK_THRESHOLD = 20  # insightface: warped white mask values above this count as inside
 

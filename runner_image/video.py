@@ -25,10 +25,13 @@ from typing import IO, Any
 
 import numpy as np
 
+from contract.ffmpeg import decode_cmd, encode_cmd
+from contract.manifest import Item, Segment
+from contract.paths import user_path
+from contract.results import ItemStatus
+
 from . import faces, media
 from .errors import ItemError
-from .ffmpeg_cmds import decode_cmd, encode_cmd
-from .manifest import Item, ItemStatus, Segment, user_path
 from .processors import Processor, Timer
 from .volume import DataRoot
 

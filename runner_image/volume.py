@@ -1,6 +1,6 @@
 """The shared volume as the runner sees it: path mapping, the manifest, and the results file.
 
-Manifests speak in container paths under ``/data`` (manifest.CONTAINER_DATA_ROOT). In a runner
+Manifests speak in container paths under ``/data`` (contract/paths.py CONTAINER_DATA_ROOT). In a runner
 container that is where the volume is mounted, so paths map to themselves. ``FFSWARM_DATA_ROOT``
 (or ``--data-root``) names another local folder to stand in for ``/data``; it exists only so that
 tests and local runs can use a temporary folder, and changes nothing but this translation.
@@ -16,8 +16,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract.manifest import ENV_MANIFEST, Manifest
+from contract.paths import CONTAINER_DATA_ROOT
+from contract.results import ItemResult, ItemStatus, read_results
+
 from .errors import BadManifest, MissingInput, Temporary
-from .manifest import CONTAINER_DATA_ROOT, ENV_MANIFEST, ItemResult, ItemStatus, Manifest, read_results
 
 ENV_DATA_ROOT = "FFSWARM_DATA_ROOT"
 

@@ -20,20 +20,15 @@ from typing import Any
 import cv2
 import numpy as np
 
+from contract.errors import ManifestError
+from contract.exits import RunnerExit
+from contract.identity import IdentityResult
+from contract.manifest import ENV_GPU, FaceSelection, Item, Manifest
+from contract.paths import user_path
+from contract.results import ItemResult, ItemStatus
+
 from . import faces, log, media, models, pipeline, processors
 from .errors import ItemError, MissingInput, Temporary
-from .manifest import (
-    ENV_GPU,
-    FaceSelection,
-    IdentityResult,
-    Item,
-    ItemResult,
-    ItemStatus,
-    Manifest,
-    ManifestError,
-    RunnerExit,
-    user_path,
-)
 from .volume import DataRoot, ResultsLog, committed, is_volume_error, previous_results, read_manifest
 
 STAGES = pipeline.STAGES

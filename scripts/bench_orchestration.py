@@ -114,8 +114,8 @@ class Bench:
         results = []
         for chunk in rundir.plan().chunks:
             results += rundir.results(chunk.id)
-        loaded = [timings.models_loaded(p) for p in (rundir.path / "logs").glob("c*.log")]
-        shutil.rmtree(self.root / "runs" / job_id, ignore_errors=True)
+        loaded = [timings.models_loaded(p) for p, _ in rundir.attempt_logs()]
+        shutil.rmtree(rundir.path, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
         f.unlink()
         first_item = min(x.started for x in results) - wall0
@@ -163,14 +163,17 @@ def in_process(b: Bench, targets: str, n: int) -> dict[str, Any]:
     """The same photos and pack through the runner alone: one manifest holding every item, run as
     `python -m runner_image` in a child process on this machine's Python (cold start and the
     source's identity included) — what one node does with no Swarm, no services, no controller."""
-    from runner_image.manifest import Item, Manifest, read_results
+    from contract.layout import RunLayout
+    from contract.manifest import Item, Manifest
+    from contract.results import read_results
 
     folder = b.root / targets.rsplit("/", 1)[0]
     photos_in = sorted(folder.glob("*.jpg"))[:n]
     name = f"inproc-{uuid.uuid4().hex[:4]}"
     run_dir = b.dir / name
     out = b.dir / "out" / name
-    (run_dir / "chunks").mkdir(parents=True)
+    layout = RunLayout(run_dir)
+    layout.chunks_dir.mkdir(parents=True)
     rel = run_dir.relative_to(b.root).as_posix()
     items = tuple(
         Item(
@@ -184,20 +187,20 @@ def in_process(b: Bench, targets: str, n: int) -> dict[str, Any]:
         job=name, chunk="c0000", run_dir=f"/data/{rel}", pack_dir="/data/models/default",
         source=(f"/data/{b.star.relative_to(b.root).as_posix()}",), items=items, providers=b.providers,
     )  # fmt: skip
-    (run_dir / "chunks" / "c0000.json").write_text(manifest.to_json())
+    layout.manifest("c0000").write_text(manifest.to_json())
     cmd = [
         sys.executable,
         "-m",
         "runner_image",
         "--manifest",
-        f"/data/{rel}/chunks/c0000.json",
+        manifest.layout.manifest("c0000").as_posix(),
         "--data-root",
         str(b.root),
     ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     wall = time.perf_counter() - t0
-    results = read_results((run_dir / "results" / "c0000.jsonl").read_text())
+    results = read_results(layout.results("c0000").read_text())
     ok = sum(1 for r in results if r.status.value == "ok")
     if proc.returncode != 0 or ok != len(items):
         raise SystemExit(f"in-process runner: exit {proc.returncode}, {ok}/{len(items)} ok\n{proc.stderr[-2000:]}")

@@ -189,8 +189,10 @@ def side_insightface(pack: Path, images: list[Path], source: Path, out: Path, sp
 
 
 def side_runner(pack: Path, images: list[Path], source: Path, out: Path, spawned: float) -> dict[str, Any]:
+    from contract.layout import RunLayout
+    from contract.manifest import Item, Manifest
+    from contract.results import read_results
     from runner_image.__main__ import main
-    from runner_image.manifest import Item, Manifest, read_results
 
     root = out / "data"
     (root / "in").mkdir(parents=True)
@@ -199,21 +201,22 @@ def side_runner(pack: Path, images: list[Path], source: Path, out: Path, spawned
         os.symlink(p, root / "in" / p.name)
     items = tuple(Item(f"i{i:06d}", f"/data/in/{p.name}", f"/data/out/{p.name}") for i, p in enumerate(images))
     m = Manifest(
-        job="bench", chunk="c0000", run_dir="/data/runs/bench", pack_dir="/data/models",
+        job="bench", chunk="c0000", run_dir=str(RunLayout.container("bench").dir), pack_dir="/data/models",
         source=(f"/data/in/{source.name}",), items=items, providers=("cpu",),
     )  # fmt: skip
-    (root / "runs/bench/chunks").mkdir(parents=True)
-    (root / "runs/bench/chunks/c0000.json").write_text(m.to_json())
+    layout = RunLayout.host(root, "bench")
+    layout.chunks_dir.mkdir(parents=True)
+    layout.manifest("c0000").write_text(m.to_json())
     t0 = time.perf_counter()
     start = time.time()
     with open(os.devnull, "w") as devnull:
         old, sys.stdout = sys.stdout, devnull
         try:
-            code = main(["--manifest", "/data/runs/bench/chunks/c0000.json", "--data-root", str(root)], env={})
+            code = main(["--manifest", str(m.layout.manifest("c0000")), "--data-root", str(root)], env={})
         finally:
             sys.stdout = old
     wall_all = time.perf_counter() - t0
-    results = read_results((root / "runs/bench/results/c0000.jsonl").read_text())
+    results = read_results(layout.results("c0000").read_text())
     assert code == 0 and len(results) == len(images), (code, len(results))
     stages: dict[str, float] = {}
     for r in results:

@@ -25,15 +25,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from contract import ffmpeg  # noqa: E402
+from contract.manifest import Segment  # noqa: E402
 from controller import video  # noqa: E402
 from controller.jobspec import parse_job, resolve_job  # noqa: E402
-from runner_image import ffmpeg_cmds  # noqa: E402
-from runner_image.manifest import Segment  # noqa: E402
 
 
 def decode_seconds(path: Path, seg: Segment) -> float:
     t0 = time.perf_counter()
-    proc = subprocess.run(ffmpeg_cmds.decode_cmd(str(path), seg), stdout=subprocess.PIPE, check=True)
+    proc = subprocess.run(ffmpeg.decode_cmd(str(path), seg), stdout=subprocess.PIPE, check=True)
     elapsed = time.perf_counter() - t0
     assert len(proc.stdout) == seg.frame_count * seg.width * seg.height * 3, "wrong number of frames"
     return elapsed

@@ -5,6 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/dev-swarm.sh
-echo "== ruff"; .venv/bin/ruff check controller runner_image tests
+echo "== ruff"; .venv/bin/ruff check contract controller runner_image tests
 echo "== mypy"; .venv/bin/mypy
 echo "== pytest"; .venv/bin/python -m pytest -q -p no:cacheprovider tests/unit tests/integration "$@"

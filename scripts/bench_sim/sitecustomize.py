@@ -24,8 +24,9 @@ def _load(path: str) -> dict | None:
 
 
 def _simulate(sim: dict, manifest_path: str) -> None:
+    from contract.manifest import Manifest
+    from contract.results import ItemResult, ItemStatus
     from runner_image.log import process_age
-    from runner_image.manifest import ItemResult, ItemStatus, Manifest
 
     with open(manifest_path) as f:
         m = Manifest.from_json(f.read())

@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from itertools import combinations
 from pathlib import Path
 
-from runner_image.manifest import ItemResult, ItemStatus, read_results
+from contract.results import ItemResult, ItemStatus, read_results
 from tests.cluster.conftest import MANAGER, W1, W2, WORKERS, Cluster, Job, Watch
 from tests.fixtures import photos
 

@@ -145,7 +145,7 @@ def fault_image(swarm: DockerSwarm, config: Config) -> str:
 
 
 def results_of(ws: Workspace) -> list[Any]:
-    from runner_image.manifest import read_results
+    from contract.results import read_results
 
     out = []
     for f in sorted((ws.root / "runs" / ws.job / "results").glob("*.jsonl")):

@@ -26,13 +26,13 @@ import numpy as np
 import pytest
 import yaml
 
+from contract.results import ItemResult, ItemStatus, read_results
 from controller.config import Config
 from controller.failures import FailureClass
 from controller.rundir import Control, RunDir
 from controller.servicespec import LABEL_JOB, RunnerSettings
 from controller.supervisor import Policy, Supervisor
 from controller.swarm import DockerSwarm
-from runner_image.manifest import ItemResult, ItemStatus, read_results
 from tests.fixtures import hostile, photos
 from tests.integration.conftest import Workspace, chown_tree
 

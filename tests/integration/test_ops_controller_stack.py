@@ -2,8 +2,8 @@
 
 The runner image carries the ffswarm package, so the controller runs from it. The dev image may be
 older than this checkout (and predates prometheus_client), so the test derives a throwaway image
-from it with the checkout's controller/ and runner_image/ and the venv's prometheus_client copied
-in: nothing is downloaded. Everything (image, stack, config, inbox) carries the test's name and is
+from it with the checkout's contract/, controller/ and runner_image/ and the venv's prometheus_client
+copied in: nothing is downloaded. Everything (image, stack, config, inbox) carries the test's name and is
 removed in teardown.
 """
 
@@ -33,14 +33,14 @@ SITE = "/opt/ffswarm/lib/python3.11/site-packages"
 def controller_image(workspace: Workspace, swarm: DockerSwarm) -> Iterator[str]:
     ctx = workspace.dir / "image"
     ctx.mkdir()
-    for pkg in ("controller", "runner_image"):
+    for pkg in ("contract", "controller", "runner_image"):
         shutil.copytree(ROOT / pkg, ctx / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(Path(prometheus_client.__file__).parent, ctx / "prometheus_client",
                     ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
     base = swarm.resolve_image(workspace.config.image)
     (ctx / "Dockerfile").write_text(
         f"FROM {base}\nUSER root\n"
-        + "".join(f"COPY {p} {SITE}/{p}\n" for p in ("controller", "runner_image", "prometheus_client"))
+        + "".join(f"COPY {p} {SITE}/{p}\n" for p in ("contract", "controller", "runner_image", "prometheus_client"))
     )
     tag = f"ffswarm/controller-test:{workspace.job}"
     swarm.client.images.build(path=str(ctx), tag=tag, rm=True, labels={"io.ffswarm.test": workspace.job})

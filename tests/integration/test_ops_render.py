@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
+from contract.results import ItemStatus
 from controller.config import load_config
 from controller.render import render_runner_stack
 from controller.swarm import DockerSwarm
-from runner_image.manifest import ItemStatus
 from tests.fixtures import photos
 from tests.integration.conftest import CONFIG, Workspace, chown_tree
 
@@ -138,6 +138,6 @@ resources: {{gpus: 1, gpu_kind: GPU, memory: 2g}}
 
 
 def _results(run: Path, chunk: str) -> list[Any]:
-    from runner_image.manifest import read_results
+    from contract.results import read_results
 
     return read_results((run / "results" / f"{chunk}.jsonl").read_text())

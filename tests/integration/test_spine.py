@@ -15,9 +15,9 @@ import cv2
 import numpy as np
 import pytest
 
+from contract.results import ItemResult, read_results
 from controller.servicespec import LABEL_JOB
 from controller.swarm import DockerSwarm
-from runner_image.manifest import ItemResult, read_results
 from tests.fixtures import photos
 from tests.integration.conftest import ServiceWatch, Workspace, chown_tree
 

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from contract.results import ItemResult, read_results
 from controller.swarm import DockerSwarm
-from runner_image.manifest import ItemResult, read_results
 from tests.fixtures import photos
 from tests.integration.conftest import ServiceWatch, Workspace, chown_tree
 

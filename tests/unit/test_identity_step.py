@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from contract.identity import IdentityRequest, IdentityResult
 from controller import identity
 from controller.config import Config, parse_config
 from controller.errors import FfswarmError, JobFileError
@@ -16,7 +17,6 @@ from controller.jobs import PreparedJob, prepare, runner_settings, start_run, su
 from controller.rundir import RunDir
 from controller.servicespec import LABEL_ROLE
 from controller.swarm import NodeState, ServiceState
-from runner_image.manifest import IdentityRequest, IdentityResult
 from tests.fakes import FakeSwarm, Outcome
 from tests.unit.test_submit_checks import BASE, setup
 

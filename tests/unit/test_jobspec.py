@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from contract.manifest import FaceSelection, NoFacePolicy
 from controller.errors import JobFileError, MissingInputError
 from controller.jobspec import (
     DetectorSettings,
@@ -28,7 +29,6 @@ from controller.jobspec import (
     resolve_job,
 )
 from controller.validate import FieldError
-from runner_image.manifest import FaceSelection, NoFacePolicy
 
 # The example of DESIGN.md "Job file v1", verbatim.
 DESIGN_EXAMPLE = """\

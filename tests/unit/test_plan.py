@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from contract.errors import ManifestError
+from contract.manifest import FaceSelection, Manifest, NoFacePolicy
 from controller.plan import ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
 from controller.rundir import Control, RunDir, next_job_id
-from runner_image.manifest import FaceSelection, Manifest, ManifestError, NoFacePolicy
 
 
 def targets(n: int) -> list[TargetRef]:

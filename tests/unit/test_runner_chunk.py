@@ -22,20 +22,11 @@ import pytest
 import yaml
 from PIL import Image
 
+from contract.identity import IdentityRequest, IdentityResult
+from contract.manifest import FaceSelection, Item, Limits, Manifest, NoFacePolicy
+from contract.results import ItemResult, ItemStatus, read_results
 from runner_image.__main__ import main
 from runner_image.errors import Terminated
-from runner_image.manifest import (
-    FaceSelection,
-    IdentityRequest,
-    IdentityResult,
-    Item,
-    ItemResult,
-    ItemStatus,
-    Limits,
-    Manifest,
-    NoFacePolicy,
-    read_results,
-)
 from tests.fixtures import photos
 from tests.fixtures.standin_pack import build_pack
 

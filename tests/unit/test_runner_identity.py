@@ -11,18 +11,11 @@ import cv2
 import numpy as np
 import pytest
 
+from contract.errors import ManifestError
+from contract.identity import IdentityRequest, IdentityResult, SourceFaces
+from contract.manifest import FaceSelection, Item, Manifest, NoFacePolicy
+from contract.results import ItemStatus
 from runner_image.__main__ import main
-from runner_image.manifest import (
-    FaceSelection,
-    IdentityRequest,
-    IdentityResult,
-    Item,
-    ItemStatus,
-    Manifest,
-    ManifestError,
-    NoFacePolicy,
-    SourceFaces,
-)
 from tests.fixtures import photos
 from tests.unit.test_runner_chunk import (  # noqa: F401  (fixtures)
     JOB,

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
+from contract.manifest import Limits
 from runner_image import media
 from runner_image.errors import ItemError, Terminated
-from runner_image.manifest import Limits
 
 LIMITS = Limits()
 

@@ -15,10 +15,11 @@ import cv2
 import numpy as np
 import pytest
 
+from contract.manifest import FaceSelection
+from contract.results import ItemResult, ItemStatus
 from runner_image import faces, models, swap
 from runner_image.errors import ItemError, MissingInput, Temporary
 from runner_image.faces import Face
-from runner_image.manifest import FaceSelection, ItemResult, ItemStatus
 from runner_image.volume import DataRoot, committed
 from tests.fixtures import photos
 from tests.fixtures.standin_pack import build_pack

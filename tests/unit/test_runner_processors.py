@@ -10,8 +10,8 @@ import cv2
 import numpy as np
 import pytest
 
+from contract.manifest import Item, Manifest
 from runner_image import faces, models, pipeline, processors, swap
-from runner_image.manifest import Item, Manifest
 from runner_image.volume import DataRoot
 from tests.fixtures import photos
 from tests.fixtures.standin_pack import build_pack

@@ -6,10 +6,11 @@ import json
 import time
 from pathlib import Path
 
+from contract.manifest import Segment
+from contract.results import ItemResult, ItemStatus
 from controller.plan import Chunk, Plan, PlannedItem, PlannedVideo
 from controller.rundir import Control, RunDir
 from controller.status import describe, job_status
-from runner_image.manifest import ItemResult, ItemStatus, Segment
 
 
 def result(item: str, status: ItemStatus, started: float) -> str:

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from contract.results import ItemResult, ItemStatus
 from controller.errors import EngineUnavailable, JobFileError
 from controller.failures import ChunkState, FailureClass, classify_exit
 from controller.rundir import Control, RunDir
 from controller.servicespec import LABEL_ROLE, RunnerSettings, ServiceSpec, VolumeSpec, chunk_service
 from controller.supervisor import Policy, Supervisor
 from controller.swarm import ServiceState
-from runner_image.manifest import ItemResult, ItemStatus
 from tests.fakes import FakeEvents, FakeSwarm, Outcome
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from contract.results import ItemResult, ItemStatus
 from controller import jobs, timings
 from controller.config import Config
 from controller.jobspec import parse_job
@@ -15,7 +16,6 @@ from controller.plan import AUTO_MAX_CHUNK, Plan, TargetRef, auto_chunk_size, ma
 from controller.rundir import RunDir
 from controller.servicespec import VolumeSpec
 from controller.timings import Timing
-from runner_image.manifest import ItemResult, ItemStatus
 
 
 def photos(n: int) -> list[TargetRef]:

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from contract.paths import user_path, user_text
+from contract.results import ItemResult, ItemStatus
 from controller import jobs as jobs_mod
 from controller import serve
 from controller.config import Config, parse_config
@@ -22,7 +24,6 @@ from controller.plan import TargetRef, make_plan
 from controller.report import build_report
 from controller.rundir import Control, RunDir
 from controller.supervisor import ChunkRun, last_words
-from runner_image.manifest import ItemResult, ItemStatus, user_path, user_text
 
 
 def test_user_path_is_relative_to_the_data_root() -> None:

@@ -15,24 +15,18 @@ from typing import Any
 import numpy as np
 import pytest
 
+from contract import ffmpeg
+from contract.errors import ManifestError
+from contract.manifest import FaceSelection, Item, Manifest, NoFacePolicy, Segment
+from contract.results import ItemResult
 from controller import video
 from controller.jobspec import parse_job, resolve_job
 from controller.plan import ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
 from controller.report import build_report
 from controller.rundir import Control, RunDir
 from controller.supervisor import ChunkRun
-from runner_image import ffmpeg_cmds
 from runner_image import video as rvideo
 from runner_image.errors import ItemError
-from runner_image.manifest import (
-    FaceSelection,
-    Item,
-    ItemResult,
-    Manifest,
-    ManifestError,
-    NoFacePolicy,
-    Segment,
-)
 from runner_image.volume import DataRoot
 
 SEG = Segment(start_frame=25, frame_count=25, fps="30000/1001", width=480, height=360, timescale=30000)
@@ -41,13 +35,13 @@ SEG = Segment(start_frame=25, frame_count=25, fps="30000/1001", width=480, heigh
 
 
 def test_probe_cmd() -> None:
-    assert ffmpeg_cmds.probe_cmd("/d/a.mp4") == [
+    assert ffmpeg.probe_cmd("/d/a.mp4") == [
         "ffprobe", "-v", "error", "-count_packets", "-show_format", "-show_streams", "-of", "json", "/d/a.mp4",
     ]  # fmt: skip
 
 
 def test_decode_cmd_selects_exactly_the_frame_range() -> None:
-    assert ffmpeg_cmds.decode_cmd("/data/in/a.mp4", SEG) == [
+    assert ffmpeg.decode_cmd("/data/in/a.mp4", SEG) == [
         "ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error",
         "-i", "/data/in/a.mp4", "-map", "0:v:0", "-an", "-sn", "-dn",
         "-vf", "select='between(n,25,49)'", "-fps_mode", "passthrough", "-frames:v", "25",
@@ -57,7 +51,7 @@ def test_decode_cmd_selects_exactly_the_frame_range() -> None:
 
 def test_decode_cmd_seeks_when_the_plan_knows_the_segments_time() -> None:
     seg = Segment(**{**SEG.__dict__, "seek": "0.817483"})
-    assert ffmpeg_cmds.decode_cmd("/data/in/a.mp4", seg) == [
+    assert ffmpeg.decode_cmd("/data/in/a.mp4", seg) == [
         "ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error",
         "-ss", "0.817483", "-i", "/data/in/a.mp4", "-map", "0:v:0", "-an", "-sn", "-dn",
         "-fps_mode", "passthrough", "-frames:v", "25", "-f", "rawvideo", "-pix_fmt", "bgr24", "pipe:1",
@@ -66,7 +60,7 @@ def test_decode_cmd_seeks_when_the_plan_knows_the_segments_time() -> None:
 
 def test_encode_cmd_keeps_rate_and_timebase() -> None:
     seg = Segment(0, 30, "25/1", 360, 480, 12800, sar="117/128", codec="libx265", crf=23, preset="fast")
-    assert ffmpeg_cmds.encode_cmd("/data/runs/j/segments/.x.tmp", seg) == [
+    assert ffmpeg.encode_cmd("/data/runs/j/segments/.x.tmp", seg) == [
         "ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error",
         "-f", "rawvideo", "-pix_fmt", "bgr24", "-s", "360x480", "-framerate", "25/1", "-i", "pipe:0",
         "-an", "-vf", "setsar=117/128", "-c:v", "libx265", "-crf", "23", "-preset", "fast",
@@ -76,20 +70,20 @@ def test_encode_cmd_keeps_rate_and_timebase() -> None:
 
 def test_join_cmd_copies_video_and_maps_audio() -> None:
     head = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-f", "concat", "-safe", "0", "-i", "l.txt"]
-    assert ffmpeg_cmds.join_cmd("l.txt", "in.mov", "o.tmp", "mov", "copy") == [
+    assert ffmpeg.join_cmd("l.txt", "in.mov", "o.tmp", "mov", "copy") == [
         *head, "-i", "in.mov", "-map", "0:v:0", "-map", "1:a", "-c:v", "copy", "-c:a", "copy",
         "-movflags", "+faststart", "-f", "mov", "-y", "o.tmp",
     ]  # fmt: skip
-    assert ffmpeg_cmds.join_cmd("l.txt", "in.mkv", "o.tmp", "matroska", None) == [
+    assert ffmpeg.join_cmd("l.txt", "in.mkv", "o.tmp", "matroska", None) == [
         *head, "-map", "0:v:0", "-c:v", "copy", "-an", "-f", "matroska", "-y", "o.tmp",
     ]  # fmt: skip
-    assert ffmpeg_cmds.join_cmd("l.txt", "in.avi", "o.tmp", "webm", "libopus")[-8:] == [
+    assert ffmpeg.join_cmd("l.txt", "in.avi", "o.tmp", "webm", "libopus")[-8:] == [
         "-c:v", "copy", "-c:a", "libopus", "-f", "webm", "-y", "o.tmp",
     ]  # fmt: skip
 
 
 def test_concat_list_escapes_quotes() -> None:
-    text = ffmpeg_cmds.concat_list(["/r/a.mp4", "/r/it's.mp4"])
+    text = ffmpeg.concat_list(["/r/a.mp4", "/r/it's.mp4"])
     assert text == "ffconcat version 1.0\nfile '/r/a.mp4'\nfile '/r/it'\\''s.mp4'\n"
 
 
@@ -105,7 +99,7 @@ def test_concat_list_escapes_quotes() -> None:
     ],
 )
 def test_audio_copy_when_the_container_allows(muxer: str, codec: str, expected: str) -> None:
-    assert ffmpeg_cmds.audio_codec(muxer, codec) == expected
+    assert ffmpeg.audio_codec(muxer, codec) == expected
 
 
 @pytest.mark.parametrize(
@@ -487,7 +481,7 @@ def test_each_segment_decodes_exactly_its_frames(
     for seg in segments:
         assert seg is not None
         assert (seg.seek is not None) == (seeks and seg.start_frame > 0)
-        raw = subprocess.run(ffmpeg_cmds.decode_cmd(str(clip), seg), capture_output=True, check=True).stdout
+        raw = subprocess.run(ffmpeg.decode_cmd(str(clip), seg), capture_output=True, check=True).stdout
         got = np.frombuffer(raw, np.uint8).reshape(-1, height, width, 3)
         expected = frames[seg.start_frame : seg.start_frame + seg.frame_count]
         assert got.shape == expected.shape and np.array_equal(got, expected), f"segment at frame {seg.start_frame}"

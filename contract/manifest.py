@@ -1,9 +1,9 @@
-"""The chunk manifest: the one contract between the controller and the runner.
+"""The chunk manifest: what one chunk service is asked to do.
 
-Stdlib only. The controller imports this module to write manifests; the runner imports it to read
-them. Every path in a manifest is a *container* path (under ``/data``), never a host path, so a
-manifest means the same thing on every node. A manifest never changes once written: retries of a
-chunk read the same file, and the attempt number arrives through ``FFSWARM_ATTEMPT``.
+The controller writes one per chunk (``chunks/<chunk>.json``, contract/layout.py); the runner reads
+it. Every path in a manifest is a *container* path (under ``/data``, contract/paths.py), never a
+host path, so a manifest means the same thing on every node. A manifest never changes once written:
+retries of a chunk read the same file, and the attempt number arrives through ``FFSWARM_ATTEMPT``.
 """
 
 from __future__ import annotations
@@ -12,11 +12,15 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields
-from enum import Enum, StrEnum
+from enum import StrEnum
+from pathlib import PurePosixPath
 from typing import Any
 
+from contract.errors import ManifestError
+from contract.layout import RunLayout
+from contract.paths import require_container_path
+
 SCHEMA_VERSION = 1
-CONTAINER_DATA_ROOT = "/data"
 
 ENV_MANIFEST = "FFSWARM_MANIFEST"
 ENV_ATTEMPT = "FFSWARM_ATTEMPT"
@@ -46,19 +50,6 @@ class NoFacePolicy(StrEnum):
     COPY = "copy"  # output = input, item status no_face
     SKIP = "skip"  # no output written, item status no_face
     FAIL = "fail"  # item status error (runner exit 3)
-
-
-class ItemStatus(StrEnum):
-    OK = "ok"
-    NO_FACE = "no_face"
-    ERROR = "error"
-
-    def is_failure(self) -> bool:
-        return self is ItemStatus.ERROR
-
-
-class ManifestError(ValueError):
-    """The manifest is malformed or of an unknown schema version (runner exit 65)."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +105,7 @@ class Item:
 
     def __post_init__(self) -> None:
         for name in ("input", "output"):
-            _require_container_path(getattr(self, name), f"item {self.id}: {name}")
+            require_container_path(getattr(self, name), f"item {self.id}: {name}")
         if not self.id:
             raise ManifestError("item id is empty")
         if self.kind not in ("image", "video") or (self.kind == "video") != (self.segment is not None):
@@ -183,21 +174,26 @@ class Manifest:
             if p not in PROVIDERS:
                 raise ManifestError(f"unknown provider {p!r}")
         for name in ("run_dir", "pack_dir"):
-            _require_container_path(getattr(self, name), name)
+            require_container_path(getattr(self, name), name)
         for s in self.source:
-            _require_container_path(s, "source")
+            require_container_path(s, "source")
         if self.identity is not None:
-            _require_container_path(self.identity, "identity")
+            require_container_path(self.identity, "identity")
         ids = [i.id for i in self.items]
         if len(set(ids)) != len(ids):
             raise ManifestError("duplicate item ids")
 
     @property
+    def layout(self) -> RunLayout[PurePosixPath]:
+        """The job's run folder, in container paths."""
+        return RunLayout(PurePosixPath(self.run_dir))
+
+    @property
     def results_path(self) -> str:
-        return f"{self.run_dir}/results/{self.chunk}.jsonl"
+        return str(self.layout.results(self.chunk))
 
     def log_path(self, attempt: int) -> str:
-        return f"{self.run_dir}/logs/{self.chunk}.a{attempt}.log"
+        return str(self.layout.log(self.chunk, attempt))
 
     def to_json(self) -> str:
         # Shallow on purpose: dataclasses.asdict deep-copies every float of the embeddings, which made
@@ -230,10 +226,10 @@ class Manifest:
             )
         try:
             return cls(
-                job=_str(data, "job"),
-                chunk=_str(data, "chunk"),
-                run_dir=_str(data, "run_dir"),
-                pack_dir=_str(data, "pack_dir"),
+                job=text_field(data, "job"),
+                chunk=text_field(data, "chunk"),
+                run_dir=text_field(data, "run_dir"),
+                pack_dir=text_field(data, "pack_dir"),
                 source=tuple(str(s) for s in data["source"]),
                 items=tuple(Item.from_dict(i) for i in data["items"]),
                 processors=tuple(str(p) for p in data.get("processors", ["face_swapper"])),
@@ -269,9 +265,9 @@ def _optional_fields(data: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in ("source_embedding", "reference_embedding"):
         if data.get(name) is not None:
-            out[name] = _embedding(data[name], name)
+            out[name] = embedding_field(data[name], name)
     if data.get("identity") is not None:
-        out["identity"] = _str(data, "identity")
+        out["identity"] = text_field(data, "identity")
     for name in (
         "reference_distance",
         "detector_threshold",
@@ -281,7 +277,7 @@ def _optional_fields(data: dict[str, Any]) -> dict[str, Any]:
         "identity_timeout",
     ):
         if name in data:
-            out[name] = _number(data[name], name)
+            out[name] = number_field(data[name], name)
     if "detector_size" in data:
         value = data["detector_size"]
         if not isinstance(value, int) or isinstance(value, bool):
@@ -290,16 +286,16 @@ def _optional_fields(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _number(value: Any, name: str) -> float:
+def number_field(value: Any, name: str) -> float:
     if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
         raise ManifestError(f"{name} must be a finite number, got {value!r}")
     return float(value)
 
 
-def _embedding(value: Any, name: str) -> tuple[float, ...]:
+def embedding_field(value: Any, name: str) -> tuple[float, ...]:
     if not isinstance(value, list | tuple) or not value:
         raise ManifestError(f"{name} must be a non-empty list of numbers")
-    return tuple(_number(v, name) for v in value)
+    return tuple(number_field(v, name) for v in value)
 
 
 def _check_tuning(m: Manifest) -> None:
@@ -329,167 +325,6 @@ def _check_tuning(m: Manifest) -> None:
         raise ManifestError(f"detector_size must be a multiple of 32 from 160 to 2048, got {m.detector_size!r}")
 
 
-@dataclass(frozen=True)
-class IdentityRequest:
-    """What ``python -m runner_image identity`` embeds once per job at submit (container paths).
-
-    The controller writes it to ``runs/<job>/identity-request.json``; the answer (IdentityResult)
-    goes to ``output``, and its embeddings into every chunk manifest, so every chunk (and every
-    video segment) swaps in and selects the same person.
-    """
-
-    job: str
-    pack_dir: str
-    sources: tuple[str, ...]
-    output: str  # e.g. /data/runs/<job>/identity.json
-    providers: tuple[str, ...] = ("cuda", "cpu")
-    reference: str | None = None
-    detector_threshold: float = DETECTOR_THRESHOLD
-    detector_size: int = DETECTOR_SIZE
-    limits: Limits = field(default_factory=Limits)
-    schema: int = SCHEMA_VERSION
-
-    def __post_init__(self) -> None:
-        if self.schema != SCHEMA_VERSION:
-            raise ManifestError(f"unknown identity request schema version {self.schema!r}")
-        if not self.job:
-            raise ManifestError("identity request: job is empty")
-        if not self.sources:
-            raise ManifestError("identity request has no source photo")
-        for p in self.providers:
-            if p not in PROVIDERS:
-                raise ManifestError(f"unknown provider {p!r}")
-        for s in self.sources:
-            _require_container_path(s, "source")
-        _require_container_path(self.pack_dir, "pack_dir")
-        _require_container_path(self.output, "output")
-        if self.reference is not None:
-            _require_container_path(self.reference, "reference")
-        if not 0.0 <= self.detector_threshold <= 1.0:
-            raise ManifestError(f"detector_threshold must be in [0, 1], got {self.detector_threshold!r}")
-        if self.detector_size % 32 or not 160 <= self.detector_size <= 2048:
-            raise ManifestError(f"detector_size must be a multiple of 32 from 160 to 2048, got {self.detector_size!r}")
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> IdentityRequest:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ManifestError(f"identity request is not JSON: {e}") from e
-        if not isinstance(data, dict):
-            raise ManifestError("identity request must be a JSON object")
-        if data.get("schema") != SCHEMA_VERSION:
-            raise ManifestError(f"unknown identity request schema version {data.get('schema')!r}")
-        try:
-            ref = data.get("reference")
-            return cls(
-                job=_str(data, "job"),
-                pack_dir=_str(data, "pack_dir"),
-                sources=tuple(str(s) for s in data["sources"]),
-                output=_str(data, "output"),
-                providers=tuple(str(p) for p in data.get("providers", ["cuda", "cpu"])),
-                reference=None if ref is None else str(ref),
-                detector_threshold=_number(data.get("detector_threshold", DETECTOR_THRESHOLD), "detector_threshold"),
-                detector_size=int(data.get("detector_size", DETECTOR_SIZE)),
-                limits=Limits(**data.get("limits", {})),
-                schema=int(data["schema"]),
-            )
-        except ManifestError:
-            raise
-        except (KeyError, TypeError, ValueError) as e:
-            raise ManifestError(f"malformed identity request: {type(e).__name__}: {e}") from e
-
-
-@dataclass(frozen=True)
-class SourceFaces:
-    path: str  # container path of one photo
-    faces: int  # faces found in it
-
-
-@dataclass(frozen=True)
-class IdentityResult:
-    """The answer to an IdentityRequest. ``error`` set: the job cannot run (the subcommand exits 66)
-    and it says which photo and why; the embeddings are then empty/None. ``pending``: the step has
-    not answered yet (what the controller writes when it creates the run folder)."""
-
-    source_embedding: tuple[float, ...] = ()  # mean of the sources' normed embeddings, renormalised
-    reference_embedding: tuple[float, ...] | None = None
-    sources: tuple[SourceFaces, ...] = ()
-    error: str | None = None
-    provider: str | None = None
-    pending: bool = False
-
-    @property
-    def answered(self) -> bool:
-        """The step has answered with the embeddings (not pending, no error)."""
-        return not self.pending and not self.error and bool(self.source_embedding)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> IdentityResult:
-        try:
-            data = json.loads(text)
-            ref = data.get("reference_embedding")
-            return cls(
-                source_embedding=tuple(float(v) for v in data.get("source_embedding", ())),
-                reference_embedding=None if ref is None else tuple(float(v) for v in ref),
-                sources=tuple(SourceFaces(path=str(s["path"]), faces=int(s["faces"])) for s in data.get("sources", ())),
-                error=data.get("error"),
-                provider=data.get("provider"),
-                pending=bool(data.get("pending", False)),
-            )
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ManifestError(f"malformed identity result: {type(e).__name__}: {e}") from e
-
-
-@dataclass(frozen=True)
-class ItemResult:
-    """One line of results/<chunk>.jsonl: one item, one attempt."""
-
-    item: str
-    status: ItemStatus
-    attempt: int
-    input: str  # container path, as in the manifest
-    output: str | None  # None when nothing was written (error, or no_face with skip)
-    reason: str | None = None  # for people: names files relative to the data root (user_path)
-    faces: int = 0
-    cached: bool = False  # True: committed by an earlier attempt, not redone
-    gpu: str | None = None  # DOCKER_RESOURCE_GPU the container saw
-    provider: str | None = None
-    started: float = 0.0  # unix time
-    finished: float = 0.0
-    timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds
-
-    def to_line(self) -> str:
-        data = asdict(self)
-        data["status"] = self.status.value
-        return json.dumps(data, sort_keys=True) + "\n"
-
-    @classmethod
-    def from_line(cls, line: str) -> ItemResult:
-        data = json.loads(line)
-        data["status"] = ItemStatus(data["status"])
-        return cls(**data)
-
-
-def read_results(text: str) -> list[ItemResult]:
-    """Parse a results file; a torn last line (writer killed mid-append) is ignored."""
-    out = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            out.append(ItemResult.from_line(line))
-        except (ValueError, TypeError, KeyError):
-            continue
-    return out
-
-
 def _item_dict(item: Item) -> dict[str, Any]:
     """An item as JSON data; image items stay as they were before video items existed."""
     if item.kind == "image" and item.segment is None:
@@ -503,48 +338,8 @@ def _item_dict(item: Item) -> dict[str, Any]:
     }
 
 
-def _str(data: dict[str, Any], key: str) -> str:
+def text_field(data: dict[str, Any], key: str) -> str:
     value = data[key]
     if not isinstance(value, str) or not value:
         raise ManifestError(f"manifest field {key!r} must be a non-empty string")
     return value
-
-
-def user_path(container_path: str) -> str:
-    """A container path as the user wrote it in the job file: relative to the data root
-    (``/data/hidden/in/a.jpg`` → ``hidden/in/a.jpg``). Every reason a user reads (results, report,
-    summary, serve's reason files) names files this way; the runner's own log lines may keep
-    container paths. A path outside the data root is returned unchanged."""
-    if container_path == CONTAINER_DATA_ROOT:
-        return "."
-    return container_path.removeprefix(CONTAINER_DATA_ROOT + "/")
-
-
-def user_text(text: str, *roots: str) -> str:
-    """Free text someone else wrote (a runner's last words, a traceback's last line, a result line
-    of an older runner, an error naming host files) with the paths in it under the data root written
-    as ``user_path`` writes them. ``roots``: other folders that are the data root (the controller
-    host's); a path counts where no other path's characters come right before it."""
-    for root in (CONTAINER_DATA_ROOT, *roots):
-        root = root.rstrip("/")
-        if root and root + "/" in text:
-            text = re.sub(rf"(?<![\w./~-]){re.escape(root)}/", "", text)
-    return text
-
-
-def _require_container_path(path: str, what: str) -> None:
-    if not isinstance(path, str) or not (path == CONTAINER_DATA_ROOT or path.startswith(CONTAINER_DATA_ROOT + "/")):
-        raise ManifestError(f"{what}: {path!r} is not a path under {CONTAINER_DATA_ROOT}")
-    if "/../" in path + "/" or "/./" in path + "/":
-        raise ManifestError(f"{what}: {path!r} is not normalised")
-
-
-class RunnerExit(int, Enum):
-    """The runner's exit codes (DESIGN.md): what kind of ending a chunk attempt had."""
-
-    OK = 0  # every item ok, no_face (copy/skip), or already done
-    ITEMS_FAILED = 3  # finished; some items failed for their own reasons
-    BAD_MANIFEST = 65  # malformed manifest / unknown schema: no retry
-    MISSING_INPUT = 66  # source photo or model pack missing or wrong checksum: no retry
-    INTERNAL = 70  # bug: retry, counts against retries
-    TEMPORARY = 75  # shared volume unavailable, GPU/provider init failed: retry elsewhere

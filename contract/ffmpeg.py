@@ -1,7 +1,7 @@
 """ffmpeg/ffprobe command lines as pure functions returning argv lists (never a shell string).
 
-The runner decodes and encodes segments with them, the controller probes and joins with them (it
-may import this module; this module imports nothing of the controller). Tests compare the lists.
+The runner decodes and encodes segments with them, the controller probes and joins with them: both
+must agree on the segments' format, so the commands are part of the contract. Tests compare the lists.
 
 Why these flags:
 - decode: ``select='between(n,S,E)'`` picks frames by their index in decode order, so a segment is
@@ -17,7 +17,7 @@ Why these flags:
 
 from __future__ import annotations
 
-from .manifest import Segment
+from contract.manifest import Segment
 
 FFMPEG = "ffmpeg"
 FFPROBE = "ffprobe"

@@ -1,0 +1,167 @@
+"""The run folder: every path of ``runs/<job>/`` named once, for both of its readers.
+
+The controller sees the run folder under its host's data root, a runner under the container's
+``/data``; both build a ``RunLayout`` over their own root and ask it for paths, so a file is never
+spelled twice. Every file has one writer (docs/architecture.md, "The controller/runner mirror"):
+
+====================================  ==============================================================
+``job.yaml``, ``plan.json``           controller, at the first submit
+``chunks/<chunk>.json``               controller: the chunk manifest (contract/manifest.py)
+``control.json``                      ``ffswarm scale`` / ``cancel``
+``image.json``                        controller, once: the image every attempt runs
+``identity-request.json``             controller (contract/identity.py)
+``identity.json``                     controller ("pending"), then the identity step
+``results/<chunk>.jsonl``             runner, appending (contract/results.py)
+``logs/<chunk>.a<n>.log``             runner (or the controller, from the service's logs)
+``logs/identity.log``                 the identity step
+``segments/<item>-s<n>.mp4``          runner: a video's segments, joined by the controller
+``state.json``                        controller's watch
+``joins.jsonl``, ``report.json``      controller
+====================================  ==============================================================
+
+Pure: naming only, no file is touched here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePath, PurePosixPath
+from typing import Generic, NamedTuple, TypeVar
+
+from contract.paths import CONTAINER_DATA_ROOT
+
+P = TypeVar("P", bound=PurePath)
+
+RUNS = "runs"  # under the data root: one folder per job id
+CHUNKS = "chunks"
+RESULTS = "results"
+LOGS = "logs"
+SEGMENTS = "segments"
+SUBFOLDERS = (CHUNKS, RESULTS, LOGS)  # made with the run folder, owned by the runner's user
+JOB_FILE = "job.yaml"
+PLAN = "plan.json"  # written last: its presence means the run folder is complete
+CONTROL = "control.json"
+IMAGE = "image.json"
+IDENTITY_REQUEST = "identity-request.json"
+IDENTITY = "identity.json"
+IDENTITY_LOG = "identity.log"
+STATE = "state.json"
+JOINS = "joins.jsonl"
+REPORT = "report.json"
+
+_ATTEMPT_LOG = re.compile(r"(?P<chunk>[^./][^/]*)\.a(?P<attempt>[0-9]+)\.log")
+
+
+class AttemptLog(NamedTuple):
+    """What a runner log's file name says: whose it is."""
+
+    chunk: str
+    attempt: int
+
+
+def attempt_log_name(chunk: str, attempt: int) -> str:
+    return f"{chunk}.a{attempt}.log"
+
+
+def parse_attempt_log(name: str) -> AttemptLog | None:
+    """The chunk and attempt a log file name (``c0007.a2.log``) belongs to; None for any other file
+    in logs/ (``identity.log``, a temporary name being written)."""
+    m = _ATTEMPT_LOG.fullmatch(name)
+    return None if m is None else AttemptLog(m["chunk"], int(m["attempt"]))
+
+
+@dataclass(frozen=True)
+class RunLayout(Generic[P]):
+    """The paths of one run folder ``dir`` (``<data root>/runs/<job>``), of the same kind as ``dir``:
+    host Paths for the controller, container PurePosixPaths for the runner and the manifests."""
+
+    dir: P
+
+    @staticmethod
+    def host(data_root: Path, job: str) -> RunLayout[Path]:
+        """The controller's view: under this host's data root."""
+        return RunLayout(data_root / RUNS / job)
+
+    @staticmethod
+    def container(job: str) -> RunLayout[PurePosixPath]:
+        """A runner's view, and what manifests and requests name: under ``/data``."""
+        return RunLayout(PurePosixPath(CONTAINER_DATA_ROOT, RUNS, job))
+
+    @staticmethod
+    def relative(job: str) -> RunLayout[PurePosixPath]:
+        """Relative to the data root, as plan.json and reports name files."""
+        return RunLayout(PurePosixPath(RUNS, job))
+
+    @property
+    def job_file(self) -> P:
+        return self.dir / JOB_FILE
+
+    @property
+    def plan(self) -> P:
+        return self.dir / PLAN
+
+    @property
+    def control(self) -> P:
+        return self.dir / CONTROL
+
+    @property
+    def image(self) -> P:
+        return self.dir / IMAGE
+
+    @property
+    def identity_request(self) -> P:
+        return self.dir / IDENTITY_REQUEST
+
+    @property
+    def identity(self) -> P:
+        return self.dir / IDENTITY
+
+    @property
+    def state(self) -> P:
+        return self.dir / STATE
+
+    @property
+    def joins(self) -> P:
+        return self.dir / JOINS
+
+    @property
+    def report(self) -> P:
+        return self.dir / REPORT
+
+    @property
+    def chunks_dir(self) -> P:
+        return self.dir / CHUNKS
+
+    @property
+    def results_dir(self) -> P:
+        return self.dir / RESULTS
+
+    @property
+    def logs_dir(self) -> P:
+        return self.dir / LOGS
+
+    @property
+    def segments_dir(self) -> P:
+        return self.dir / SEGMENTS
+
+    def subfolders(self) -> tuple[P, ...]:
+        """The run folder and the sub-folders runners write into."""
+        return (self.dir, *(self.dir / sub for sub in SUBFOLDERS))
+
+    def manifest(self, chunk: str) -> P:
+        return self.dir / CHUNKS / f"{chunk}.json"
+
+    def results(self, chunk: str) -> P:
+        return self.dir / RESULTS / f"{chunk}.jsonl"
+
+    def log(self, chunk: str, attempt: int) -> P:
+        return self.dir / LOGS / attempt_log_name(chunk, attempt)
+
+    @property
+    def identity_log(self) -> P:
+        return self.dir / LOGS / IDENTITY_LOG
+
+    def segment(self, segment_id: str, ext: str) -> P:
+        """A video segment's output (``ext``: contract/ffmpeg.py SEGMENT_EXT)."""
+        return self.dir / SEGMENTS / f"{segment_id}{ext}"
