@@ -1,6 +1,6 @@
 """The runner's exit codes: its verdict on an attempt, carried to the controller by the engine.
 
-docs/failures.md#exit-codes says what the controller does with each (controller/failures.py).
+docs/failures.md#exit-codes says what the controller does with each (controller/run/failures.py).
 """
 
 from __future__ import annotations

@@ -299,7 +299,7 @@ def embedding_field(value: Any, name: str) -> tuple[float, ...]:
 
 
 def _check_tuning(m: Manifest) -> None:
-    """Ranges as the job file allows them (controller/jobspec.py); a manifest written by hand or by
+    """Ranges as the job file allows them (controller/job/spec.py); a manifest written by hand or by
     an older controller fails here (65) rather than as odd pixels."""
     for name in ("source_embedding", "reference_embedding"):
         emb = getattr(m, name)

@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 
 from controller.errors import ConfigError
-from controller.servicespec import VolumeSpec
-from controller.validate import parse_duration
+from controller.job.validate import parse_duration
+from controller.swarm.servicespec import VolumeSpec
 
 DEFAULT_IMAGE = "ffswarm/runner:dev"
 _KEYS = {"data_root", "volume", "image", "schedule_timeout", "runner_user", "docker_host", "engine_outage"}

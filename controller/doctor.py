@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 from controller.config import Config
 from controller.errors import FfswarmError
-from controller.oneshot import run_oneshot
-from controller.servicespec import RUNNER_COMMAND, RunnerSettings, chunk_service
-from controller.swarm import NodeInfo, SwarmAdmin
+from controller.run.oneshot import run_oneshot
+from controller.swarm.admin import SwarmAdmin
+from controller.swarm.backend import NodeInfo
+from controller.swarm.servicespec import RUNNER_COMMAND, RunnerSettings, chunk_service
 
 GPU_LABEL = ("ffswarm.gpu", "true")
 GPU_KIND = "GPU"

@@ -193,7 +193,7 @@ def await_identity(
     sleep: Callable[[float], None] = time.sleep,
 ) -> Manifest:
     """The manifest with the job's identity filled in. The first chunks start beside the submit-time
-    identity step (controller/identity.py): their models are loaded by now, and they wait here for
+    identity step (controller/run/identity.py): their models are loaded by now, and they wait here for
     identity.json to stop saying "pending". Nothing is written before that, so a job whose identity
     fails leaves no output. A step that answers with an error is the job's input problem (66); one
     that never answers within identity_timeout is temporary (75: retried, and the controller will

@@ -29,10 +29,10 @@ import cv2
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from controller import jobs, timings  # noqa: E402
 from controller.config import Config, load_config  # noqa: E402
-from controller.rundir import RunDir  # noqa: E402
-from controller.swarm import DockerSwarm  # noqa: E402
+from controller.run import jobs, timings  # noqa: E402
+from controller.run.rundir import RunDir  # noqa: E402
+from controller.swarm.docker import DockerSwarm  # noqa: E402
 from tests.fixtures import photos  # noqa: E402
 
 
@@ -226,7 +226,7 @@ def main() -> None:
     config = load_config(str(ROOT / "ffswarm.yaml"))
     swarm = DockerSwarm(config.docker_host)
     swarm.check_manager()
-    from controller.jobspec import JobSpec
+    from controller.job.spec import JobSpec
 
     default_cs: Any = args.default_chunk_size or JobSpec.__dataclass_fields__["chunk_size"].default
     b = Bench(config, swarm, tuple(args.providers.split(",")))

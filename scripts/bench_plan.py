@@ -60,10 +60,11 @@ def make_inputs(root: Path, images: int, videos: int, video_seconds: int) -> Non
 
 def child(root: Path, job_file: Path) -> dict[str, float]:
     """One planning run, stage by stage (what `ffswarm submit` does before any Docker call)."""
-    from controller import video
-    from controller.jobspec import load_job_file, resolve_job
-    from controller.plan import ManifestSettings, chunk_manifests, make_plan
-    from controller.rundir import Control, RunDir
+    from controller.job import video
+    from controller.job.files import load_job_file
+    from controller.job.plan import ManifestSettings, chunk_manifests, make_plan
+    from controller.job.resolve import resolve_job
+    from controller.run.rundir import Control, RunDir
 
     t = {"start": time.perf_counter()}
     spec = load_job_file(job_file)

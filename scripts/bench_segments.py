@@ -27,8 +27,9 @@ sys.path.insert(0, str(ROOT))
 
 from contract import ffmpeg  # noqa: E402
 from contract.manifest import Segment  # noqa: E402
-from controller import video  # noqa: E402
-from controller.jobspec import parse_job, resolve_job  # noqa: E402
+from controller.job import video  # noqa: E402
+from controller.job.files import parse_job  # noqa: E402
+from controller.job.resolve import resolve_job  # noqa: E402
 
 
 def decode_seconds(path: Path, seg: Segment) -> float:

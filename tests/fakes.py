@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controller.errors import EngineUnavailable
-from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_JOB, ServiceSpec
-from controller.swarm import NodeState, ServiceState, TaskState
+from controller.swarm.backend import NodeState, ServiceState, TaskState
+from controller.swarm.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_JOB, ServiceSpec
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from controller.servicespec import LABEL_JOB
-from controller.swarm import DockerSwarm
+from controller.swarm.docker import DockerSwarm
+from controller.swarm.servicespec import LABEL_JOB
 from tests.polling import Polling, remove_container
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from controller.config import Config, load_config
-from controller.servicespec import LABEL_JOB, RunnerSettings, ServiceSpec, chunk_service
-from controller.swarm import DockerSwarm
+from controller.swarm.docker import DockerSwarm
+from controller.swarm.servicespec import LABEL_JOB, RunnerSettings, ServiceSpec, chunk_service
 from tests.polling import Polling, remove_container
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.servicespec import LABEL_JOB
-from controller.swarm import DockerSwarm
+from controller.swarm.docker import DockerSwarm
+from controller.swarm.servicespec import LABEL_JOB
 from tests.fixtures import photos
 from tests.integration.conftest import Workspace
 

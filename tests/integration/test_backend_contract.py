@@ -9,8 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from controller.servicespec import LABEL_JOB
-from controller.swarm import DockerSwarm, ServiceState, SwarmBackend
+from controller.swarm.backend import ServiceState, SwarmBackend
+from controller.swarm.docker import DockerSwarm
+from controller.swarm.servicespec import LABEL_JOB
 from tests.fakes import FakeSwarm
 from tests.integration.conftest import Workspace, shell_service
 

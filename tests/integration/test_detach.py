@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from controller.handover import HEARTBEAT_DIR, Heartbeat, serving
+from controller.run.handover import HEARTBEAT_DIR, Heartbeat, serving
 from tests.integration.conftest import Workspace
 from tests.integration.test_ops_serve import Serve, free_port, job_text, wait_for
 

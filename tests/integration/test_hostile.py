@@ -28,11 +28,12 @@ import yaml
 
 from contract.results import ItemResult, ItemStatus, read_results
 from controller.config import Config
-from controller.failures import FailureClass
-from controller.rundir import Control, RunDir
-from controller.servicespec import LABEL_JOB, RunnerSettings
-from controller.supervisor import Policy, Supervisor
-from controller.swarm import DockerSwarm
+from controller.run.chunks import Policy
+from controller.run.failures import FailureClass
+from controller.run.rundir import Control, RunDir
+from controller.run.supervisor import Supervisor
+from controller.swarm.docker import DockerSwarm
+from controller.swarm.servicespec import LABEL_JOB, RunnerSettings
 from tests.fixtures import hostile, photos
 from tests.integration.conftest import Workspace, chown_tree
 
@@ -86,7 +87,7 @@ retries: 1
 timeout: 10m
 """)
     # A photo the runner may not read and an output folder it may not write: refused at submit, both
-    # named, nothing created (controller/access.py); with the printed fix applied they run like any photo.
+    # named, nothing created (controller/job/access.py); with the printed fix applied they run like any photo.
     refused = ws.ffswarm("submit", str(job_file))
     assert refused.returncode == 66, refused.stdout[-2000:] + refused.stderr[-3000:]
     assert f"  {ws.rel(paths['secret.jpg'])}: input the runner cannot read (owner " in refused.stderr

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from controller.servicespec import LABEL_JOB
-from controller.swarm import DockerSwarm
+from controller.swarm.docker import DockerSwarm
+from controller.swarm.servicespec import LABEL_JOB
 from tests.fixtures import photos
 from tests.integration.conftest import (
     CONFIG,

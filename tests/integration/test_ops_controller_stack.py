@@ -20,7 +20,7 @@ from pathlib import Path
 import prometheus_client
 import pytest
 
-from controller.swarm import DockerSwarm
+from controller.swarm.docker import DockerSwarm
 from tests.integration.conftest import ROOT, Workspace
 from tests.integration.test_ops_serve import drop, free_port, job_text
 

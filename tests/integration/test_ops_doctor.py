@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.servicespec import VolumeSpec
-from controller.swarm import DockerSwarm, SwarmAdmin
+from controller.swarm.admin import SwarmAdmin
+from controller.swarm.docker import DockerSwarm
+from controller.swarm.servicespec import VolumeSpec
 from tests.integration.conftest import Workspace
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,6 @@
 """`ffswarm render` → real `docker stack deploy`: the same chunk services as the SDK path, and the job completes.
 
-The stack's services are compared field by field with services controller.swarm.DockerSwarm creates
+The stack's services are compared field by field with services controller.swarm.docker.DockerSwarm creates
 from the same ServiceSpecs. The only differences allowed are the ones `docker stack deploy` always
 adds (its namespace/image labels, an endpoint mode, empty privileges, the name prefix) and the one
 network every stack service must name: the engine's predefined `bridge`, which is where the SDK's
@@ -21,8 +21,8 @@ import pytest
 
 from contract.results import ItemStatus
 from controller.config import load_config
-from controller.render import render_runner_stack
-from controller.swarm import DockerSwarm
+from controller.swarm.docker import DockerSwarm
+from controller.swarm.render import render_runner_stack
 from tests.fixtures import photos
 from tests.integration.conftest import CONFIG, Workspace, chown_tree
 
@@ -90,7 +90,7 @@ resources: {{gpus: 1, gpu_kind: GPU, memory: 2g}}
     assert (ws.root / "runs" / ws.job / "chunks" / "c0001.json").is_file()  # manifests are there for the runners
 
     # The file is exactly these ServiceSpecs rendered (the specs the SDK path would create).
-    from controller.cli_ops import job_services
+    from controller.cli.ops import job_services
 
     specs = job_services(load_config(str(CONFIG)), ws.job, 1)
     assert [s.name for s in specs] == [f"ffswarm-{ws.job}-c0000-a1", f"ffswarm-{ws.job}-c0001-a1"]

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from controller.servicespec import LABEL_JOB
-from controller.swarm import DockerSwarm
+from controller.swarm.docker import DockerSwarm
+from controller.swarm.servicespec import LABEL_JOB
 from tests.fixtures import photos
 from tests.integration.conftest import Workspace, chown_tree
 from tests.integration.test_ops_serve import Serve, drop

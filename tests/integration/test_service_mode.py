@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from controller.servicespec import LABEL_JOB, ServiceSpec
-from controller.swarm import DockerSwarm
+from controller.swarm.docker import DockerSwarm
+from controller.swarm.servicespec import LABEL_JOB, ServiceSpec
 from tests.integration.conftest import Workspace, shell_service
 
 pytestmark = pytest.mark.integration

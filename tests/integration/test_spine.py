@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from contract.results import ItemResult, read_results
-from controller.servicespec import LABEL_JOB
-from controller.swarm import DockerSwarm
+from controller.swarm.docker import DockerSwarm
+from controller.swarm.servicespec import LABEL_JOB
 from tests.fixtures import photos
 from tests.integration.conftest import ServiceWatch, Workspace, chown_tree
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from contract.results import ItemResult, read_results
-from controller.swarm import DockerSwarm
+from controller.swarm.docker import DockerSwarm
 from tests.fixtures import photos
 from tests.integration.conftest import ServiceWatch, Workspace, chown_tree
 

@@ -1,4 +1,4 @@
-"""What the runner's uid may read and write, judged at submit (controller/access.py): refusals name
+"""What the runner's uid may read and write, judged at submit (controller/job/access.py): refusals name
 path, owner, mode and fix; missing output folders are made for the runner, never through a symlink.
 Tests run as root (they chown); as another user they are skipped."""
 
@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller import access, video
 from controller.config import Config, parse_config
 from controller.errors import MissingInputError
-from controller.jobs import prepare, start_run
-from controller.rundir import RunDir
+from controller.job import access
+from controller.run import join
+from controller.run.jobs import prepare, start_run
+from controller.run.rundir import RunDir
 from tests.unit.test_submit_checks import BASE
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown")
@@ -239,7 +240,7 @@ def test_the_video_join_makes_its_output_folder_for_the_runner(tmp_path: Path) -
     spec, plan = job_on(tmp_path, segment_seconds=0.5, output="deliver/nc/{stem}{ext}")
     run_segments(tmp_path, plan)
     rundir = RunDir(tmp_path, plan.job, RUNNER)
-    video.finish(plan, rundir, spec, rerun_with(tmp_path, plan, []), {}, lambda e, **k: None)
+    join.finish(plan, rundir, spec, rerun_with(tmp_path, plan, []), {}, lambda e, **k: None)
     assert (tmp_path / "deliver" / "nc" / "a.mp4").is_file()
     assert owner(tmp_path / "deliver") == owner(tmp_path / "deliver" / "nc") == RUNNER
     assert owner(tmp_path / "deliver" / "nc" / "a.mp4") == RUNNER

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from controller.cli import cli
 from controller.errors import UsageError
-from controller.gpuconfig import daemon_json, gpus_from_list, parse_nvidia_smi, render
+from controller.swarm.gpuconfig import daemon_json, gpus_from_list, parse_nvidia_smi, render
 
 GOLDEN = Path(__file__).parent / "golden"
 ONE = "GPU 0: NVIDIA H200 (UUID: GPU-1d2f4b6a-0c1e-4b7e-9a55-0e6c3f2a9b11)\n"

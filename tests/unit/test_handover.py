@@ -12,14 +12,14 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from controller import handover
 from controller.cli import cli
 from controller.config import Config, parse_config
 from controller.errors import CapacityError, UsageError
-from controller.handover import HEARTBEAT_DIR, Heartbeat, HeartbeatFile, hand_over, serving
-from controller.jobs import PreparedJob, prepare
-from controller.metrics import Metrics
-from controller.serve import Inbox, Outcome, Server
+from controller.run import handover
+from controller.run.handover import HEARTBEAT_DIR, Heartbeat, HeartbeatFile, hand_over, serving
+from controller.run.jobs import PreparedJob, prepare
+from controller.run.metrics import Metrics
+from controller.run.serve import Inbox, Outcome, Server
 
 PACK = {
     "det_10g.onnx": {"role": "detector", "sha256": "0" * 64},

@@ -1,4 +1,4 @@
-"""The submit-time identity step beside the first chunks (controller/identity.py, jobs.supervise),
+"""The submit-time identity step beside the first chunks (controller/run/identity.py, jobs.supervise),
 driven through the in-memory FakeSwarm: what runs when, what a refusal leaves, what resume redoes."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from contract.identity import IdentityRequest, IdentityResult
-from controller import identity
 from controller.config import Config, parse_config
 from controller.errors import FfswarmError, JobFileError
-from controller.jobs import PreparedJob, prepare, runner_settings, start_run, supervise
-from controller.rundir import RunDir
-from controller.servicespec import LABEL_ROLE
-from controller.swarm import NodeState, ServiceState
+from controller.run import identity
+from controller.run.jobs import PreparedJob, prepare, runner_settings, start_run, supervise
+from controller.run.rundir import RunDir
+from controller.swarm.backend import NodeState, ServiceState
+from controller.swarm.servicespec import LABEL_ROLE
 from tests.fakes import FakeSwarm, Outcome
 from tests.unit.test_submit_checks import BASE, setup
 

@@ -12,7 +12,9 @@ import yaml
 
 from contract.manifest import FaceSelection, NoFacePolicy
 from controller.errors import JobFileError, MissingInputError
-from controller.jobspec import (
+from controller.job.files import load_job_file, load_jobs, parse_job, parse_job_text
+from controller.job.resolve import resolve_job
+from controller.job.spec import (
     DetectorSettings,
     EnhancerSettings,
     JobSpec,
@@ -22,13 +24,8 @@ from controller.jobspec import (
     TargetKind,
     VideoSettings,
     expand_output,
-    load_job_file,
-    load_jobs,
-    parse_job,
-    parse_job_text,
-    resolve_job,
 )
-from controller.validate import FieldError
+from controller.job.validate import FieldError
 
 # The example of DESIGN.md "Job file v1", verbatim.
 DESIGN_EXAMPLE = """\

@@ -7,9 +7,9 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from contract.results import ItemResult, ItemStatus
-from controller.metrics import Metrics
-from controller.plan import TargetRef, make_plan
-from controller.rundir import RunDir
+from controller.job.plan import TargetRef, make_plan
+from controller.run.metrics import Metrics
+from controller.run.rundir import RunDir
 
 
 def make_run(tmp_path: Path, items: int = 5, chunk_size: int = 2) -> RunDir:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.paths import Resolver, check_relative, relative_to_root, resolve_inside, safe_glob, to_container
+from controller.job.paths import Resolver, check_relative, relative_to_root, resolve_inside, safe_glob, to_container
 
 
 @pytest.fixture

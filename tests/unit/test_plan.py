@@ -9,8 +9,8 @@ import pytest
 
 from contract.errors import ManifestError
 from contract.manifest import FaceSelection, Manifest, NoFacePolicy
-from controller.plan import ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
-from controller.rundir import Control, RunDir, next_job_id
+from controller.job.plan import ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
+from controller.run.rundir import Control, RunDir, next_job_id
 
 
 def targets(n: int) -> list[TargetRef]:
@@ -147,7 +147,7 @@ def test_job_tuning_reaches_every_manifest() -> None:
 
 
 def test_auto_chunk_size_is_one_wave_over_the_slots_capped() -> None:
-    from controller.plan import AUTO_MAX_CHUNK, auto_chunk_size
+    from controller.job.plan import AUTO_MAX_CHUNK, auto_chunk_size
 
     assert auto_chunk_size(1000, 2) == 500
     assert auto_chunk_size(1001, 2) == 501

@@ -16,10 +16,10 @@ from rich.console import Console
 from contract.results import ItemResult, ItemStatus
 from controller import log
 from controller.errors import UsageError
-from controller.plan import Chunk, Plan, PlannedItem
-from controller.progress import Progress, Snapshot, follow, snapshot
-from controller.rundir import Control, RunDir
-from controller.status import job_status
+from controller.job.plan import Chunk, Plan, PlannedItem
+from controller.run.progress import Progress, Snapshot, follow, snapshot
+from controller.run.rundir import Control, RunDir
+from controller.run.status import job_status
 from tests.screen import colour_codes, is_bar, is_log, mixed, screen_lines, visible_widths
 
 JOB = "a-rather-long-job-name-that-fills-a-line-2"

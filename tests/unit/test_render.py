@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.render import ControllerStack, render_controller_stack, render_runner_stack
-from controller.servicespec import RunnerSettings, ServiceSpec, VolumeSpec, chunk_service
+from controller.swarm.render import ControllerStack, render_controller_stack, render_runner_stack
+from controller.swarm.servicespec import RunnerSettings, ServiceSpec, VolumeSpec, chunk_service
 
 IMAGE = "registry.example.internal/ffswarm/runner@sha256:" + "ab" * 32
 

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from controller.config import Config, parse_config
-from controller.metrics import Metrics
-from controller.serve import Inbox, Outcome, Server
+from controller.run.metrics import Metrics
+from controller.run.serve import Inbox, Outcome, Server
 
 
 def serve_once(tmp_path: Path, outcome: Outcome) -> tuple[Inbox, list[Path]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.servicespec import RunnerSettings, ServiceSpec, VolumeSpec, chunk_service, service_name
+from controller.swarm.servicespec import RunnerSettings, ServiceSpec, VolumeSpec, chunk_service, service_name
 
 
 def settings(volume: VolumeSpec | None = None, gpus: int = 1) -> RunnerSettings:

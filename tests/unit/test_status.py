@@ -8,9 +8,9 @@ from pathlib import Path
 
 from contract.manifest import Segment
 from contract.results import ItemResult, ItemStatus
-from controller.plan import Chunk, Plan, PlannedItem, PlannedVideo
-from controller.rundir import Control, RunDir
-from controller.status import describe, job_status
+from controller.job.plan import Chunk, Plan, PlannedItem, PlannedVideo
+from controller.run.rundir import Control, RunDir
+from controller.run.status import describe, job_status
 
 
 def result(item: str, status: ItemStatus, started: float) -> str:

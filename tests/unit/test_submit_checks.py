@@ -10,7 +10,7 @@ import yaml
 
 from controller.config import parse_config
 from controller.errors import MissingInputError
-from controller.jobs import prepare
+from controller.run.jobs import prepare
 
 
 def setup(tmp_path: Path, pack_files: dict[str, dict[str, str]]) -> Path:

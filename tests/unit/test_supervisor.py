@@ -9,11 +9,12 @@ import pytest
 
 from contract.results import ItemResult, ItemStatus
 from controller.errors import EngineUnavailable, JobFileError
-from controller.failures import ChunkState, FailureClass, classify_exit
-from controller.rundir import Control, RunDir
-from controller.servicespec import LABEL_ROLE, RunnerSettings, ServiceSpec, VolumeSpec, chunk_service
-from controller.supervisor import Policy, Supervisor
-from controller.swarm import ServiceState
+from controller.run.chunks import Policy
+from controller.run.failures import ChunkState, FailureClass, classify_exit
+from controller.run.rundir import Control, RunDir
+from controller.run.supervisor import Supervisor
+from controller.swarm.backend import ServiceState
+from controller.swarm.servicespec import LABEL_ROLE, RunnerSettings, ServiceSpec, VolumeSpec, chunk_service
 from tests.fakes import FakeEvents, FakeSwarm, Outcome
 
 
@@ -183,7 +184,7 @@ def test_scale_changes_the_window_live(tmp_path: Path) -> None:
 
 
 def test_node_loss_moves_the_chunk_without_using_retries(tmp_path: Path) -> None:
-    from controller.swarm import NodeState
+    from controller.swarm.backend import NodeState
 
     swarm = FakeSwarm(
         script={("c0000", 1): Outcome("running")},
@@ -207,7 +208,7 @@ def test_node_loss_moves_the_chunk_without_using_retries(tmp_path: Path) -> None
 
 
 def test_infrastructure_failure_avoids_the_node_only_while_another_can_run_it(tmp_path: Path) -> None:
-    from controller.swarm import NodeState
+    from controller.swarm.backend import NodeState
 
     two = [NodeState("node-1", "w1", "ready", "active", 2), NodeState("node-2", "w2", "ready", "active", 2)]
     swarm = FakeSwarm(script={("c0000", 1): Outcome("failed", 137)}, node_states=two)
@@ -232,7 +233,7 @@ def test_resumed_chunks_continue_attempt_numbers(tmp_path: Path) -> None:
 
 
 def test_last_words_prefer_the_runners_error_field() -> None:
-    from controller.supervisor import last_words
+    from controller.run.failures import last_words
 
     log = '{"event": "start"}\n{"event": "runner failed", "error": "pack: w600k_r50.onnx has the wrong checksum"}\n'
     assert last_words(log) == "pack: w600k_r50.onnx has the wrong checksum"
@@ -343,7 +344,7 @@ def test_events_decide_how_often_the_swarm_is_asked(
 def test_a_node_event_makes_the_watch_read_the_nodes_at_once(tmp_path: Path) -> None:
     """A node that dies under a running chunk is acted on when its event arrives, not at the next
     node poll (here 1,000 s away): the chunk moves to the other node and finishes."""
-    from controller.swarm import NodeState
+    from controller.swarm.backend import NodeState
 
     two = [NodeState("node-1", "w1", "ready", "active", 2), NodeState("node-2", "w2", "ready", "active", 2)]
     swarm = FakeSwarm(script={("c0000", 1): Outcome("running")}, node_states=two)

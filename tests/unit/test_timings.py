@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from contract.results import ItemResult, ItemStatus
-from controller import jobs, timings
 from controller.config import Config
-from controller.jobspec import parse_job
-from controller.plan import AUTO_MAX_CHUNK, Plan, TargetRef, auto_chunk_size, make_plan
-from controller.rundir import RunDir
-from controller.servicespec import VolumeSpec
-from controller.timings import Timing
+from controller.job.files import parse_job
+from controller.job.plan import AUTO_MAX_CHUNK, Plan, TargetRef, auto_chunk_size, make_plan
+from controller.run import jobs, timings
+from controller.run.rundir import RunDir
+from controller.run.timings import Timing
+from controller.swarm.servicespec import VolumeSpec
 
 
 def photos(n: int) -> list[TargetRef]:

@@ -13,17 +13,17 @@ import pytest
 
 from contract.paths import user_path, user_text
 from contract.results import ItemResult, ItemStatus
-from controller import jobs as jobs_mod
-from controller import serve
 from controller.config import Config, parse_config
 from controller.errors import MissingInputError
-from controller.failures import ChunkState
-from controller.metrics import Metrics
-from controller.paths import relative_text
-from controller.plan import TargetRef, make_plan
-from controller.report import build_report
-from controller.rundir import Control, RunDir
-from controller.supervisor import ChunkRun, last_words
+from controller.job.paths import relative_text
+from controller.job.plan import TargetRef, make_plan
+from controller.run import jobs as jobs_mod
+from controller.run import serve
+from controller.run.chunks import ChunkRun
+from controller.run.failures import ChunkState, last_words
+from controller.run.metrics import Metrics
+from controller.run.report import build_report
+from controller.run.rundir import Control, RunDir
 
 
 def test_user_path_is_relative_to_the_data_root() -> None:

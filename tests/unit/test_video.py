@@ -19,12 +19,14 @@ from contract import ffmpeg
 from contract.errors import ManifestError
 from contract.manifest import FaceSelection, Item, Manifest, NoFacePolicy, Segment
 from contract.results import ItemResult
-from controller import video
-from controller.jobspec import parse_job, resolve_job
-from controller.plan import ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
-from controller.report import build_report
-from controller.rundir import Control, RunDir
-from controller.supervisor import ChunkRun
+from controller.job import video
+from controller.job.files import parse_job
+from controller.job.plan import ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
+from controller.job.resolve import resolve_job
+from controller.run import join
+from controller.run.chunks import ChunkRun
+from controller.run.report import build_report
+from controller.run.rundir import Control, RunDir
 from runner_image import video as rvideo
 from runner_image.errors import ItemError
 from runner_image.volume import DataRoot
@@ -395,7 +397,7 @@ def test_join_restores_audio_and_redoes_only_a_corrupt_segment(tmp_path: Path) -
     first = {s: (tmp_path / plan.item(s).output).stat().st_mtime_ns for s in a.segments}
     calls: list[list[str]] = []
     events: list[tuple[str, dict[str, Any]]] = []
-    video.finish(plan, rundir, spec, rerun_with(tmp_path, plan, calls), {}, lambda e, **k: events.append((e, k)))
+    join.finish(plan, rundir, spec, rerun_with(tmp_path, plan, calls), {}, lambda e, **k: events.append((e, k)))
     assert calls == [[next(c.id for c in plan.chunks if a.segments[1] in c.items)]]
     redone = {s for s in a.segments if (tmp_path / plan.item(s).output).stat().st_mtime_ns != first[s]}
     assert redone == {a.segments[1]}
@@ -417,7 +419,7 @@ def test_join_restores_audio_and_redoes_only_a_corrupt_segment(tmp_path: Path) -
     assert report["items"]["i000000"]["output"] == "out/a.mkv" and report["items"]["i000000"]["segments"] == 5
 
     calls.clear()  # a second finish (resume) joins nothing again and redoes nothing
-    video.finish(plan, rundir, spec, rerun_with(tmp_path, plan, calls), {}, lambda e, **k: events.append((e, k)))
+    join.finish(plan, rundir, spec, rerun_with(tmp_path, plan, calls), {}, lambda e, **k: events.append((e, k)))
     assert calls == [] and [e for e, _ in events].count("video_joined") == 3
 
 
@@ -426,7 +428,7 @@ def test_skip_audio_and_a_failed_audio_restore(tmp_path: Path) -> None:
     make_clip(tmp_path / "in" / "b.mp4", seconds=1)
     spec, plan = job_on(tmp_path, segment_seconds=0.5, skip_audio=True)
     rundir = run_segments(tmp_path, plan)
-    video.finish(plan, rundir, spec, rerun_with(tmp_path, plan, []), {}, lambda e, **k: None)
+    join.finish(plan, rundir, spec, rerun_with(tmp_path, plan, []), {}, lambda e, **k: None)
     assert [s["codec_type"] for s in stream_facts(tmp_path / "out" / "a.mp4")] == ["video"]
 
     root = tmp_path / "r2"
@@ -434,7 +436,7 @@ def test_skip_audio_and_a_failed_audio_restore(tmp_path: Path) -> None:
     spec2, plan2 = job_on(root, segment_seconds=0.5)
     rundir2 = run_segments(root, plan2)
     make_clip(root / "in" / "a.mp4", seconds=1, audio=False)  # the audio vanished after planning
-    video.finish(plan2, rundir2, spec2, rerun_with(root, plan2, []), {}, lambda e, **k: None)
+    join.finish(plan2, rundir2, spec2, rerun_with(root, plan2, []), {}, lambda e, **k: None)
     report = build_report(plan2, rundir2, {}, "img", 0.0)
     (failure,) = report["failures"]
     assert "audio restore failed" in failure["reason"] and not (root / "out" / "a.mp4").exists()

@@ -10,9 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from controller.servicespec import ServiceSpec
-from controller.supervisor import ENDED, PENDING_STATES
-from controller.swarm import SwarmBackend, TaskState
+from controller.swarm.backend import ENDED, PENDING_STATES, SwarmBackend, TaskState
+from controller.swarm.servicespec import ServiceSpec
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """Stack files for `docker stack deploy`, rendered with jinja2 from the same data as the SDK path.
 
 Ops teams deploy checked-in compose files; ffswarm must produce the SAME services either way. So a
-runner stack is rendered from `ServiceSpec.as_dict()` (controller/servicespec.py), the value that
-controller/swarm.py turns into API calls, never from a second description of a chunk service. The
-controller stack (`ffswarm serve` as a Swarm service) is rendered from the config's VolumeSpec so the
-controller sees the data volume exactly as runners do. Pure: no Docker, no disk writes.
+runner stack is rendered from `ServiceSpec.as_dict()` (controller/swarm/servicespec.py), the value
+that controller/swarm/docker.py turns into API calls, never from a second description of a chunk
+service. The controller stack (`ffswarm serve` as a Swarm service) is rendered from the config's
+VolumeSpec so the controller sees the data volume exactly as runners do. Pure: no Docker, no disk
+writes.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from pathlib import Path
 
 import jinja2
 
-from controller.servicespec import ServiceSpec, VolumeSpec
+from controller.swarm.servicespec import ServiceSpec, VolumeSpec
 
 RUNNER_TEMPLATE = "runner.yml.j2"
 CONTROLLER_TEMPLATE = "controller.yml.j2"
-LOG_DRIVER = "json-file"  # what controller/swarm.py create_service sets; the stack must match
+LOG_DRIVER = "json-file"  # what controller/swarm/docker.py create_service sets; the stack must match
 VOLUME_KEY = "data"
 CONTROLLER_ENTRYPOINT = ("/opt/ffswarm/bin/ffswarm",)
 CONTAINER_CONFIG_PATH = "/etc/ffswarm/config.yaml"
@@ -33,7 +34,7 @@ MAX_SERVICE_NAME = 63
 
 def template_dirs() -> list[Path]:
     """stacks/ of a checkout, else the copy `pip install` puts under <prefix>/share/ffswarm/stacks."""
-    return [Path(__file__).resolve().parent.parent / "stacks", Path(sys.prefix) / "share" / "ffswarm" / "stacks"]
+    return [Path(__file__).resolve().parents[2] / "stacks", Path(sys.prefix) / "share" / "ffswarm" / "stacks"]
 
 
 def _env() -> jinja2.Environment:

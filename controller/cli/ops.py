@@ -1,14 +1,13 @@
-"""The operators' commands: render, serve, nodes, doctor, and `submit --metrics-textfile`.
+"""The operators' commands: render, serve, nodes, doctor.
 
-Registered on the `cli` group of controller/cli.py (which imports this module once, at its end), so
-the job commands and the ops commands share one entry point and one config lookup. Parsing only:
-each command hands over to one module (render, serve, gpuconfig, doctor, metrics).
+Added to the `cli` group by controller/cli/main.py, so the job commands and the ops commands share
+one entry point and one config lookup. Parsing only: each command hands over to one module (render,
+serve, gpuconfig, doctor, metrics).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import signal
 import sys
@@ -16,44 +15,21 @@ from pathlib import Path
 from typing import Any
 
 import click
-import structlog
 
-from controller import jobs as jobs_mod
-from controller import render as render_mod
-from controller.config import Config, load_config
+from controller.cli import context
+from controller.config import Config
 from controller.doctor import Check, run_checks
 from controller.errors import CapacityError, UsageError
-from controller.gpuconfig import GPU_KIND, gpus_from_list, parse_nvidia_smi
-from controller.gpuconfig import render as render_gpu_config
-from controller.metrics import JobSink, Metrics
-from controller.rundir import RunDir
-from controller.serve import Inbox, Server
-from controller.servicespec import ServiceSpec, chunk_service
-from controller.swarm import DockerSwarm, SwarmAdmin
-
-
-def _host_cli() -> click.Group:
-    """The `cli` group to register on: controller.cli's, or __main__'s under `python -m controller.cli`
-    (where importing controller.cli again would make a second, unused group)."""
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    group = getattr(main, "cli", None)
-    if spec is not None and spec.name == "controller.cli" and isinstance(group, click.Group):
-        return group
-    from controller.cli import cli as group_of_module
-
-    return group_of_module
-
-
-cli = _host_cli()
-JOB_EVENTS = frozenset(
-    {"job_started", "chunk_started", "chunk_adopted", "chunk_running", "chunk_done", "chunk_retry", "chunk_failed"}
-    | {"job_cancelled", "job_finished"}
-)
-
-
-def _config(ctx: click.Context) -> Config:
-    return load_config(ctx.find_root().obj["config_path"])
+from controller.run import jobs as jobs_mod
+from controller.run.metrics import Metrics
+from controller.run.rundir import RunDir
+from controller.run.serve import Inbox, Server
+from controller.swarm import render as render_mod
+from controller.swarm.admin import SwarmAdmin
+from controller.swarm.docker import DockerSwarm
+from controller.swarm.gpuconfig import GPU_KIND, daemon_json, gpus_from_list, parse_nvidia_smi, runtime_toml_line
+from controller.swarm.gpuconfig import render as render_gpu_config
+from controller.swarm.servicespec import ServiceSpec, chunk_service
 
 
 def _emit(text: str, out: Path | None) -> None:
@@ -98,7 +74,7 @@ def job_services(config: Config, ref: str, attempt: int) -> list[ServiceSpec]:
     return [chunk_service(settings, c, attempt) for c in pending]
 
 
-@cli.command()
+@click.command()
 @click.argument("job", required=False)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here (default stdout).")
 @click.option("--attempt", type=click.IntRange(min=1), default=1, show_default=True, help="Attempt number in names.")
@@ -124,7 +100,7 @@ def render(
     inbox: str | None,
 ) -> None:
     """Compose file for `docker stack deploy`: JOB's chunk services (a job id or a job file), or --controller."""
-    config = _config(ctx)
+    config = context.config(ctx)
     if controller_stack == bool(job):
         raise UsageError("render takes either JOB or --controller")
     if job:
@@ -148,7 +124,7 @@ def render(
 
 
 # -- serve --------------------------------------------------------------------------------------------
-@cli.command()
+@click.command()
 @click.option("--inbox", type=click.Path(file_okay=False, path_type=Path), help="Default: <data_root>/inbox.")
 @click.option(
     "--concurrent-jobs", type=click.IntRange(min=1), default=1, show_default=True, envvar="FFSWARM_CONCURRENT_JOBS"
@@ -167,7 +143,7 @@ def serve(
     ctx: click.Context, inbox: Path | None, concurrent_jobs: int, metrics_port: int, metrics_addr: str, poll: float
 ) -> None:
     """Run job files dropped in the inbox; move each to done/ or failed/ (+ .reason.txt)."""
-    config = _config(ctx)
+    config = context.config(ctx)
     DockerSwarm(config.docker_host).check_manager()
     metrics = Metrics()
     http = metrics.serve_http(metrics_port, metrics_addr) if metrics_port else None
@@ -181,7 +157,7 @@ def serve(
 
 
 # -- nodes --------------------------------------------------------------------------------------------
-@cli.group()
+@click.group()
 def nodes() -> None:
     """GPU node set-up: daemon config from nvidia-smi, node labels."""
 
@@ -197,8 +173,6 @@ def nodes() -> None:
 )
 def gpu_config(source: Any, gpus: str | None, kind: str, out_dir: Path | None) -> None:
     """daemon.json (nvidia runtime, node-generic-resources) and the runtime's swarm-resource line."""
-    from controller.gpuconfig import daemon_json, runtime_toml_line
-
     if gpus and source:
         raise UsageError("give --from or --gpus, not both")
     if not kind.replace("_", "").isalnum():
@@ -232,7 +206,7 @@ def label(ctx: click.Context, node: str, labels: tuple[str, ...], remove: tuple[
     bad = [k for k, eq, _ in pairs if not eq or not k]
     if bad:
         raise UsageError(f"labels are KEY=VALUE, got {bad[0]!r}")
-    info = SwarmAdmin(_config(ctx).docker_host).update_node_labels(node, {k: v for k, _, v in pairs}, remove)
+    info = SwarmAdmin(context.config(ctx).docker_host).update_node_labels(node, {k: v for k, _, v in pairs}, remove)
     click.echo(
         f"{info.hostname} ({info.node_id[:12]}): " + " ".join(f"{k}={v}" for k, v in sorted(info.labels.items()))
     )
@@ -242,78 +216,20 @@ def label(ctx: click.Context, node: str, labels: tuple[str, ...], remove: tuple[
 @click.pass_context
 def nodes_ls(ctx: click.Context) -> None:
     """Nodes with their role, state, labels and advertised generic resources."""
-    for n in SwarmAdmin(_config(ctx).docker_host).node_infos():
+    for n in SwarmAdmin(context.config(ctx).docker_host).node_infos():
         res = " ".join(f"{k}×{v}" for k, v in sorted(n.generic_resources.items())) or "-"
         labels = " ".join(f"{k}={v}" for k, v in sorted(n.labels.items())) or "-"
         click.echo(f"{n.hostname}\t{n.node_id[:12]}\t{n.role}\t{n.state}/{n.availability}\t{res}\t{labels}")
 
 
 # -- doctor -------------------------------------------------------------------------------------------
-@cli.command()
+@click.command()
 @click.option("--models", default="default", show_default=True, help="Model pack to verify.")
 @click.pass_context
 def doctor(ctx: click.Context, models: str) -> None:
     """Check the cluster can run jobs; each failing check names its fix. Exit 0 only when all pass."""
-    checks = run_checks(_config(ctx), models, say=lambda c: click.echo(c.line()))
+    checks = run_checks(context.config(ctx), models, say=lambda c: click.echo(c.line()))
     failed: list[Check] = [c for c in checks if not c.ok]
     if failed:
         raise CapacityError(f"{len(failed)} check(s) failed: {', '.join(c.name for c in failed)}")
     click.echo("all checks passed")
-
-
-# -- submit --metrics-textfile -----------------------------------------------------------------------
-class _EventTee:
-    """A structlog processor that hands jobs.supervise's logged events to metric sinks.
-
-    cli.py's submit owns its progress callback; rather than change it, the textfile follows the
-    event stream jobs.supervise logs (one line per event, bound to the job id).
-    """
-
-    def __init__(self, config: Config, metrics: Metrics, path: Path) -> None:
-        self.config, self.metrics, self.path = config, metrics, path
-        self.sinks: dict[str, JobSink] = {}
-
-    def __call__(self, _logger: Any, _method: str, event_dict: Any) -> Any:
-        job, event = event_dict.get("job"), event_dict.get("event")
-        if job and event in JOB_EVENTS:
-            try:
-                if job not in self.sinks:
-                    self.sinks[job] = self.metrics.sink(RunDir(self.config.data_root, str(job)))
-                fields = {k: v for k, v in event_dict.items() if k not in ("event", "job")}
-                self.sinks[job](str(event), **fields)
-                self.metrics.write_textfile(self.path)
-            except Exception as e:  # metrics must never stop a job
-                click.echo(f"ffswarm: metrics textfile {self.path}: {e}", err=True)
-        return event_dict
-
-
-def _add_metrics_textfile_to_submit() -> None:
-    submit = cli.commands["submit"]
-    submit.params.append(
-        click.Option(
-            ["--metrics-textfile"],
-            type=click.Path(dir_okay=False, path_type=Path),
-            default=None,
-            help="Write Prometheus metrics here for node_exporter's textfile collector (*.prom).",
-        )
-    )
-    original = submit.callback
-    assert original is not None
-
-    @functools.wraps(original)
-    def callback(*args: Any, metrics_textfile: Path | None = None, **kwargs: Any) -> Any:
-        if metrics_textfile is None:
-            return original(*args, **kwargs)
-        config = load_config(click.get_current_context().find_root().obj["config_path"])
-        metrics = Metrics()
-        tee = _EventTee(config, metrics, metrics_textfile)
-        structlog.configure(processors=[tee, *structlog.get_config()["processors"]])
-        try:
-            return original(*args, **kwargs)
-        finally:
-            metrics.write_textfile(metrics_textfile)
-
-    submit.callback = callback
-
-
-_add_metrics_textfile_to_submit()

@@ -1,10 +1,13 @@
-"""Chunk states and failure classes: what an ending means and what the controller does about it."""
+"""Chunk states and failure classes: what an ending means and what the controller does about it;
+and the runner's own words on why it ended."""
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 
 from contract.exits import RunnerExit
+from contract.paths import user_text
 
 
 class ChunkState(StrEnum):
@@ -44,3 +47,18 @@ def describe_exit(code: int) -> str:
         return f"runner exit {code} ({RunnerExit(code).name.lower().replace('_', ' ')})"
     except ValueError:
         return f"runner exit {code}" + (" (killed: out of memory or stopped)" if code == 137 else "")
+
+
+def last_words(log_text: str) -> str | None:
+    """The runner's reason for failing: the `error` of its last JSON log line that has one, else its
+    last line of output (a traceback's last line, a shell's complaint). A reason the user reads, so
+    the container paths in it are written relative to the data root (user_text)."""
+    lines = [line for line in log_text.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and data.get("error"):
+            return user_text(str(data["error"]))[:500]
+    return user_text(lines[-1])[:300] if lines else None

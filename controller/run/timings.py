@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from contract.layout import RUNS
-from controller.plan import AUTO_MAX_CHUNK, Plan
-from controller.rundir import RunDir, write_atomic
+from controller.job.plan import AUTO_MAX_CHUNK, Plan
+from controller.run.rundir import RunDir, write_atomic
 
 FILE = f"{RUNS}/.timings.json"
 COLD_SHARE = 0.05  # of a chunk's time, at most, spent before its first item

@@ -1,4 +1,4 @@
-"""report.json and the counts the CLI prints: what happened to every item and chunk."""
+"""report.json and the counts the CLI prints: what happened to every item, video and chunk."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import Any
 
 from contract.paths import user_text
 from contract.results import ItemStatus
-from controller.failures import ChunkState
-from controller.plan import Plan
-from controller.rundir import RunDir
-from controller.supervisor import ChunkRun
-from controller.video import report_items
+from controller.job.plan import Plan
+from controller.run.chunks import ChunkRun
+from controller.run.failures import ChunkState
+from controller.run.join import joins
+from controller.run.rundir import RunDir
 
 
 def build_report(plan: Plan, rundir: RunDir, runs: dict[str, ChunkRun], image: str, started: float) -> dict[str, Any]:
@@ -81,3 +81,28 @@ def exit_code(report: dict[str, Any]) -> int:
     """CLI: 0 every item ok (no_face per policy is not a failure) · 1 failed items or chunks."""
     c = report["counts"]
     return 0 if c["failed"] == 0 and c["chunks_failed"] == 0 and c["chunks_cancelled"] == 0 else 1
+
+
+def report_items(plan: Plan, rundir: RunDir, segments: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """One report entry per video target, from the plan, its segments' entries and the join."""
+    joined_all = joins(rundir)
+    out: dict[str, dict[str, Any]] = {}
+    for v in plan.videos:
+        entry: dict[str, Any] = {"input": v.input, "output": None, "kind": "video", "segments": len(v.segments)}
+        seg_entries = [segments[s] for s in v.segments if s in segments]
+        bad = [(s, e) for s, e in zip(v.segments, seg_entries, strict=False) if e["status"] not in ("ok", "no_face")]
+        joined = joined_all.get(v.id)
+        if v.error is not None:
+            entry.update(status="error", reason=f"{v.input}: {v.error}", chunk=None)
+        elif bad:
+            sid, e = bad[0]
+            status = "cancelled" if all(e["status"] == "cancelled" for _, e in bad) else "error"
+            entry.update(status=status, reason=f"segment {sid}: {e['reason']}", chunk=e["chunk"])
+        elif joined is None:
+            entry.update(status="error", reason="segments done but not joined", chunk=None)
+        else:
+            output = v.output if joined.output else None
+            entry.update(status=joined.status.value, reason=joined.reason, output=output, chunk=None)
+        entry["info"] = v.info
+        out[v.id] = entry
+    return out

@@ -3,7 +3,7 @@
 A video target is planned as one ``PlannedVideo`` (what the user sees: input, output, outcome) plus
 one work item per segment (kind ``segment``), which chunks like images do (``chunk_size`` counts
 segments). Segment outputs live in the run folder and are joined by the controller
-(controller/video.py) once all of a video's segments are committed.
+(controller/run/join.py) once all of a video's segments are committed.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class TargetRef:
     input: str
     output: str
     kind: str
-    segments: tuple[Segment, ...] = ()  # video: its segments in order (controller/video.py)
+    segments: tuple[Segment, ...] = ()  # video: its segments in order (controller/job/video.py)
     error: str | None = None  # video: why it cannot be processed (ffprobe's reason)
     info: dict[str, Any] = field(default_factory=dict)  # video: probe facts for the report
 
@@ -143,7 +143,7 @@ AUTO_MAX_CHUNK = 1000
 def auto_chunk_size(items: int, parallel: int, max_chunk: int = AUTO_MAX_CHUNK) -> int:
     """`chunk_size: auto`: as few equal waves of chunks across the job's parallel GPU slots as keep
     every chunk at most `max_chunk` items (AUTO_MAX_CHUNK, or what the measured cold start and
-    per-item time of earlier jobs call for: controller/timings.py).
+    per-item time of earlier jobs call for: controller/run/timings.py).
 
     Each chunk service pays a fixed cost before its first item (container start ≈ 1.2 s, the
     runner's imports and model load ≈ 1.3 s on the dev swarm) that its items amortise;

@@ -1,4 +1,5 @@
-"""The `ffswarm` command: parsing only; each command calls one function."""
+"""The job commands: submit, resume, retry, status, logs, scale, cancel (parsing only; each command
+calls one function of controller/run/)."""
 
 from __future__ import annotations
 
@@ -8,41 +9,29 @@ from pathlib import Path
 from typing import Any
 
 import click
+import structlog
 
 from contract.layout import RunLayout
-from controller import handover, log
-from controller import jobs as jobs_mod
-from controller import progress as progress_mod
-from controller import status as status_mod
-from controller.config import load_config
+from controller.cli import context
+from controller.config import Config
 from controller.errors import FfswarmError, Interrupted, UsageError
-from controller.progress import Progress
-from controller.report import exit_code
-from controller.rundir import RunDir
+from controller.run import handover
+from controller.run import jobs as jobs_mod
+from controller.run import progress as progress_mod
+from controller.run import status as status_mod
+from controller.run.metrics import JobSink, Metrics
+from controller.run.progress import Progress
+from controller.run.report import exit_code
+from controller.run.rundir import RunDir
+from controller.swarm.docker import DockerSwarm
 
-
-@click.group()
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Config file (else $FFSWARM_CONFIG, ./ffswarm.yaml, ~/.config/ffswarm/config.yaml).",
+JOB_EVENTS = frozenset(
+    {"job_started", "chunk_started", "chunk_adopted", "chunk_running", "chunk_done", "chunk_retry", "chunk_failed"}
+    | {"job_cancelled", "job_finished"}
 )
-@click.option("--json-logs/--console-logs", default=None, help="Log format (default: console on a terminal).")
-@click.option("-v", "--verbose", is_flag=True, help="On a terminal, also print every chunk's events above the bar.")
-@click.pass_context
-def cli(ctx: click.Context, config_path: str | None, json_logs: bool | None, verbose: bool) -> None:
-    """ffswarm: batch face swapping on a Docker Swarm of GPU machines."""
-    console = log.setup(json_logs, verbose)  # the progress bar draws on it; None: JSON lines, no bar
-    ctx.obj = {"config_path": config_path, "console": console}
 
 
-def _config(ctx: click.Context) -> Any:
-    return load_config(ctx.obj["config_path"])
-
-
-@cli.command()
+@click.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--dry-run", is_flag=True, help="Print the plan and the services; create nothing.")
 @click.option("--new", is_flag=True, help="Start a new run (job id name-2, -3 …) instead of continuing one.")
@@ -53,6 +42,12 @@ def _config(ctx: click.Context) -> Any:
     default=None,
     help="With --detach: the inbox `ffswarm serve` watches (default <data_root>/inbox).",
 )
+@click.option(
+    "--metrics-textfile",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write Prometheus metrics here for node_exporter's textfile collector (*.prom).",
+)
 @click.pass_context
 def submit(
     ctx: click.Context,
@@ -61,8 +56,24 @@ def submit(
     new: bool,
     detach: bool,
     inbox: Path | None,
+    metrics_textfile: Path | None,
 ) -> None:
     """Validate job files (or folders of them), plan, and run every chunk as a one-shot service."""
+    if metrics_textfile is None:
+        _submit(ctx, paths, dry_run, new, detach, inbox)
+        return
+    metrics = Metrics()
+    tee = _EventTee(context.config(ctx), metrics, metrics_textfile)
+    structlog.configure(processors=[tee, *structlog.get_config()["processors"]])
+    try:
+        _submit(ctx, paths, dry_run, new, detach, inbox)
+    finally:
+        metrics.write_textfile(metrics_textfile)
+
+
+def _submit(
+    ctx: click.Context, paths: tuple[Path, ...], dry_run: bool, new: bool, detach: bool, inbox: Path | None
+) -> None:
     if detach and new:
         raise UsageError(
             "--detach cannot start a new run (--new): the controller runs the job named in the file, "
@@ -72,7 +83,7 @@ def submit(
         raise UsageError("--detach and --dry-run do not go together: a dry run hands nothing over")
     if inbox is not None and not detach:
         raise UsageError("--inbox goes with --detach")
-    config = _config(ctx)
+    config = context.config(ctx)
     prepared = jobs_mod.prepare(config, list(paths), new)
     if detach:
         click.echo(handover.describe(handover.hand_over(inbox or config.data_root / "inbox", prepared)))
@@ -90,8 +101,6 @@ def submit(
 
 
 def _image_lookup(config: Any) -> Any:
-    from controller.swarm import DockerSwarm
-
     def lookup(ref: str) -> str:
         try:
             return DockerSwarm(config.docker_host).resolve_image(ref)
@@ -119,24 +128,24 @@ def _summary(config: Any, job: jobs_mod.PreparedJob, report: dict[str, Any]) -> 
     click.echo(f"  report: {RunLayout.host(root, report['job']).report}")
 
 
-@cli.command()
+@click.command()
 @click.argument("job")
 @click.pass_context
 def resume(ctx: click.Context, job: str) -> None:
     """Continue a job from its run folder (after Ctrl-C, a killed controller, a restart)."""
-    config = _config(ctx)
+    config = context.config(ctx)
     code, report = _run_with_progress(lambda p: jobs_mod.resume(config, job, p), f"ffswarm resume {job}")
     _summary(config, jobs_mod.open_run(config, job)[0], report)
     sys.exit(code)
 
 
-@cli.command()
+@click.command()
 @click.argument("job")
 @click.option("--failed", "failed_only", is_flag=True, required=True, help="Re-run only the failed items.")
 @click.pass_context
 def retry(ctx: click.Context, job: str, failed_only: bool) -> None:
     """Re-run a finished job's failed items (committed items are never redone)."""
-    config = _config(ctx)
+    config = context.config(ctx)
     jobs_mod.clear_cancel(config, job)
     code, report = _run_with_progress(lambda p: jobs_mod.resume(config, job, p), f"ffswarm resume {job}")
     _summary(config, jobs_mod.open_run(config, job)[0], report)
@@ -145,7 +154,7 @@ def retry(ctx: click.Context, job: str, failed_only: bool) -> None:
 
 def _run_with_progress(fn: Any, how_to_resume: str) -> Any:
     bars: list[Progress] = []
-    console = click.get_current_context().obj.get("console")
+    console = context.console(click.get_current_context())
 
     def make_progress(rundir: RunDir, total: int) -> Progress:
         if bars:
@@ -162,7 +171,7 @@ def _run_with_progress(fn: Any, how_to_resume: str) -> Any:
             b.close()
 
 
-@cli.command()
+@click.command()
 @click.argument("job", required=False)
 @click.option("--json", "as_json", is_flag=True)
 @click.option(
@@ -177,12 +186,12 @@ def status(ctx: click.Context, job: str | None, as_json: bool, follow: bool) -> 
     if follow:
         if job is None:
             raise UsageError("--follow needs a JOB")
-        config = _config(ctx)
-        console = None if as_json else ctx.obj.get("console")  # --json: status lines even on a terminal
+        config = context.config(ctx)
+        console = None if as_json else context.console(ctx)  # --json: status lines even on a terminal
         report = progress_mod.follow(RunDir(config.data_root, job), console, click.echo)
         _summary(config, jobs_mod.open_run(config, job)[0], report)
         sys.exit(exit_code(report))
-    rows = status_mod.collect(_config(ctx), job)
+    rows = status_mod.collect(context.config(ctx), job)
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
@@ -190,58 +199,57 @@ def status(ctx: click.Context, job: str | None, as_json: bool, follow: bool) -> 
         click.echo(status_mod.describe(row))
 
 
-@cli.command()
+@click.command()
 @click.argument("job")
 @click.option("--chunk", default=None, help="Only this chunk (e.g. c0003).")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as runners write, until the job ends.")
 @click.pass_context
 def logs(ctx: click.Context, job: str, chunk: str | None, follow: bool) -> None:
     """Runner logs of a job, from its run folder (runners write them there as they go)."""
-    rundir = RunDir(_config(ctx).data_root, job)
+    rundir = RunDir(context.config(ctx).data_root, job)
     if not rundir.exists():
         raise UsageError(f"no job {job!r}")
     for line in status_mod.log_lines(rundir, chunk, follow):
         click.echo(line, nl=False)
 
 
-@cli.command()
+@click.command()
 @click.argument("job")
 @click.argument("n", type=click.IntRange(min=1))
 @click.pass_context
 def scale(ctx: click.Context, job: str, n: int) -> None:
     """Change how many chunk services of a running job may exist at once (followed within 2 s)."""
-    jobs_mod.scale(_config(ctx), job, n)
+    jobs_mod.scale(context.config(ctx), job, n)
     click.echo(f"job {job}: max_concurrent = {n}")
 
 
-@cli.command()
+@click.command()
 @click.argument("job")
 @click.pass_context
 def cancel(ctx: click.Context, job: str) -> None:
     """Remove the job's services and mark it cancelled; committed outputs stay."""
-    removed = jobs_mod.cancel(_config(ctx), job)
+    removed = jobs_mod.cancel(context.config(ctx), job)
     click.echo(f"job {job}: cancelled ({removed} running chunk service(s) removed); committed outputs kept")
 
 
-import controller.cli_models  # noqa: E402,F401  (registers models verify|fetch)
-import controller.cli_ops  # noqa: E402,F401  (registers render, serve, nodes, doctor)
+class _EventTee:
+    """A structlog processor that hands jobs.supervise's logged events to metric sinks, for
+    `submit --metrics-textfile`: the textfile follows the event stream jobs.supervise logs (one line
+    per event, bound to the job id)."""
 
+    def __init__(self, config: Config, metrics: Metrics, path: Path) -> None:
+        self.config, self.metrics, self.path = config, metrics, path
+        self.sinks: dict[str, JobSink] = {}
 
-def main() -> None:
-    try:
-        cli.main(standalone_mode=False)
-    except click.exceptions.Abort:
-        sys.exit(130)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(2 if isinstance(e, click.UsageError) else e.exit_code)
-    except FfswarmError as e:
-        click.echo(f"ffswarm: {e}", err=True)
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        click.echo("ffswarm: interrupted", err=True)
-        sys.exit(130)
-
-
-if __name__ == "__main__":
-    main()
+    def __call__(self, _logger: Any, _method: str, event_dict: Any) -> Any:
+        job, event = event_dict.get("job"), event_dict.get("event")
+        if job and event in JOB_EVENTS:
+            try:
+                if job not in self.sinks:
+                    self.sinks[job] = self.metrics.sink(RunDir(self.config.data_root, str(job)))
+                fields = {k: v for k, v in event_dict.items() if k not in ("event", "job")}
+                self.sinks[job](str(event), **fields)
+                self.metrics.write_textfile(self.path)
+            except Exception as e:  # metrics must never stop a job
+                click.echo(f"ffswarm: metrics textfile {self.path}: {e}", err=True)
+        return event_dict

@@ -1,8 +1,8 @@
 """Chunk → Swarm service spec, as plain data (pure; no Docker import).
 
-Only swarm.py turns a ServiceSpec into Docker API calls, so everything a chunk service will be — its
-name, labels, constraints, GPU reservation, hardening, mounts — is decided here and can be tested as
-data (and rendered into stack files from the same values).
+Only controller/swarm/docker.py turns a ServiceSpec into Docker API calls, so everything a chunk
+service will be — its name, labels, constraints, GPU reservation, hardening, mounts — is decided
+here and can be tested as data (and rendered into stack files from the same values).
 """
 
 from __future__ import annotations

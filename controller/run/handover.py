@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controller.errors import CapacityError, UsageError
-from controller.jobs import PreparedJob
-from controller.jobspec import parse_job_text
+from controller.job.files import parse_job_text
+from controller.run.jobs import PreparedJob
 
 HEARTBEAT_DIR = ".heartbeat"
 HEARTBEAT_SECONDS = 5.0  # how often `serve` rewrites its heartbeat

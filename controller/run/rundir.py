@@ -19,7 +19,7 @@ from typing import Any
 from contract.layout import RUNS, AttemptLog, RunLayout, parse_attempt_log
 from contract.manifest import Manifest
 from contract.results import ItemResult, read_results
-from controller.plan import Plan
+from controller.job.plan import Plan
 
 BULK_MANIFESTS = 64
 

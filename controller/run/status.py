@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from contract.layout import RUNS, RunLayout
-from controller import video
 from controller.config import Config
 from controller.errors import UsageError
-from controller.rundir import RunDir
+from controller.run import join
+from controller.run.rundir import RunDir
 
 
 def collect(config: Config, job: str | None) -> list[dict[str, Any]]:
@@ -40,7 +40,7 @@ def job_status(rundir: RunDir) -> dict[str, Any]:
             else:
                 items[r.status.value] += 1
                 images_done += 1
-    joined = video.joins(rundir)
+    joined = join.joins(rundir)
     for v in plan.videos:
         if v.error:
             items["error"] += 1

@@ -26,12 +26,13 @@ from contract.layout import RunLayout
 from contract.paths import CONTAINER_DATA_ROOT, user_path, user_text
 from controller.config import Config
 from controller.errors import CapacityError, FfswarmError, JobFileError, MissingInputError
-from controller.jobspec import JobSpec, ResolvedJob
-from controller.oneshot import OneShot, OneShotResult
-from controller.rundir import RunDir
-from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_ROLE, RunnerSettings, chunk_service
-from controller.supervisor import last_words
-from controller.swarm import SwarmBackend
+from controller.job.resolve import ResolvedJob
+from controller.job.spec import JobSpec
+from controller.run.failures import last_words
+from controller.run.oneshot import OneShot, OneShotResult
+from controller.run.rundir import RunDir
+from controller.swarm.backend import SwarmBackend
+from controller.swarm.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_ROLE, RunnerSettings, chunk_service
 
 STEP = "identity"
 STEP_TIMEOUT = 600.0  # once scheduled; a handful of photos take seconds

@@ -27,15 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contract.layout import RunLayout
-from controller import jobs as jobs_mod
 from controller import log
 from controller.config import Config
 from controller.errors import CapacityError, FfswarmError, JobFileError
-from controller.handover import HEARTBEAT_SECONDS, HeartbeatFile
-from controller.metrics import Metrics
-from controller.paths import relative_text
-from controller.report import exit_code
-from controller.swarm import DockerSwarm
+from controller.job.paths import relative_text
+from controller.run import jobs as jobs_mod
+from controller.run.handover import HEARTBEAT_SECONDS, HeartbeatFile
+from controller.run.metrics import Metrics
+from controller.run.report import exit_code
+from controller.swarm.docker import DockerSwarm
 
 JOB_SUFFIXES = (".yaml", ".yml")
 RETRY_SECONDS = 30.0  # a job the swarm could not take (exit 69) waits this long in the inbox, then runs again

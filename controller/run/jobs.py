@@ -18,18 +18,24 @@ from contract.errors import PackError
 from contract.identity import IdentityResult
 from contract.pack import missing_roles
 from contract.results import ItemStatus
-from controller import access, identity, log, timings, video
+from controller import log
 from controller.config import Config
 from controller.errors import EngineUnavailable, FfswarmError, MissingInputError, UsageError
-from controller.hooks import on_complete
-from controller.jobspec import JobSpec, ResolvedJob, load_jobs, parse_job_text, resolve_job
+from controller.job import access, video
+from controller.job.files import load_jobs, parse_job_text
+from controller.job.plan import AUTO_MAX_CHUNK, ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
+from controller.job.resolve import ResolvedJob, resolve_job
+from controller.job.spec import JobSpec
 from controller.models import read_spec
-from controller.plan import AUTO_MAX_CHUNK, ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
-from controller.report import build_report, exit_code
-from controller.rundir import Control, RunDir, next_job_id
-from controller.servicespec import RunnerSettings, chunk_service
-from controller.supervisor import Policy, Supervisor
-from controller.swarm import DockerSwarm, SwarmBackend, clear_containers
+from controller.run import identity, join, timings
+from controller.run.chunks import Policy
+from controller.run.hooks import on_complete
+from controller.run.report import build_report, exit_code
+from controller.run.rundir import Control, RunDir, next_job_id
+from controller.run.supervisor import Supervisor
+from controller.swarm.backend import SwarmBackend, clear_containers
+from controller.swarm.docker import DockerSwarm
+from controller.swarm.servicespec import RunnerSettings, chunk_service
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,7 @@ def prepare(config: Config, paths: Sequence[Path], new: bool) -> list[PreparedJo
 
 def chunk_cap(config: Config, spec: JobSpec, targets: Sequence[TargetRef]) -> int:
     """The largest chunk `auto` makes for this job: from what earlier jobs with its pack and
-    providers measured (controller/timings.py), for photos; AUTO_MAX_CHUNK otherwise."""
+    providers measured (controller/run/timings.py), for photos; AUTO_MAX_CHUNK otherwise."""
     if spec.chunk_size != "auto" or any(t.kind == "video" for t in targets):
         return AUTO_MAX_CHUNK
     timing = timings.lookup(config.data_root, spec.models, spec.providers)
@@ -260,7 +266,7 @@ def supervise(
         if step is not None:
             with contextlib.suppress(EngineUnavailable):  # gone with the engine: resume removes it
                 step.abort()  # no-op once it answered; removes it after a cancel or an interrupt
-    runs = video.finish(plan, rundir, job.spec, sup.run, runs, emit)  # redo bad segments, join videos
+    runs = join.finish(plan, rundir, job.spec, sup.run, runs, emit)  # redo bad segments, join videos
     report = build_report(plan, rundir, runs, image, started)
     _record_timing(config, job, rundir, plan, report, logger)
     path = rundir.write_report(report)

@@ -19,9 +19,9 @@ from rich.console import Console
 from rich.progress import BarColumn, SpinnerColumn, TaskID, TextColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
-from controller import video
-from controller.rundir import RunDir
-from controller.status import job_status
+from controller.run import join
+from controller.run.rundir import RunDir
+from controller.run.status import job_status
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class Progress:
         self.work = max(total_items, len(plan.items)) + len(plan.videos)
         self.videos = {v.id: v.error is not None for v in plan.videos}  # id -> failed, once ended
         self.videos_ended: dict[str, bool] = {vid: True for vid, err in self.videos.items() if err}
-        for vid, r in video.joins(rundir).items():
+        for vid, r in join.joins(rundir).items():
             if vid in self.videos:
                 self.videos_ended[vid] = r.status.is_failure()
         self.counted: dict[str, tuple[int, int, int]] = {}  # chunk -> (images ended, images failed, segments)

@@ -1,25 +1,20 @@
-"""Video targets on the controller's side: probe at plan time, cut into segments, join at the end.
+"""Video targets at plan time: probe, then cut into segments.
 
 A video is probed with ffprobe when the job is planned (frames, exact fps, rotation, audio), cut
 into segments of ``segment_seconds`` on frame boundaries, and each segment becomes a work item
-that any chunk service may run (runner_image/video.py). When the chunks have finished, every
-committed segment is checked (ffprobe: readable, right frame count); a missing or corrupt one is
-deleted and its chunk run again, which redoes that segment alone (the runner skips committed
-items). Then each video's segments are joined without re-encoding and its original audio restored.
+that any chunk service may run (runner_image/video.py). When the chunks have finished, the
+controller checks and joins the segments (controller/run/join.py).
 
-The controller host needs ffmpeg/ffprobe on its PATH (README; scripts/dev-swarm.sh installs it).
+The controller host needs ffmpeg/ffprobe on its PATH (docs/operations.md; scripts/dev-swarm.sh
+installs it).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import posixpath
 import re
 import subprocess
-import tempfile
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
@@ -27,18 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from contract import ffmpeg
-from contract.manifest import NoFacePolicy, Segment
-from contract.results import ItemResult, ItemStatus, read_results
-from controller import access
-from controller.errors import CapacityError, MissingInputError
-from controller.jobspec import JobSpec, Target, TargetKind
-from controller.plan import Plan, PlannedVideo, TargetRef
-from controller.rundir import RunDir
-from controller.supervisor import ChunkRun
+from contract.manifest import Segment
+from controller.errors import CapacityError
+from controller.job.plan import TargetRef
+from controller.job.resolve import Target
+from controller.job.spec import JobSpec, TargetKind
 
 PROBE_TIMEOUT = 300.0
 PROBES_AT_ONCE = 8
-JOIN_TIMEOUT = 1800.0
 
 
 class ProbeError(Exception):
@@ -315,212 +306,3 @@ def target_refs(targets: Iterable[Target], spec: JobSpec) -> list[TargetRef]:
     with ThreadPoolExecutor(max_workers=min(len(videos), PROBES_AT_ONCE)) as pool:
         probed = dict(zip(videos, pool.map(lambda i: target_ref(targets[i], spec), videos), strict=True))
     return [probed[i] if i in probed else target_ref(t, spec) for i, t in enumerate(targets)]
-
-
-# --- after the chunks: check segments, redo bad ones, join ---------------------------------------
-
-
-def check_segment(path: Path, segment: Segment) -> str | None:
-    """Why a committed segment file cannot be joined (None: it can)."""
-    if not path.is_file():
-        return "missing"
-    try:
-        info = probe(path)
-    except ProbeError as e:
-        return f"unreadable: {e}"
-    ok = info.frames == segment.frame_count or (segment.last and 0 < info.frames <= segment.frame_count)
-    return None if ok else f"has {info.frames} frames, expected {segment.frame_count}"
-
-
-def _segment_results(plan: Plan, rundir: RunDir) -> dict[str, tuple[str, ItemResult | None]]:
-    """Segment id → (its chunk, its latest result)."""
-    out: dict[str, tuple[str, ItemResult | None]] = {}
-    for chunk in plan.chunks:
-        latest = rundir.latest_results(chunk.id)
-        for i in chunk.items:
-            if plan.item(i).kind == "segment":
-                out[i] = (chunk.id, latest.get(i))
-    return out
-
-
-def _committed(r: ItemResult | None) -> bool:
-    return r is not None and r.status in (ItemStatus.OK, ItemStatus.NO_FACE)
-
-
-def finish(
-    plan: Plan,
-    rundir: RunDir,
-    spec: JobSpec,
-    rerun: Callable[[list[str]], dict[str, ChunkRun]],
-    runs: dict[str, ChunkRun],
-    emit: Callable[..., None],
-) -> dict[str, ChunkRun]:
-    """After the chunks: redo missing/corrupt committed segments once (their chunks only), then join
-    every video whose segments are all committed. Returns the chunk runs, redone ones updated."""
-    if not plan.videos or rundir.control().cancel:
-        return runs
-    root = rundir.data_root
-    redo: dict[str, list[str]] = {}
-    for sid, (chunk, result) in _segment_results(plan, rundir).items():
-        if not _committed(result) or _joined(rundir, plan.item(sid).parent or ""):
-            continue
-        seg = plan.item(sid).segment
-        assert seg is not None
-        why = check_segment(root / plan.item(sid).output, seg)
-        if why is not None:
-            (root / plan.item(sid).output).unlink(missing_ok=True)  # the runner redoes what is missing
-            redo.setdefault(chunk, []).append(sid)
-            emit("segment_redo", segment=sid, chunk=chunk, reason=why)
-    if redo:
-        runs = {**runs, **rerun(sorted(redo))}
-    segs = _segment_results(plan, rundir)
-    for video in plan.videos:
-        if video.error is None and not _joined(rundir, video.id):
-            results = [segs[s][1] for s in video.segments]
-            if all(_committed(r) for r in results):
-                result = join_video(video, plan, rundir, spec, [r for r in results if r is not None])
-                _append(rundir, result)
-                emit("video_joined", item=video.id, status=result.status.value, reason=result.reason)
-    return runs
-
-
-def joins(rundir: RunDir) -> dict[str, ItemResult]:
-    """Each video's latest join result (runs/<job>/joins.jsonl)."""
-    try:
-        text = rundir.layout.joins.read_text()
-    except FileNotFoundError:
-        return {}
-    return {r.item: r for r in read_results(text)}
-
-
-def _joined(rundir: RunDir, video_id: str) -> bool:
-    r = joins(rundir).get(video_id)
-    if r is None or not _committed(r):
-        return False
-    return r.output is None or (rundir.data_root / r.output).is_file()
-
-
-def _append(rundir: RunDir, result: ItemResult) -> None:
-    fd = os.open(rundir.layout.joins, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        os.write(fd, result.to_line().encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def join_video(
-    video: PlannedVideo, plan: Plan, rundir: RunDir, spec: JobSpec, segments: list[ItemResult]
-) -> ItemResult:
-    """Concatenate the segments (no re-encode), restore the audio, check, rename into place."""
-    started = time.time()
-    root = rundir.data_root
-    faces = sum(r.faces for r in segments)
-    no_face = all(r.status is ItemStatus.NO_FACE for r in segments)
-
-    def result(status: ItemStatus, output: str | None, reason: str | None = None) -> ItemResult:
-        now = time.time()
-        return ItemResult(
-            video.id, status, 1, video.input, output, reason, faces, started=started, finished=now,
-            timings={"join": round(now - started, 4)},
-        )  # fmt: skip
-
-    if no_face and spec.no_face is NoFacePolicy.FAIL:
-        return result(ItemStatus.ERROR, None, f"{video.input}: no face detected in any frame")
-    if no_face and spec.no_face is NoFacePolicy.SKIP:
-        return result(ItemStatus.NO_FACE, None)
-    out = root / video.output
-    audio = [] if spec.skip_audio else list(video.info.get("audio", []))
-    parts = [plan.item(s).output for s in video.segments]
-    names = {str(root / rel): rel for rel in (video.output, video.input, *parts)}  # ffmpeg's words, as users know them
-    try:
-        access.make_folders(root, [posixpath.dirname(video.output)], rundir.owner)  # the runner's, as at submit
-        _join(out, root / video.input, [root / p for p in parts], audio, rundir.owner, names)
-    except (JoinError, MissingInputError) as e:
-        return result(ItemStatus.ERROR, None, f"{video.output}: {e}")
-    return result(ItemStatus.NO_FACE if no_face else ItemStatus.OK, video.output)
-
-
-class JoinError(Exception):
-    pass
-
-
-def _join(
-    out: Path,
-    original: Path,
-    parts: list[Path],
-    audio: list[dict[str, Any]],
-    owner: tuple[int, int] | None,
-    names: dict[str, str] | None = None,
-) -> None:
-    """``names``: how errors name the files (host path → relative to the data root)."""
-    muxer = ffmpeg.MUXERS[out.suffix.lower()]
-    codecs = {ffmpeg.audio_codec(muxer, str(a["codec"])) for a in audio}
-    first = None if not audio else ("copy" if codecs == {"copy"} else (codecs - {"copy"}).pop())
-    tries: list[str | None] = [first]
-    if first == "copy":
-        tries.append(ffmpeg.AUDIO_REENCODE.get(muxer, ffmpeg.AUDIO_REENCODE_DEFAULT))
-    with tempfile.TemporaryDirectory(prefix="ffswarm-join-") as scratch:
-        listing = Path(scratch) / "segments.ffconcat"
-        listing.write_text(ffmpeg.concat_list([str(p) for p in parts]))
-        tmp = out.with_name(f".{out.name}.tmp-join-{os.getpid()}")
-        names = {**(names or {}), str(tmp): (names or {}).get(str(out), out.name), str(listing): listing.name}
-        try:
-            errors = []
-            for codec in tries:
-                proc = _run(ffmpeg.join_cmd(str(listing), str(original), str(tmp), muxer, codec), JOIN_TIMEOUT)
-                if proc.returncode == 0:
-                    break
-                errors.append(f"{codec}: {_reason(proc.stderr, tmp, names)}")
-            else:
-                if audio:  # tell a failed audio restore from a failed join
-                    video_only = _run(ffmpeg.join_cmd(str(listing), "", str(tmp), muxer, None), JOIN_TIMEOUT)
-                    if video_only.returncode == 0:
-                        raise JoinError(f"audio restore failed ({'; '.join(errors)})")
-                raise JoinError(f"joining segments failed: {'; '.join(errors)}")
-            _verify(tmp, parts, bool(audio))
-            if owner and os.geteuid() == 0:
-                os.chown(tmp, *owner)
-            os.replace(tmp, out)
-        finally:
-            tmp.unlink(missing_ok=True)
-
-
-def _verify(joined: Path, parts: list[Path], audio: bool) -> None:
-    try:
-        info = probe(joined)
-        expected = sum(probe(p).frames for p in parts)
-    except ProbeError as e:
-        raise JoinError(f"joined file unreadable: {e}") from e
-    if info.frames != expected:
-        raise JoinError(f"joined video has {info.frames} frames, segments have {expected}")
-    if audio and not info.audio:
-        raise JoinError("audio restore failed: the joined file has no audio stream")
-
-
-# --- the report -----------------------------------------------------------------------------------
-
-
-def report_items(plan: Plan, rundir: RunDir, segments: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """One report entry per video target, from the plan, its segments' entries and the join."""
-    joined_all = joins(rundir)
-    out: dict[str, dict[str, Any]] = {}
-    for v in plan.videos:
-        entry: dict[str, Any] = {"input": v.input, "output": None, "kind": "video", "segments": len(v.segments)}
-        seg_entries = [segments[s] for s in v.segments if s in segments]
-        bad = [(s, e) for s, e in zip(v.segments, seg_entries, strict=False) if e["status"] not in ("ok", "no_face")]
-        joined = joined_all.get(v.id)
-        if v.error is not None:
-            entry.update(status="error", reason=f"{v.input}: {v.error}", chunk=None)
-        elif bad:
-            sid, e = bad[0]
-            status = "cancelled" if all(e["status"] == "cancelled" for _, e in bad) else "error"
-            entry.update(status=status, reason=f"segment {sid}: {e['reason']}", chunk=e["chunk"])
-        elif joined is None:
-            entry.update(status="error", reason="segments done but not joined", chunk=None)
-        else:
-            output = v.output if joined.output else None
-            entry.update(status=joined.status.value, reason=joined.reason, output=output, chunk=None)
-        entry["info"] = v.info
-        out[v.id] = entry
-    return out

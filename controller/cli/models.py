@@ -7,10 +7,10 @@ import sys
 import click
 
 from controller import models as models_mod
-from controller.cli import _config, cli
+from controller.cli import context
 
 
-@cli.group()
+@click.group()
 def models() -> None:
     """Model packs under <data_root>/models/."""
 
@@ -20,7 +20,7 @@ def models() -> None:
 @click.pass_context
 def verify(ctx: click.Context, pack: str) -> None:
     """Check PACK's pack.yaml, every file's sha256, and each model's inputs/outputs for its role."""
-    report = models_mod.verify(_config(ctx).data_root / "models" / pack)
+    report = models_mod.verify(context.config(ctx).data_root / "models" / pack)
     click.echo("\n".join(report.lines()))
     sys.exit(0 if report.ok else 66)
 
@@ -31,5 +31,5 @@ def verify(ctx: click.Context, pack: str) -> None:
 @click.pass_context
 def fetch(ctx: click.Context, pack: str, source: str) -> None:
     """Download (resuming) or copy PACK, check every sha256, then install it in one swap."""
-    target = models_mod.fetch(_config(ctx).data_root / "models", pack, source, log=click.echo)
+    target = models_mod.fetch(context.config(ctx).data_root / "models", pack, source, log=click.echo)
     click.echo(f"installed {target}")

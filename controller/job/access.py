@@ -21,8 +21,8 @@ from pathlib import Path
 
 from controller.config import Config
 from controller.errors import MissingInputError
-from controller.jobspec import ResolvedJob
-from controller.plan import Plan
+from controller.job.plan import Plan
+from controller.job.resolve import ResolvedJob
 
 Ids = tuple[int, int]
 R, W, X = 4, 2, 1
@@ -184,7 +184,7 @@ def make_folders(root: Path, folders: Iterable[str], owner: Ids | None) -> list[
     """Create each folder (relative to `root`, parents included), one component at a time from the
     root through directory descriptors opened with O_NOFOLLOW: a component swapped for a symlink
     since the check is refused, never followed out of the root. What is made here is handed to
-    `owner` (the runner) when the controller runs as root, as rundir.py does. Returns the folders it
+    `owner` (the runner) when the controller runs as root, as controller/run/rundir.py does. Returns the folders it
     made, parents first (remove_folders undoes them)."""
     chown = owner is not None and os.geteuid() == 0
     made_here: list[str] = []

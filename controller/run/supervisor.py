@@ -3,109 +3,40 @@
 The supervisor is the only place that decides what happens to a chunk. It talks to the Swarm only
 through the SwarmBackend protocol (real daemon in production, an in-memory fake in unit tests) and
 keeps its truth in the run folder and the services' labels, so a restarted controller can adopt the
-services it finds (DESIGN.md: the controller is stateless between calls).
+services it finds (docs/architecture.md: the controller keeps no state of its own). A chunk's records
+and the policy are in controller/run/chunks.py.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import random
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from contract.paths import user_text
-from contract.results import read_results
 from controller.errors import EngineUnavailable
-from controller.failures import ChunkState, FailureClass, classify_exit, describe_exit
-from controller.rundir import RunDir, write_atomic
-from controller.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_ROLE, ROLE_RUNNER, RunnerSettings, chunk_service
-from controller.swarm import JobEvents, NodeState, ServiceState, SwarmBackend, clear_containers
-
-PENDING_STATES = {"new", "pending", "allocated", "assigned"}
-LOST_STATES = {"shutdown", "orphaned", "remove"}
-ENDED = {"complete", "failed", "rejected", "shutdown", "orphaned"}
-
-EventSink = Callable[..., None]
-
-
-@dataclass
-class Attempt:
-    attempt: int
-    service: str
-    started: float  # controller clock when the service was created (or adopted)
-    running_since: float | None = None
-    node: str | None = None
-    exit_code: int | None = None
-    outcome: str = "running"  # done | failed class name | running
-    reason: str | None = None
-    results_read: int = 0  # bytes of the chunk's results file already read (_ending)
-    items_recorded: set[str] = field(default_factory=set)  # items with a result line of this attempt
-    outage: bool = False  # the engine went away while it ran: an infrastructure ending is the engine's
-
-
-@dataclass
-class ChunkRun:
-    id: str
-    state: ChunkState = ChunkState.QUEUED
-    attempts: list[Attempt] = field(default_factory=list)
-    retries_used: int = 0
-    node_losses: int = 0  # re-attempts after node loss or an engine restart: never counted against `retries`
-    avoid: set[str] = field(default_factory=set)  # node ids where it failed for infrastructure reasons
-    last_attempt: int = 0  # highest attempt number already used (earlier controllers included)
-    not_before: float = 0.0
-    failure: FailureClass | None = None
-    reason: str | None = None
-
-    @property
-    def current(self) -> Attempt:
-        return self.attempts[-1]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "state": self.state.value,
-            "failure": self.failure.value if self.failure else None,
-            "reason": self.reason,
-            "avoid_nodes": sorted(self.avoid),
-            "attempts": [
-                {
-                    "attempt": a.attempt,
-                    "service": a.service,
-                    "node": a.node,
-                    "exit_code": a.exit_code,
-                    "outcome": a.outcome,
-                    "reason": a.reason,
-                }
-                for a in self.attempts
-            ],
-        }
-
-
-@dataclass(frozen=True)
-class Policy:
-    retries: int = 3
-    timeout: float = 1800.0  # per attempt, once running
-    schedule_timeout: float = 300.0
-    # Swarm 20.10 emits no task events, so the watch polls: the job's services and their tasks every
-    # `poll` (2 API calls), the node list every `node_poll`. With Docker's event stream (the job's
-    # containers starting and dying on this engine, node changes) to wake it at once, every
-    # `event_poll` instead: the poll is left for what the stream cannot see — other nodes' tasks.
-    # In between it reads what the runners appended to their results files every `ending_poll`:
-    # once a chunk has a line for each of its items (or its container died here) it is about to
-    # end, and the swarm is asked every `ending_poll` until it has, so that a finished chunk — and
-    # the job — is seen finished promptly.
-    poll: float = 0.5
-    event_poll: float = 2.0
-    node_poll: float = 1.0
-    ending_poll: float = 0.05
-    cleanup_wait: float = 5.0  # at the end, for containers being removed (after a cancel: stopping)
-    backoff_base: float = 1.0
-    backoff_max: float = 30.0
-    max_node_losses: int = 10
-    engine_outage: float = 120.0  # how long the watch waits for an engine that stopped answering
+from controller.run.chunks import Attempt, ChunkRun, EventSink, Policy
+from controller.run.failures import ChunkState, FailureClass, classify_exit, describe_exit, last_words
+from controller.run.rundir import RunDir, write_atomic
+from controller.swarm.backend import (
+    ENDED,
+    LOST_STATES,
+    PENDING_STATES,
+    JobEvents,
+    NodeState,
+    ServiceState,
+    SwarmBackend,
+    clear_containers,
+)
+from controller.swarm.servicespec import (
+    LABEL_ATTEMPT,
+    LABEL_CHUNK,
+    LABEL_ROLE,
+    ROLE_RUNNER,
+    RunnerSettings,
+    chunk_service,
+)
 
 
 class Supervisor:
@@ -272,8 +203,8 @@ class Supervisor:
         return events.wait(seconds)
 
     def _ending(self, run: ChunkRun) -> bool:
-        """Whether the current attempt has recorded a result for each of the chunk's items (reads
-        only what was appended to the results file since the last look), or its container died."""
+        """Whether the current attempt has recorded a result for each of the chunk's items, or its
+        container died."""
         att = run.current
         if self.events is not None and self.events.exit_code(att.service) is not None:
             return True
@@ -282,19 +213,7 @@ class Supervisor:
             return False
         if len(att.items_recorded) >= size:
             return True
-        path = self.rundir.layout.results(run.id)
-        try:
-            with path.open("rb") as f:
-                f.seek(att.results_read)
-                new = f.read()
-        except OSError:
-            return False
-        complete = new[: new.rfind(b"\n") + 1]  # a line still being written is read next time
-        att.results_read += len(complete)
-        att.items_recorded.update(
-            r.item for r in read_results(complete.decode("utf-8", "replace")) if r.attempt == att.attempt
-        )
-        return len(att.items_recorded) >= size
+        return att.read_results(self.rundir.layout.results(run.id)) >= size
 
     def _save_state(self) -> None:
         """state.json: chunk states and attempts, for `ffswarm status` while the job runs."""
@@ -342,7 +261,7 @@ class Supervisor:
     def _start(self, run: ChunkRun, queue: deque[str]) -> None:
         attempt = run.last_attempt + 1
         run.last_attempt = attempt
-        spec = chunk_service(self.settings, run.id, attempt, self._avoidance(run))
+        spec = chunk_service(self.settings, run.id, attempt, run.avoidance(self.nodes.values(), self.settings.gpus > 0))
         try:
             self.backend.create_service(spec)
         except EngineUnavailable:
@@ -351,17 +270,6 @@ class Supervisor:
         run.attempts.append(Attempt(attempt, spec.name, started=self.clock()))
         run.state = ChunkState.RUNNING
         self.emit("chunk_started", chunk=run.id, attempt=attempt, service=spec.name)
-
-    def _avoidance(self, run: ChunkRun) -> tuple[str, ...]:
-        """Keep a chunk away from nodes where it failed for infrastructure reasons, while another
-        usable node that advertises GPUs (when the job reserves any) remains."""
-        needs_gpu = self.settings.gpus > 0
-        others = [
-            n for n in self.nodes.values() if n.usable and n.node_id not in run.avoid and (n.gpus > 0 or not needs_gpu)
-        ]
-        if not run.avoid or not others:
-            return ()
-        return tuple(f"node.id!={n}" for n in sorted(run.avoid))
 
     # -- one chunk --------------------------------------------------------------------------------
     def _watch(self, run: ChunkRun, svc: ServiceState | None, queue: deque[str]) -> None:
@@ -447,46 +355,25 @@ class Supervisor:
         """Swarm (engine 20.10) never moves a task off a dead node: the controller does. Node loss is
         not the chunk's fault and does not use up its retries."""
         self.backend.remove_service(svc.name)
-        att = run.current
-        att.outcome = FailureClass.INFRASTRUCTURE.value
-        att.reason = f"node {node.hostname or node.node_id} is {node.state}"
-        run.avoid.add(node.node_id)
-        run.node_losses += 1
+        run.lose_node(node)
         if run.node_losses > self.policy.max_node_losses:
             self._fail(run, FailureClass.INFRASTRUCTURE, f"lost {run.node_losses} nodes", queue)
             return
-        run.state = ChunkState.QUEUED
-        run.not_before = 0.0
+        run.requeue()
         queue.appendleft(run.id)
+        att = run.current
         self.emit("chunk_node_lost", chunk=run.id, attempt=att.attempt, node=node.node_id, reason=att.reason)
 
     def _fail(self, run: ChunkRun, failure: FailureClass, reason: str, queue: deque[str]) -> None:
+        event = run.end_attempt(failure, reason, self.policy, self.clock())
         att = run.current
-        att.outcome = failure.value
-        if att.reason:  # the runner's own last words, kept by _keep_logs
-            reason = f"{reason}: {att.reason}"
-        att.reason = reason
-        if failure is FailureClass.INFRASTRUCTURE and att.outage and run.node_losses < self.policy.max_node_losses:
-            run.node_losses += 1  # the engine restarted under it: not the chunk's fault, nor the node's
-            run.state = ChunkState.QUEUED
-            run.not_before = 0.0
+        if event == "chunk_engine_lost":
             queue.appendleft(run.id)
-            self.emit("chunk_engine_lost", chunk=run.id, attempt=att.attempt, reason=reason)
+            self.emit(event, chunk=run.id, attempt=att.attempt, reason=att.reason)
             return
-        if failure is FailureClass.INFRASTRUCTURE and att.node:
-            run.avoid.add(att.node)
-        if failure.is_retryable() and run.retries_used < self.policy.retries:
-            run.retries_used += 1
-            delay = min(self.policy.backoff_max, self.policy.backoff_base * 2 ** (run.retries_used - 1))
-            run.not_before = self.clock() + delay * random.uniform(0.5, 1.0)
-            run.state = ChunkState.QUEUED
+        if event == "chunk_retry":
             queue.append(run.id)
-            self.emit("chunk_retry", chunk=run.id, attempt=att.attempt, failure=failure.value, reason=reason)
-            return
-        run.state = ChunkState.FAILED
-        run.failure = failure
-        run.reason = reason
-        self.emit("chunk_failed", chunk=run.id, attempt=att.attempt, failure=failure.value, reason=reason)
+        self.emit(event, chunk=run.id, attempt=att.attempt, failure=failure.value, reason=att.reason)
 
     def _cancel_all(self, queue: deque[str]) -> None:
         for run in self._running():
@@ -497,18 +384,3 @@ class Supervisor:
                 run.state = ChunkState.CANCELLED
         queue.clear()
         self.emit("job_cancelled")
-
-
-def last_words(log_text: str) -> str | None:
-    """The runner's reason for failing: the `error` of its last JSON log line that has one, else its
-    last line of output (a traceback's last line, a shell's complaint). A reason the user reads, so
-    the container paths in it are written relative to the data root (user_text)."""
-    lines = [line for line in log_text.strip().splitlines() if line.strip()]
-    for line in reversed(lines):
-        try:
-            data = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(data, dict) and data.get("error"):
-            return user_text(str(data["error"]))[:500]
-    return user_text(lines[-1])[:300] if lines else None

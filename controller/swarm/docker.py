@@ -1,19 +1,18 @@
-"""The only module that imports docker: ffswarm's view of a Swarm, in ffswarm's own types.
+"""The Swarm adapter: ffswarm's view of a Swarm (controller/swarm/backend.py) over docker-py.
 
-Docker errors are translated here into ffswarm errors (one translation point), and Docker's task
-documents are reduced to TaskState so the supervisor never reads raw API dicts.
+With controller/swarm/admin.py, the only modules that import docker (tests/unit/test_import_graph.py).
+Docker errors are translated here into ffswarm errors (``translated``: one translation point), and
+Docker's task documents are reduced to TaskState so the supervisor never reads raw API dicts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 import docker
 import docker.errors
@@ -21,93 +20,10 @@ import requests.exceptions
 from docker import types as dt
 
 from controller.errors import CapacityError, EngineUnavailable, FfswarmError, MissingInputError
-from controller.servicespec import LABEL_JOB, ServiceSpec, service_prefix
+from controller.swarm.backend import NodeInfo, NodeState, ServiceState, TaskState
+from controller.swarm.servicespec import LABEL_JOB, ServiceSpec, service_prefix
 
 LABEL_SERVICE_NAME = "com.docker.swarm.service.name"  # set by the engine on every task's container
-
-
-@dataclass(frozen=True)
-class TaskState:
-    """One Swarm task of a chunk service, reduced to what the supervisor decides on."""
-
-    state: str  # new, pending, assigned, …, running, complete, failed, shutdown, rejected, orphaned
-    desired_state: str
-    exit_code: int | None
-    message: str  # Status.Err or Status.Message: the scheduler's or the engine's own words
-    node_id: str | None
-    container_id: str | None
-    created: float  # unix seconds
-    updated: float
-
-
-@dataclass(frozen=True)
-class ServiceState:
-    name: str
-    service_id: str
-    labels: Mapping[str, str]
-    created: float
-    tasks: tuple[TaskState, ...]
-
-    def latest_task(self) -> TaskState | None:
-        return max(self.tasks, key=lambda t: t.created) if self.tasks else None
-
-
-@dataclass(frozen=True)
-class NodeState:
-    node_id: str
-    hostname: str
-    state: str  # ready | down | unknown | disconnected
-    availability: str  # active | pause | drain
-    gpus: int  # advertised generic resources (any kind)
-
-    @property
-    def usable(self) -> bool:
-        return self.state == "ready" and self.availability == "active"
-
-
-class SwarmBackend(Protocol):
-    """What the supervisor needs from a Swarm; a real one below, an in-memory one in tests."""
-
-    def create_service(self, spec: ServiceSpec) -> str: ...
-    def services(self, job: str) -> list[ServiceState]: ...
-    def remove_service(self, name: str) -> None: ...
-    def remove_exited_containers(self, job: str, service: str | None = None) -> int: ...
-    def containers_left(self, job: str) -> int: ...
-    def service_logs(self, name: str, tail: int = 40) -> str: ...
-    def nodes(self) -> list[NodeState]: ...
-    def events(self, job: str) -> JobEvents | None: ...
-
-
-def clear_containers(
-    backend: SwarmBackend,
-    job: str,
-    wait: float,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-    poll: float = 0.05,
-) -> bool:
-    """Remove the job's exited containers on this engine until none of its containers is left or
-    `wait` has passed: the swarm removes a removed service's container itself a moment later, and a
-    stopped runner takes its grace period. True when none is left."""
-    deadline = clock() + wait
-    while True:
-        backend.remove_exited_containers(job)
-        if backend.containers_left(job) == 0:
-            return True
-        if clock() >= deadline:
-            return False
-        sleep(poll)
-
-
-class JobEvents(Protocol):
-    """What happened to a job on the swarm since the watch last looked, pushed rather than polled."""
-
-    @property
-    def alive(self) -> bool: ...  # still receiving (False: the watch polls as if there were none)
-    def wait(self, timeout: float) -> bool: ...  # True as soon as something happened, else after timeout
-    def exit_code(self, service: str) -> int | None: ...  # how its container exited (on this engine)
-    def nodes_changed(self) -> bool: ...  # a node changed since the last call
-    def close(self) -> None: ...
 
 
 def _ts(value: str | None) -> float:
@@ -147,7 +63,7 @@ def _outage(e: docker.errors.APIError) -> bool:
 
 
 @contextmanager
-def _translated(what: str) -> Iterator[None]:
+def translated(what: str) -> Iterator[None]:
     """The one translation point: nothing Docker or its HTTP transport raises gets past it."""
     try:
         yield
@@ -158,10 +74,10 @@ def _translated(what: str) -> Iterator[None]:
             raise EngineUnavailable(f"{what}: the swarm is not answering: {e.explanation or e}") from e
         raise FfswarmError(f"{what}: Docker said: {e.explanation or e}") from e
     except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-        raise EngineUnavailable(f"{what}: cannot reach the Docker engine: {_first_line(e)}") from e
+        raise EngineUnavailable(f"{what}: cannot reach the Docker engine: {first_line(e)}") from e
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     """requests' connection errors nest urllib3's whole repr; the user needs its gist."""
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     for cause in ("No such file or directory", "Connection refused", "Connection aborted", "Read timed out"):
@@ -257,7 +173,7 @@ class DockerSwarm:
         self._client = self._new_client()
 
     def _new_client(self) -> docker.DockerClient:
-        with _translated("connecting to Docker"):
+        with translated("connecting to Docker"):
             client = self._connect()
         if client.api.base_url.startswith("http+docker://"):  # a local socket: no proxy applies
             # requests scans the environment for proxy settings on every call: ~2 ms of CPU per API
@@ -279,7 +195,7 @@ class DockerSwarm:
         return self._client
 
     def check_manager(self) -> None:
-        with _translated("checking the swarm"):
+        with translated("checking the swarm"):
             info = self._client.info()
         swarm = info.get("Swarm", {})
         if swarm.get("LocalNodeState") != "active":
@@ -293,7 +209,7 @@ class DockerSwarm:
         """A tag makes every task try a registry pull (FIELD-NOTES): pin a digest, else the image ID."""
         if "@sha256:" in ref or ref.startswith("sha256:"):
             return ref
-        with _translated(f"image {ref}"):
+        with translated(f"image {ref}"):
             image = self._client.images.get(ref)
         digests = image.attrs.get("RepoDigests") or []
         return str(digests[0]) if digests else str(image.id)
@@ -327,14 +243,14 @@ class DockerSwarm:
             placement=dt.Placement(constraints=list(spec.constraints)),
             log_driver=dt.DriverConfig("json-file", dict(spec.log_options)),
         )
-        with _translated(f"creating service {spec.name}"):
+        with translated(f"creating service {spec.name}"):
             result = self._client.api.create_service(
                 template, name=spec.name, labels=dict(spec.labels), mode=dt.ServiceMode("replicated", replicas=1)
             )
         return str(result["ID"])
 
     def services(self, job: str) -> list[ServiceState]:
-        with _translated(f"listing services of job {job}"):
+        with translated(f"listing services of job {job}"):
             # Two calls whatever the number of services: the task list filters by the labels of the
             # tasks' services. A service removed between the calls is left out (it is gone).
             raw = self._client.api.services(filters={"label": f"{LABEL_JOB}={job}"})
@@ -355,7 +271,7 @@ class DockerSwarm:
         return out
 
     def remove_service(self, name: str) -> None:
-        with _translated(f"removing service {name}"), contextlib.suppress(docker.errors.NotFound):
+        with translated(f"removing service {name}"), contextlib.suppress(docker.errors.NotFound):
             self._client.api.remove_service(name)
 
     def remove_exited_containers(self, job: str, service: str | None = None) -> int:
@@ -367,7 +283,7 @@ class DockerSwarm:
         filters: dict[str, Any] = {"label": [f"{LABEL_JOB}={job}"]}
         if service:
             filters["label"].append(f"{LABEL_SERVICE_NAME}={service}")
-        with _translated(f"cleaning containers of job {job}"):
+        with translated(f"cleaning containers of job {job}"):
             # The low-level list: the high-level one inspects each container it lists, and a container
             # the engine removes meanwhile (a removed service's) fails the whole call with 404.
             for status in ("exited", "created", "dead"):
@@ -384,7 +300,7 @@ class DockerSwarm:
 
     def containers_left(self, job: str) -> int:
         """This job's containers on this node, running or not."""
-        with _translated(f"listing containers of job {job}"):
+        with translated(f"listing containers of job {job}"):
             return len(self._client.api.containers(all=True, filters={"label": f"{LABEL_JOB}={job}"}))
 
     def service_logs(self, name: str, tail: int = 40) -> str:
@@ -396,7 +312,7 @@ class DockerSwarm:
             return ""
 
     def nodes(self) -> list[NodeState]:
-        with _translated("listing nodes"):
+        with translated("listing nodes"):
             raw = self._client.api.nodes()
         return [
             NodeState(
@@ -406,38 +322,16 @@ class DockerSwarm:
                 n.availability or "active",
                 sum(n.generic_resources.values()),
             )
-            for n in map(_node_info, raw)
+            for n in map(node_info, raw)
         ]
 
     def service_spec_raw(self, name: str) -> dict[str, Any]:
         """The engine's own record of a service (tests inspect what was really created)."""
-        with _translated(f"inspecting service {name}"):
+        with translated(f"inspecting service {name}"):
             return dict(self._client.api.inspect_service(name))
 
 
-# -- nodes and swarm settings (ffswarm nodes, ffswarm doctor) ---------------------------------------
-@dataclass(frozen=True)
-class NodeInfo:
-    """A Swarm node as `ffswarm nodes` and `doctor` see it."""
-
-    node_id: str
-    hostname: str
-    role: str  # manager | worker
-    state: str  # ready | down | unknown …
-    availability: str  # active | pause | drain
-    labels: Mapping[str, str]
-    generic_resources: Mapping[str, int]  # kind -> how many this node's dockerd advertises
-
-
-@dataclass(frozen=True)
-class SwarmInfo:
-    active: bool
-    manager: bool
-    node_id: str
-    heartbeat_seconds: float | None  # the dispatcher heartbeat (None: not readable from a worker)
-
-
-def _node_info(raw: Mapping[str, Any]) -> NodeInfo:
+def node_info(raw: Mapping[str, Any]) -> NodeInfo:
     resources: dict[str, int] = {}
     for res in (raw.get("Description", {}).get("Resources", {}) or {}).get("GenericResources") or []:
         named, discrete = res.get("NamedResourceSpec"), res.get("DiscreteResourceSpec")
@@ -455,41 +349,3 @@ def _node_info(raw: Mapping[str, Any]) -> NodeInfo:
         labels=dict(spec.get("Labels") or {}),
         generic_resources=resources,
     )
-
-
-class SwarmAdmin(DockerSwarm):
-    """Node and swarm-level calls that jobs never make; kept apart from the SwarmBackend surface."""
-
-    def swarm_info(self) -> SwarmInfo:
-        with _translated("reading the swarm state"):
-            swarm = self._client.info().get("Swarm", {})
-            manager = bool(swarm.get("ControlAvailable"))
-            heartbeat = None
-            if manager:
-                period = self._client.api.inspect_swarm().get("Spec", {}).get("Dispatcher", {}).get("HeartbeatPeriod")
-                heartbeat = period / 1e9 if period else None
-        return SwarmInfo(swarm.get("LocalNodeState") == "active", manager, str(swarm.get("NodeID", "")), heartbeat)
-
-    def node_infos(self) -> list[NodeInfo]:
-        with _translated("listing nodes"):
-            return [_node_info(n) for n in self._client.api.nodes()]
-
-    def update_node_labels(self, node: str, add: Mapping[str, str], remove: tuple[str, ...] = ()) -> NodeInfo:
-        """Add/replace and remove node labels in one update (at the node's current version)."""
-        with _translated(f"labelling node {node}"):
-            raw = self._client.api.inspect_node(node)
-            spec = dict(raw["Spec"])
-            labels = {k: v for k, v in (spec.get("Labels") or {}).items() if k not in remove}
-            labels.update(add)
-            spec["Labels"] = labels
-            self._client.api.update_node(raw["ID"], raw["Version"]["Index"], spec)
-            return _node_info(self._client.api.inspect_node(raw["ID"]))
-
-    def image_id(self, ref: str) -> str | None:
-        """The local image ID of ref on this engine, None when it is absent."""
-        try:
-            return str(self._client.images.get(ref).id)
-        except docker.errors.ImageNotFound:
-            return None
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-            raise EngineUnavailable(f"image {ref}: cannot reach the Docker engine: {_first_line(e)}") from e

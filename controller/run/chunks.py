@@ -1,0 +1,157 @@
+"""What the supervisor keeps of each chunk: its attempts, its state, where it must not run again;
+and the policy it is watched and retried by. state.json is these records (ChunkRun.as_dict).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from contract.results import read_results
+from controller.run.failures import ChunkState, FailureClass
+from controller.swarm.backend import NodeState
+
+EventSink = Callable[..., None]
+
+
+@dataclass
+class Attempt:
+    attempt: int
+    service: str
+    started: float  # controller clock when the service was created (or adopted)
+    running_since: float | None = None
+    node: str | None = None
+    exit_code: int | None = None
+    outcome: str = "running"  # done | failed class name | running
+    reason: str | None = None
+    results_read: int = 0  # bytes of the chunk's results file already read (read_results)
+    items_recorded: set[str] = field(default_factory=set)  # items with a result line of this attempt
+    outage: bool = False  # the engine went away while it ran: an infrastructure ending is the engine's
+
+    def read_results(self, path: Path) -> int:
+        """How many items this attempt has recorded a result for, reading only what was appended to
+        the chunk's results file since the last call (a line still being written is read next time)."""
+        try:
+            with path.open("rb") as f:
+                f.seek(self.results_read)
+                new = f.read()
+        except OSError:
+            return len(self.items_recorded)
+        complete = new[: new.rfind(b"\n") + 1]
+        self.results_read += len(complete)
+        self.items_recorded.update(
+            r.item for r in read_results(complete.decode("utf-8", "replace")) if r.attempt == self.attempt
+        )
+        return len(self.items_recorded)
+
+
+@dataclass
+class ChunkRun:
+    id: str
+    state: ChunkState = ChunkState.QUEUED
+    attempts: list[Attempt] = field(default_factory=list)
+    retries_used: int = 0
+    node_losses: int = 0  # re-attempts after node loss or an engine restart: never counted against `retries`
+    avoid: set[str] = field(default_factory=set)  # node ids where it failed for infrastructure reasons
+    last_attempt: int = 0  # highest attempt number already used (earlier controllers included)
+    not_before: float = 0.0
+    failure: FailureClass | None = None
+    reason: str | None = None
+
+    @property
+    def current(self) -> Attempt:
+        return self.attempts[-1]
+
+    def avoidance(self, nodes: Iterable[NodeState], needs_gpu: bool) -> tuple[str, ...]:
+        """Placement constraints keeping the chunk away from nodes where it failed for infrastructure
+        reasons, while another usable node that advertises GPUs (when the job reserves any) remains."""
+        others = [n for n in nodes if n.usable and n.node_id not in self.avoid and (n.gpus > 0 or not needs_gpu)]
+        if not self.avoid or not others:
+            return ()
+        return tuple(f"node.id!={n}" for n in sorted(self.avoid))
+
+    def requeue(self, not_before: float = 0.0) -> None:
+        self.state = ChunkState.QUEUED
+        self.not_before = not_before
+
+    def end_attempt(self, failure: FailureClass, reason: str, policy: Policy, now: float) -> str:
+        """The current attempt failed: record why and decide what follows. Returns the event that
+        says it: ``chunk_engine_lost`` (queued again at once, not counted against retries: the engine
+        restarted under it), ``chunk_retry`` (queued again after a backoff) or ``chunk_failed``."""
+        att = self.current
+        att.outcome = failure.value
+        att.reason = f"{reason}: {att.reason}" if att.reason else reason  # after the runner's own words
+        infrastructure = failure is FailureClass.INFRASTRUCTURE
+        if infrastructure and att.outage and self.node_losses < policy.max_node_losses:
+            self.node_losses += 1  # not the chunk's fault, nor the node's
+            self.requeue()
+            return "chunk_engine_lost"
+        if infrastructure and att.node:
+            self.avoid.add(att.node)
+        if failure.is_retryable() and self.retries_used < policy.retries:
+            self.retries_used += 1
+            delay = min(policy.backoff_max, policy.backoff_base * 2 ** (self.retries_used - 1))
+            self.requeue(now + delay * random.uniform(0.5, 1.0))
+            return "chunk_retry"
+        self.state = ChunkState.FAILED
+        self.failure = failure
+        self.reason = att.reason
+        return "chunk_failed"
+
+    def lose_node(self, node: NodeState) -> None:
+        """The current attempt's node is gone: never the chunk's fault, so its retries are not used
+        (the caller fails it once it has lost more nodes than the policy allows)."""
+        att = self.current
+        att.outcome = FailureClass.INFRASTRUCTURE.value
+        att.reason = f"node {node.hostname or node.node_id} is {node.state}"
+        self.avoid.add(node.node_id)
+        self.node_losses += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state.value,
+            "failure": self.failure.value if self.failure else None,
+            "reason": self.reason,
+            "avoid_nodes": sorted(self.avoid),
+            "attempts": [
+                {
+                    "attempt": a.attempt,
+                    "service": a.service,
+                    "node": a.node,
+                    "exit_code": a.exit_code,
+                    "outcome": a.outcome,
+                    "reason": a.reason,
+                }
+                for a in self.attempts
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How a job's chunks are watched and retried (the job's retries and timeout, the config's
+    schedule_timeout and engine_outage; the rest are the watch's own rhythms)."""
+
+    retries: int = 3
+    timeout: float = 1800.0  # per attempt, once running
+    schedule_timeout: float = 300.0
+    # Swarm 20.10 emits no task events, so the watch polls: the job's services and their tasks every
+    # `poll` (2 API calls), the node list every `node_poll`. With Docker's event stream (the job's
+    # containers starting and dying on this engine, node changes) to wake it at once, every
+    # `event_poll` instead: the poll is left for what the stream cannot see — other nodes' tasks.
+    # In between it reads what the runners appended to their results files every `ending_poll`:
+    # once a chunk has a line for each of its items (or its container died here) it is about to
+    # end, and the swarm is asked every `ending_poll` until it has, so that a finished chunk — and
+    # the job — is seen finished promptly.
+    poll: float = 0.5
+    event_poll: float = 2.0
+    node_poll: float = 1.0
+    ending_poll: float = 0.05
+    cleanup_wait: float = 5.0  # at the end, for containers being removed (after a cancel: stopping)
+    backoff_base: float = 1.0
+    backoff_max: float = 30.0
+    max_node_losses: int = 10
+    engine_outage: float = 120.0  # how long the watch waits for an engine that stopped answering
