@@ -1,4 +1,4 @@
-"""Cluster-wide settings: one config file, never job files (DESIGN.md)."""
+"""Cluster-wide settings: one config file, never job files (docs/operations.md#config)."""
 
 from __future__ import annotations
 

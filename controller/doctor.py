@@ -188,7 +188,7 @@ def check_probes(results: dict[str, dict[str, str]], config: Config, pack: str) 
             not pack_bad,
             "; ".join(pack_bad) or f"pack {pack!r} verified on every GPU node",
             f"install the pack under {config.data_root}/models/{pack}/ with a pack.yaml whose sha256 match "
-            "(README 'Models')",
+            "(docs/operations.md#models)",
         ),
     ]
     return checks

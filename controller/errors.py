@@ -1,4 +1,4 @@
-"""One error base carrying the CLI exit code (sysexits-style, DESIGN.md)."""
+"""One error base carrying the CLI exit code (sysexits-style; docs/failures.md#exit-codes)."""
 
 from __future__ import annotations
 

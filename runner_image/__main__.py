@@ -1,7 +1,7 @@
 """``python -m runner_image``: the runner image's exec-form entrypoint.
 
 Only argument/environment parsing and the mapping from how an attempt ended to its exit code live
-here (DESIGN.md "Exit codes"); the work is in worker.run_attempt. Inputs: ``FFSWARM_MANIFEST``
+here (contract/exits.py, docs/failures.md#exit-codes); the work is in worker.run_attempt. Inputs: ``FFSWARM_MANIFEST``
 (container path of the chunk manifest), ``FFSWARM_ATTEMPT`` (default 1), ``DOCKER_RESOURCE_GPU``
 (set by Swarm), and for local runs/tests ``--manifest``, ``--attempt`` and ``--data-root`` /
 ``FFSWARM_DATA_ROOT`` (a local folder standing in for ``/data``; see volume.py).

@@ -1,4 +1,5 @@
-"""The runner's error kinds, each tied to the exit code a chunk attempt ends with (DESIGN.md).
+"""The runner's error kinds, each tied to the exit code a chunk attempt ends with (contract/exits.py;
+what the controller makes of each: docs/failures.md#exit-codes).
 
 Library modules raise these; only ``__main__`` turns them into a process exit, so every module stays
 testable in-process. ``ItemError`` is deliberately not a ``RunnerError``: a bad target file fails its

@@ -3,7 +3,8 @@ the enhancer's 512x512 crops).
 
 insightface's ``INSwapper.get(paste_back=True)`` warps the crop, a white mask and a diff map over
 the WHOLE frame, then erodes and blurs the full-frame mask, once per face: on a 1280x886 photo with
-six faces that is most of the runtime (FIELD-NOTES). The result only differs from the input inside
+six faces that is most of the runtime (benchmarks/RESULTS.md, "Runner: insightface loop vs the
+ffswarm runner"). The result only differs from the input inside
 the warped crop's footprint, so we do the same arithmetic on that footprint alone (plus a margin as
 wide as the blur, so erosion and blur see exactly the zeros they would see full-frame). The output
 matches insightface's to within interpolation rounding; tests compare the two.

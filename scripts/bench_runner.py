@@ -2,16 +2,17 @@
 
     .venv/bin/python scripts/bench_runner.py [--json PATH] [--small-n 24] [--big-n 2] [--no-big]
 
-(a) insightface's own FaceAnalysis (detector + recogniser only, FIELD-NOTES) + INSwapper.get with
-paste_back=True, with cv2.imread/imwrite around it; (b) ``python -m runner_image`` in-process on a
-temporary data root with the same pack and photos. Each side runs in its own subprocess, so the
-cold start (process start → first item written) includes imports and model loading.
+(a) insightface's own FaceAnalysis (detector + recogniser only, as benchmarks/RESULTS.md says) +
+INSwapper.get with paste_back=True, with cv2.imread/imwrite around it; (b) ``python -m runner_image``
+in-process on a temporary data root with the same pack and photos. Each side runs in its own
+subprocess, so the cold start (process start → first item written) includes imports and model
+loading.
 
 Packs: the small stand-in test pack, and a generated stand-in with inswapper_128's publicly
-reconstructed layout and size (138.6M parameters, FIELD-NOTES; random weights, built in a temp
-folder at run time and never kept). Photo sets: one face (astronaut variants), several faces (t1.jpg
-variants). Stage times are per item summed; with several items in flight the runner's stage sums can
-exceed its wall time, which is the point ("inference s per wall s" > 1: calls overlapped).
+reconstructed layout and size (138.6M parameters, benchmarks/RESULTS.md; random weights, built in
+a temp folder at run time and never kept). Photo sets: one face (astronaut variants), several faces
+(t1.jpg variants). Stage times are per item summed; with several items in flight the runner's stage
+sums can exceed its wall time, which is the point ("inference s per wall s" > 1: calls overlapped).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@
 #                     ffswarm-registry:5000/ffswarm/runner@sha256:… (insecure, node network only)
 #
 # Node APIs are published on loopback only. Nodes are NOT --privileged (this VM's root lacks
-# CAP_SYS_RESOURCE; see FIELD-NOTES): all caps but that one, unconfined seccomp/apparmor/systempaths,
+# CAP_SYS_RESOURCE; docs/development.md#test-suites): all caps but that one, unconfined seccomp/apparmor/systempaths,
 # every device allowed, a private cgroup namespace, and an entrypoint that remounts /sys and the cgroup
 # v1 hierarchies rw. The shared data folder build/cluster/data is bind-mounted at the SAME path on
 # every node, so the controller's bind volume works unchanged. Everything made carries the label

@@ -43,7 +43,8 @@ VIDEO_EXTENSIONS = (".mp4", ".mov", ".mkv", ".webm", ".avi")
 PLACEHOLDERS = ("stem", "ext", "name", "index", "job", "dir")
 DISTINCT_PLACEHOLDERS = ("stem", "name", "index")  # placeholders that tell targets apart
 _NAME = r"[a-z0-9-]{1,40}"
-_GPU_KIND = r"[A-Za-z0-9_]+"  # no hyphen: sh drops DOCKER_RESOURCE_X-Y (FIELD-NOTES)
+# GPU kinds: no hyphen, `sh` drops DOCKER_RESOURCE_X-Y (docs/architecture.md#engine-2010-facts-the-code-relies-on)
+_GPU_KIND = r"[A-Za-z0-9_]+"
 _PACK = r"(?!\.)[A-Za-z0-9._-]+"  # a folder under models/: no '.', '..' or hidden names
 _TOKEN = r"[A-Za-z0-9_.-]+"  # codec and preset reach ffmpeg's argv
 _CONSTRAINT = r"\s*[A-Za-z0-9_.-]+\s*(==|!=)\s*[^\s=!]+\s*"

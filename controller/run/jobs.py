@@ -91,7 +91,7 @@ def check_pack(config: Config, spec: JobSpec, file: Path) -> None:
     if not (pack_dir / "pack.yaml").is_file():
         raise MissingInputError(
             f"{file}: models: pack {spec.models!r} not found: {shown}/pack.yaml does not exist "
-            f"(install one with `ffswarm models fetch` or see README 'Models')"
+            f"(install one with `ffswarm models fetch` or see docs/operations.md#models)"
         )
     try:
         missing_roles(pack_dir, read_spec(pack_dir, shown), spec.processors, shown)

@@ -206,7 +206,8 @@ class DockerSwarm:
             raise CapacityError("this Docker engine is a swarm worker; run ffswarm on a manager node")
 
     def resolve_image(self, ref: str) -> str:
-        """A tag makes every task try a registry pull (FIELD-NOTES): pin a digest, else the image ID."""
+        """A tag makes every task try a registry pull (docs/architecture.md#engine-2010-facts-the-code-relies-on): pin a
+        digest, else the image ID."""
         if "@sha256:" in ref or ref.startswith("sha256:"):
             return ref
         with translated(f"image {ref}"):

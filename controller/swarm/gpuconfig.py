@@ -5,7 +5,7 @@ Swarm schedules GPUs only as generic resources the node's dockerd advertises
 (env `DOCKER_RESOURCE_GPU`) into the device the container sees, but only when its config.toml says
 `swarm-resource = "DOCKER_RESOURCE_GPU"`. A typo in either file makes jobs pend forever or every
 task see every GPU, so both come from here. The kind is `GPU` (no hyphen: `sh` drops
-`DOCKER_RESOURCE_NVIDIA-GPU`, FIELD-NOTES).
+`DOCKER_RESOURCE_NVIDIA-GPU`; docs/architecture.md#engine-2010-facts-the-code-relies-on).
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def daemon_json(gpus: Sequence[Gpu], kind: str = GPU_KIND) -> dict[str, object]:
         "default-runtime": "nvidia",
         "runtimes": {"nvidia": {"path": RUNTIME_PATH, "runtimeArgs": []}},
         "node-generic-resources": [f"{kind}={g.uuid}" for g in gpus],
-        # Engine 20.10 has no per-service no-new-privileges (FIELD-NOTES): it is a daemon setting.
+        # Engine 20.10 has no per-service no-new-privileges: it is a daemon setting
+        # (docs/architecture.md#engine-2010-facts-the-code-relies-on).
         "no-new-privileges": True,
     }
 

@@ -75,9 +75,10 @@ class ServiceSpec:
     """One chunk attempt as a one-shot service: replicated × 1 with restart condition `none`.
 
     Why not `replicated-job`: on engine 20.10 removing a running job service does not stop its
-    container, and any update reruns the job (FIELD-NOTES). Replicated × 1 with no restarts runs the
-    container once (exit 0 → task `complete`, anything else → `failed` with the exit code), removal
-    stops it, and retries stay with the controller as new `-a<n>` services.
+    container, and any update reruns the job (docs/architecture.md#engine-2010-facts-the-code-relies-on).
+    Replicated × 1 with no restarts runs the container once (exit 0 → task `complete`, anything
+    else → `failed` with the exit code), removal stops it, and retries stay with the controller as
+    new `-a<n>` services.
     """
 
     name: str

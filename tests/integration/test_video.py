@@ -181,7 +181,7 @@ timeout: 10m
         for stage, seconds in r.timings.items():
             stages[stage] = stages.get(stage, 0.0) + seconds
     joins = read_results((run / "joins.jsonl").read_text())
-    print(  # the figures README/issue notes quote
+    print(  # the figures benchmarks/RESULTS.md quotes
         f"\nvideo job: {wall:.1f} s wall, "
         f"{len(results)} segment results; stage seconds { ({k: round(v, 1) for k, v in stages.items()}) }; "
         f"joins {[round(j.timings.get('join', 0), 2) for j in joins]} s"

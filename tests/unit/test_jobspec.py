@@ -27,7 +27,7 @@ from controller.job.spec import (
 )
 from controller.job.validate import FieldError
 
-# The example of DESIGN.md "Job file v1", verbatim.
+# The job-file example of the first design (v1), verbatim; docs/job-file.md documents every key.
 DESIGN_EXAMPLE = """\
 name: holiday                    # [a-z0-9-]{1,40}; job id = name (+ -2, -3 … with --new)
 source: faces/star.jpg           # or a list: photos of one person (embeddings averaged)

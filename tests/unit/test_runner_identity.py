@@ -34,7 +34,7 @@ from tests.unit.test_runner_chunk import (  # noqa: F401  (fixtures)
 REQUEST = f"{RUN}/identity-request.json"
 OUTPUT = f"{RUN}/identity.json"
 T1_FIRST = photos.T1_FACES[0]
-STRICT = 0.25  # the stand-in recogniser is no ArcFace: other faces sit from ~0.4 (see FIELD-NOTES)
+STRICT = 0.25  # the stand-in recogniser (tests/fixtures/standin_pack.py) is no ArcFace: other faces sit from ~0.4
 
 
 def identity(root: Path, sources: tuple[str, ...], reference: str | None = None) -> tuple[int, IdentityResult | None]:
