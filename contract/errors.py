@@ -15,3 +15,8 @@ class ManifestError(ValueError):
 class PackError(Exception):
     """The model pack is missing, unreadable, lacks a role or has a wrong checksum (runner exit 66).
     The message names the pack folder and the file, as the caller asked them to be shown."""
+
+
+class RecordError(ValueError):
+    """An attempt record (contract/attempt.py) is malformed, of an unknown schema, or holds absurd values.
+    The message names the field, never the value read: the file is the runner's, untrusted."""

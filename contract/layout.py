@@ -6,6 +6,7 @@ spelled twice. Every file has one writer (docs/architecture.md, "The controller/
 
 ====================================  ==============================================================
 ``job.yaml``, ``plan.json``           controller, at the first submit
+``job.sha256``                        controller, at the first submit: the job file's digest
 ``chunks/<chunk>.json``               controller: the chunk manifest (contract/manifest.py)
 ``control.json``                      ``ffswarm scale`` / ``cancel``
 ``image.json``                        controller, once: the image every attempt runs
@@ -14,6 +15,7 @@ spelled twice. Every file has one writer (docs/architecture.md, "The controller/
 ``results/<chunk>.jsonl``             runner, appending (contract/results.py)
 ``logs/<chunk>.a<n>.log``             runner (or the controller, from the service's logs)
 ``logs/identity.log``                 the identity step
+``attempts/<chunk>.a<n>.json``        runner: its record of the attempt (contract/attempt.py)
 ``segments/<item>-s<n>.mp4``          runner: a video's segments, joined by the controller
 ``state.json``                        controller's watch
 ``joins.jsonl``, ``report.json``      controller
@@ -38,8 +40,10 @@ CHUNKS = "chunks"
 RESULTS = "results"
 LOGS = "logs"
 SEGMENTS = "segments"
+ATTEMPTS = "attempts"  # made by the first runner that writes a record (the run folder is its user's)
 SUBFOLDERS = (CHUNKS, RESULTS, LOGS)  # made with the run folder, owned by the runner's user
 JOB_FILE = "job.yaml"
+JOB_SHA256 = "job.sha256"  # the sha256 of the job file that started the run (its identity)
 PLAN = "plan.json"  # written last: its presence means the run folder is complete
 CONTROL = "control.json"
 IMAGE = "image.json"
@@ -98,6 +102,10 @@ class RunLayout(Generic[P]):
         return self.dir / JOB_FILE
 
     @property
+    def job_sha256(self) -> P:
+        return self.dir / JOB_SHA256
+
+    @property
     def plan(self) -> P:
         return self.dir / PLAN
 
@@ -145,6 +153,10 @@ class RunLayout(Generic[P]):
     def segments_dir(self) -> P:
         return self.dir / SEGMENTS
 
+    @property
+    def attempts_dir(self) -> P:
+        return self.dir / ATTEMPTS
+
     def subfolders(self) -> tuple[P, ...]:
         """The run folder and the sub-folders runners write into."""
         return (self.dir, *(self.dir / sub for sub in SUBFOLDERS))
@@ -157,6 +169,10 @@ class RunLayout(Generic[P]):
 
     def log(self, chunk: str, attempt: int) -> P:
         return self.dir / LOGS / attempt_log_name(chunk, attempt)
+
+    def attempt_record(self, chunk: str, attempt: int) -> P:
+        """The runner's record of one attempt (contract/attempt.py)."""
+        return self.dir / ATTEMPTS / f"{chunk}.a{attempt}.json"
 
     @property
     def identity_log(self) -> P:

@@ -16,6 +16,7 @@ from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Any
 
+from contract import processors
 from contract.errors import ManifestError
 from contract.layout import RunLayout
 from contract.paths import require_container_path
@@ -26,7 +27,7 @@ ENV_MANIFEST = "FFSWARM_MANIFEST"
 ENV_ATTEMPT = "FFSWARM_ATTEMPT"
 ENV_GPU = "DOCKER_RESOURCE_GPU"
 
-PROCESSORS = ("face_swapper", "face_enhancer")
+PROCESSORS = processors.PROCESSORS  # the registry's names (contract/processors.py)
 PROVIDERS = ("cuda", "cpu")
 
 # Per-job tuning defaults (job file: detector, mask, face_enhancer, reference_distance). The mask

@@ -18,49 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contract import processors as registry
 from contract.errors import PackError
+from contract.processors import needs, users
 
 PACK_FILE = "pack.yaml"
-ROLES = ("detector", "recognizer", "swapper", "enhancer")
-
-
-@dataclass(frozen=True)
-class ModelNeed:
-    """A model file a processor cannot run without, and where its operator gets one."""
-
-    role: str
-    usual: str  # the file names it usually has
-    where: str
-
-
-BASE_NEEDS = (
-    ModelNeed("detector", "det_10g.onnx", "insightface's buffalo_l release (SCRFD-10G)"),
-    ModelNeed("recognizer", "w600k_r50.onnx", "insightface's buffalo_l release (ArcFace R50)"),
-)
-PROCESSOR_NEEDS: dict[str, tuple[ModelNeed, ...]] = {
-    "face_swapper": (
-        ModelNeed(
-            "swapper",
-            "inswapper_128.onnx or inswapper_128_fp16.onnx",
-            "the insightface project (inswapper_128); the fp16 export is FaceFusion's models release",
-        ),
-    ),
-    "face_enhancer": (
-        ModelNeed(
-            "enhancer",
-            "gfpgan_1.4.onnx",
-            "GFPGAN v1.4 (TencentARC) exported to ONNX, e.g. FaceFusion's models release",
-        ),
-    ),
-}
-
-
-def needs(processors: Iterable[str]) -> tuple[ModelNeed, ...]:
-    """Every model the detector/recogniser base and the listed processors require, in order."""
-    out = list(BASE_NEEDS)
-    for p in processors:
-        out.extend(PROCESSOR_NEEDS.get(p, ()))
-    return tuple(out)
+ROLES = registry.ROLES  # what each processor needs: the registry (contract/processors.py)
 
 
 @dataclass(frozen=True)
@@ -147,10 +110,10 @@ def missing_roles(pack_dir: Path, spec: dict[str, Any], processors: Iterable[str
     have = roles_of(spec)
     for need in needs(processors):
         if need.role not in have:
-            users = [p for p, ns in PROCESSOR_NEEDS.items() if need in ns] or ["every job"]
+            users_ = users(need) or ["every job"]
             raise PackError(
                 f"{where(pack_dir, shown)}: {PACK_FILE} lists no file with role {need.role} "
-                f"(needed by {', '.join(users)}: {need.usual}, from {need.where})"
+                f"(needed by {', '.join(users_)}: {need.usual}, from {need.where})"
             )
 
 

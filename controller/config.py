@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from controller.errors import ConfigError
-from controller.job.validate import parse_duration
+from controller.job.validate import FieldError, parse_duration
+from controller.policy import Policy, parse_policy
 from controller.swarm.servicespec import VolumeSpec
 
 DEFAULT_IMAGE = "ffswarm/runner:dev"
-_KEYS = {"data_root", "volume", "image", "schedule_timeout", "runner_user", "docker_host", "engine_outage"}
+_KEYS = {"data_root", "volume", "image", "schedule_timeout", "runner_user", "docker_host", "engine_outage", "policy"}
 _VOLUME_KEYS = {"type", "server", "export", "options"}
 
 
@@ -28,6 +30,7 @@ class Config:
     runner_user: str | None = None  # uid:gid for runners; default: the data root's owner
     docker_host: str | None = None
     engine_outage: int = 120  # seconds a running job waits for a Docker engine that stopped answering
+    policy: Policy = field(default_factory=Policy)  # what a job file may ask for (controller/policy.py)
 
     def runner_uid_gid(self) -> str:
         """Runners run as the owner of the data root (a non-root runner must be able to write it)."""
@@ -100,8 +103,15 @@ def parse_config(path: Path, data: dict[str, Any]) -> Config:
     except ValueError as e:
         raise ConfigError(f"{path}: {e}") from e
     user = data.get("runner_user")
-    if user is not None and (not isinstance(user, str) or not user.replace(":", "").isdigit() or user.startswith("0:")):
-        raise ConfigError(f"{path}: runner_user must be a non-root UID:GID, got {user!r}")
+    ids = re.fullmatch(r"(\d+):(\d+)", user) if isinstance(user, str) else None
+    if user is not None and (ids is None or int(ids.group(1)) == 0 or int(ids.group(2)) == 0):
+        raise ConfigError(f"{path}: runner_user must be a non-root UID:GID (neither 0), got {user!r}")
+    if ids is not None:
+        user = f"{int(ids.group(1))}:{int(ids.group(2))}"
+    try:
+        policy = parse_policy(data["policy"]) if "policy" in data else Policy()
+    except FieldError as e:
+        raise ConfigError(f"{path}: {e}") from None
     return Config(
         path=path,
         data_root=data_root.resolve(),
@@ -111,4 +121,5 @@ def parse_config(path: Path, data: dict[str, Any]) -> Config:
         runner_user=user,
         docker_host=data.get("docker_host"),
         engine_outage=outage,
+        policy=policy,
     )

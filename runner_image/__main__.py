@@ -27,6 +27,7 @@ from contract.manifest import ENV_ATTEMPT, ENV_MANIFEST
 from . import log
 from .errors import BadManifest, RunnerError, Terminated
 from .identity import run_identity
+from .record import AttemptRecorder
 from .volume import ENV_DATA_ROOT, DataRoot
 from .worker import invocation_from_env, run_attempt
 
@@ -73,7 +74,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     sink = log.configure()
     logger = log.get()
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    code: int
+    recorder = AttemptRecorder()  # the attempt's record, once the manifest says whose (record.py)
+    code: int = RunnerExit.INTERNAL  # what the record says if something escapes the handlers below
+    reason: str | None = None
     try:
         if identity:
             code = run_identity(DataRoot.from_env(env, args.data_root), args.request, sink)
@@ -82,21 +85,22 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
                 attempt = _attempt(args.attempt)
             except ValueError:
                 raise BadManifest(f"attempt must be an integer ≥ 1, got {args.attempt!r}") from None
-            code = run_attempt(invocation_from_env(env, args.manifest, attempt, args.data_root), sink)
+            code = run_attempt(invocation_from_env(env, args.manifest, attempt, args.data_root), sink, recorder)
     except Terminated:
         logger.warning("terminated by SIGTERM", exit_code=EXIT_TERMINATED)
-        code = EXIT_TERMINATED
+        code, reason = EXIT_TERMINATED, "terminated by SIGTERM"
     except ManifestError as e:
-        code = RunnerExit.BAD_MANIFEST
+        code, reason = RunnerExit.BAD_MANIFEST, str(e)
         logger.error("runner failed", exit_code=int(code), error=str(e), kind="bad manifest")
     except RunnerError as e:
-        code = e.exit_code
+        code, reason = e.exit_code, str(e)
         logger.error("runner failed", exit_code=int(code), error=str(e), kind=type(e).__name__)
-    except Exception:
-        code = RunnerExit.INTERNAL
+    except Exception as e:
+        code, reason = RunnerExit.INTERNAL, f"internal error: {type(e).__name__}: {e}"
         logger.exception("runner failed", exit_code=int(code), kind="internal error")
     finally:
         signal.signal(signal.SIGTERM, previous)
+        recorder.finish(int(code), reason, logger)
         sink.detach()
         log.reset()
     return int(code)

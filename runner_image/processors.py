@@ -1,18 +1,20 @@
 """Processors: the face operations a job lists (``processors: [face_swapper, face_enhancer]``).
 
 One small contract, in the spirit of FaceFusion's processor modules: a processor is built once per
-chunk from the loaded models and the manifest, declares the pack roles it needs
-(pack.PROCESSOR_NEEDS, checked before anything loads), and changes the selected faces of one frame
-in place. Processors run in the order the job lists them, each on the previous one's output, so
-``[face_swapper, face_enhancer]`` enhances the swapped face. ``apply`` must be thread-safe: the
-pipeline runs several items at once (onnxruntime sessions are; all other state is per call).
+chunk from the loaded models and the manifest by its factory (FACTORIES, keyed by the names of the
+registry in contract/processors.py, which also says the pack roles it needs, checked before anything
+loads), and changes the selected faces of one frame in place. Processors run in the order the job
+lists them, each on the previous one's output, so ``[face_swapper, face_enhancer]`` enhances the
+swapped face. ``apply`` must be thread-safe: the pipeline runs several items at once (onnxruntime
+sessions are; all other state is per call).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import cv2
@@ -104,21 +106,27 @@ class FaceEnhancer:
         timer("paste", time.perf_counter() - t1)
 
 
+Factory = Callable[[Manifest, Any, np.ndarray], Processor]  # (manifest, loaded models, identity)
+
+
+def _face_swapper(manifest: Manifest, models: Any, identity: np.ndarray) -> Processor:
+    return FaceSwapper(swap.Swapper(models.swapper, identity), manifest.mask_feather, manifest.mask_padding)
+
+
+def _face_enhancer(manifest: Manifest, models: Any, identity: np.ndarray) -> Processor:
+    return FaceEnhancer(models.enhancer, manifest.enhancer_blend, manifest.mask_feather, manifest.mask_padding)
+
+
+# One factory per name of the registry (contract/processors.py); test_runner_processors keeps them in step.
+FACTORIES: Mapping[str, Factory] = MappingProxyType({"face_swapper": _face_swapper, "face_enhancer": _face_enhancer})
+
+
 def build(manifest: Manifest, models: Any, identity: np.ndarray) -> list[Processor]:
     """The manifest's processors, in its order, bound to this chunk's models and identity."""
     out: list[Processor] = []
-    feather, padding = manifest.mask_feather, manifest.mask_padding
     for name in manifest.processors:
-        if name == "face_swapper":
-            out.append(FaceSwapper(swap.Swapper(models.swapper, identity), feather, padding))
-        elif name == "face_enhancer":
-            out.append(FaceEnhancer(models.enhancer, manifest.enhancer_blend, feather, padding))
-        else:  # the manifest refuses unknown names; this guards PROCESSORS growing without us
+        factory = FACTORIES.get(name)
+        if factory is None:  # the manifest refuses names outside the registry; this guards a missing factory
             raise MissingInput(f"processor {name!r} is not implemented by this runner")
+        out.append(factory(manifest, models, identity))
     return out
-
-
-def roles(processors: Sequence[str]) -> tuple[str, ...]:
-    """Which models to load for a manifest: detector and recogniser, plus what the processors need."""
-    extra = {"face_swapper": "swapper", "face_enhancer": "enhancer"}
-    return ("detector", "recognizer", *(extra[p] for p in processors if p in extra))

@@ -20,6 +20,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from contract import processors as registry
 from contract.errors import ManifestError
 from contract.exits import RunnerExit
 from contract.identity import IdentityResult
@@ -29,6 +30,7 @@ from contract.results import ItemResult, ItemStatus
 
 from . import faces, log, media, models, pipeline, processors
 from .errors import ItemError, MissingInput, Temporary
+from .record import AttemptRecorder
 from .volume import DataRoot, ResultsLog, committed, is_volume_error, previous_results, read_manifest
 
 STAGES = pipeline.STAGES
@@ -55,12 +57,15 @@ def invocation_from_env(
     )
 
 
-def run_attempt(inv: Invocation, sink: log.TeeSink) -> RunnerExit:
-    """The whole attempt. Raises RunnerError (or ManifestError) for chunk-level endings."""
+def run_attempt(inv: Invocation, sink: log.TeeSink, recorder: AttemptRecorder | None = None) -> RunnerExit:
+    """The whole attempt. Raises RunnerError (or ManifestError) for chunk-level endings; the caller
+    writes the ending into ``recorder`` (the attempt record, record.py)."""
+    recorder = AttemptRecorder() if recorder is None else recorder
     log.bind(attempt=inv.attempt, gpu=inv.gpu)
     manifest = read_manifest(inv.root, inv.manifest)
     log.bind(job=manifest.job, chunk=manifest.chunk)
     logger = log.get()
+    recorder.begin(inv.root, manifest, inv.attempt, logger)
     why_not = sink.attach(inv.root.path(manifest.log_path(inv.attempt)))
     if why_not:
         logger.warning("log file not writable; logging to stdout only", reason=why_not)
@@ -100,7 +105,8 @@ def run_attempt(inv: Invocation, sink: log.TeeSink) -> RunnerExit:
                 )
         if len(pending) < len(manifest.items):
             logger.info("items already done by an earlier attempt", cached=len(manifest.items) - len(pending))
-        failed = _run_pending(inv, manifest, pending, results, logger) if pending else 0
+        recorder.count(done=len(manifest.items) - len(pending))
+        failed = _run_pending(inv, manifest, pending, results, logger, recorder) if pending else 0
     logger.info("attempt finished", items=len(manifest.items), failed=failed, cached=len(manifest.items) - len(pending))
     return RunnerExit.ITEMS_FAILED if failed else RunnerExit.OK
 
@@ -115,7 +121,14 @@ def _reusable(root: DataRoot, item: Item, prior: ItemResult | None) -> ItemResul
     return prior
 
 
-def _run_pending(inv: Invocation, manifest: Manifest, pending: list[Item], results: ResultsLog, logger: Any) -> int:
+def _run_pending(
+    inv: Invocation,
+    manifest: Manifest,
+    pending: list[Item],
+    results: ResultsLog,
+    logger: Any,
+    recorder: AttemptRecorder,
+) -> int:
     t0 = time.perf_counter()
     pack = models.verify_pack(inv.root.path(manifest.pack_dir), manifest.processors, user_path(manifest.pack_dir))
     t_verify = time.perf_counter() - t0
@@ -124,7 +137,7 @@ def _run_pending(inv: Invocation, manifest: Manifest, pending: list[Item], resul
         manifest.providers,
         det_size=manifest.detector_size,
         det_thresh=manifest.detector_threshold,
-        roles=processors.roles(manifest.processors),
+        roles=registry.roles(manifest.processors),
     )
     cv2.setNumThreads(loaded.threads)
     log.bind(provider=loaded.provider)
@@ -140,8 +153,9 @@ def _run_pending(inv: Invocation, manifest: Manifest, pending: list[Item], resul
         threads=loaded.threads,
         verify_s=round(t_verify, 3),
         load_s=round(t_load, 3),
-        process_s=log.process_age(),  # the cold start: exec, imports, verify, load
+        process_s=(cold_start := log.process_age()),  # the cold start: exec, imports, verify, load
     )
+    recorder.models_loaded(loaded.provider, loaded.threads, cold_start, logger)
     manifest = await_identity(inv.root, manifest, logger)
     identity = source_identity(inv.root, manifest, loaded, logger)
     engine = pipeline.Engine(
@@ -160,6 +174,7 @@ def _run_pending(inv: Invocation, manifest: Manifest, pending: list[Item], resul
         nonlocal failed
         results.append(result)
         failed += result.status.is_failure()
+        recorder.count(done=not result.status.is_failure(), failed=result.status.is_failure())
         logger.info(
             "item",
             item=result.item,

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from controller.config import Config, load_config  # noqa: E402
-from controller.run import jobs, timings  # noqa: E402
+from controller.run import attempts, jobs, usecase  # noqa: E402
 from controller.run.rundir import RunDir  # noqa: E402
 from controller.swarm.docker import DockerSwarm  # noqa: E402
 from tests.fixtures import photos  # noqa: E402
@@ -103,7 +103,9 @@ class Bench:
 
         cpu0, t0, wall0 = cpu_seconds(), time.perf_counter(), time.time()
         prepared = jobs.prepare(self.config, [f], new=False)
-        code, reports = jobs.submit(self.config, prepared, lambda rundir, total: record)
+        backend = DockerSwarm(self.config.docker_host)
+        done = usecase.submit(self.config, backend, prepared, [lambda rundir, job: record])
+        code, reports = max(r.exit_code() for r in done), [r.to_dict() for r in done]
         wall = time.perf_counter() - t0
         cpu = cpu_seconds() - cpu0
         report = reports[0]
@@ -114,7 +116,7 @@ class Bench:
         results = []
         for chunk in rundir.plan().chunks:
             results += rundir.results(chunk.id)
-        loaded = [timings.models_loaded(p) for p, _ in rundir.attempt_logs()]
+        loaded = [attempts.cold_start(rundir, a.chunk, a.attempt, p) for p, a in rundir.attempt_logs()]
         shutil.rmtree(rundir.path, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
         f.unlink()
@@ -140,7 +142,7 @@ class Bench:
             "controller_cpu_s": round(cpu, 2),
             "controller_cpu_per_chunk_s": round(cpu / report["counts"]["chunks"], 4),
             "results": results,
-            "cold_s": [c[1] for c in loaded if c is not None],  # the runner's process age at "models loaded"
+            "cold_s": [c[1] for c in loaded if c is not None],  # the runner's process age at models loaded
         }
 
 

@@ -44,7 +44,11 @@ class FakeSwarm:
     # An engine restart: the next `down` calls raise EngineUnavailable, and the containers running
     # when it went down end with exit 137 (what a dockerd restart does to them).
     down: int = 0
+    images: dict[str, str] = field(default_factory=dict)  # tag -> what resolve_image pins (else the tag)
     _svcs: dict[str, _Svc] = field(default_factory=dict)
+
+    def resolve_image(self, ref: str) -> str:
+        return self.images.get(ref, ref)
 
     def _answer(self) -> None:
         if self.down <= 0:

@@ -9,26 +9,20 @@ from pathlib import Path
 from typing import Any
 
 import click
-import structlog
 
 from contract.layout import RunLayout
 from controller.cli import context
 from controller.config import Config
 from controller.errors import FfswarmError, Interrupted, UsageError
-from controller.run import handover
+from controller.run import handover, usecase
 from controller.run import jobs as jobs_mod
 from controller.run import progress as progress_mod
 from controller.run import status as status_mod
-from controller.run.metrics import JobSink, Metrics
+from controller.run.metrics import Metrics
 from controller.run.progress import Progress
-from controller.run.report import exit_code
+from controller.run.report import Report, summary
 from controller.run.rundir import RunDir
 from controller.swarm.docker import DockerSwarm
-
-JOB_EVENTS = frozenset(
-    {"job_started", "chunk_started", "chunk_adopted", "chunk_running", "chunk_done", "chunk_retry", "chunk_failed"}
-    | {"job_cancelled", "job_finished"}
-)
 
 
 @click.command()
@@ -59,21 +53,6 @@ def submit(
     metrics_textfile: Path | None,
 ) -> None:
     """Validate job files (or folders of them), plan, and run every chunk as a one-shot service."""
-    if metrics_textfile is None:
-        _submit(ctx, paths, dry_run, new, detach, inbox)
-        return
-    metrics = Metrics()
-    tee = _EventTee(context.config(ctx), metrics, metrics_textfile)
-    structlog.configure(processors=[tee, *structlog.get_config()["processors"]])
-    try:
-        _submit(ctx, paths, dry_run, new, detach, inbox)
-    finally:
-        metrics.write_textfile(metrics_textfile)
-
-
-def _submit(
-    ctx: click.Context, paths: tuple[Path, ...], dry_run: bool, new: bool, detach: bool, inbox: Path | None
-) -> None:
     if detach and new:
         raise UsageError(
             "--detach cannot start a new run (--new): the controller runs the job named in the file, "
@@ -92,12 +71,23 @@ def _submit(
         click.echo(json.dumps(jobs_mod.dry_run(config, prepared, _image_lookup(config)), indent=1))
         return
     names = " ".join(j.job_id for j in prepared)
-    code, reports = _run_with_progress(
-        lambda p: jobs_mod.submit(config, prepared, p), f"ffswarm resume JOB (job {names})"
-    )
+    backend = DockerSwarm(config.docker_host)
+    backend.check_manager()
+    metrics, sinks = Metrics(), list[usecase.SinkFactory]()
+    if metrics_textfile is not None:  # the same events and the job's own GPU count, as serve's endpoint
+        textfile: Path = metrics_textfile
+        sinks.append(lambda rundir, job: metrics.textfile_sink(rundir, job.spec.resources.gpus, textfile))
+    try:
+        reports: list[Report] = _run_with_progress(
+            lambda progress: usecase.submit(config, backend, prepared, [progress, *sinks]),
+            f"ffswarm resume JOB (job {names})",
+        )
+    finally:
+        if metrics_textfile is not None:
+            metrics.write_textfile(metrics_textfile)
     for job, report in zip(prepared, reports, strict=True):
         _summary(config, job, report)
-    sys.exit(code)
+    sys.exit(max((r.exit_code() for r in reports), default=0))
 
 
 def _image_lookup(config: Any) -> Any:
@@ -110,22 +100,15 @@ def _image_lookup(config: Any) -> Any:
     return lookup
 
 
-def _summary(config: Any, job: jobs_mod.PreparedJob, report: dict[str, Any]) -> None:
-    c = report["counts"]
+def _summary(config: Config, job: jobs_mod.PreparedJob, report: Report) -> None:
     root = config.data_root
     pack = root / "models" / job.spec.models / "pack.yaml"
     standin = "standin: true" in pack.read_text() if pack.is_file() else False
-    click.echo(
-        f"job {report['job']}: {c['ok']} ok, {c['no_face']} without a face, {c['failed']} failed "
-        f"of {c['items']} items in {c['chunks']} chunks"
-    )
-    outputs = sorted({str(Path(i["output"]).parent) for i in report["items"].values() if i["output"]})
-    for o in outputs:
-        click.echo(f"  outputs: {root / o}")
-    for f in report["failures"]:
-        click.echo(f"  failed: {f['input']}: {f['reason']}")
-    click.echo(f"  model pack: {job.spec.models}" + (" (STAND-IN test pack: not real face swaps)" if standin else ""))
-    click.echo(f"  report: {RunLayout.host(root, report['job']).report}")
+    note = job.spec.models + (" (STAND-IN test pack: not real face swaps)" if standin else "")
+    head, *rest = summary(report, RunLayout.host(root, report.job).report, root, note)
+    click.echo(head)
+    for line in rest:
+        click.echo(f"  {line}")
 
 
 @click.command()
@@ -133,10 +116,18 @@ def _summary(config: Any, job: jobs_mod.PreparedJob, report: dict[str, Any]) -> 
 @click.pass_context
 def resume(ctx: click.Context, job: str) -> None:
     """Continue a job from its run folder (after Ctrl-C, a killed controller, a restart)."""
-    config = context.config(ctx)
-    code, report = _run_with_progress(lambda p: jobs_mod.resume(config, job, p), f"ffswarm resume {job}")
-    _summary(config, jobs_mod.open_run(config, job)[0], report)
-    sys.exit(code)
+    _resume(context.config(ctx), job)
+
+
+def _resume(config: Config, job: str) -> None:
+    prepared, _ = jobs_mod.open_run(config, job)  # no such job: said before Docker is asked
+    backend = DockerSwarm(config.docker_host)
+    backend.check_manager()
+    report: Report = _run_with_progress(
+        lambda progress: usecase.resume(config, backend, job, [progress]), f"ffswarm resume {job}"
+    )
+    _summary(config, prepared, report)
+    sys.exit(report.exit_code())
 
 
 @click.command()
@@ -147,19 +138,17 @@ def retry(ctx: click.Context, job: str, failed_only: bool) -> None:
     """Re-run a finished job's failed items (committed items are never redone)."""
     config = context.config(ctx)
     jobs_mod.clear_cancel(config, job)
-    code, report = _run_with_progress(lambda p: jobs_mod.resume(config, job, p), f"ffswarm resume {job}")
-    _summary(config, jobs_mod.open_run(config, job)[0], report)
-    sys.exit(code)
+    _resume(config, job)
 
 
 def _run_with_progress(fn: Any, how_to_resume: str) -> Any:
     bars: list[Progress] = []
     console = context.console(click.get_current_context())
 
-    def make_progress(rundir: RunDir, total: int) -> Progress:
+    def make_progress(rundir: RunDir, job: jobs_mod.PreparedJob) -> Progress:
         if bars:
             bars[-1].close()  # one live bar at a time: the previous job of this submit has ended
-        bars.append(Progress(rundir, total, console))
+        bars.append(Progress(rundir, len(job.plan.items), console))
         return bars[-1]
 
     try:
@@ -188,9 +177,9 @@ def status(ctx: click.Context, job: str | None, as_json: bool, follow: bool) -> 
             raise UsageError("--follow needs a JOB")
         config = context.config(ctx)
         console = None if as_json else context.console(ctx)  # --json: status lines even on a terminal
-        report = progress_mod.follow(RunDir(config.data_root, job), console, click.echo)
+        report = Report.from_dict(progress_mod.follow(RunDir(config.data_root, job), console, click.echo))
         _summary(config, jobs_mod.open_run(config, job)[0], report)
-        sys.exit(exit_code(report))
+        sys.exit(report.exit_code())
     rows = status_mod.collect(context.config(ctx), job)
     if as_json:
         click.echo(json.dumps(rows, indent=1))
@@ -230,26 +219,3 @@ def cancel(ctx: click.Context, job: str) -> None:
     """Remove the job's services and mark it cancelled; committed outputs stay."""
     removed = jobs_mod.cancel(context.config(ctx), job)
     click.echo(f"job {job}: cancelled ({removed} running chunk service(s) removed); committed outputs kept")
-
-
-class _EventTee:
-    """A structlog processor that hands jobs.supervise's logged events to metric sinks, for
-    `submit --metrics-textfile`: the textfile follows the event stream jobs.supervise logs (one line
-    per event, bound to the job id)."""
-
-    def __init__(self, config: Config, metrics: Metrics, path: Path) -> None:
-        self.config, self.metrics, self.path = config, metrics, path
-        self.sinks: dict[str, JobSink] = {}
-
-    def __call__(self, _logger: Any, _method: str, event_dict: Any) -> Any:
-        job, event = event_dict.get("job"), event_dict.get("event")
-        if job and event in JOB_EVENTS:
-            try:
-                if job not in self.sinks:
-                    self.sinks[job] = self.metrics.sink(RunDir(self.config.data_root, str(job)))
-                fields = {k: v for k, v in event_dict.items() if k not in ("event", "job")}
-                self.sinks[job](str(event), **fields)
-                self.metrics.write_textfile(self.path)
-            except Exception as e:  # metrics must never stop a job
-                click.echo(f"ffswarm: metrics textfile {self.path}: {e}", err=True)
-        return event_dict

@@ -20,7 +20,10 @@ from controller.cli import context
 from controller.config import Config
 from controller.doctor import Check, run_checks
 from controller.errors import CapacityError, UsageError
+from controller.job.plan import ID
 from controller.run import jobs as jobs_mod
+from controller.run import usecase
+from controller.run.fold import Fold
 from controller.run.metrics import Metrics
 from controller.run.rundir import RunDir
 from controller.run.serve import Inbox, Server
@@ -49,15 +52,10 @@ def job_services(config: Config, ref: str, attempt: int) -> list[ServiceSpec]:
     """
     path = Path(ref)
     if path.is_file():
-        job = jobs_mod.prepare(config, [path], new=False)
-        if len(job) != 1:
-            raise UsageError(f"{ref}: render takes a file with one job, found {len(job)}")
-        prepared = job[0]
-        backend = DockerSwarm(config.docker_host)
-        image = backend.resolve_image(prepared.spec.image or config.image)
-        rundir = jobs_mod.start_run(config, prepared, image)
-        jobs_mod.ensure_identity(config, backend, prepared, rundir, image)
+        prepared, rundir, image = usecase.render_ready(config, DockerSwarm(config.docker_host), path)
     else:
+        if not ID.fullmatch(ref):  # a job id names a folder under runs/: nothing else may
+            raise UsageError(f"{ref!r} is neither a job file nor a job id (a-z, 0-9 and - only)")
         rundir = RunDir(config.data_root, ref)
         if not rundir.exists():
             raise UsageError(
@@ -66,11 +64,7 @@ def job_services(config: Config, ref: str, attempt: int) -> list[ServiceSpec]:
         prepared = dataclasses.replace(jobs_mod.prepare(config, [rundir.layout.job_file], new=False)[0], job_id=ref)
         image = rundir.image()
     settings = jobs_mod.runner_settings(config, prepared, image)
-    pending = []
-    for chunk in rundir.plan().chunks:
-        latest = rundir.latest_results(chunk.id)
-        if any(i not in latest or latest[i].status.is_failure() for i in chunk.items):
-            pending.append(chunk.id)
+    pending = Fold.read(rundir.plan(), rundir).pending_chunks()
     return [chunk_service(settings, c, attempt) for c in pending]
 
 
@@ -136,7 +130,9 @@ def render(
     show_default=True,
     help="0: no endpoint.",
 )
-@click.option("--metrics-addr", default="0.0.0.0", show_default=True)
+@click.option(
+    "--metrics-addr", default="127.0.0.1", show_default=True, help="Address /metrics listens on; 0.0.0.0 to widen."
+)
 @click.option("--poll", type=click.FloatRange(min=0.1), default=1.0, show_default=True, help="Inbox poll seconds.")
 @click.pass_context
 def serve(

@@ -50,11 +50,21 @@ _READERS: dict[str, Reader] = {
     "timeout": parse_duration,
     "video": as_nested(VideoSettings, {}),
     "resources": as_nested(Resources, {"memory": parse_memory}),
-    "on_complete": as_nested(OnComplete, {}),
+    "on_complete": lambda value, f: _on_complete(value, f),
     "detector": as_nested(DetectorSettings, {}),
     "mask": as_nested(MaskSettings, {}),
     "face_enhancer": as_nested(EnhancerSettings, {}),
 }
+
+
+def _on_complete(value: object, f: str) -> OnComplete:
+    if isinstance(value, dict) and "command" in value:  # gone: a job file never names a program
+        raise FieldError(
+            f"{f}.command",
+            "is no longer supported: a job names a hook the cluster's policy defines (did you mean 'hook'?)",
+        )
+    result: OnComplete = as_nested(OnComplete, {})(value, f)
+    return result
 
 
 def parse_job(data: object, file: str) -> JobSpec:
@@ -89,9 +99,22 @@ def parse_job_text(text: str, file: str) -> JobSpec:
     return parse_job(data, file)
 
 
-def load_job_file(path: Path) -> JobSpec:
+def load_job_file(path: Path, max_bytes: int | None = None) -> JobSpec:
+    """``max_bytes`` (policy.limits.job_file) is checked before anything is parsed."""
     try:
-        text = path.read_text(encoding="utf-8")
+        if max_bytes is not None:
+            with path.open("rb") as fh:
+                raw = fh.read(max_bytes + 1)
+            if len(raw) > max_bytes:
+                size = max(path.stat().st_size, len(raw))
+                raise JobFileError(
+                    str(path),
+                    None,
+                    f"the file is {size} bytes, the limit is {max_bytes} (the cluster's policy.limits.job_file)",
+                )
+            text = raw.decode("utf-8")
+        else:
+            text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise JobFileError(str(path), None, "is not UTF-8 text") from None
     except OSError as e:
@@ -99,7 +122,7 @@ def load_job_file(path: Path) -> JobSpec:
     return parse_job_text(text, str(path))
 
 
-def load_jobs(paths: Sequence[Path]) -> list[tuple[Path, JobSpec]]:
+def load_jobs(paths: Sequence[Path], max_bytes: int | None = None) -> list[tuple[Path, JobSpec]]:
     """Job files named, or found in named folders (``*.yaml``/``*.yml``, not recursive), in order.
 
     Names must be unique across them: a job's name is its id.
@@ -121,7 +144,7 @@ def load_jobs(paths: Sequence[Path]) -> list[tuple[Path, JobSpec]]:
     jobs: list[tuple[Path, JobSpec]] = []
     by_name: dict[str, Path] = {}
     for f in unique.values():
-        spec = load_job_file(f)
+        spec = load_job_file(f, max_bytes)
         if spec.name in by_name:
             raise JobFileError(str(f), "name", f"{spec.name!r} is also the name of the job in {by_name[spec.name]}")
         by_name[spec.name] = f

@@ -9,6 +9,7 @@ segments). Segment outputs live in the run folder and are joined by the controll
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
@@ -30,6 +31,8 @@ from contract.manifest import (
     Segment,
 )
 from contract.paths import CONTAINER_DATA_ROOT
+
+ID = re.compile(r"[a-z0-9-]+")  # job, chunk and item ids
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,13 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
+        """plan.json read back from the shared volume: ids reach service names, labels and stack
+        files, so each must be an id (``^[a-z0-9-]+$``), whoever wrote the file."""
         data = json.loads(text)
+        ids = [data["job"], *(c["id"] for c in data["chunks"]), *(i["id"] for i in data["items"])]
+        bad = next((i for i in ids if not isinstance(i, str) or not ID.fullmatch(i)), None)
+        if bad is not None:
+            raise ValueError(f"plan.json holds an id that is not a-z, 0-9 and - only: {bad!r}")
         return cls(
             job=data["job"],
             items=tuple(PlannedItem.from_dict(i) for i in data["items"]),

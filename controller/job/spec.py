@@ -136,14 +136,16 @@ class Resources:
 
 @dataclass(frozen=True)
 class OnComplete:
+    """``hook`` names a program the cluster's policy defines; a job file never names a program."""
+
     webhook: str | None = None
-    command: str | None = None
+    hook: str | None = None
 
     def __post_init__(self) -> None:
         if self.webhook is not None:
             check_str(self.webhook, "webhook", pattern=r"https?://\S+", hint="an http:// or https:// URL")
-        if self.command is not None:
-            check_str(self.command, "command")
+        if self.hook is not None:
+            check_str(self.hook, "hook", pattern=_NAME, hint="the name of a hook in the cluster's policy")
 
 
 @dataclass(frozen=True)

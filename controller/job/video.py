@@ -27,6 +27,8 @@ from controller.errors import CapacityError
 from controller.job.plan import TargetRef
 from controller.job.resolve import Target
 from controller.job.spec import JobSpec, TargetKind
+from controller.job.validate import FieldError
+from controller.policy import Limits
 
 PROBE_TIMEOUT = 300.0
 PROBES_AT_ONCE = 8
@@ -279,7 +281,20 @@ def segments_for(info: VideoInfo, spec: JobSpec, times: FrameTimes | None = None
     )
 
 
-def target_ref(target: Target, spec: JobSpec) -> TargetRef:
+def check_limits(info: VideoInfo, rel: str, spec: JobSpec, limits: Limits) -> None:
+    """A video bigger than the policy allows refuses the job before a segment is made."""
+    pixels, per = info.width * info.height, max(1, round(Fraction(repr(spec.segment_seconds)) * info.fps))
+    for what, asked, limit in (
+        ("pixels a frame", pixels, limits.video_pixels),
+        ("frames", info.frames, limits.video_frames),
+        ("segments", -(-info.frames // per), limits.segments),
+    ):
+        if asked > limit:
+            f = "segment_seconds" if what == "segments" else "targets"
+            raise FieldError(f, f"{rel} asks for {asked} {what}, the limit is {limit} (the cluster's policy.limits)")
+
+
+def target_ref(target: Target, spec: JobSpec, limits: Limits | None = None) -> TargetRef:
     """An image as it is; a video probed and cut (a probe failure becomes the item's error)."""
     if target.kind is not TargetKind.VIDEO:
         return TargetRef(input=target.rel, output=target.output_rel, kind=target.kind.value)
@@ -291,18 +306,20 @@ def target_ref(target: Target, spec: JobSpec) -> TargetRef:
         info = probe(target.input, target.rel)
     except ProbeError as e:
         return TargetRef(input=target.rel, output=target.output_rel, kind="video", error=str(e))
+    if limits is not None:
+        check_limits(info, target.rel, spec, limits)
     times = frame_times(target.input, info) if info.frames > 1 else None
     segments = segments_for(info, spec, times)
     return TargetRef(target.rel, target.output_rel, "video", segments, None, info.as_dict())
 
 
-def target_refs(targets: Iterable[Target], spec: JobSpec) -> list[TargetRef]:
+def target_refs(targets: Iterable[Target], spec: JobSpec, limits: Limits | None = None) -> list[TargetRef]:
     """Every target's ref, in order; videos are probed several at a time (two ffprobe runs each,
     mostly waiting on the disk or NFS)."""
     targets = list(targets)
     videos = [i for i, t in enumerate(targets) if t.kind is TargetKind.VIDEO]
     if len(videos) < 2:
-        return [target_ref(t, spec) for t in targets]
+        return [target_ref(t, spec, limits) for t in targets]
     with ThreadPoolExecutor(max_workers=min(len(videos), PROBES_AT_ONCE)) as pool:
-        probed = dict(zip(videos, pool.map(lambda i: target_ref(targets[i], spec), videos), strict=True))
-    return [probed[i] if i in probed else target_ref(t, spec) for i, t in enumerate(targets)]
+        probed = dict(zip(videos, pool.map(lambda i: target_ref(targets[i], spec, limits), videos), strict=True))
+    return [probed[i] if i in probed else target_ref(t, spec, limits) for i, t in enumerate(targets)]

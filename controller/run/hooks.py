@@ -1,62 +1,218 @@
 """Completion hooks (`on_complete:`): downstream systems learn that a job ended.
 
-A webhook receives the report as JSON (POST, retried with backoff on connection errors and 5xx);
-a command runs without a shell (shlex-split, so a job file cannot inject shell syntax) with the
-report's path in FFSWARM_REPORT. A failing hook is logged and recorded, never fatal to the job.
+Both kinds are bounded by the cluster's policy (controller/policy.py), never by the job file:
+
+- ``hook: NAME`` runs the program the policy defines under that name: fixed argv, no shell, as the
+  policy's unprivileged uid:gid (when the controller is root), with a clean environment
+  (FFSWARM_JOB, FFSWARM_REPORT, a fixed PATH) and a timeout. Only a short redacted tail of its output
+  reaches report.json.
+- ``webhook: URL`` is POSTed the report if its host is allowed; the resolved address is checked
+  (loopback, link-local, private and metadata ranges refused unless allowed) and connected to as
+  checked (no second lookup); redirects are never followed. Deliveries carry Standard Webhooks headers
+  signed with the policy's secret. The report records only delivered / not delivered.
+
+A failing hook is logged and recorded, never fatal to the job.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import http.client
+import ipaddress
 import json
 import os
-import shlex
+import re
+import signal
+import socket
+import ssl
 import subprocess
 import time
-import urllib.error
-import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from controller import log
+from controller.job.spec import OnComplete
+from controller.policy import Hook, Policy, Webhooks
+
+HOOK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+TAIL_CHARS = 200
+_SECRETS = re.compile(
+    r"(?i)((?:token|secret|password|passwd|pwd|key|auth\w*|bearer)\s*[=:]?\s*)\S+"
+    r"|[A-Za-z0-9+/_=-]{24,}"  # long opaque strings: keys, tokens, hashes
+)
+_METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
+DELIVERED, NOT_DELIVERED = "delivered", "not delivered"
 
 
-def post_webhook(url: str, report: dict[str, Any], attempts: int = 4, timeout: float = 10.0) -> str:
-    body = json.dumps(report).encode()
-    last = ""
-    for n in range(attempts):
-        req = urllib.request.Request(
-            url, data=body, method="POST", headers={"Content-Type": "application/json", "User-Agent": "ffswarm"}
+def redact(text: str) -> str:
+    """The last TAIL_CHARS of a hook's output, with anything that looks like a secret replaced."""
+    tail = text.strip()[-TAIL_CHARS:]
+    return _SECRETS.sub(lambda m: (m.group(1) or "") + "[redacted]", tail)
+
+
+def run_hook(hook: Hook, report_path: Path, job: str, report_json: str = "") -> str:
+    """'ok', or 'failed: …' with the exit status and the redacted tail of its stderr. The report comes
+    on stdin too: the hook's uid need not be able to read the run folder."""
+    env = {"FFSWARM_JOB": job, "FFSWARM_REPORT": str(report_path), "PATH": HOOK_PATH}
+    ids: dict[str, Any] = {}
+    if os.geteuid() == 0:  # drop to the policy's uid:gid, no supplementary groups (root's included)
+        ids = {"user": hook.uid, "group": hook.gid, "extra_groups": []}
+    try:
+        proc = subprocess.Popen(
+            list(hook.command),
+            env=env,
+            cwd="/",
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            start_new_session=True,  # its own process group: a timeout kills everything it started
+            **ids,
         )
+    except OSError as e:
+        return f"failed: cannot start: {e.strerror or type(e).__name__}"
+    try:
+        out, err = proc.communicate(input=report_json, timeout=hook.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return f"failed: timed out after {hook.timeout}s"
+    if proc.returncode == 0:
+        return "ok"
+    return f"failed: exit {proc.returncode}: {redact(err or out)}"
+
+
+# -- webhooks --------------------------------------------------------------------------------------------
+class WebhookRefused(Exception):
+    """Why a webhook is not sent; logged for the operator, never copied into the report."""
+
+
+def check_address(ip: str, policy: Webhooks) -> None:
+    addr = ipaddress.ip_address(ip.split("%")[0])
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    if addr in _METADATA or addr.is_multicast or addr.is_unspecified:
+        raise WebhookRefused(f"address {addr} is never allowed")
+    private = addr.is_loopback or addr.is_link_local or addr.is_private or addr.is_reserved or not addr.is_global
+    if private and not policy.allow_private:
+        raise WebhookRefused(f"address {addr} is loopback, link-local or private (policy.webhooks.allow_private)")
+
+
+def resolve(url: str, policy: Webhooks) -> tuple[str, str, int, str]:
+    """(scheme, host, port, checked IP) of an allowed URL; raises WebhookRefused."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if parts.scheme not in ("http", "https") or not host:
+        raise WebhookRefused("not an http(s) URL")
+    if host not in policy.allow_hosts:
+        raise WebhookRefused(f"host {host} is not in policy.webhooks.allow_hosts")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise WebhookRefused(f"cannot resolve {host}: {e}") from None
+    ip = str(infos[0][4][0])
+    check_address(ip, policy)
+    return parts.scheme, host, port, ip
+
+
+class _PinnedHTTP(http.client.HTTPConnection):
+    """Connects to the address that was checked, not to whatever a second lookup returns."""
+
+    def __init__(self, host: str, port: int, ip: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self.ip = ip
+
+    def connect(self) -> None:
+        self.sock = socket.create_connection((self.ip, self.port), self.timeout)
+
+
+class _PinnedHTTPS(http.client.HTTPSConnection):
+    def __init__(self, host: str, port: int, ip: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
+        self.ip = ip
+
+    def connect(self) -> None:
+        raw = socket.create_connection((self.ip, self.port), self.timeout)
+        self.sock = self._context.wrap_socket(raw, server_hostname=self.host)  # type: ignore[attr-defined]
+
+
+def read_secret(path: Path | None) -> bytes | None:
+    """The signing key: the file's text; a Standard Webhooks ``whsec_…`` secret is base64-decoded."""
+    if path is None:
+        return None
+    text = path.read_text().strip()
+    return base64.b64decode(text.removeprefix("whsec_")) if text.startswith("whsec_") else text.encode()
+
+
+def sign(secret: bytes, delivery_id: str, timestamp: int, body: bytes) -> str:
+    mac = hmac.new(secret, f"{delivery_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(mac).decode()
+
+
+def post_webhook(
+    url: str, report: dict[str, Any], policy: Webhooks, attempts: int = 4, timeout: float = 10.0
+) -> tuple[str, str]:
+    """(DELIVERED or NOT_DELIVERED, why) — one delivery id for this job end, reused by its retries
+    (a receiver deduplicates on it); once a 2xx is read nothing is sent again."""
+    body = json.dumps(report).encode()
+    delivery_id = f"msg_{uuid.uuid4().hex}"
+    why = ""
+    for n in range(attempts):
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return f"delivered (HTTP {resp.status})"
-        except urllib.error.HTTPError as e:
-            last = f"HTTP {e.code}"
-            if e.code < 500:
-                break  # the receiver refused it; asking again will not help
-        except (urllib.error.URLError, OSError) as e:
-            last = str(getattr(e, "reason", e))
+            scheme, host, port, ip = resolve(url, policy)  # checked again on every try
+            secret = read_secret(policy.secret_file)
+        except WebhookRefused as e:
+            return NOT_DELIVERED, str(e)
+        except OSError as e:
+            return NOT_DELIVERED, f"cannot read policy.webhooks.secret_file: {e.strerror or e}"
+        parts = urlsplit(url)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        timestamp = int(time.time())
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": "ffswarm",
+            "webhook-id": delivery_id,
+            "webhook-timestamp": str(timestamp),
+        }
+        if secret is not None:
+            headers["webhook-signature"] = sign(secret, delivery_id, timestamp, body)
+        kind = _PinnedHTTPS if scheme == "https" else _PinnedHTTP
+        conn = kind(host, port, ip, timeout)
+        try:
+            conn.request("POST", path, body=body, headers=headers)
+            status = conn.getresponse().status
+        except (OSError, http.client.HTTPException) as e:
+            why = f"{type(e).__name__}: {e}"
+        else:
+            if 200 <= status < 300:
+                return DELIVERED, f"HTTP {status}"
+            why = f"HTTP {status}"
+            if status < 500:
+                return NOT_DELIVERED, why  # refused, or a redirect: never followed, asking again will not help
+        finally:
+            conn.close()
         if n + 1 < attempts:
             time.sleep(min(2**n, 8))
-    return f"failed after {n + 1} attempt(s): {last}"
+    return NOT_DELIVERED, why
 
 
-def run_command(command: str, report_path: Path, job: str, timeout: float = 300.0) -> str:
-    env = {**os.environ, "FFSWARM_REPORT": str(report_path), "FFSWARM_JOB": job}
-    try:
-        proc = subprocess.run(shlex.split(command), env=env, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"failed: {e}"
-    return "ok" if proc.returncode == 0 else f"failed: exit {proc.returncode}: {proc.stderr.strip()[-300:]}"
-
-
-def on_complete(webhook: str | None, command: str | None, report: dict[str, Any], report_path: Path) -> dict[str, str]:
+def on_complete(policy: Policy, hooks: OnComplete, report: dict[str, Any], report_path: Path) -> dict[str, str]:
     logger = log.get(job=report["job"])
     outcome: dict[str, str] = {}
-    if webhook:
-        outcome["webhook"] = post_webhook(webhook, report)
-        logger.info("hook_webhook", url=webhook, outcome=outcome["webhook"])
-    if command:
-        outcome["command"] = run_command(command, report_path, report["job"])
-        logger.info("hook_command", command=command, outcome=outcome["command"])
+    if hooks.webhook:
+        outcome["webhook"], why = post_webhook(hooks.webhook, report, policy.webhooks)
+        logger.info("hook_webhook", outcome=outcome["webhook"], detail=why)
+    if hooks.hook:
+        hook = policy.hooks.get(hooks.hook)
+        if hook is None:  # the policy changed since submit: the hook is gone
+            outcome["hook"] = f"failed: no hook {hooks.hook!r} in the cluster's policy"
+        else:
+            outcome["hook"] = run_hook(hook, report_path, report["job"], json.dumps(report))
+        logger.info("hook_run", hook=hooks.hook, outcome=outcome["hook"])
     return outcome

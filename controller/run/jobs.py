@@ -1,4 +1,5 @@
-"""What `ffswarm submit`, `resume` and `status` do: validate, plan, create the run folder, supervise.
+"""A job before it runs: validate, plan, create or reopen the run folder; `scale` and `cancel`.
+(Running it is controller/run/usecase.py.)
 
 Everything that can be checked is checked before anything is created: every job file of a submit
 is parsed and resolved against the data root first, and one bad file stops the whole submit.
@@ -6,9 +7,7 @@ is parsed and resolved against the data root first, and one bad file stops the w
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-import time
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,23 +16,18 @@ from typing import Any
 from contract.errors import PackError
 from contract.identity import IdentityResult
 from contract.pack import missing_roles
-from contract.results import ItemStatus
-from controller import log
+from controller import policy as admission
 from controller.config import Config
-from controller.errors import EngineUnavailable, FfswarmError, MissingInputError, UsageError
+from controller.errors import FfswarmError, JobFileError, MissingInputError, UsageError
 from controller.job import access, video
 from controller.job.files import load_jobs, parse_job_text
 from controller.job.plan import AUTO_MAX_CHUNK, ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
 from controller.job.resolve import ResolvedJob, resolve_job
 from controller.job.spec import JobSpec
+from controller.job.validate import FieldError
 from controller.models import read_spec
-from controller.run import identity, join, timings
-from controller.run.chunks import Policy
-from controller.run.hooks import on_complete
-from controller.run.report import build_report, exit_code
+from controller.run import identity, timings
 from controller.run.rundir import Control, RunDir, next_job_id
-from controller.run.supervisor import Supervisor
-from controller.swarm.backend import SwarmBackend, clear_containers
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.servicespec import RunnerSettings, chunk_service
 
@@ -63,15 +57,32 @@ def prepare(config: Config, paths: Sequence[Path], new: bool) -> list[PreparedJo
                 slots.append(spec.max_concurrent)  # no swarm reachable (dry run): the window alone
         return max(1, min(spec.max_concurrent, slots[0] // spec.resources.gpus or 1))
 
-    for file, spec in load_jobs(paths):
+    for file, spec in load_jobs(paths, config.policy.limits.job_file):
+        admission.check_job(config.policy, spec, str(file))  # nothing is looked at before the policy agrees
         job_id = next_job_id(config.data_root, spec.name, new)
+        check_same_job(config, job_id, file)
         resolved = resolve_job(spec, config.data_root, str(file), job_id=job_id)
+        admission.check_counts(config.policy, str(file), len(resolved.targets), 0)
         check_pack(config, spec, file)
         folders = access.check_job(config, resolved, str(file))  # the runner can read and write it all
-        targets = video.target_refs(resolved.targets, spec)  # videos probed and cut into segments
+        try:  # videos probed and cut into segments
+            targets = video.target_refs(resolved.targets, spec, config.policy.limits)
+        except FieldError as e:
+            raise JobFileError(str(file), e.field, e.reason) from None
+        admission.check_counts(config.policy, str(file), len(targets), sum(len(t.segments) for t in targets))
         plan = make_plan(job_id, targets, spec.chunk_size, parallel(spec), chunk_cap(config, spec, targets))
         out.append(PreparedJob(file, spec, resolved, plan, job_id, folders))
     return out
+
+
+def check_same_job(config: Config, job_id: str, file: Path) -> None:
+    """A job file continues a run only if it is the file that started it: never merged into
+    another's run (its hooks, retries, placement and image would take over that job)."""
+    existing = RunDir(config.data_root, job_id)
+    if not existing.exists():
+        return
+    if existing.job_digest() != hashlib.sha256(file.read_bytes()).hexdigest():
+        raise JobFileError(str(file), "name", f"job {job_id} exists with a different job file; use --new")
 
 
 def chunk_cap(config: Config, spec: JobSpec, targets: Sequence[TargetRef]) -> int:
@@ -130,7 +141,8 @@ def runner_settings(config: Config, job: PreparedJob, image: str) -> RunnerSetti
     return RunnerSettings(
         job=job.job_id,
         image=image,
-        constraints=tuple(job.spec.placement),
+        constraints=admission.placement(config.policy, job.spec),
+        nano_cpus=config.policy.limits.cpus * 10**9,
         gpu_kind=res.gpu_kind,
         gpus=res.gpus,
         memory_bytes=res.memory,
@@ -158,26 +170,16 @@ def dry_run(config: Config, jobs: list[PreparedJob], image_of: Callable[[str], s
     return out
 
 
-def _owner(config: Config) -> tuple[int, int]:
+def owner(config: Config) -> tuple[int, int]:
     return access.parse_ids(config.runner_uid_gid())
-
-
-def _pending_chunks(rundir: RunDir, plan: Plan) -> list[str]:
-    """Chunks with an item that has no ok/no_face result yet (a resubmit redoes nothing committed)."""
-    todo = []
-    for chunk in plan.chunks:
-        latest = rundir.latest_results(chunk.id)
-        if any(i not in latest or latest[i].status is ItemStatus.ERROR for i in chunk.items):
-            todo.append(chunk.id)
-    return todo
 
 
 def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
     """The job's run folder (created unless it exists). Its identity is still pending: supervise()
     runs the identity step beside the first chunks (ensure_identity() for callers that don't).
     The job's missing output folders are made first, owned by the runner (checked in prepare)."""
-    made = access.make_folders(config.data_root, job.folders, _owner(config))
-    rundir = RunDir(config.data_root, job.job_id, _owner(config))
+    made = access.make_folders(config.data_root, job.folders, owner(config))
+    rundir = RunDir(config.data_root, job.job_id, owner(config))
     rundir.made_folders = made
     if not rundir.exists():
         assert job.resolved is not None
@@ -188,152 +190,14 @@ def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
     return rundir
 
 
-REFUSAL_GRACE = 15.0  # seconds for the first chunks' containers to stop after their services are removed
-
-
-def _refused(backend: SwarmBackend, rundir: RunDir) -> None:
-    """The identity step refused the job: no runner got past its wait, so nothing was committed.
-    Remove the job's services, their containers once stopped (a runner still starting could else
-    recreate a folder after it is gone) and the run folder: a refused submit leaves nothing behind."""
-    for svc in backend.services(rundir.job):
-        backend.remove_service(svc.name)
-    clear_containers(backend, rundir.job, REFUSAL_GRACE)
-    shutil.rmtree(rundir.path, ignore_errors=True)
-    access.remove_folders(rundir.data_root, rundir.made_folders)
-
-
-def ensure_identity(config: Config, backend: SwarmBackend, job: PreparedJob, rundir: RunDir, image: str) -> None:
-    """Run a pending identity step to its end (for `render`: the stack's runners wait for it)."""
-    try:
-        identity.ensure(config, backend, runner_settings(config, job, image), rundir, str(job.file))
-    except FfswarmError:
-        _refused(backend, rundir)
-        raise
-
-
-def supervise(
-    config: Config,
-    backend: SwarmBackend,
-    job: PreparedJob,
-    rundir: RunDir,
-    image: str,
-    on_event: Callable[..., None] | None = None,
-) -> dict[str, Any]:
-    plan = rundir.plan()
-    started = time.time()
-    policy = Policy(
-        retries=job.spec.retries,
-        timeout=float(job.spec.timeout),
-        schedule_timeout=float(config.schedule_timeout),
-        engine_outage=float(config.engine_outage),
-    )
-    logger = log.get(job=job.job_id)
-
-    def emit(event: str, **fields: Any) -> None:
-        logger.info(event, **fields)
-        if on_event:
-            on_event(event, **fields)
-
-    settings = runner_settings(config, job, image)
-    sizes = {c.id: len(c.items) for c in plan.chunks}
-    sup = Supervisor(backend, rundir, settings, policy, on_event=emit, sizes=sizes)
-    todo = _pending_chunks(rundir, plan)
-    step = identity.start(config, backend, settings, rundir, str(job.file))
-    emit("job_started", chunks=len(plan.chunks), pending=len(todo), items=len(plan.items), image=image)
-
-    refusal: list[FfswarmError] = []
-
-    def identity_ready() -> bool:
-        assert step is not None
-        try:
-            answer = step.poll()
-        except EngineUnavailable:
-            raise  # the engine, not the step: the watch waits for it
-        except FfswarmError as e:
-            refusal.append(e)
-            raise
-        if answer is not None:
-            emit("identity_ready", seconds=round(time.time() - started, 3), provider=answer.provider)
-        return answer is not None
-
-    try:
-        runs = sup.run(todo, gate=identity_ready if step else None, gate_service=step.spec.name if step else None)
-    except FfswarmError as e:
-        if refusal and e is refusal[0]:  # only the identity step's refusal: nothing was committed yet
-            _refused(backend, rundir)
-        raise
-    finally:
-        if step is not None:
-            with contextlib.suppress(EngineUnavailable):  # gone with the engine: resume removes it
-                step.abort()  # no-op once it answered; removes it after a cancel or an interrupt
-    runs = join.finish(plan, rundir, job.spec, sup.run, runs, emit)  # redo bad segments, join videos
-    report = build_report(plan, rundir, runs, image, started)
-    _record_timing(config, job, rundir, plan, report, logger)
-    path = rundir.write_report(report)
-    emit("job_finished", report=str(path), **report["counts"])
-    hooks = job.spec.on_complete
-    if hooks.webhook or hooks.command:
-        report["hooks"] = on_complete(hooks.webhook, hooks.command, report, path)
-        rundir.write_report(report)
-    return report
-
-
-def _record_timing(
-    config: Config, job: PreparedJob, rundir: RunDir, plan: Plan, report: dict[str, Any], logger: Any
-) -> None:
-    """What this job's chunks cost, into its report and runs/.timings.json for the next `auto`."""
-    measured = timings.measure(rundir, plan)
-    if measured is None:
-        return
-    provider, timing = measured
-    report["timing"] = {"provider": provider, "cold_start_s": timing.cold_start_s, "item_s": timing.item_s}
-    try:
-        timings.record(config.data_root, job.spec.models, provider, timing, _owner(config))
-    except OSError as e:  # the job itself is done: a measurement that cannot be kept is only a loss
-        logger.warning("timing_not_recorded", error=str(e))
-
-
-ProgressFactory = Callable[[RunDir, int], Callable[..., None]]
-
-
-def submit(
-    config: Config, jobs: list[PreparedJob], progress: ProgressFactory | None = None
-) -> tuple[int, list[dict[str, Any]]]:
-    backend = DockerSwarm(config.docker_host)
-    backend.check_manager()
-    reports = []
-    for job in jobs:
-        existing = RunDir(config.data_root, job.job_id)
-        image = existing.image() if existing.exists() else backend.resolve_image(job.spec.image or config.image)
-        rundir = start_run(config, job, image)
-        on_event = progress(rundir, len(job.plan.items)) if progress else None
-        reports.append(supervise(config, backend, job, rundir, image, on_event))
-    worst = max((exit_code(r) for r in reports), default=0)
-    return worst, reports
-
-
 def open_run(config: Config, job_id: str) -> tuple[PreparedJob, RunDir]:
     """A job as its run folder recorded it (frozen job file, plan): what resume and retry continue."""
-    rundir = RunDir(config.data_root, job_id, _owner(config))
+    rundir = RunDir(config.data_root, job_id, owner(config))
     if not rundir.exists():
         raise UsageError(f"no job {job_id!r}: {rundir.path} has no {rundir.layout.plan.name}")
     job_file = rundir.layout.job_file
     spec = parse_job_text(job_file.read_text(), str(job_file))
     return PreparedJob(job_file, spec, None, rundir.plan(), job_id), rundir
-
-
-def resume(config: Config, job_id: str, progress: ProgressFactory | None = None) -> tuple[int, dict[str, Any]]:
-    """Continue a job from its run folder: live services are adopted, committed items never redone."""
-    job, rundir = open_run(config, job_id)
-    backend = DockerSwarm(config.docker_host)
-    backend.check_manager()
-    if rundir.control().cancel:
-        raise UsageError(f"job {job_id} was cancelled; submit it again with --new to run it afresh")
-    todo = _pending_chunks(rundir, job.plan)
-    access.make_folders(config.data_root, access.check_plan(config, job.plan, todo, str(job.file)), _owner(config))
-    on_event = progress(rundir, len(job.plan.items)) if progress else None
-    report = supervise(config, backend, job, rundir, rundir.image(), on_event)
-    return exit_code(report), report
 
 
 def cancel(config: Config, job_id: str) -> int:
@@ -357,6 +221,9 @@ def clear_cancel(config: Config, job_id: str) -> None:
 
 
 def scale(config: Config, job_id: str, n: int) -> None:
+    limit = config.policy.limits.max_concurrent
+    if n > limit:
+        raise UsageError(f"scale {job_id} {n}: asks for {n}, the limit is {limit} (the cluster's policy.limits)")
     _, rundir = open_run(config, job_id)
     current = rundir.control()
     rundir.write_control(Control(n, cancel=current.cancel))

@@ -17,6 +17,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server, write_to_textfile
 
+from controller import log
+from controller.run.fold import committed
 from controller.run.rundir import RunDir
 
 ITEM_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -75,11 +77,15 @@ class Metrics:
         """The on_event callable for one job (jobs.supervise forwards every event to it)."""
         return JobSink(self, rundir, gpus_per_chunk)
 
+    def textfile_sink(self, rundir: RunDir, gpus_per_chunk: int, path: Path) -> TextfileSink:
+        """The on_event callable for one job of `submit --metrics-textfile`."""
+        return TextfileSink(self, self.sink(rundir, gpus_per_chunk), path)
+
     def write_textfile(self, path: Path) -> None:
         """node_exporter's textfile collector reads *.prom; prometheus_client writes it atomically."""
         write_to_textfile(str(path), self.registry)
 
-    def serve_http(self, port: int, addr: str = "0.0.0.0") -> Any:
+    def serve_http(self, port: int, addr: str = "127.0.0.1") -> Any:
         """Start the /metrics endpoint in a daemon thread; returns the server (call .shutdown())."""
         server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         return server
@@ -136,9 +142,25 @@ class JobSink:
             items = tuple(latest)
         for item in items:
             r = latest.get(item)
-            if r is None or r.status.is_failure():  # as report.json counts it
+            if not committed(r):  # the one rule (controller/run/fold.py), as report.json counts it
                 self.m.items_failed.inc()
             else:
                 self.m.items_done.inc()
             if r is not None and not r.cached and r.attempt == attempt and r.finished >= r.started > 0:
                 self.m.item_seconds.observe(r.finished - r.started)
+
+
+class TextfileSink:
+    """A job's events into the metrics, the textfile rewritten after each (`submit
+    --metrics-textfile`): the same events and GPU count the endpoint of `serve` gets. A file that
+    cannot be written is logged and the job goes on: metrics never stop a job."""
+
+    def __init__(self, metrics: Metrics, sink: JobSink, path: Path) -> None:
+        self.metrics, self.sink, self.path = metrics, sink, path
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        self.sink(event, **fields)
+        try:
+            self.metrics.write_textfile(self.path)
+        except OSError as e:
+            log.get(job=self.sink.rundir.job).warning("metrics_textfile_not_written", file=str(self.path), error=str(e))

@@ -8,11 +8,15 @@ non-root runner can append results and logs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,17 @@ from contract.results import ItemResult, read_results
 from controller.job.plan import Plan
 
 BULK_MANIFESTS = 64
+
+
+class Stage(StrEnum):
+    """Where the controller running a job is (state.json's "stage"; controller/run/usecase.py)."""
+
+    IDENTITY = "identity"  # the identity step, before any chunk is watched
+    CHUNKS = "chunks"  # chunk services (the identity step beside the first ones)
+    VIDEOS = "videos"  # bad segments redone, videos joined
+    REPORT = "report"  # report.json and the timing measurement
+    HOOKS = "hooks"  # on_complete webhook and command
+    ENDED = "ended"  # this run of the job is over (report written, hooks called)
 
 
 @dataclass(frozen=True)
@@ -52,6 +67,18 @@ def write_atomic(path: Path, data: bytes, owner: tuple[int, int] | None = None, 
         raise
 
 
+def read_nofollow(path: Path, limit: int) -> bytes | None:
+    """At most ``limit`` bytes of a regular file, never through a symlink; None if it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return f.read(limit)
+
+
 class RunDir:
     def __init__(self, data_root: Path, job: str, owner: tuple[int, int] | None = None) -> None:
         self.data_root = data_root
@@ -60,9 +87,20 @@ class RunDir:
         self.path = self.layout.dir
         self.owner = owner
         self.made_folders: list[str] = []  # output folders made for this job now (undone if it is refused)
+        self.stage: Stage | None = None  # what this controller is doing with the job (written to state.json)
 
     def exists(self) -> bool:
         return self.layout.plan.is_file()
+
+    def job_digest(self) -> str | None:
+        """The sha256 of the job file that started this run (job.sha256, else the frozen job.yaml's,
+        for run folders made before it was recorded); None when neither can be read. Read as hostile:
+        no link followed, a bounded read, the digest's form checked."""
+        recorded = read_nofollow(self.layout.job_sha256, 100)
+        if recorded is not None and re.fullmatch(rb"[0-9a-f]{64}\n?", recorded):
+            return recorded.decode().strip()
+        frozen = read_nofollow(self.layout.job_file, 64 * 1024**2)
+        return hashlib.sha256(frozen).hexdigest() if frozen is not None else None
 
     def _mkdir(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
@@ -86,6 +124,7 @@ class RunDir:
     def create(self, job_file: bytes, plan: Plan, manifests: dict[str, Manifest], control: Control, image: str) -> None:
         self.make_dirs()
         self._write(self.layout.job_file, job_file)
+        self._write(self.layout.job_sha256, hashlib.sha256(job_file).hexdigest().encode() + b"\n")
         # Every manifest on disk before the plan says the run folder is complete: a few are fsynced
         # one by one; thousands get one os.sync() (which flushes every filesystem of the machine:
         # cheaper than thousands of fsyncs, dearer than a few).
@@ -141,7 +180,17 @@ class RunDir:
         return max((name.attempt for _, name in self.attempt_logs(chunk)), default=0)
 
     def write_state(self, chunks: dict[str, Any]) -> None:
-        self._write(self.layout.state, json.dumps({"updated": time.time(), "chunks": chunks}, indent=1).encode())
+        data: dict[str, Any] = {"updated": time.time(), "chunks": chunks}
+        if self.stage is not None:
+            data["stage"] = self.stage.value
+        self._write(self.layout.state, json.dumps(data, indent=1).encode())
+
+    def enter(self, stage: Stage) -> None:
+        """Record the stage the job is in, keeping the chunk records state.json already holds."""
+        self.stage = stage
+        current = self.state() or {}
+        chunks = current.get("chunks")
+        self.write_state(chunks if isinstance(chunks, dict) else {})
 
     def state(self) -> dict[str, Any] | None:
         try:

@@ -29,15 +29,16 @@ from pathlib import Path
 from contract.layout import RunLayout
 from controller import log
 from controller.config import Config
-from controller.errors import CapacityError, FfswarmError, JobFileError
+from controller.errors import CapacityError, FfswarmError
 from controller.job.paths import relative_text
-from controller.run import jobs as jobs_mod
+from controller.run import usecase
 from controller.run.handover import HEARTBEAT_SECONDS, HeartbeatFile
 from controller.run.metrics import Metrics
-from controller.run.report import exit_code
+from controller.run.report import summary
 from controller.swarm.docker import DockerSwarm
 
 JOB_SUFFIXES = (".yaml", ".yml")
+MAX_STARTS = 3  # a file still in running/ after this many controller starts is moved to failed/
 RETRY_SECONDS = 30.0  # a job the swarm could not take (exit 69) waits this long in the inbox, then runs again
 SETTLE_SECONDS = 1.0  # a file younger than this may still be being written (write NAME.tmp, then rename)
 
@@ -82,11 +83,30 @@ class Inbox:
             return None
         return target
 
+    def _starts_file(self, claimed: Path) -> Path:
+        return self.running / f".{claimed.name}.starts"
+
+    def count_start(self, claimed: Path) -> int:
+        """How many times a controller has started this claimed file, this time included (kept beside
+        the claim: a file that kills the controller would otherwise be resumed forever)."""
+        counter = self._starts_file(claimed)
+        try:
+            text = counter.read_text()[:20]
+            before = int(text) if text.strip().isdigit() else 0
+        except OSError:
+            before = 0
+        counter.write_text(f"{before + 1}\n")
+        return before + 1
+
+    def _forget_starts(self, claimed: Path) -> None:
+        self._starts_file(claimed).unlink(missing_ok=True)
+
     def put_back(self, claimed: Path, delay: float) -> Path:
         """Return a claimed file to the inbox, not to be picked again for `delay` seconds (its mtime is
         set into the future: `waiting` only takes files that have settled)."""
         target = self.path / claimed.name
         claimed.rename(target)
+        self._forget_starts(claimed)
         later = time.time() + delay
         os.utime(target, (later, later))
         return target
@@ -99,6 +119,7 @@ class Inbox:
         if reason is not None:
             (folder / f"{target.name}.reason.txt").write_text(reason.rstrip() + "\n")
         claimed.rename(target)
+        self._forget_starts(claimed)
         return target
 
 
@@ -121,31 +142,19 @@ def run_job_file(config: Config, path: Path, metrics: Metrics) -> Outcome:
 
 def _run_job_file(config: Config, path: Path, metrics: Metrics) -> Outcome:
     try:
-        prepared = jobs_mod.prepare(config, [path], new=False)
-        if len(prepared) != 1:
-            raise JobFileError(str(path), None, f"an inbox file holds one job, found {len(prepared)}")
-        job = prepared[0]
+        job = usecase.one_job(config, path)  # a bad file is refused before Docker is asked
         backend = DockerSwarm(config.docker_host)
         backend.check_manager()
-        image = backend.resolve_image(job.spec.image or config.image)
-        rundir = jobs_mod.start_run(config, job, image)
-        sink = metrics.sink(rundir, job.spec.resources.gpus)
-        report = jobs_mod.supervise(config, backend, job, rundir, image, sink)
+        report = usecase.run(config, backend, job, [lambda rundir, job: metrics.sink(rundir, job.spec.resources.gpus)])
     except CapacityError as e:
         return Outcome(False, f"{type(e).__name__} (exit {e.exit_code}): {e}", retry=True)
     except FfswarmError as e:
         return Outcome(False, f"{type(e).__name__} (exit {e.exit_code}): {e}")
     except Exception as e:  # one job's failure must not stop the controller or its other jobs
         return Outcome(False, f"internal error: {e}\n{traceback.format_exc()}")
-    c = report["counts"]
-    summary = (
-        f"job {report['job']}: {c['ok']} ok, {c['no_face']} without a face, {c['failed']} failed of {c['items']} "
-        f"items; report: {RunLayout.relative(report['job']).report}"
-    )
-    if exit_code(report) == 0:
+    if report.exit_code() == 0:
         return Outcome(True, None)
-    lines = [summary, *(f"failed: {f['input']}: {f['reason']}" for f in report["failures"][:50])]
-    return Outcome(False, "\n".join(lines))
+    return Outcome(False, "\n".join(summary(report, RunLayout.relative(report.job).report, max_failures=50)))
 
 
 class Server:
@@ -181,6 +190,16 @@ class Server:
         self.log = log.get(component="serve", inbox=str(inbox.path))
 
     def start_job(self, claimed: Path) -> None:
+        starts = self.inbox.count_start(claimed)
+        if starts > MAX_STARTS:
+            reason = (
+                f"the controller stopped {starts - 1} times while running this file (crashed or was "
+                f"killed, e.g. out of memory); it is not resumed again. Submit it again once the cause is fixed."
+            )
+            moved = self.inbox.finish(claimed, False, reason)
+            self.log.error("job_file_given_up", file=claimed.name, starts=starts - 1, moved_to=str(moved))
+            return
+
         def work() -> None:
             self.log.info("job_file_started", file=claimed.name)
             outcome = self.run(self.config, claimed, self.metrics)

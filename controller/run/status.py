@@ -10,8 +10,8 @@ from typing import Any
 from contract.layout import RUNS, RunLayout
 from controller.config import Config
 from controller.errors import UsageError
-from controller.run import join
-from controller.run.rundir import RunDir
+from controller.run.fold import Fold
+from controller.run.rundir import RunDir, Stage
 
 
 def collect(config: Config, job: str | None) -> list[dict[str, Any]]:
@@ -26,50 +26,29 @@ def collect(config: Config, job: str | None) -> list[dict[str, Any]]:
 def job_status(rundir: RunDir) -> dict[str, Any]:
     if not rundir.exists():
         raise UsageError(f"no job {rundir.job!r} under {rundir.path.parent}")
-    plan = rundir.plan()
-    items: Counter[str] = Counter()  # what the user submitted: images, and videos once joined
-    first = last = 0.0
-    kinds = {i.id: i.kind for i in plan.items}
-    segments_done = images_done = 0
-    for chunk in plan.chunks:
-        for r in rundir.latest_results(chunk.id).values():
-            first = min(first or r.started, r.started)
-            last = max(last, r.finished)
-            if kinds.get(r.item) == "segment":
-                segments_done += 1
-            else:
-                items[r.status.value] += 1
-                images_done += 1
-    joined = join.joins(rundir)
-    for v in plan.videos:
-        if v.error:
-            items["error"] += 1
-        elif v.id in joined:
-            items[joined[v.id].status.value] += 1
-    total = sum(1 for i in plan.items if i.kind != "segment") + len(plan.videos)
+    fold = Fold.read(rundir.plan(), rundir)
+    plan = fold.plan
+    items = fold.user_counts()  # what the user submitted: images, and videos once joined
+    total = fold.user_total()
     done = sum(items.values())
+    segments_total, segments_done = fold.segments()
+    first, last = fold.span()
     state = rundir.state() or {"chunks": {}}
     chunks = state["chunks"]
     by_state = Counter(c["state"] for c in chunks.values())
     attempts = sum(len(c["attempts"]) for c in chunks.values())
     nodes = sorted({a["node"] for c in chunks.values() for a in c["attempts"] if a.get("node")})
-    report = rundir.report()
+    stage = state.get("stage")  # recorded by the controller running the job (controller/run/usecase.py)
     control = rundir.control()
-    if control.cancel:
-        phase = "cancelled"
-    elif report is not None and done == total:
-        phase = "finished"
-    elif report is not None:
-        phase = "stopped"
-    else:
-        phase = "running"
+    phase = _phase(control.cancel, stage, rundir.report() is not None, done == total)
     eta = None
-    work_done = images_done + segments_done  # ETA from work items: images and video segments
+    work_done = len(fold.results)  # ETA from work items: images and video segments
     if phase == "running" and work_done > 0 and last > first:
         eta = round(max(len(plan.items) - work_done, 0) * (last - first) / work_done)
     return {
         "job": rundir.job,
         "phase": phase,
+        "stage": stage if phase == "running" else None,
         "items": {
             "total": total,
             "ok": items["ok"],
@@ -77,7 +56,7 @@ def job_status(rundir: RunDir) -> dict[str, Any]:
             "failed": items["error"],
             "pending": total - done,
         },
-        "segments": {"total": len(plan.items) - (total - len(plan.videos)), "done": segments_done},
+        "segments": {"total": segments_total, "done": segments_done},
         "chunks": {"total": len(plan.chunks), **dict(by_state)},
         "attempts": attempts,
         "nodes": nodes,
@@ -86,16 +65,29 @@ def job_status(rundir: RunDir) -> dict[str, Any]:
     }
 
 
+def _phase(cancelled: bool, stage: str | None, reported: bool, all_ended: bool) -> str:
+    """The stage the controller recorded says whether the job runs; a run folder without one (an
+    older controller's) is judged by its report, as before."""
+    if cancelled:
+        return "cancelled"
+    if stage is not None and stage != Stage.ENDED:
+        return "running"
+    if reported and all_ended:
+        return "finished"
+    return "stopped" if reported else "running"
+
+
 def describe(row: dict[str, Any]) -> str:
     i, c = row["items"], row["chunks"]
     states = ", ".join(f"{v} {k}" for k, v in c.items() if k != "total") or "none started"
     eta = f" · ETA {row['eta_seconds']}s" if row["eta_seconds"] is not None else ""
     seg = row["segments"]
+    stage = f" ({row['stage']})" if row.get("stage") else ""
     segs = f" · video segments {seg['done']}/{seg['total']}" if seg["total"] else ""
     return (
-        f"{row['job']}: {row['phase']} · items {i['ok'] + i['no_face']}/{i['total']} done, {i['failed']} failed, "
-        f"{i['pending']} pending{segs} · chunks: {states} (of {c['total']}) · {row['attempts']} attempts on "
-        f"{len(row['nodes'])} node(s) · max_concurrent {row['max_concurrent']}{eta}"
+        f"{row['job']}: {row['phase']}{stage} · items {i['ok'] + i['no_face']}/{i['total']} done, "
+        f"{i['failed']} failed, {i['pending']} pending{segs} · chunks: {states} (of {c['total']}) · "
+        f"{row['attempts']} attempts on {len(row['nodes'])} node(s) · max_concurrent {row['max_concurrent']}{eta}"
     )
 
 

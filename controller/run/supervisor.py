@@ -16,8 +16,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from controller.errors import EngineUnavailable
+from controller.run.attempts import failure_reason
 from controller.run.chunks import Attempt, ChunkRun, EventSink, Policy
-from controller.run.failures import ChunkState, FailureClass, classify_exit, describe_exit, last_words
+from controller.run.failures import ChunkState, FailureClass, classify_exit, describe_exit
 from controller.run.rundir import RunDir, write_atomic
 from controller.swarm.backend import (
     ENDED,
@@ -337,7 +338,8 @@ class Supervisor:
         self._fail(run, failure, reason, queue)
 
     def _keep_logs(self, run: ChunkRun) -> None:
-        """Put the runner's own last words into the attempt's reason. A runner that died before
+        """Put the runner's own reason into the attempt's: its attempt record's (controller/run/attempts.py).
+        A runner that died before writing one leaves its last words in its log; one that died before
         opening its log file (bad image, crash at import) still leaves them: its service logs are
         copied into the run folder, since removing the service loses them."""
         path = self.rundir.log_path(run.id, run.current.attempt)
@@ -347,7 +349,7 @@ class Supervisor:
             text = self.backend.service_logs(run.current.service)
             if text:
                 write_atomic(path, text.encode(), self.rundir.owner)
-        words = last_words(text)
+        words = failure_reason(self.rundir, run.id, run.current.attempt, text)
         if words:
             run.current.reason = words
 

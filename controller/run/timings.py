@@ -3,10 +3,11 @@
 Every chunk service pays a cold start before its first item (container start, the runner's
 imports, pack check and model sessions: seconds on a GPU node, where CUDA and the model files load)
 and its items amortise it. After each job the controller records what its runners measured — the
-cold start (the runner's process age when it logged "models loaded") and the time per item (each
-chunk's items' span over their number: items overlap inside a runner) — per model pack and
-provider, in ``runs/.timings.json``. `auto` then sizes image chunks so that the cold start is at
-most COLD_SHARE of a chunk's time, as long as a chunk stays well inside its timeout.
+cold start (the runner's process age when its models were loaded, from its attempt record:
+controller/run/attempts.py) and the time per item (each chunk's items' span over their number: items
+overlap inside a runner) — per model pack and provider, in ``runs/.timings.json``. `auto` then sizes
+image chunks so that the cold start is at most COLD_SHARE of a chunk's time, as long as a chunk stays
+well inside its timeout.
 """
 
 from __future__ import annotations
@@ -15,18 +16,20 @@ import json
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from contract.layout import RUNS
+from controller import log as ffswarm_log
 from controller.job.plan import AUTO_MAX_CHUNK, Plan
+from controller.run.attempts import cold_start
 from controller.run.rundir import RunDir, write_atomic
 
 FILE = f"{RUNS}/.timings.json"
 COLD_SHARE = 0.05  # of a chunk's time, at most, spent before its first item
 TIMEOUT_SHARE = 0.5  # of the chunk timeout, at most, that a chunk's items should take
-SAMPLE = 50  # chunks read to measure a job (their logs' first lines and their results)
+SAMPLE = 50  # chunks read to measure a job (their attempt records and their results)
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,8 @@ def measure(rundir: RunDir, plan: Plan) -> tuple[str, Timing] | None:
     cold: list[float] = []
     providers: list[str] = []
     for chunk in chunks:
-        for log, _ in rundir.attempt_logs(chunk.id):
-            loaded = models_loaded(log)
+        for log, name in rundir.attempt_logs(chunk.id):
+            loaded = cold_start(rundir, name.chunk, name.attempt, log)
             if loaded is not None:
                 providers.append(loaded[0])
                 cold.append(loaded[1])
@@ -72,22 +75,6 @@ def measure(rundir: RunDir, plan: Plan) -> tuple[str, Timing] | None:
         job=rundir.job,
         measured_at=round(time.time(), 3),
     )
-
-
-def models_loaded(log: Path) -> tuple[str, float] | None:
-    """The provider and cold start a runner logged; its "models loaded" line comes early."""
-    try:
-        with log.open(encoding="utf-8", errors="replace") as f:
-            for _, line in zip(range(40), f, strict=False):
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict) and rec.get("event") == "models loaded" and rec.get("process_s"):
-                    return str(rec.get("provider", "")), float(rec["process_s"])
-    except OSError:
-        return None
-    return None
 
 
 def _key(pack: str, provider: str) -> str:
@@ -114,10 +101,27 @@ def lookup(root: Path, pack: str, providers: tuple[str, ...]) -> Timing | None:
     data = _read(root)
     for provider in providers:
         entry = data.get(_key(pack, provider))
-        try:
-            timing = Timing(**entry) if isinstance(entry, dict) else None
-        except TypeError:
-            timing = None
-        if timing is not None and timing.item_s > 0 and timing.cold_start_s >= 0:
+        if entry is None:
+            continue
+        timing = checked(entry)
+        if timing is not None:
             return timing
+        ffswarm_log.get().warning("timing_ignored", file=FILE, key=_key(pack, provider), reason="not a measurement")
     return None
+
+
+MAX_SECONDS = 86400.0  # a measurement above a day is not one
+
+
+def checked(entry: object) -> Timing | None:
+    """One entry of the shared runs/.timings.json (anyone with volume access can write it), checked:
+    finite seconds in range and a job name, else None; a bad value is ignored, never fails a job."""
+    if not isinstance(entry, dict) or set(entry) != {f.name for f in fields(Timing)}:
+        return None
+    cold, item, at, job = entry["cold_start_s"], entry["item_s"], entry["measured_at"], entry["job"]
+    numbers = (cold, item, at)
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in numbers):
+        return None
+    if not isinstance(job, str) or not 0 < item <= MAX_SECONDS or not 0 <= cold <= MAX_SECONDS:
+        return None
+    return Timing(cold_start_s=float(cold), item_s=float(item), job=job, measured_at=float(at))

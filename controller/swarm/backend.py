@@ -68,6 +68,7 @@ class SwarmBackend(Protocol):
     def service_logs(self, name: str, tail: int = 40) -> str: ...
     def nodes(self) -> list[NodeState]: ...
     def events(self, job: str) -> JobEvents | None: ...
+    def resolve_image(self, ref: str) -> str: ...
 
 
 def clear_containers(
@@ -113,6 +114,15 @@ class NodeInfo:
     availability: str  # active | pause | drain
     labels: Mapping[str, str]
     generic_resources: Mapping[str, int]  # kind -> how many this node's dockerd advertises
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """A local image as `doctor` shows it: what nodes must run, how big a pull it is, what is in it."""
+
+    image_id: str
+    size_bytes: int
+    labels: Mapping[str, str]  # io.ffswarm.sbom.sha256: the SBOM's digest (scripts/build-runner-image.sh)
 
 
 @dataclass(frozen=True)

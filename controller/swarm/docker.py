@@ -21,7 +21,7 @@ from docker import types as dt
 
 from controller.errors import CapacityError, EngineUnavailable, FfswarmError, MissingInputError
 from controller.swarm.backend import NodeInfo, NodeState, ServiceState, TaskState
-from controller.swarm.servicespec import LABEL_JOB, ServiceSpec, service_prefix
+from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, ServiceSpec, service_prefix
 
 LABEL_SERVICE_NAME = "com.docker.swarm.service.name"  # set by the engine on every task's container
 
@@ -171,6 +171,7 @@ class DockerSwarm:
             else (lambda: docker.from_env(version="auto"))
         )
         self._client = self._new_client()
+        self._networks: set[str] = set()  # networks known to exist (ensure_network)
 
     def _new_client(self) -> docker.DockerClient:
         with translated("connecting to Docker"):
@@ -215,6 +216,31 @@ class DockerSwarm:
         digests = image.attrs.get("RepoDigests") or []
         return str(digests[0]) if digests else str(image.id)
 
+    def ensure_network(self, name: str) -> None:
+        """An `internal` overlay network (no egress, no route out of the node), made once: runners need
+        no network. Made before a job's first service, never while it runs (a node update on engine
+        20.10 can make Swarm reject a running GPU task)."""
+        if name in self._networks:
+            return
+        with translated(f"creating network {name}"):
+            found = [n for n in self._client.api.networks(names=[name]) if n.get("Name") == name]
+            if not found:
+                try:
+                    self._client.api.create_network(
+                        name, driver="overlay", internal=True, attachable=False, labels={LABEL_ROLE: "runners"}
+                    )
+                except docker.errors.APIError as e:
+                    if e.status_code != 409:  # made meanwhile by another controller
+                        raise
+            else:
+                options = found[0]
+                if not options.get("Internal") or options.get("Driver") != "overlay":
+                    raise CapacityError(
+                        f"network {name} exists but is not an internal overlay network: remove it "
+                        f"(docker network rm {name}) and ffswarm makes it again"
+                    )
+        self._networks.add(name)
+
     def create_service(self, spec: ServiceSpec) -> str:
         mounts = [
             dt.Mount(
@@ -237,9 +263,19 @@ class DockerSwarm:
             read_only=spec.read_only,
             cap_drop=list(spec.cap_drop),
         )
+        resources = dt.Resources(
+            mem_limit=spec.memory_bytes,
+            mem_reservation=spec.memory_reservation_bytes,
+            cpu_limit=spec.nano_cpus,
+            generic_resources=dict(spec.generic_resources) or None,
+        )
+        resources["Limits"]["Pids"] = spec.pids_limit  # API 1.41; docker-py's Resources has no field for it
+        for network in spec.networks:
+            self.ensure_network(network)
         template = dt.TaskTemplate(
             container_spec=container,
-            resources=dt.Resources(mem_limit=spec.memory_bytes, generic_resources=dict(spec.generic_resources) or None),
+            resources=resources,
+            networks=list(spec.networks) or None,
             restart_policy=dt.RestartPolicy(condition=spec.restart_condition, max_attempts=0),
             placement=dt.Placement(constraints=list(spec.constraints)),
             log_driver=dt.DriverConfig("json-file", dict(spec.log_options)),

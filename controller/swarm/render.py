@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ CONTAINER_CONFIG_PATH = "/etc/ffswarm/config.yaml"
 DEFAULT_METRICS_PORT = 9108
 DEFAULT_STACK = "ffs"  # short: stack deploy names services STACK_NAME, and Swarm allows 63 characters
 MAX_SERVICE_NAME = 63
+_SERVICE_NAME = re.compile(r"[a-z0-9-]+")
 
 
 def template_dirs() -> list[Path]:
@@ -46,6 +48,7 @@ def _env() -> jinja2.Environment:
     )
     # JSON is YAML: every value is written as a JSON literal, so none can change the file's structure.
     env.filters["q"] = lambda value: json.dumps(value, sort_keys=True)
+    env.filters["network_key"] = lambda name: "net_" + str(name).replace("-", "_")
     return env
 
 
@@ -63,6 +66,9 @@ def render_runner_stack(specs: Sequence[ServiceSpec], attempt: int = 1, stack: s
             f"stack {stack!r}: service names would be {longest} characters and Swarm allows "
             f"{MAX_SERVICE_NAME}; use a stack name of at most {MAX_SERVICE_NAME - longest + len(stack)} characters"
         )
+    for s in specs:  # ids come back from a run folder anyone with volume access can write
+        if not _SERVICE_NAME.fullmatch(s.name):
+            raise ValueError(f"refusing to render a service named {s.name!r}: names are a-z, 0-9 and - only")
     volumes = {s.volume.name for s in specs}  # the name is a hash of the options
     jobs = {s.labels.get("io.ffswarm.job", "") for s in specs}
     if len(volumes) != 1 or len(jobs) != 1:
@@ -76,6 +82,7 @@ def render_runner_stack(specs: Sequence[ServiceSpec], attempt: int = 1, stack: s
             stack=stack,
             attempt=attempt,
             services=[s.as_dict() for s in specs],
+            networks=sorted({n for s in specs for n in (s.networks or ("bridge",))}),
             volume=_volume_dict(volume),
             volume_key=VOLUME_KEY,
             log_driver=LOG_DRIVER,

@@ -26,6 +26,12 @@ ROLE_RUNNER = "runner"
 RUNNER_COMMAND = ("/opt/ffswarm/bin/python", "-m", "runner_image")
 TMPFS_BYTES = 512 * 1024 * 1024
 LOG_OPTIONS: Mapping[str, str] = MappingProxyType({"max-size": "20m", "max-file": "3"})
+RUNNER_NETWORK = "ffswarm-runners"  # an `internal` overlay network (no egress) that ffswarm can create
+# Not attached by default: on engine 20.10 a task on an overlay network changes its node's attachments,
+# and that node update made Swarm reject GPU tasks ("assigned node no longer meets constraints", seen on
+# the dev swarm with it on). Runner services stay on the engine's default bridge until that is solved.
+PIDS_LIMIT = 1024  # processes and threads per container: onnxruntime's and ffmpeg's threads fit well within
+RUNNER_NANO_CPUS = 2 * 10**9  # CPU limit per container unless policy.limits.cpus says otherwise
 
 
 def service_prefix(job: str) -> str:
@@ -96,10 +102,20 @@ class ServiceSpec:
     tmpfs: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({"/tmp": TMPFS_BYTES}))
     restart_condition: str = "none"
     log_options: Mapping[str, str] = field(default_factory=lambda: LOG_OPTIONS)
+    memory_reservation_bytes: int = 0  # 0: the limit (the scheduler only places it where it fits)
+    pids_limit: int = PIDS_LIMIT
+    nano_cpus: int = RUNNER_NANO_CPUS
+    networks: tuple[str, ...] = ()  # e.g. (RUNNER_NETWORK,): see RUNNER_NETWORK for why none by default
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:
             raise ValueError("a chunk service needs a memory limit")
+        if self.memory_reservation_bytes == 0:
+            object.__setattr__(self, "memory_reservation_bytes", self.memory_bytes)
+        if not 0 < self.memory_reservation_bytes <= self.memory_bytes:
+            raise ValueError("a memory reservation is above zero and at most the limit")
+        if self.pids_limit <= 0 or self.nano_cpus <= 0:
+            raise ValueError("a chunk service needs a pids limit and a CPU limit")
         if self.restart_condition != "none":
             raise ValueError("chunk services never restart themselves; the controller retries")
         if ":" not in self.user or self.user.split(":")[0] in ("0", "root"):
@@ -128,6 +144,10 @@ class ServiceSpec:
             "tmpfs": dict(self.tmpfs),
             "restart_condition": self.restart_condition,
             "log_options": dict(self.log_options),
+            "memory_reservation_bytes": self.memory_reservation_bytes,
+            "pids_limit": self.pids_limit,
+            "nano_cpus": self.nano_cpus,
+            "networks": list(self.networks),
         }
 
 
@@ -144,6 +164,7 @@ class RunnerSettings:
     volume: VolumeSpec
     user: str
     command: tuple[str, ...] = RUNNER_COMMAND
+    nano_cpus: int = RUNNER_NANO_CPUS  # policy.limits.cpus
 
 
 def chunk_service(
@@ -175,4 +196,5 @@ def chunk_service(
         memory_bytes=settings.memory_bytes,
         volume=settings.volume,
         user=settings.user,
+        nano_cpus=settings.nano_cpus,
     )

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from controller.config import Config, load_config
 from controller.swarm.docker import DockerSwarm
@@ -27,6 +28,7 @@ from tests.polling import Polling, remove_container
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "ffswarm.yaml"
+FAULT_IMAGE = "ffswarm/runner-faults:test"  # listed in the dev config's policy.images (scripts/dev-swarm.sh)
 
 
 @pytest.fixture(scope="session")
@@ -58,6 +60,14 @@ class Workspace:
         jobs.mkdir(exist_ok=True)
         path = jobs / f"{self.job}.yaml"
         path.write_text(text)
+        return path
+
+    def config_with(self, **policy: Any) -> Path:
+        """The dev config with more in its ``policy:`` (hooks, webhooks), for this test alone."""
+        data = yaml.safe_load(CONFIG.read_text())
+        data["policy"] = {**(data.get("policy") or {}), **policy}
+        path = self.dir / "ffswarm.yaml"
+        path.write_text(yaml.safe_dump(data))
         return path
 
     def ffswarm(self, *args: str, config: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -136,12 +146,11 @@ FAULTS = Path(__file__).parent / "faults"
 
 @pytest.fixture(scope="session")
 def fault_image(swarm: DockerSwarm, config: Config) -> str:
-    """The real runner image plus test-only fault injection (tests/integration/faults)."""
+    """The real runner image plus test-only fault injection (tests/integration/faults), by the tag
+    the dev config's policy.images allows (submit pins it to this image's ID)."""
     base = swarm.resolve_image(config.image)
-    image, _ = swarm.client.images.build(
-        path=str(FAULTS), buildargs={"RUNNER_IMAGE": base}, tag="ffswarm/runner-faults:test", rm=True
-    )
-    return str(image.id)
+    swarm.client.images.build(path=str(FAULTS), buildargs={"RUNNER_IMAGE": base}, tag=FAULT_IMAGE, rm=True)
+    return FAULT_IMAGE
 
 
 def results_of(ws: Workspace) -> list[Any]:

@@ -45,7 +45,7 @@ def make_job(ws: Workspace, n: int, image: str, *, faults: dict[str, Any] | None
         "output": f"{ws.rel(ws.dir / 'out')}/{{stem}}{{ext}}",
         "providers": ["cpu"],
         "resources": {"memory": "2g"},
-        "image": image,
+        **({} if image == ws.config.image else {"image": image}),  # the config's image is the default
         **fields,
     }
     return ws.write_job(json.dumps(body))  # JSON is YAML
@@ -171,13 +171,14 @@ def test_webhook_receives_the_report(workspace: Workspace) -> None:
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = ws.config_with(webhooks={"allow_hosts": ["127.0.0.1"], "allow_private": True})  # loopback: allowed here
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/done"
         job = make_job(ws, 2, ws.config.image, on_complete={"webhook": url})
-        proc = ws.ffswarm("submit", str(job))
+        proc = ws.ffswarm("submit", str(job), config=config)
     finally:
         server.shutdown()
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(received) == 1
     assert received[0]["job"] == ws.job and received[0]["counts"]["ok"] == 2
-    assert report_of(ws)["hooks"]["webhook"].startswith("delivered")
+    assert report_of(ws)["hooks"]["webhook"] == "delivered"  # no status code: no oracle for the job's author

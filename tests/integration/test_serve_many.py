@@ -28,11 +28,12 @@ JOBS = 24
 
 
 @pytest.fixture
-def names(workspace: Workspace, swarm: DockerSwarm) -> Iterator[list[str]]:
+def names(workspace: Workspace, swarm: DockerSwarm, serve: Serve) -> Iterator[list[str]]:
     """The jobs' ids; each one's services, containers and run folder are removed in teardown (the
-    workspace fixture removes only its own job id's)."""
+    workspace fixture removes only its own job id's) — after serve is stopped, or it makes more."""
     ids = [f"{workspace.job}-{n:02d}" for n in range(JOBS)]
     yield ids
+    serve.kill()
     for job in ids:
         for svc in swarm.client.api.services(filters={"label": f"{LABEL_JOB}={job}"}):
             swarm.remove_service(svc["ID"])

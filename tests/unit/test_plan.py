@@ -92,6 +92,7 @@ def test_run_folder_layout_and_atomic_files(tmp_path: Path) -> None:
         "chunks/c0001.json",
         "control.json",
         "image.json",
+        "job.sha256",  # the job file's identity (issue 15)
         "job.yaml",
         "logs",
         "plan.json",

@@ -59,12 +59,13 @@ def test_every_spec_field_lands_where_stack_deploy_reads_it(volume: VolumeSpec) 
         assert deploy["mode"] == "replicated" and deploy["replicas"] == 1
         assert deploy["placement"] == {"constraints": d["constraints"]}
         assert deploy["restart_policy"] == {"condition": "none", "max_attempts": 0, "delay": "0s", "window": "0s"}
-        assert deploy["resources"]["limits"] == {"memory": str(6 << 30)}
+        assert deploy["resources"]["limits"] == {"memory": str(6 << 30), "cpus": "2.0", "pids": 1024}
+        assert deploy["resources"]["reservations"]["memory"] == str(6 << 30)
         assert deploy["resources"]["reservations"]["generic_resources"] == [
             {"discrete_resource_spec": {"kind": "GPU", "value": 1}}
         ]
-        assert svc["networks"] == ["host_bridge"]
-    assert doc["networks"] == {"host_bridge": {"external": True, "name": "bridge"}}
+        assert svc["networks"] == ["net_bridge"]
+    assert doc["networks"] == {"net_bridge": {"external": True, "name": "bridge"}}  # where the SDK's run
     assert doc["volumes"] == {
         "data": {
             "name": volume.name,
@@ -82,7 +83,7 @@ def test_nfs_driver_options_are_rendered_as_data() -> None:
 
 def test_no_gpu_means_no_reservation() -> None:
     svc = render([chunk_service(settings(BIND, gpus=0), "c0000", 1)])["services"]["ffswarm-holiday-c0000-a1"]
-    assert "reservations" not in svc["deploy"]["resources"]
+    assert svc["deploy"]["resources"]["reservations"] == {"memory": str(6 << 30)}  # memory only, no GPU
 
 
 def test_values_cannot_change_the_files_structure() -> None:
@@ -92,6 +93,15 @@ def test_values_cannot_change_the_files_structure() -> None:
     svc = render([spec])["services"][spec.name]
     assert svc["labels"]["note"] == evil and svc["deploy"]["placement"]["constraints"] == [evil]
     assert "privileged" not in svc
+
+
+def test_service_keys_are_quoted_and_ids_read_back_are_checked() -> None:
+    """A chunk id from a run folder with a newline once rendered `cap_add: [ALL]` (issue 15)."""
+    base = chunk_service(settings(BIND), "c0000", 1)
+    evil = ServiceSpec(**{**base.__dict__, "name": "ffswarm-holiday-c0000-a1:\n    cap_add: [ALL]\n  x"})
+    with pytest.raises(ValueError, match=r"refusing to render a service named .*a-z, 0-9 and - only"):
+        render_runner_stack([evil])
+    assert f'  "{base.name}":\n' in render_runner_stack([base])
 
 
 def test_one_job_one_volume_per_stack() -> None:

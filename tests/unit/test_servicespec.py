@@ -49,6 +49,10 @@ def test_chunk_service_golden() -> None:
         "tmpfs": {"/tmp": 512 * 1024 * 1024},
         "restart_condition": "none",
         "log_options": {"max-size": "20m", "max-file": "3"},
+        "memory_reservation_bytes": 6 << 30,  # reserved as well as limited: placed only where it fits
+        "pids_limit": 1024,
+        "nano_cpus": 2 * 10**9,  # policy.limits.cpus
+        "networks": [],  # the engine's bridge (controller/swarm/servicespec.py RUNNER_NETWORK: why)
     }
 
 

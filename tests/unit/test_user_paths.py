@@ -17,8 +17,7 @@ from controller.config import Config, parse_config
 from controller.errors import MissingInputError
 from controller.job.paths import relative_text
 from controller.job.plan import TargetRef, make_plan
-from controller.run import jobs as jobs_mod
-from controller.run import serve
+from controller.run import serve, usecase
 from controller.run.chunks import ChunkRun
 from controller.run.failures import ChunkState, last_words
 from controller.run.metrics import Metrics
@@ -80,7 +79,7 @@ def test_the_report_names_inputs_outputs_and_reasons_relative_to_the_data_root(t
     plan, rundir = _job_with_results(tmp_path)
     words = last_words('{"error": "model pack /data/models/x: bad"}')
     failed = ChunkRun("c0001", state=ChunkState.FAILED, reason=words)
-    report = build_report(plan, rundir, {"c0001": failed}, "img", 0.0)
+    report = build_report(plan, rundir, {"c0001": failed}, "img", 0.0).to_dict()
     assert report["failures"] == [
         {"item": "i000000", "input": "hidden/in/fake.jpg", "reason": "hidden/in/fake.jpg: bad", "chunk": "c0000"},
         {
@@ -120,9 +119,8 @@ def test_a_serve_reason_file_names_paths_relative_to_the_data_root(
 
     job = SimpleNamespace(spec=SimpleNamespace(image="img", resources=SimpleNamespace(gpus=0)))
     monkeypatch.setattr(serve, "DockerSwarm", Backend)
-    monkeypatch.setattr(jobs_mod, "prepare", lambda config, paths, new: [job])
-    monkeypatch.setattr(jobs_mod, "start_run", lambda config, job, image: rundir)
-    monkeypatch.setattr(jobs_mod, "supervise", lambda *args: report)
+    monkeypatch.setattr(usecase, "one_job", lambda config, path: job)
+    monkeypatch.setattr(usecase, "run", lambda *args: report)
     outcome = serve.run_job_file(config, claimed, Metrics())
     assert not outcome.ok and outcome.reason is not None
     assert outcome.reason.splitlines() == [
@@ -131,10 +129,10 @@ def test_a_serve_reason_file_names_paths_relative_to_the_data_root(
         "failed: hidden/in/late.jpg: no result recorded by chunk c0001",
     ]
 
-    def refuse(config: Config, paths: list[Path], new: bool) -> list[Any]:
-        raise MissingInputError(f"{paths[0]}: source: {root}/faces/star.jpg: source photo /data/faces/star.jpg: gone")
+    def refuse(config: Config, path: Path) -> Any:
+        raise MissingInputError(f"{path}: source: {root}/faces/star.jpg: source photo /data/faces/star.jpg: gone")
 
-    monkeypatch.setattr(jobs_mod, "prepare", refuse)
+    monkeypatch.setattr(usecase, "one_job", refuse)
     outcome = serve.run_job_file(config, claimed, Metrics())
     assert outcome.reason == (
         "MissingInputError (exit 66): inbox/running/a.yaml: source: faces/star.jpg: source photo faces/star.jpg: gone"

@@ -411,7 +411,7 @@ def test_join_restores_audio_and_redoes_only_a_corrupt_segment(tmp_path: Path) -
     v, _ = stream_facts(tmp_path / "out" / "c.mp4")
     assert (v["width"], v["height"]) == (48, 64) and not v.get("side_data_list")  # stored upright
 
-    report = build_report(plan, rundir, {}, "img", 0.0)
+    report = build_report(plan, rundir, {}, "img", 0.0).to_dict()
     assert report["counts"]["items"] == 4 and report["counts"]["ok"] == 0 and report["counts"]["no_face"] == 3
     assert report["failures"] == [
         {"item": "i000003", "input": "in/d.mp4", "reason": "in/d.mp4: empty file (0 bytes)", "chunk": None}
@@ -437,7 +437,7 @@ def test_skip_audio_and_a_failed_audio_restore(tmp_path: Path) -> None:
     rundir2 = run_segments(root, plan2)
     make_clip(root / "in" / "a.mp4", seconds=1, audio=False)  # the audio vanished after planning
     join.finish(plan2, rundir2, spec2, rerun_with(root, plan2, []), {}, lambda e, **k: None)
-    report = build_report(plan2, rundir2, {}, "img", 0.0)
+    report = build_report(plan2, rundir2, {}, "img", 0.0).to_dict()
     (failure,) = report["failures"]
     assert "audio restore failed" in failure["reason"] and not (root / "out" / "a.mp4").exists()
 

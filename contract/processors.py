@@ -1,0 +1,96 @@
+"""The processor registry: every face operation a job may list, the pack roles it needs from the
+model pack and the job-file keys that tune it — one table, in the spirit of FaceFusion's processors.
+
+Everything else derives from it: the manifest's and the job file's processor names
+(contract/manifest.py PROCESSORS, checked by controller/job/spec.py), the pack check's roles
+(contract/pack.py) and the runner's factories (runner_image/processors.py FACTORIES, keyed by the
+same names; a unit test keeps the two in step). Adding a processor is one entry here and one factory
+there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+
+@dataclass(frozen=True)
+class ModelNeed:
+    """A model file a processor cannot run without, and where its operator gets one."""
+
+    role: str
+    usual: str  # the file names it usually has
+    where: str
+
+
+@dataclass(frozen=True)
+class ProcessorInfo:
+    """What the controller and the pack check know of a processor (the runner adds its factory)."""
+
+    name: str
+    needs: tuple[ModelNeed, ...]  # pack roles beyond the detector and recogniser every job loads
+    job_keys: tuple[str, ...]  # job-file sections that tune it (docs/job-file.md)
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return tuple(n.role for n in self.needs)
+
+
+BASE_NEEDS = (
+    ModelNeed("detector", "det_10g.onnx", "insightface's buffalo_l release (SCRFD-10G)"),
+    ModelNeed("recognizer", "w600k_r50.onnx", "insightface's buffalo_l release (ArcFace R50)"),
+)
+
+REGISTRY: Mapping[str, ProcessorInfo] = MappingProxyType(
+    {
+        p.name: p
+        for p in (
+            ProcessorInfo(
+                "face_swapper",
+                needs=(
+                    ModelNeed(
+                        "swapper",
+                        "inswapper_128.onnx or inswapper_128_fp16.onnx",
+                        "the insightface project (inswapper_128); the fp16 export is FaceFusion's models release",
+                    ),
+                ),
+                job_keys=("mask",),
+            ),
+            ProcessorInfo(
+                "face_enhancer",
+                needs=(
+                    ModelNeed(
+                        "enhancer",
+                        "gfpgan_1.4.onnx",
+                        "GFPGAN v1.4 (TencentARC) exported to ONNX, e.g. FaceFusion's models release",
+                    ),
+                ),
+                job_keys=("face_enhancer", "mask"),
+            ),
+        )
+    }
+)
+
+PROCESSORS = tuple(REGISTRY)  # the names a job file and a manifest may list
+ROLES = tuple(dict.fromkeys([*(n.role for n in BASE_NEEDS), *(r for p in REGISTRY.values() for r in p.roles)]))
+
+
+def needs(processors: Iterable[str]) -> tuple[ModelNeed, ...]:
+    """Every model the detector/recogniser base and the listed processors require, in order
+    (names not in the registry add nothing: the manifest and the job file refuse them)."""
+    out = list(BASE_NEEDS)
+    for p in processors:
+        info = REGISTRY.get(p)
+        out.extend(info.needs if info is not None else ())
+    return tuple(out)
+
+
+def roles(processors: Iterable[str]) -> tuple[str, ...]:
+    """Which models to load for a manifest: detector and recogniser, plus what the processors need."""
+    return tuple(n.role for n in needs(processors))
+
+
+def users(need: ModelNeed) -> list[str]:
+    """The processors that need ``need`` (none: every job does)."""
+    return [name for name, info in REGISTRY.items() if need in info.needs]

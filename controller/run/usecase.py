@@ -1,0 +1,219 @@
+"""Run a job: the one use case behind `submit`, `resume`, `retry`, `serve` and `render`.
+
+Open or start the job's run folder, with the image ALWAYS the one its image.json records once the
+folder exists (the tag is resolved only for a new run, so a restarted controller whose tag has
+moved still runs the rest of a job on the image its first chunks ran); then the stages, each
+recorded in state.json's "stage" for `ffswarm status`: identity (the step, beside the first chunks),
+chunks, videos (redo bad segments, join), report (and the timing measurement), hooks. Every event
+goes to every sink the caller gives (progress bar, metrics endpoint, metrics textfile).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from controller import log
+from controller.config import Config
+from controller.errors import EngineUnavailable, FfswarmError, JobFileError, UsageError
+from controller.job import access
+from controller.job.plan import Plan
+from controller.run import identity, join, timings
+from controller.run.chunks import ChunkRun, EventSink, Policy
+from controller.run.fold import Fold
+from controller.run.hooks import on_complete
+from controller.run.jobs import PreparedJob, open_run, owner, prepare, runner_settings, start_run
+from controller.run.report import Report, build_report
+from controller.run.rundir import RunDir, Stage
+from controller.run.supervisor import Supervisor
+from controller.swarm.backend import SwarmBackend, clear_containers
+
+SinkFactory = Callable[[RunDir, PreparedJob], EventSink]  # one job's sink, made once its run folder exists
+REFUSAL_GRACE = 15.0  # seconds for the first chunks' containers to stop after their services are removed
+
+
+def fan_out(sinks: Sequence[EventSink]) -> EventSink:
+    """One event to every sink, in order."""
+
+    def emit(event: str, **fields: Any) -> None:
+        for sink in sinks:
+            sink(event, **fields)
+
+    return emit
+
+
+def open_or_start(config: Config, backend: SwarmBackend, job: PreparedJob) -> tuple[RunDir, str]:
+    """The job's run folder (created unless it exists) and the image it runs: image.json's."""
+    existing = RunDir(config.data_root, job.job_id)
+    image = existing.image() if existing.exists() else backend.resolve_image(job.spec.image or config.image)
+    rundir = start_run(config, job, image)
+    return rundir, rundir.image()  # a folder another controller created first pins its own
+
+
+def one_job(config: Config, path: Path) -> PreparedJob:
+    """The one job of an inbox file or a `render` argument, prepared as `submit` would."""
+    prepared = prepare(config, [path], new=False)
+    if len(prepared) != 1:
+        raise JobFileError(str(path), None, f"one job per file here, found {len(prepared)}")
+    return prepared[0]
+
+
+def run(config: Config, backend: SwarmBackend, job: PreparedJob, sinks: Sequence[SinkFactory] = ()) -> Report:
+    """One prepared job start to report (`submit`, `serve`), continuing its run when the folder exists."""
+    rundir, image = open_or_start(config, backend, job)
+    return supervise(config, backend, job, rundir, image, fan_out([make(rundir, job) for make in sinks]))
+
+
+def submit(
+    config: Config, backend: SwarmBackend, jobs: Sequence[PreparedJob], sinks: Sequence[SinkFactory] = ()
+) -> list[Report]:
+    return [run(config, backend, job, sinks) for job in jobs]
+
+
+def resume(config: Config, backend: SwarmBackend, job_id: str, sinks: Sequence[SinkFactory] = ()) -> Report:
+    """Continue a job from its run folder: live services are adopted, committed items never redone."""
+    job, rundir = open_run(config, job_id)
+    if rundir.control().cancel:
+        raise UsageError(f"job {job_id} was cancelled; submit it again with --new to run it afresh")
+    todo = Fold.read(job.plan, rundir).pending_chunks()
+    access.make_folders(config.data_root, access.check_plan(config, job.plan, todo, str(job.file)), owner(config))
+    on_event = fan_out([make(rundir, job) for make in sinks])
+    return supervise(config, backend, job, rundir, rundir.image(), on_event)
+
+
+def render_ready(config: Config, backend: SwarmBackend, path: Path) -> tuple[PreparedJob, RunDir, str]:
+    """`render JOB_FILE`: the run folder started (image pinned as for every run) and its identity
+    answered, so that the stack's runners find their manifests and the answer."""
+    job = one_job(config, path)
+    rundir, image = open_or_start(config, backend, job)
+    ensure_identity(config, backend, job, rundir, image)
+    return job, rundir, image
+
+
+def _refused(backend: SwarmBackend, rundir: RunDir) -> None:
+    """The identity step refused the job: no runner got past its wait, so nothing was committed.
+    Remove the job's services, their containers once stopped (a runner still starting could else
+    recreate a folder after it is gone) and the run folder: a refused submit leaves nothing behind."""
+    for svc in backend.services(rundir.job):
+        backend.remove_service(svc.name)
+    clear_containers(backend, rundir.job, REFUSAL_GRACE)
+    shutil.rmtree(rundir.path, ignore_errors=True)
+    access.remove_folders(rundir.data_root, rundir.made_folders)
+
+
+def ensure_identity(config: Config, backend: SwarmBackend, job: PreparedJob, rundir: RunDir, image: str) -> None:
+    """Run a pending identity step to its end (for `render`: the stack's runners wait for it)."""
+    try:
+        identity.ensure(config, backend, runner_settings(config, job, image), rundir, str(job.file))
+    except FfswarmError:
+        _refused(backend, rundir)
+        raise
+
+
+def supervise(
+    config: Config,
+    backend: SwarmBackend,
+    job: PreparedJob,
+    rundir: RunDir,
+    image: str,
+    on_event: EventSink | None = None,
+) -> Report:
+    """The stages of a job whose run folder exists, each recorded in state.json as it starts."""
+    plan = rundir.plan()
+    started = time.time()
+    logger = log.get(job=job.job_id)
+
+    def emit(event: str, **fields: Any) -> None:
+        logger.info(event, **fields)
+        if on_event:
+            on_event(event, **fields)
+
+    sup, runs = _identity_and_chunks(config, backend, job, rundir, image, emit, started)
+    rundir.enter(Stage.VIDEOS)
+    runs = join.finish(plan, rundir, job.spec, sup.run, runs, emit)  # redo bad segments, join videos
+    rundir.enter(Stage.REPORT)
+    report = _record_timing(config, job, rundir, plan, build_report(plan, rundir, runs, image, started), logger)
+    path = rundir.write_report(report.to_dict())
+    emit("job_finished", report=str(path), **vars(report.counts))
+    hooks = job.spec.on_complete
+    if hooks.webhook or hooks.hook:
+        rundir.enter(Stage.HOOKS)
+        report = replace(report, hooks=on_complete(config.policy, hooks, report.to_dict(), path))
+        rundir.write_report(report.to_dict())
+    rundir.enter(Stage.ENDED)
+    return report
+
+
+def _identity_and_chunks(
+    config: Config,
+    backend: SwarmBackend,
+    job: PreparedJob,
+    rundir: RunDir,
+    image: str,
+    emit: EventSink,
+    started: float,
+) -> tuple[Supervisor, dict[str, ChunkRun]]:
+    """The identity step (when its answer is still pending) beside the pending chunks, to their ends."""
+    plan = rundir.plan()
+    policy = Policy(
+        retries=job.spec.retries,
+        timeout=float(job.spec.timeout),
+        schedule_timeout=float(config.schedule_timeout),
+        engine_outage=float(config.engine_outage),
+    )
+    settings = runner_settings(config, job, image)
+    sizes = {c.id: len(c.items) for c in plan.chunks}
+    sup = Supervisor(backend, rundir, settings, policy, on_event=emit, sizes=sizes)
+    todo = Fold.read(plan, rundir).pending_chunks()
+    step = identity.start(config, backend, settings, rundir, str(job.file))
+    rundir.enter(Stage.IDENTITY if step is not None else Stage.CHUNKS)
+    emit("job_started", chunks=len(plan.chunks), pending=len(todo), items=len(plan.items), image=image)
+
+    refusal: list[FfswarmError] = []
+
+    def identity_ready() -> bool:
+        assert step is not None
+        try:
+            answer = step.poll()
+        except EngineUnavailable:
+            raise  # the engine, not the step: the watch waits for it
+        except FfswarmError as e:
+            refusal.append(e)
+            raise
+        if answer is not None:
+            rundir.enter(Stage.CHUNKS)
+            emit("identity_ready", seconds=round(time.time() - started, 3), provider=answer.provider)
+        return answer is not None
+
+    try:
+        runs = sup.run(todo, gate=identity_ready if step else None, gate_service=step.spec.name if step else None)
+    except FfswarmError as e:
+        if refusal and e is refusal[0]:  # only the identity step's refusal: nothing was committed yet
+            _refused(backend, rundir)
+        raise
+    finally:
+        if step is not None:
+            with contextlib.suppress(EngineUnavailable):  # gone with the engine: resume removes it
+                step.abort()  # no-op once it answered; removes it after a cancel or an interrupt
+    return sup, runs
+
+
+def _record_timing(config: Config, job: PreparedJob, rundir: RunDir, plan: Plan, report: Report, logger: Any) -> Report:
+    """What this job's chunks cost, into its report and runs/.timings.json for the next `auto`."""
+    measured = timings.measure(rundir, plan)
+    if measured is None:
+        return report
+    provider, timing = measured
+    report = replace(
+        report, timing={"provider": provider, "cold_start_s": timing.cold_start_s, "item_s": timing.item_s}
+    )
+    try:
+        timings.record(config.data_root, job.spec.models, provider, timing, owner(config))
+    except OSError as e:  # the job itself is done: a measurement that cannot be kept is only a loss
+        logger.warning("timing_not_recorded", error=str(e))
+    return report
