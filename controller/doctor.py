@@ -19,7 +19,7 @@ from controller.config import Config
 from controller.errors import FfswarmError
 from controller.run.oneshot import run_oneshot
 from controller.swarm.admin import SwarmAdmin
-from controller.swarm.backend import NodeInfo
+from controller.swarm.backend import ImageInfo, NodeInfo
 from controller.swarm.servicespec import RUNNER_COMMAND, RunnerSettings, chunk_service
 
 GPU_LABEL = ("ffswarm.gpu", "true")
@@ -28,6 +28,7 @@ MAX_HEARTBEAT_SECONDS = 2.0
 PROBE_MEMORY = 1 << 30
 PROBE_TIMEOUT = 120.0
 PROBE_MARK = "FFSWARM-DOCTOR "
+SBOM_LABEL = "io.ffswarm.sbom.sha256"  # scripts/build-runner-image.sh: sha256 of the image's /opt/ffswarm/sbom.cdx.json
 # Runs in the runner image as the runner user: write a file the controller must then see, and verify
 # the model pack with the runner's own code. Prints one JSON line; the controller reads service logs.
 PROBE_SCRIPT = """
@@ -105,10 +106,19 @@ def check_gpu_nodes(nodes: list[NodeInfo], all_nodes: list[NodeInfo]) -> Check:
     return _ok(name, f"{len(nodes)} node(s) labelled {label}, {total} GPU(s) advertised")
 
 
+def describe_image(ref: str, info: ImageInfo) -> str:
+    """What nodes will run and pull: the image's ID, size and SBOM digest (docs/operations.md#the-runner-image)."""
+    sbom = info.labels.get(SBOM_LABEL)
+    contents = f"SBOM sha256 {sbom[:16]}…" if sbom else "no SBOM label (an image built before the labels)"
+    return f"{ref} present: {info.image_id[:19]}, {info.size_bytes / 1e6:.0f} MB, {contents}"
+
+
 def check_image(admin: SwarmAdmin, ref: str) -> tuple[Check, str | None]:
     """Present on this manager (a digest reference may also be pulled by nodes). Nodes: the probe."""
-    image = admin.image_id(ref) if "@sha256:" not in ref else ref
-    if image is None:
+    info = admin.image_info(ref)
+    if info is None and "@sha256:" in ref:
+        return _ok("image", f"{ref}: not on this manager; nodes pull it by digest"), ref
+    if info is None:
         return (
             Check(
                 "image",
@@ -119,7 +129,7 @@ def check_image(admin: SwarmAdmin, ref: str) -> tuple[Check, str | None]:
             ),
             None,
         )
-    return _ok("image", f"{ref} present ({image[:19]})"), image
+    return _ok("image", describe_image(ref, info)), ref if "@sha256:" in ref else info.image_id
 
 
 def probe_node(admin: SwarmAdmin, config: Config, node: NodeInfo, image: str, pack: str) -> dict[str, str]:
@@ -136,6 +146,7 @@ def probe_node(admin: SwarmAdmin, config: Config, node: NodeInfo, image: str, pa
         volume=config.volume,
         user=config.runner_uid_gid(),
         command=(RUNNER_COMMAND[0], "-c", PROBE_SCRIPT, f"/data/.ffswarm-{name}", token, f"/data/models/{pack}"),
+        nano_cpus=config.policy.limits.cpus * 10**9,  # built like a chunk service, limits included
     )
     spec = chunk_service(settings, "probe", 1)
     seen = config.data_root / f".ffswarm-{name}"
@@ -206,6 +217,12 @@ def check_heartbeat(admin: SwarmAdmin) -> Check:
     return _ok("heartbeat", f"dispatcher heartbeat {beat:g} s")
 
 
+def check_policy(config: Config) -> Check:
+    """Not a test that can fail: what job files may ask for on this cluster (config `policy:`)."""
+    head, *rest = config.policy.describe()
+    return _ok("policy", head.removeprefix("policy: ") + "".join(f"\n       {line}" for line in rest))
+
+
 def run_checks(config: Config, pack: str = "default", say: Callable[[Check], None] = lambda c: None) -> list[Check]:
     """Every check, in order; later checks that need an earlier one's result say they were skipped."""
     out: list[Check] = []
@@ -214,6 +231,7 @@ def run_checks(config: Config, pack: str = "default", say: Callable[[Check], Non
         out.append(c)
         say(c)
 
+    add(check_policy(config))
     try:
         admin = SwarmAdmin(config.docker_host)
         add(check_swarm(admin))

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Builds the local Debian 12 base image offline-style: no registry is reachable here, so the base is
 # made with debootstrap from the Debian mirror this machine's own apt is configured with.
-# Usage: scripts/build-base-image.sh [IMAGE]   (default ffswarm/base:bookworm; skipped if present)
+# It carries python3 and CA certificates, and no documentation, manual pages or translations
+# (scripts/slim-rootfs.sh, also for every later apt install into it).
+# Usage: scripts/build-base-image.sh [IMAGE]   (default ffswarm/base:bookworm; skipped if present and
+# built by this recipe: the recipe's hash is the image's label io.ffswarm.base-recipe)
 set -euo pipefail
+cd "$(dirname "$0")/.."
 image=${1:-ffswarm/base:bookworm}
-if docker image inspect "$image" >/dev/null 2>&1; then
+recipe=$(cat scripts/build-base-image.sh scripts/slim-rootfs.sh | sha256sum | cut -c1-16)
+if [ "$(docker image inspect -f '{{index .Config.Labels "io.ffswarm.base-recipe"}}' "$image" 2>/dev/null)" = "$recipe" ]; then
   echo "base image $image: present"
   exit 0
 fi
@@ -24,8 +29,8 @@ fi
 rootfs=$(mktemp -d /var/tmp/ffswarm-rootfs.XXXXXX)
 trap 'rm -rf "$rootfs"' EXIT
 echo "base image $image: debootstrap bookworm (minbase) …"
-debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$rootfs" "$mirror" >/tmp/ffswarm-debootstrap.log 2>&1 \
+debootstrap --variant=minbase --include=python3,ca-certificates bookworm "$rootfs" "$mirror" >/tmp/ffswarm-debootstrap.log 2>&1 \
   || { tail -20 /tmp/ffswarm-debootstrap.log >&2; exit 1; }
-rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-tar -C "$rootfs" -c . | docker import - "$image" >/dev/null
+scripts/slim-rootfs.sh "$rootfs"
+tar -C "$rootfs" -c . | docker import -c "LABEL io.ffswarm.base-recipe=$recipe" - "$image" >/dev/null
 echo "base image $image: built"

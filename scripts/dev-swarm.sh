@@ -5,7 +5,7 @@
 #   - starts dockerd with two fake GPUs (Swarm generic resources GPU=GPU-a, GPU=GPU-b) when none runs
 #   - swarm init, labels this node ffswarm.gpu=true
 #   - builds the base and runner images
-#   - makes .venv (ffswarm + runner + test libraries) and the data root .dev-data/
+#   - makes .venv (ffswarm + runner + test libraries, from locks/dev.txt) and the data root .dev-data/
 #   - installs the stand-in model pack as `default` when no pack of that name exists
 #   - writes ./ffswarm.yaml (bind volume, data root inside the checkout)
 set -euo pipefail
@@ -61,10 +61,12 @@ scripts/build-base-image.sh ffswarm/base:bookworm
 scripts/build-runner-image.sh ffswarm/runner:dev
 
 # 5. Python environment for the controller, the tests and the stand-in pack generator.
-if [ ! -x .venv/bin/ffswarm ] || [ pyproject.toml -nt .venv/.installed ]; then
-  say "venv: installing ffswarm with runner and test libraries into .venv"
-  python3 -m venv .venv
-  { .venv/bin/pip install -q -e ".[runner,cpu,test]" && .venv/bin/pip install -q --no-deps "insightface==2.1"; } \
+if [ ! -x .venv/bin/ffswarm ] || [ pyproject.toml -nt .venv/.installed ] || [ locks/dev.txt -nt .venv/.installed ]; then
+  # Exactly the lock's packages, every file's sha256 checked (docs/development.md#locks); then ffswarm.
+  say "venv: installing ffswarm with runner and test libraries into .venv (locks/dev.txt)"
+  python3 -m venv --clear .venv
+  { .venv/bin/pip install -q --no-deps --require-hashes -r locks/dev.txt -r locks/build.txt \
+      && .venv/bin/pip install -q --no-deps --no-build-isolation -e .; } \
     >/tmp/ffswarm-pip.log 2>&1 || { tail -30 /tmp/ffswarm-pip.log; exit 1; }
   touch .venv/.installed
 else
@@ -94,6 +96,8 @@ volume:
   type: bind
 image: ffswarm/runner:dev
 schedule_timeout: 5m
+policy:   # what a job file may ask for (docs/operations.md#policy); the safe defaults otherwise
+  images: [ffswarm/runner:dev, ffswarm/runner-faults:test]   # the tests' fault-injecting image too
 YAML
 say "config: wrote $repo/ffswarm.yaml (data root $data)"
 say "ready: . .venv/bin/activate && ffswarm submit ./jobs"

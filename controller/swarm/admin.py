@@ -9,7 +9,7 @@ import docker.errors
 import requests.exceptions
 
 from controller.errors import EngineUnavailable
-from controller.swarm.backend import NodeInfo, SwarmInfo
+from controller.swarm.backend import ImageInfo, NodeInfo, SwarmInfo
 from controller.swarm.docker import DockerSwarm, first_line, node_info, translated
 
 
@@ -41,11 +41,13 @@ class SwarmAdmin(DockerSwarm):
             self._client.api.update_node(raw["ID"], raw["Version"]["Index"], spec)
             return node_info(self._client.api.inspect_node(raw["ID"]))
 
-    def image_id(self, ref: str) -> str | None:
-        """The local image ID of ref on this engine, None when it is absent."""
+    def image_info(self, ref: str) -> ImageInfo | None:
+        """The local image ref names on this engine (ID, size, labels), None when it is absent."""
         try:
-            return str(self._client.images.get(ref).id)
+            attrs = self._client.images.get(ref).attrs
         except docker.errors.ImageNotFound:
             return None
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             raise EngineUnavailable(f"image {ref}: cannot reach the Docker engine: {first_line(e)}") from e
+        labels = (attrs.get("Config") or {}).get("Labels") or {}
+        return ImageInfo(str(attrs["Id"]), int(attrs.get("Size") or 0), {str(k): str(v) for k, v in labels.items()})

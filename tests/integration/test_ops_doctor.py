@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.doctor import SBOM_LABEL
 from controller.swarm.admin import SwarmAdmin
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.servicespec import VolumeSpec
@@ -33,6 +34,10 @@ def test_doctor_passes_on_the_dev_swarm(workspace: Workspace) -> None:
     for name in ("swarm", "gpu-nodes", "image", "image-on-nodes", "data-volume", "model-pack", "heartbeat"):
         assert f"[ok] {name}:" in proc.stdout
     assert "all checks passed" in proc.stdout
+    info = SwarmAdmin().image_info(workspace.config.image)
+    assert info is not None
+    sbom = info.labels[SBOM_LABEL]  # the image's ID, size and SBOM digest (scripts/build-runner-image.sh)
+    assert f"{info.image_id[:19]}, {info.size_bytes / 1e6:.0f} MB, SBOM sha256 {sbom[:16]}…" in proc.stdout
 
 
 @pytest.fixture
