@@ -13,14 +13,12 @@ under; anything else counts as no record.
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
 
 from contract.attempt import MAX_BYTES, AttemptRecord
 from contract.errors import RecordError
 from controller.run.failures import last_words
-from controller.run.rundir import RunDir
+from controller.run.rundir import RunDir, read_nofollow
 
 
 def read_record(rundir: RunDir, chunk: str, attempt: int) -> AttemptRecord | None:
@@ -39,26 +37,8 @@ def read_record(rundir: RunDir, chunk: str, attempt: int) -> AttemptRecord | Non
 
 def _read_capped(path: Path) -> bytes | None:
     """A regular file's bytes, not following a link, None past MAX_BYTES or on any error."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        chunks: list[bytes] = []
-        size = 0
-        while size <= MAX_BYTES:
-            block = os.read(fd, MAX_BYTES + 1 - size)
-            if not block:
-                break
-            chunks.append(block)
-            size += len(block)
-        return None if size > MAX_BYTES else b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    data = read_nofollow(path, MAX_BYTES + 1)
+    return None if data is None or len(data) > MAX_BYTES else data
 
 
 def cold_start(rundir: RunDir, chunk: str, attempt: int, log: Path) -> tuple[str, float] | None:

@@ -73,10 +73,19 @@ def read_nofollow(path: Path, limit: int) -> bytes | None:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder, a fifo, a device: not a file we read
             return None
-        return f.read(limit)
+        chunks: list[bytes] = []
+        left = limit
+        while left > 0 and (block := os.read(fd, left)):  # a network filesystem may answer in parts
+            chunks.append(block)
+            left -= len(block)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 class RunDir:
