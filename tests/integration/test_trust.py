@@ -7,7 +7,9 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,10 +52,12 @@ def test_a_job_beyond_the_policy_creates_nothing(
 
 @pytest.fixture
 def hook_dir(workspace: Workspace) -> Iterator[Path]:
-    d = workspace.dir / "hook"
-    d.mkdir()
+    """Outside the checkout, as an operator's hook program would be (/usr/local/bin): a checkout in a
+    0700 folder (mktemp -d) would keep the hook's uid from reaching its own program."""
+    d = Path(tempfile.mkdtemp(prefix="ffswarm-hook-"))
     d.chmod(0o777)  # the hook's uid (nobody) writes here
     yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_a_policy_hook_runs_as_its_uid_with_a_clean_environment(
