@@ -8,6 +8,7 @@ Errors are plain ``ValueError``s; callers know the file and field and wrap them 
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 import posixpath
@@ -154,7 +155,7 @@ def safe_glob(root: Path, pattern: str, resolver: Resolver | None = None) -> lis
 def _glob(resolver: Resolver, pattern: str) -> list[str]:
     check_relative(pattern, what="glob pattern")
     found: set[str] = set()
-    for match in glob.glob(pattern, root_dir=resolver.root, recursive=True):
+    for match in _walk(resolver.root_abs, pattern):
         if posixpath.basename(match.rstrip("/")).startswith("."):
             continue
         top = match.split("/", 1)[0]
@@ -164,6 +165,79 @@ def _glob(resolver: Resolver, pattern: str) -> list[str]:
         if resolver.isfile(real):
             found.add(real)
     return sorted(found)
+
+
+GLOB_WALK_LIMIT = 1_000_000  # folder entries one glob may look at (a deep ``**`` over a huge tree)
+
+
+class _Walk:
+    """One glob's walk of the data root: wildcards never descend into a symlinked folder (a link
+    loop, or a link to a big tree, would otherwise multiply the walk; three ``l -> .`` links gave
+    77,000 matches and climbing), and the walk stops with a refusal after GLOB_WALK_LIMIT entries.
+    A symlinked folder named literally (``alias/*.jpg``) is followed, and its matches are checked
+    for containment like any other path."""
+
+    def __init__(self, root: str, pattern: str) -> None:
+        self.root, self.pattern, self.seen = root, pattern, 0
+
+    def entries(self, rel: str) -> list[tuple[str, bool, bool]]:
+        """(name, is a folder, is a symlink) of one folder, hidden names left out."""
+        out = []
+        try:
+            with os.scandir(os.path.join(self.root, rel) if rel else self.root) as it:
+                for e in it:
+                    self.seen += 1
+                    if self.seen > GLOB_WALK_LIMIT:
+                        raise ValueError(
+                            f"{self.pattern!r} looks at more than {GLOB_WALK_LIMIT:,} files and folders "
+                            f"(the limit for one pattern); name a narrower folder"
+                        )
+                    if not e.name.startswith("."):
+                        link = e.is_symlink()
+                        out.append((e.name, e.is_dir(follow_symlinks=True), link))
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            return []
+        return out
+
+    def descend(self, rel: str, name: str, link: bool) -> str:
+        child = f"{rel}/{name}" if rel else name
+        if link:
+            raise ValueError(
+                f"{self.pattern!r} reaches the symlinked folder {child!r}: wildcards do not follow "
+                f"symlinked folders (name the folder it points to, or remove the link)"
+            )
+        return child
+
+    def match(self, rel: str, parts: list[str]) -> list[str]:
+        if not parts:
+            return [rel]
+        head, rest = parts[0], parts[1:]
+        if head == "**":
+            out = self.match(rel, rest) if rest else []
+            for name, is_dir, link in self.entries(rel):
+                if not rest and not is_dir:
+                    out.append(f"{rel}/{name}" if rel else name)
+                if is_dir:
+                    out += self.match(self.descend(rel, name, link), parts)
+            return out
+        if not glob.has_magic(head):
+            child = f"{rel}/{head}" if rel else head
+            return self.match(child, rest) if rest or os.path.lexists(os.path.join(self.root, child)) else []
+        out = []
+        for name, is_dir, link in self.entries(rel):
+            if fnmatch.fnmatchcase(name, head):
+                if rest and is_dir:
+                    out += self.match(self.descend(rel, name, link), rest)
+                elif not rest:
+                    out.append(f"{rel}/{name}" if rel else name)
+        return out
+
+
+def _walk(root: str, pattern: str) -> list[str]:
+    """Relative paths under ``root`` matching ``pattern`` as ``glob.glob(recursive=True)`` would,
+    without following symlinked folders below a wildcard (_Walk)."""
+    parts = [p for p in posixpath.normpath(pattern).split("/") if p not in ("", ".")]
+    return _Walk(root, pattern).match("", parts)
 
 
 def _listing(folder: str) -> dict[str, str] | None:

@@ -171,8 +171,39 @@ def test_safe_glob_refuses_symlink_leading_out(root: Path) -> None:
 
 def test_safe_glob_refuses_symlinked_folder_leading_out_under_doublestar(root: Path) -> None:
     os.symlink(root.parent / "outside", root / "link")
-    with pytest.raises(ValueError, match="link/secret.jpg"):
+    with pytest.raises(ValueError) as e:
         safe_glob(root, "**/*.jpg")
+    assert str(e.value) == (
+        "'**/*.jpg' reaches the symlinked folder 'link': wildcards do not follow symlinked folders "
+        "(name the folder it points to, or remove the link)"
+    )
+
+
+def test_safe_glob_link_loops_are_refused_not_walked(root: Path) -> None:
+    """Three `l -> .` links made Python's glob walk 77,000 paths and climbing (issue #15)."""
+    for name in ("l1", "l2", "l3"):
+        os.symlink(".", root / "crowd" / name)
+    with pytest.raises(ValueError, match="reaches the symlinked folder 'crowd/l1'"):
+        safe_glob(root, "crowd/**/*.jpg")
+    with pytest.raises(ValueError, match="reaches the symlinked folder 'crowd/l1'"):
+        safe_glob(root, "crowd/*/*.jpg")
+    assert [p.name for p in safe_glob(root, "crowd/*.jpg")] == ["a.jpg", "b.jpg"]  # no folder walked
+
+
+def test_safe_glob_follows_a_symlinked_folder_named_literally(root: Path) -> None:
+    os.symlink(root / "crowd", root / "alias")
+    assert safe_glob(root, "alias/*.jpg") == [(root / "crowd" / n).resolve() for n in ("a.jpg", "b.jpg")]
+
+
+def test_safe_glob_walk_is_bounded(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import controller.job.paths as paths
+
+    monkeypatch.setattr(paths, "GLOB_WALK_LIMIT", 3)
+    with pytest.raises(ValueError) as e:
+        safe_glob(root, "**/*.jpg")
+    assert str(e.value) == (
+        "'**/*.jpg' looks at more than 3 files and folders (the limit for one pattern); name a narrower folder"
+    )
 
 
 @pytest.mark.parametrize("pattern", ["/etc/*", "../*", "crowd/../../outside/*"])
