@@ -13,15 +13,43 @@ Why these flags:
   base, so the segments concatenate with ``-c copy`` into a stream with the original timing.
 - join: the concat demuxer with ``-c copy`` (no re-encode); the audio of the original is mapped in
   and copied, or re-encoded when the output container cannot hold its codec.
+- every input, always: ``-protocol_whitelist`` (``file``; ``pipe`` for raw frames) and
+  ``-format_whitelist`` (the demuxers in INPUT_FORMATS), and the probed demuxer named with ``-f``
+  where it is known. ffmpeg otherwise picks a demuxer from the content, and an ``.mp4`` that is an
+  HLS playlist (or a concat script) makes it read any file or URL the playlist names. A probe of a
+  file of another format fails with "Format not on whitelist" before anything it names is opened.
 """
 
 from __future__ import annotations
 
-from contract.manifest import Segment
+from contract.manifest import DEMUXERS, Segment
 
 FFMPEG = "ffmpeg"
 FFPROBE = "ffprobe"
 QUIET = ("-nostdin", "-hide_banner", "-loglevel", "error")
+
+# The input demuxers ffmpeg may use, by the names ffprobe's format_name gives (comma-separated),
+# and the one ``-f`` names for each family.
+INPUT_FORMATS = {
+    "mov": ("mov", "mp4", "m4a", "3gp", "3g2", "mj2"),
+    "matroska": ("matroska", "webm"),
+    "avi": ("avi",),
+}
+assert tuple(INPUT_FORMATS) == DEMUXERS
+FORMAT_WHITELIST = ",".join(name for names in INPUT_FORMATS.values() for name in names)
+SAFE_INPUT = ("-protocol_whitelist", "file", "-format_whitelist", FORMAT_WHITELIST)
+REFUSED_FORMAT = "Format not on whitelist"  # ffmpeg's words when a file's content is another format
+
+
+def demuxer_for(format_name: str) -> str | None:
+    """The allowed demuxer (for ``-f``) that ffprobe's ``format_name`` names, or None: a format
+    ffswarm does not read (hls, concat, image2, tty …)."""
+    names = set(format_name.split(","))
+    for demuxer, family in INPUT_FORMATS.items():
+        if names and names <= set(family):
+            return demuxer
+    return None
+
 
 # Output extension → muxer name (ffmpeg -f).
 MUXERS = {".mp4": "mp4", ".mov": "mov", ".mkv": "matroska", ".webm": "webm", ".avi": "avi"}
@@ -47,15 +75,26 @@ VIDEO_OK = {"webm": frozenset({"libvpx", "libvpx-vp9", "libaom-av1", "libsvtav1"
 def probe_cmd(path: str) -> list[str]:
     """Everything planning needs, as JSON: streams (with packet counts, which cost a demux but no
     decode) and the container."""
-    return [FFPROBE, "-v", "error", "-count_packets", "-show_format", "-show_streams", "-of", "json", path]
+    return [
+        FFPROBE, "-v", "error", *SAFE_INPUT, "-count_packets", "-show_format", "-show_streams", "-of", "json", path,
+    ]  # fmt: skip
 
 
-def frame_times_cmd(path: str) -> list[str]:
+def frame_times_cmd(path: str, demuxer: str | None = None) -> list[str]:
     """Every packet of the first video stream as a CSV line "pts,flags" (in the stream's time base,
     which the probe gives): a demux, no decode. Planning turns them into segments' seeks."""
     return [
-        FFPROBE, "-v", "error", "-select_streams", "v:0", "-show_entries", "packet=pts,flags", "-of", "csv=p=0", path,
+        FFPROBE, "-v", "error", *SAFE_INPUT, *_format(demuxer), "-select_streams", "v:0",
+        "-show_entries", "packet=pts,flags", "-of", "csv=p=0", path,
     ]  # fmt: skip
+
+
+def _format(demuxer: str | None) -> list[str]:
+    if demuxer is None:
+        return []
+    if demuxer not in INPUT_FORMATS:
+        raise ValueError(f"demuxer {demuxer!r} is not one ffswarm reads")
+    return ["-f", demuxer]
 
 
 def decode_cmd(path: str, seg: Segment) -> list[str]:
@@ -63,11 +102,12 @@ def decode_cmd(path: str, seg: Segment) -> list[str]:
     just before the segment's first frame when the plan knows its time (ffmpeg decodes from the
     keyframe before it and drops what precedes it), else from the start, picked by number."""
     end = seg.start_frame + seg.frame_count - 1
+    source = [*SAFE_INPUT, *_format(seg.demuxer), "-i", path]
     if seg.seek is not None:
-        where = ["-ss", seg.seek, "-i", path]
+        where = ["-ss", seg.seek, *source]
         pick: list[str] = []
     else:
-        where = ["-i", path]
+        where = source
         pick = ["-vf", f"select='between(n,{seg.start_frame},{end})'"]
     return [
         FFMPEG,
@@ -104,6 +144,8 @@ def encode_cmd(path: str, seg: Segment) -> list[str]:
         f"{seg.width}x{seg.height}",
         "-framerate",
         seg.fps,
+        "-protocol_whitelist",
+        "pipe",
         "-i",
         "pipe:0",
         "-an",
@@ -142,12 +184,17 @@ def audio_codec(muxer: str, source_codec: str) -> str:
     return AUDIO_REENCODE.get(muxer, AUDIO_REENCODE_DEFAULT)
 
 
-def join_cmd(list_file: str, original: str, out: str, muxer: str, audio: str | None) -> list[str]:
+def join_cmd(
+    list_file: str, original: str, out: str, muxer: str, audio: str | None, demuxer: str | None = None
+) -> list[str]:
     """Segments (an ffconcat list) → ``out`` without re-encoding video; ``audio`` None: no audio,
-    else the codec for every audio stream of ``original`` (``copy`` or an encoder)."""
-    cmd = [FFMPEG, *QUIET, "-f", "concat", "-safe", "0", "-i", list_file]
+    else the codec for every audio stream of ``original`` (``copy`` or an encoder), read with
+    ``demuxer`` (the probe's; the allow-list alone when None). The list's entries are opened by
+    the concat demuxer with the same whitelists (the segments are mp4)."""
+    segments = ("-protocol_whitelist", "file", "-format_whitelist", f"concat,{FORMAT_WHITELIST}")
+    cmd = [FFMPEG, *QUIET, *segments, "-f", "concat", "-safe", "0", "-i", list_file]
     if audio is not None:
-        cmd += ["-i", original]
+        cmd += [*SAFE_INPUT, *_format(demuxer), "-i", original]
     cmd += ["-map", "0:v:0"]
     if audio is not None:
         cmd += ["-map", "1:a"]

@@ -11,15 +11,21 @@ spelled twice. Every file has one writer (docs/architecture.md, "The controller/
 ``control.json``                      ``ffswarm scale`` / ``cancel``
 ``image.json``                        controller, once: the image every attempt runs
 ``identity-request.json``             controller (contract/identity.py)
-``identity.json``                     controller ("pending"), then the identity step
-``results/<chunk>.jsonl``             runner, appending (contract/results.py)
+``identity/identity.json``            controller ("pending"), then the identity step
+``results/<chunk>.a<n>.jsonl``        controller creates it empty; attempt n's runner appends
+``results/<chunk>.a<n>.commits``      attempt n's runner: each output just before its rename
 ``logs/<chunk>.a<n>.log``             runner (or the controller, from the service's logs)
 ``logs/identity.log``                 the identity step
 ``attempts/<chunk>.a<n>.json``        runner: its record of the attempt (contract/attempt.py)
 ``segments/<item>-s<n>.mp4``          runner: a video's segments, joined by the controller
 ``state.json``                        controller's watch
+``lease.json``                        the controller running the job (controller/run/job_lease.py)
 ``joins.jsonl``, ``report.json``      controller
 ====================================  ==============================================================
+
+The run folder itself, ``chunks/`` and the controller's files are the controller's (not writable
+by the runner's uid: docs/operations.md#trust-model); ``RUNNER_FOLDERS`` are the only places a runner
+writes in it, so whatever the controller reads from them is parsed as hostile.
 
 Pure: naming only, no file is touched here.
 """
@@ -40,8 +46,11 @@ CHUNKS = "chunks"
 RESULTS = "results"
 LOGS = "logs"
 SEGMENTS = "segments"
-ATTEMPTS = "attempts"  # made by the first runner that writes a record (the run folder is its user's)
-SUBFOLDERS = (CHUNKS, RESULTS, LOGS)  # made with the run folder, owned by the runner's user
+ATTEMPTS = "attempts"
+IDENTITY_DIR = "identity"  # the identity step's answer: runner-written, so not in the folder's top
+CONTROLLER_FOLDERS = (CHUNKS,)  # made with the run folder, the controller's
+RUNNER_FOLDERS = (RESULTS, LOGS, SEGMENTS, ATTEMPTS, IDENTITY_DIR)  # made with it, the runner's to write
+SUBFOLDERS = (*CONTROLLER_FOLDERS, *RUNNER_FOLDERS)
 JOB_FILE = "job.yaml"
 JOB_SHA256 = "job.sha256"  # the sha256 of the job file that started the run (its identity)
 PLAN = "plan.json"  # written last: its presence means the run folder is complete
@@ -51,10 +60,12 @@ IDENTITY_REQUEST = "identity-request.json"
 IDENTITY = "identity.json"
 IDENTITY_LOG = "identity.log"
 STATE = "state.json"
+LEASE = "lease.json"  # who runs the job now: one controller at a time
 JOINS = "joins.jsonl"
 REPORT = "report.json"
 
 _ATTEMPT_LOG = re.compile(r"(?P<chunk>[^./][^/]*)\.a(?P<attempt>[0-9]+)\.log")
+_RESULTS = re.compile(r"(?P<chunk>[a-z0-9][a-z0-9-]*)(?:\.a(?P<attempt>[0-9]{1,6}))?\.jsonl")
 
 
 class AttemptLog(NamedTuple):
@@ -66,6 +77,19 @@ class AttemptLog(NamedTuple):
 
 def attempt_log_name(chunk: str, attempt: int) -> str:
     return f"{chunk}.a{attempt}.log"
+
+
+def results_name(chunk: str, attempt: int) -> str:
+    return f"{chunk}.a{attempt}.jsonl"
+
+
+def parse_results_name(name: str) -> AttemptLog | None:
+    """The chunk and attempt a file in results/ belongs to: ``c0007.a2.jsonl`` → (c0007, 2), the
+    pre-attempt ``c0007.jsonl`` → (c0007, 0); None for anything else (a temporary name)."""
+    m = _RESULTS.fullmatch(name)
+    if m is None:
+        return None
+    return AttemptLog(m["chunk"], int(m["attempt"]) if m["attempt"] is not None else 0)
 
 
 def parse_attempt_log(name: str) -> AttemptLog | None:
@@ -123,11 +147,24 @@ class RunLayout(Generic[P]):
 
     @property
     def identity(self) -> P:
+        return self.dir / IDENTITY_DIR / IDENTITY
+
+    @property
+    def identity_legacy(self) -> P:
+        """Where run folders made before the trust boundary kept the answer (read-only fallback)."""
         return self.dir / IDENTITY
+
+    @property
+    def identity_dir(self) -> P:
+        return self.dir / IDENTITY_DIR
 
     @property
     def state(self) -> P:
         return self.dir / STATE
+
+    @property
+    def lease(self) -> P:
+        return self.dir / LEASE
 
     @property
     def joins(self) -> P:
@@ -158,13 +195,34 @@ class RunLayout(Generic[P]):
         return self.dir / ATTEMPTS
 
     def subfolders(self) -> tuple[P, ...]:
-        """The run folder and the sub-folders runners write into."""
+        """The run folder and all its sub-folders."""
         return (self.dir, *(self.dir / sub for sub in SUBFOLDERS))
+
+    def runner_folders(self) -> tuple[P, ...]:
+        """The sub-folders runners write into (the rest of the run folder is the controller's)."""
+        return tuple(self.dir / sub for sub in RUNNER_FOLDERS)
+
+    def controller_folders(self) -> tuple[P, ...]:
+        """The run folder and its sub-folders only the controller writes."""
+        return (self.dir, *(self.dir / sub for sub in CONTROLLER_FOLDERS))
 
     def manifest(self, chunk: str) -> P:
         return self.dir / CHUNKS / f"{chunk}.json"
 
-    def results(self, chunk: str) -> P:
+    def results(self, chunk: str, attempt: int) -> P:
+        """One attempt's result lines (``results/<chunk>.a<n>.jsonl``): one writer per file, since
+        appends from two NFS clients to one file are not atomic. The controller creates it, empty,
+        before the attempt's service (controller/run/chunks.py)."""
+        return self.dir / RESULTS / results_name(chunk, attempt)
+
+    def commits(self, chunk: str, attempt: int) -> P:
+        """The runner's commit journal of one attempt: a line per output just before its rename, so
+        that a later attempt knows a file the killed one renamed but had no result line for."""
+        return self.dir / RESULTS / f"{chunk}.a{attempt}.commits"
+
+    def legacy_results(self, chunk: str) -> P:
+        """The single results file of run folders made before results were kept per attempt; read
+        as attempt 0."""
         return self.dir / RESULTS / f"{chunk}.jsonl"
 
     def log(self, chunk: str, attempt: int) -> P:

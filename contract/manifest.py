@@ -38,6 +38,7 @@ MASK_FEATHER = 0.05
 MASK_PADDING = 0.1
 ENHANCER_BLEND = 0.8
 REFERENCE_DISTANCE = 0.6
+DEMUXERS = ("mov", "matroska", "avi")  # the only input demuxers ffmpeg is let use (contract/ffmpeg.py)
 IDENTITY_TIMEOUT = 960.0  # seconds a runner waits for the identity step (the controller sets it per job)
 
 
@@ -79,8 +80,13 @@ class Segment:
     crf: int = 18
     preset: str = "medium"
     seek: str | None = None
+    # The demuxer the planner's probe found (contract/ffmpeg.py DEMUXERS): the runner decodes with
+    # exactly it (``-f``), never one ffmpeg guesses from the content. None in older manifests.
+    demuxer: str | None = None
 
     def __post_init__(self) -> None:
+        if self.demuxer is not None and self.demuxer not in DEMUXERS:
+            raise ManifestError(f"segment: demuxer must be one of {', '.join(DEMUXERS)}, got {self.demuxer!r}")
         if self.seek is not None and not re.fullmatch(r"\d{1,9}\.\d{6}", str(self.seek)):
             raise ManifestError(f"segment: seek must be seconds like '12.345678', got {self.seek!r}")
         ints = (self.start_frame, self.frame_count - 1, self.width - 1, self.height - 1, self.timescale - 1, self.crf)
@@ -159,6 +165,10 @@ class Manifest:
     mask_feather: float = MASK_FEATHER  # blend-edge blur half-width, fraction of the face size
     mask_padding: float = MASK_PADDING  # how far the blend edge is pulled in, fraction of the face size
     enhancer_blend: float = ENHANCER_BLEND  # 0: enhancer has no effect, 1: enhanced face only
+    # True: an output may replace an existing file this job did not write (job file ``overwrite``).
+    # False: such an item fails, naming the file; a file this job committed is recognised by its
+    # result line (size and sha256), not by existing.
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         if self.schema != SCHEMA_VERSION:
@@ -189,9 +199,9 @@ class Manifest:
         """The job's run folder, in container paths."""
         return RunLayout(PurePosixPath(self.run_dir))
 
-    @property
-    def results_path(self) -> str:
-        return str(self.layout.results(self.chunk))
+    def results_path(self, attempt: int) -> str:
+        """This chunk's results file for ``attempt`` (one file per attempt, contract/layout.py)."""
+        return str(self.layout.results(self.chunk, attempt))
 
     def log_path(self, attempt: int) -> str:
         return str(self.layout.log(self.chunk, attempt))
@@ -259,6 +269,7 @@ _OPTIONAL = (
     "mask_feather",
     "mask_padding",
     "enhancer_blend",
+    "overwrite",
 )
 
 
@@ -279,6 +290,10 @@ def _optional_fields(data: dict[str, Any]) -> dict[str, Any]:
     ):
         if name in data:
             out[name] = number_field(data[name], name)
+    if "overwrite" in data:
+        if not isinstance(data["overwrite"], bool):
+            raise ManifestError(f"overwrite must be true or false, got {data['overwrite']!r}")
+        out["overwrite"] = data["overwrite"]
     if "detector_size" in data:
         value = data["detector_size"]
         if not isinstance(value, int) or isinstance(value, bool):
@@ -310,6 +325,8 @@ def _check_tuning(m: Manifest) -> None:
         raise ManifestError("source_embedding and reference_embedding differ in length")
     if m.faces is FaceSelection.REFERENCE and m.reference_embedding is None and m.identity is None:
         raise ManifestError("faces: reference needs reference_embedding or identity (computed at submit)")
+    if not isinstance(m.overwrite, bool):
+        raise ManifestError(f"overwrite must be true or false, got {m.overwrite!r}")
     if not 0 < m.identity_timeout <= 86400:
         raise ManifestError(f"identity_timeout must be in (0, 86400] seconds, got {m.identity_timeout!r}")
     checks = (
@@ -335,8 +352,15 @@ def _item_dict(item: Item) -> dict[str, Any]:
         "input": item.input,
         "output": item.output,
         "kind": item.kind,
-        "segment": None if item.segment is None else asdict(item.segment),
+        "segment": None if item.segment is None else _segment_dict(item.segment),
     }
+
+
+def _segment_dict(segment: Segment) -> dict[str, Any]:
+    data = asdict(segment)
+    if data["demuxer"] is None:  # as older runners know segments
+        del data["demuxer"]
+    return data
 
 
 def text_field(data: dict[str, Any], key: str) -> str:

@@ -4,19 +4,33 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from controller.api.settings import ApiSettings, Tenant, parse_api, parse_tenants
 from controller.errors import ConfigError
 from controller.job.validate import FieldError, parse_duration
 from controller.policy import Policy, parse_policy
 from controller.swarm.servicespec import VolumeSpec
 
 DEFAULT_IMAGE = "ffswarm/runner:dev"
-_KEYS = {"data_root", "volume", "image", "schedule_timeout", "runner_user", "docker_host", "engine_outage", "policy"}
+_KEYS = {
+    "data_root",
+    "volume",
+    "image",
+    "schedule_timeout",
+    "runner_user",
+    "controller_user",
+    "docker_host",
+    "engine_outage",
+    "policy",
+    "api",
+    "tenants",
+}
 _VOLUME_KEYS = {"type", "server", "export", "options"}
 
 
@@ -28,9 +42,12 @@ class Config:
     image: str = DEFAULT_IMAGE
     schedule_timeout: int = 300  # seconds a chunk may stay unschedulable
     runner_user: str | None = None  # uid:gid for runners; default: the data root's owner
+    controller_user: tuple[int, int] | None = None  # owner of the run folders' controller files; default: ffswarm's uid
     docker_host: str | None = None
     engine_outage: int = 120  # seconds a running job waits for a Docker engine that stopped answering
     policy: Policy = field(default_factory=Policy)  # what a job file may ask for (controller/policy.py)
+    api: ApiSettings = field(default_factory=ApiSettings)  # `ffswarm api` (controller/api/settings.py)
+    tenants: Mapping[str, Tenant] = field(default_factory=dict)  # who may use the API (docs/api.md#config)
 
     def runner_uid_gid(self) -> str:
         """Runners run as the owner of the data root (a non-root runner must be able to write it)."""
@@ -43,6 +60,23 @@ class Config:
                 "chown it to the runner's uid (the image's user is 10001) or set runner_user: UID:GID"
             )
         return f"{st.st_uid}:{st.st_gid}"
+
+    def controller_ids(self) -> tuple[int, int]:
+        """Who owns what the controller keeps in a run folder (job.yaml, plan.json, chunks/, state …):
+        ``controller_user``, else the uid:gid ffswarm runs as. Never the runner's: a runner must not be
+        able to change what the controller acts on (docs/operations.md#controller-user)."""
+        return self.controller_user or (os.geteuid(), os.getegid())
+
+
+def _ids(path: Path, data: dict[str, Any], key: str) -> tuple[int, int] | None:
+    """``key: "UID:GID"`` as integers; neither may be 0 (root)."""
+    user = data.get(key)
+    if user is None:
+        return None
+    ids = re.fullmatch(r"(\d{1,10}):(\d{1,10})", user) if isinstance(user, str) else None
+    if ids is None or int(ids.group(1)) == 0 or int(ids.group(2)) == 0 or max(map(int, ids.groups())) >= 2**32 - 1:
+        raise ConfigError(f"{path}: {key} must be a non-root UID:GID (neither 0), got {user!r}")
+    return int(ids.group(1)), int(ids.group(2))
 
 
 def find_config(explicit: str | None) -> Path:
@@ -102,14 +136,11 @@ def parse_config(path: Path, data: dict[str, Any]) -> Config:
         outage = parse_duration(data.get("engine_outage", 120), "engine_outage")
     except ValueError as e:
         raise ConfigError(f"{path}: {e}") from e
-    user = data.get("runner_user")
-    ids = re.fullmatch(r"(\d+):(\d+)", user) if isinstance(user, str) else None
-    if user is not None and (ids is None or int(ids.group(1)) == 0 or int(ids.group(2)) == 0):
-        raise ConfigError(f"{path}: runner_user must be a non-root UID:GID (neither 0), got {user!r}")
-    if ids is not None:
-        user = f"{int(ids.group(1))}:{int(ids.group(2))}"
+    runner = _ids(path, data, "runner_user")
+    user = None if runner is None else f"{runner[0]}:{runner[1]}"
     try:
         policy = parse_policy(data["policy"]) if "policy" in data else Policy()
+        api, tenants = parse_api(data.get("api")), parse_tenants(data.get("tenants"))
     except FieldError as e:
         raise ConfigError(f"{path}: {e}") from None
     return Config(
@@ -119,7 +150,10 @@ def parse_config(path: Path, data: dict[str, Any]) -> Config:
         image=str(data.get("image", DEFAULT_IMAGE)),
         schedule_timeout=timeout,
         runner_user=user,
+        controller_user=_ids(path, data, "controller_user"),
         docker_host=data.get("docker_host"),
         engine_outage=outage,
         policy=policy,
+        api=api,
+        tenants=tenants,
     )

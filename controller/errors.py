@@ -27,7 +27,9 @@ class JobFileError(FfswarmError):
 
 
 class ConfigError(FfswarmError):
-    exit_code = 65
+    """The cluster config is missing or wrong (EX_CONFIG; a job file's errors are 65)."""
+
+    exit_code = 78
 
 
 class MissingInputError(FfswarmError):

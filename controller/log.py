@@ -18,6 +18,8 @@ from typing import Any
 import structlog
 from rich.console import Console
 
+from controller.redact import printable
+
 # Fields that make a record one chunk's (or one item's) news rather than the job's, and those that
 # make it worth a line on a terminal all the same.
 PER_CHUNK_FIELDS = ("chunk", "item", "segment")
@@ -47,6 +49,15 @@ def _hide_per_chunk(logger: Any, method: str, event: MutableMapping[str, Any]) -
     routine = method in ("debug", "info") and not any(event.get(f) for f in WHY_FIELDS)
     if routine and any(f in event for f in PER_CHUNK_FIELDS):
         raise structlog.DropEvent
+    return event
+
+
+def _printable(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Names and reasons on a terminal without their control characters: a file called
+    ``\x1b]0;…`` must not retitle the window or move the cursor (JSON lines escape them already)."""
+    for key, value in event.items():
+        if isinstance(value, str):
+            event[key] = printable(value, newlines=key == "exception")
     return event
 
 
@@ -82,6 +93,7 @@ def setup(
         processors=[
             *common,
             *quiet,
+            _printable,
             structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
             # plain_traceback: the default formatter (rich's, when rich is installed) forces colour.
             structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback),

@@ -4,10 +4,12 @@ The rules (pack.yaml, roles, sha256) are the contract's (contract/pack.py), the 
 pack that verifies here is one the runner accepts. onnxruntime is never imported; the I/O-signature
 check reads graphs with ``onnx`` when it is installed and says it was skipped otherwise.
 
-``fetch`` stages into ``<root>/models/.<pack>.fetch/`` (kept across interrupted runs: a partial file
-resumes with an HTTP Range request), checks every sha256 against the source's pack.yaml, and only
-then swaps the staged folder in for ``<root>/models/<pack>/``. Any failure leaves the installed pack
-as it was.
+``fetch`` stages into a fresh ``<root>/models/.<pack>.fetch-XXXX/`` (mkdtemp: the controller's,
+0700; a planted file or link of an older staging name is never used), resumes an interrupted download
+with an HTTP Range request, checks every sha256 against the source's pack.yaml (pinned by
+``--pack-sha256``, or trusted, and said so), and only then swaps the staged folder in for
+``<root>/models/<pack>/``. https only (http with ``--allow-http``); a size cap per file. Any failure
+leaves the installed pack as it was.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import http.client
 import os
 import secrets
 import shutil
+import stat
+import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -29,7 +33,8 @@ import yaml
 from contract import pack
 from contract.errors import PackError
 from contract.pack import PACK_FILE, check_file, roles_of
-from controller.errors import MissingInputError
+from controller import redact
+from controller.errors import MissingInputError, UsageError
 
 CHUNK = 1 << 20
 # What each role's graph looks like (input count, square input side or None, output count or None).
@@ -136,102 +141,218 @@ def verify(pack_dir: Path) -> PackReport:
     return PackReport(pack_dir, files, problems)
 
 
-# --- fetch ----------------------------------------------------------------------------------------
+# --- fetch ---------------------------------------------------------------------------------------
+MAX_FILE_BYTES = 8 * 1024**3  # one model file; a bigger download is refused, not stored
+MAX_SPEC_BYTES = 1 << 20
+TRIES = 3  # an interrupted download is resumed (HTTP Range) this many times within one fetch
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _is_url(source: str) -> bool:
-    return source.startswith(("http://", "https://"))
+    return "://" in source
 
 
-def _read_source_spec(source: str) -> tuple[str, dict[str, Any]]:
-    where = f"source {source}"
+def _check_source(source: str, allow_http: bool) -> None:
+    if not _is_url(source):
+        return
+    scheme = source.split("://", 1)[0].lower()
+    if scheme == "https" or (scheme == "http" and allow_http):
+        return
+    if scheme == "http":
+        raise UsageError(
+            f"source {redact.url(source)}: http:// is refused (use https://, or --allow-http on a trusted network)"
+        )
+    raise UsageError(f"source {redact.url(source)}: only https:// URLs (or a local folder) can be fetched from")
+
+
+def _read_local(path: Path, limit: int) -> bytes:
+    """A regular file of a local source, never through a symlink at its end, at most ``limit`` bytes."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path.name} is not a regular file")
+        if st.st_size > limit:
+            raise OSError(f"{path.name} is {st.st_size} bytes, over the limit of {limit}")
+        chunks: list[bytes] = []
+        left = limit + 1
+        while left > 0 and (block := os.read(fd, min(left, CHUNK))):
+            chunks.append(block)
+            left -= len(block)
+        if left <= 0:
+            raise OSError(f"{path.name} grew over the limit of {limit} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _read_source_spec(source: str) -> tuple[bytes, dict[str, Any]]:
+    where = f"source {redact.url(source) if _is_url(source) else source}"
     try:
         if _is_url(source):
             with urllib.request.urlopen(source.rstrip("/") + "/" + PACK_FILE, timeout=30) as r:
-                text = r.read(1 << 20).decode("utf-8")
+                raw = r.read(MAX_SPEC_BYTES + 1)
         else:
-            text = (Path(source) / PACK_FILE).read_text(encoding="utf-8")
+            raw = _read_local(Path(source) / PACK_FILE, MAX_SPEC_BYTES)
+        if len(raw) > MAX_SPEC_BYTES:
+            raise OSError(f"{PACK_FILE} is over {MAX_SPEC_BYTES} bytes")
+        text = raw.decode("utf-8")
     except (OSError, urllib.error.URLError, UnicodeDecodeError) as e:
         raise MissingInputError(f"{where}: cannot read {PACK_FILE}: {e}") from e
     try:
-        return text, parse_spec(text, where)
+        return raw, parse_spec(text, where)
     except PackError as e:
         raise MissingInputError(str(e)) from e
 
 
 def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _download(url: str, part: Path) -> None:
-    """Append the rest of ``url`` to ``part`` (HTTP Range from its current size)."""
-    have = part.stat().st_size if part.exists() else 0
+def _download(url: str, fd: int, have: int, limit: int) -> int:
+    """Write the rest of ``url`` (from byte ``have``: HTTP Range) to ``fd``; returns the bytes now held."""
     req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
-            mode = "ab" if have and r.status == 206 else "wb"  # 200: the server ignored Range
+            if have and r.status != 206:  # the server ignored Range: start over
+                os.ftruncate(fd, 0)
+                os.lseek(fd, 0, os.SEEK_SET)
+                have = 0
             length = int(r.headers.get("Content-Length") or -1)
+            if length > limit - have:
+                raise OSError(f"{have + length} bytes, over the limit of {limit}")
             written = 0
-            with open(part, mode) as f:
-                while block := r.read(CHUNK):
-                    f.write(block)
-                    written += len(block)
+            while block := r.read(CHUNK):
+                written += len(block)
+                if have + written > limit:
+                    raise OSError(f"over the limit of {limit} bytes")
+                view = memoryview(block)
+                while view:
+                    view = view[os.write(fd, view) :]
             if 0 <= written < length:
                 raise ConnectionError(f"connection closed after {written} of {length} bytes")
-    except http.client.HTTPException as e:  # IncompleteRead and friends: keep the part, resume later
-        raise ConnectionError(f"download interrupted: {e!r}") from e
+            return have + written
+    except http.client.HTTPException as e:  # IncompleteRead and friends: resume
+        raise ConnectionError(f"download interrupted: {type(e).__name__}") from e
     except urllib.error.HTTPError as e:
-        if e.code == 416 and have:  # nothing left: the part is complete (or too long: sha decides)
-            return
+        if e.code == 416 and have:  # nothing left: complete (or too long: the checksum decides)
+            return have
         raise
 
 
-def fetch(models_root: Path, pack: str, source: str, log: Any = print) -> Path:
-    """Install ``pack`` from a URL or folder holding pack.yaml and its files; returns the pack dir."""
+def _fetch_file(source: str, name: str, part: Path, limit: int) -> None:
+    fd = os.open(part, _NEW, 0o644)  # a fresh name in a fresh folder: never through a planted link
+    try:
+        if not _is_url(source):
+            data = _read_local(Path(source) / name, limit)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        else:
+            have = 0
+            for attempt in range(TRIES):
+                try:
+                    have = _download(source.rstrip("/") + "/" + name, fd, have, limit)
+                    break
+                except ConnectionError:
+                    if attempt + 1 == TRIES:
+                        raise
+                    have = os.fstat(fd).st_size
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fetch(
+    models_root: Path,
+    pack: str,
+    source: str,
+    log: Any = print,
+    *,
+    allow_http: bool = False,
+    pack_sha256: str | None = None,
+    max_bytes: int = MAX_FILE_BYTES,
+) -> Path:
+    """Install ``pack`` from an https URL (http with ``allow_http``) or a local folder holding
+    pack.yaml and its files; returns the pack dir.
+
+    Staged in a fresh folder (mkdtemp: the controller's, 0700) beside the packs, every file created
+    O_EXCL|O_NOFOLLOW there, each checked against pack.yaml's sha256 and ``max_bytes``. pack.yaml
+    itself is pinned by ``pack_sha256``; without it, the source is trusted for the checksums, and
+    this says so."""
     if not pack or "/" in pack or pack.startswith("."):
         raise MissingInputError(f"invalid pack name {pack!r}")
-    text, spec = _read_source_spec(source)
-    stage = models_root / f".{pack}.fetch"
-    stage.mkdir(parents=True, exist_ok=True)
-    for name, entry in spec["files"].items():
-        want = entry["sha256"].strip().lower()
-        final, part = stage / name, stage / f"{name}.part"
-        if final.exists() and _sha256(final) == want:
-            log(f"{name}: already fetched")
-            continue
-        try:
-            if _is_url(source):
-                _download(source.rstrip("/") + "/" + name, part)
-            else:
-                shutil.copyfile(Path(source) / name, part)
-        except (OSError, urllib.error.URLError) as e:
-            raise MissingInputError(f"{name}: cannot fetch from {source}: {e} (run again to resume)") from e
-        got = _sha256(part)
-        if got != want:
-            part.unlink()
+    _check_source(source, allow_http)
+    raw, spec = _read_source_spec(source)
+    got = hashlib.sha256(raw).hexdigest()
+    if pack_sha256 is not None:
+        if got != pack_sha256.strip().lower():
             raise MissingInputError(
-                f"{name}: sha256 {got[:16]}… differs from the source's {PACK_FILE} ({want[:16]}…); "
+                f"{PACK_FILE} from the source has sha256 {got[:16]}…, not the pinned {pack_sha256[:16]}…; "
                 "nothing was installed"
             )
-        os.replace(part, final)
-        log(f"{name}: fetched, sha256 ok")
-    (stage / PACK_FILE).write_text(text, encoding="utf-8")
-    return _install(models_root, pack, stage)
+        log(f"{PACK_FILE}: sha256 matches --pack-sha256")
+    else:
+        log(
+            f"{PACK_FILE}: not pinned: trusting the source for the checksums (sha256 {got}; "
+            "pass --pack-sha256 to pin it)"
+        )
+    models_root.mkdir(parents=True, exist_ok=True)
+    if not stat.S_ISDIR(os.lstat(models_root).st_mode):
+        raise MissingInputError(f"{models_root.name}: not a folder (a symlink is never followed)")
+    stage = Path(tempfile.mkdtemp(prefix=f".{pack}.fetch-", dir=models_root))
+    try:
+        for name, entry in spec["files"].items():
+            want = entry["sha256"].strip().lower()
+            part = stage / f"{name}.part"
+            try:
+                _fetch_file(source, name, part, max_bytes)
+            except (OSError, urllib.error.URLError) as e:
+                raise MissingInputError(
+                    f"{name}: cannot fetch from {_shown(source)}: {e}; nothing was installed"
+                ) from e
+            got = _sha256(part)
+            if got != want:
+                raise MissingInputError(
+                    f"{name}: sha256 {got[:16]}… differs from the source's {PACK_FILE} ({want[:16]}…); "
+                    "nothing was installed"
+                )
+            os.rename(part, stage / name)
+            log(f"{name}: fetched, sha256 ok")
+        fd = os.open(stage / PACK_FILE, _NEW, 0o644)
+        try:
+            os.write(fd, raw)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.chmod(stage, 0o755)  # the runners read the installed pack
+        return _install(models_root, pack, stage)
+    finally:
+        if stage.exists():
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+def _shown(source: str) -> str:
+    return redact.url(source) if _is_url(source) else source
 
 
 def _install(models_root: Path, pack: str, stage: Path) -> Path:
     """Swap the verified staging folder in; the old pack is moved aside first and removed last."""
     target = models_root / pack
     old = models_root / f".{pack}.old-{secrets.token_hex(4)}"
-    if target.exists():
+    if os.path.lexists(target):
         os.rename(target, old)
     try:
         os.rename(stage, target)
     except OSError:
-        if old.exists():
+        if os.path.lexists(old):
             os.rename(old, target)
         raise
     with contextlib.suppress(FileNotFoundError):
-        shutil.rmtree(old)
+        if os.path.islink(old):
+            os.unlink(old)
+        else:
+            shutil.rmtree(old)
     return target

@@ -12,7 +12,6 @@ itself could be read: with the embeddings, or with ``error`` saying which photo 
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -51,7 +50,8 @@ def read_request(root: DataRoot, given: str) -> IdentityRequest:
 
 def _photo_faces(root: DataRoot, req: IdentityRequest, loaded: models.Models, path: str) -> tuple[Any, list[Any]]:
     try:
-        decoded = media.read_image(root.path(path), req.limits)
+        with root.fd() as root_fd:
+            decoded = media.read_target(root_fd, path, req.limits)
     except OSError as e:
         if is_volume_error(e):
             raise Temporary(f"{user_path(path)}: {e.strerror or e}") from e
@@ -113,7 +113,7 @@ def run_identity(root: DataRoot, given: str, sink: log.TeeSink) -> RunnerExit:
         raise BadManifest(f"identity request {given}: {e}") from e
     log.bind(job=req.job, chunk="identity")
     out = root.path(req.output)
-    why_not = sink.attach(root.path(str(RunLayout(PurePosixPath(req.output).parent).identity_log)))
+    why_not = sink.attach(root.path(str(RunLayout.container(req.job).identity_log)))
     if why_not:
         logger.warning("log file not writable; logging to stdout only", reason=why_not)
     pack = models.verify_pack(root.path(req.pack_dir), (), user_path(req.pack_dir))

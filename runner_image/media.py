@@ -9,15 +9,24 @@ EXIF orientation: we decode JPEG, PNG and WebP with IMREAD_IGNORE_ORIENTATION an
 ourselves (one code path, tested against Pillow's exif_transpose for all eight values). TIFF is the
 exception: OpenCV's libtiff path orients TIFFs itself whatever the flags (checked with OpenCV 5.0).
 Outputs carry no EXIF, so their pixels are stored upright.
+
+Colour mode (docs/job-file.md, "Image handling"): faces are found and swapped on an 8-bit BGR copy;
+the output gets back what the input had where its format can hold it — the alpha channel (PNG,
+WebP, TIFF), grey (JPEG, PNG, BMP, TIFF) — and the item's result says what it could not keep (a
+note: alpha into a .jpg, 16-bit samples, which are written as 8-bit). TIFFs are read as colour.
+
+Inputs are opened without following a symlink and without blocking (runner_image/safefs.py); a
+FIFO, device or folder is refused before a byte is read.
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
+import errno
 import io
 import os
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +36,7 @@ from PIL import Image
 
 from contract.manifest import Limits
 
+from . import safefs
 from .errors import ItemError
 
 MAGIC: tuple[tuple[bytes, int, str], ...] = (
@@ -36,6 +46,10 @@ MAGIC: tuple[tuple[bytes, int, str], ...] = (
     (b"II*\x00", 0, "TIFF"),
     (b"MM\x00*", 0, "TIFF"),
 )
+
+# Output formats that hold an alpha channel, and those that hold a single grey channel.
+KEEPS_ALPHA = frozenset({".png", ".webp", ".tif", ".tiff"})
+KEEPS_GREY = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff"})
 
 # Output extension -> (OpenCV encoder extension, encoder parameters).
 ENCODERS: dict[str, tuple[str, list[int]]] = {
@@ -54,12 +68,16 @@ EXIF_ORIENTATION = 0x0112
 @dataclass(frozen=True)
 class Decoded:
     """An upright 8-bit BGR image plus the exact bytes it came from (``no_face: copy`` writes those
-    unchanged, so the file is never read twice)."""
+    unchanged, so the file is never read twice), and what of the input's mode the output restores:
+    its alpha channel (upright, 8-bit), whether it was grey, its bits per sample."""
 
     image: np.ndarray
     data: bytes
     format: str
     orientation: int
+    alpha: np.ndarray | None = None
+    grey: bool = False
+    depth: int = 8
 
 
 def sniff(head: bytes) -> str | None:
@@ -73,22 +91,34 @@ def sniff(head: bytes) -> str | None:
 
 
 def read_image(path: Path, limits: Limits) -> Decoded:
-    """Read and decode one target; every failure is an ItemError whose message is the cause."""
+    """Read and decode one file at a host path (its last component never a symlink, never blocking
+    on a FIFO); every failure is an ItemError whose message is the cause."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, safefs.INPUT_FLAGS)
     except FileNotFoundError:
         raise ItemError("file not found") from None
-    except IsADirectoryError:
-        raise ItemError("is a directory, not an image") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ItemError("is a symbolic link: not followed") from None
+        raise
     try:
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ItemError(f"is {safefs.kind_of(st.st_mode)}, not a regular file")
         if st.st_size > limits.max_file_bytes:
             raise ItemError(f"file too large: {st.st_size} bytes exceeds limit {limits.max_file_bytes}")
+        os.set_blocking(fd, True)
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(limits.max_file_bytes + 1)
     finally:
         os.close(fd)
     return decode_image(data, limits)
+
+
+def read_target(root_fd: int, container_path: str, limits: Limits) -> Decoded:
+    """Read and decode a manifest's input beneath the data root's descriptor, every folder on the
+    way reached without following a symlink (runner_image/safefs.py)."""
+    return decode_image(safefs.read_input(root_fd, container_path, limits.max_file_bytes), limits)
 
 
 def decode_image(data: bytes, limits: Limits) -> Decoded:
@@ -102,16 +132,33 @@ def decode_image(data: bytes, limits: Limits) -> Decoded:
     width, height, orientation = _probe_header(data, fmt)
     if width * height > limits.max_pixels:
         raise ItemError(f"image too large: {width}x{height} pixels exceeds limit {limits.max_pixels}")
+    # TIFF is read as colour: OpenCV's libtiff path orients TIFFs itself with IMREAD_COLOR only.
+    mode = cv2.IMREAD_COLOR if fmt == "TIFF" else cv2.IMREAD_UNCHANGED
     try:
-        image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+        raw = cv2.imdecode(np.frombuffer(data, np.uint8), mode | cv2.IMREAD_IGNORE_ORIENTATION)
     except cv2.error as e:
         raise ItemError(f"cannot decode {fmt} image: {str(e).strip().splitlines()[-1]}") from e
-    if image is None or image.size == 0:
+    if raw is None or raw.size == 0:
         raise ItemError(f"cannot decode {fmt} image (corrupt or truncated)")
-    image = to_bgr8(image)
+    depth = 16 if raw.dtype == np.uint16 else 8
+    grey = raw.ndim == 2 or raw.shape[2] == 1
+    alpha = to_8bit(raw[:, :, 3]) if raw.ndim == 3 and raw.shape[2] == 4 else None
+    image = to_bgr8(raw)
     if fmt != "TIFF":  # OpenCV's libtiff path orients TIFFs itself, whatever the flags (checked)
         image = apply_orientation(image, orientation)
-    return Decoded(image=image, data=data, format=fmt, orientation=orientation)
+        alpha = None if alpha is None else apply_orientation(alpha, orientation)
+    return Decoded(image=image, data=data, format=fmt, orientation=orientation, alpha=alpha, grey=grey, depth=depth)
+
+
+def to_8bit(samples: np.ndarray) -> np.ndarray:
+    """16-bit samples by their high byte, floats (0..1) scaled; 8-bit ones as they are."""
+    out: np.ndarray = samples
+    if samples.dtype == np.uint16:
+        out = (samples >> 8).astype(np.uint8)
+    elif samples.dtype != np.uint8:
+        scale = 255.0 if samples.dtype.kind == "f" else 1.0
+        out = np.clip(samples.astype(np.float32) * scale, 0, 255).astype(np.uint8)
+    return out
 
 
 def _probe_header(data: bytes, fmt: str) -> tuple[int, int, int]:
@@ -139,10 +186,7 @@ def _probe_header(data: bytes, fmt: str) -> tuple[int, int, int]:
 def to_bgr8(image: np.ndarray) -> np.ndarray:
     """Grey, alpha and 16-bit/float images as 8-bit 3-channel BGR (IMREAD_COLOR mostly does this;
     this is the safety net so later stages can rely on it)."""
-    if image.dtype == np.uint16:
-        image = (image >> 8).astype(np.uint8)
-    elif image.dtype != np.uint8:
-        image = np.clip(image.astype(np.float32) * (255.0 if image.dtype.kind == "f" else 1.0), 0, 255).astype(np.uint8)
+    image = to_8bit(image)
     if image.ndim == 2:
         return cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)
     if image.shape[2] == 4:
@@ -187,25 +231,38 @@ def encode_image(image: np.ndarray, ext: str) -> bytes:
     return buf.tobytes()
 
 
+def encode_output(image: np.ndarray, decoded: Decoded, ext: str) -> tuple[bytes, str | None]:
+    """The processed 8-bit BGR ``image`` encoded as ``ext`` with the input's mode restored where
+    the format can hold it (grey, alpha); and a note for the item's result saying what it could
+    not keep, or None."""
+    notes = []
+    out = image
+    if decoded.grey and ext in KEEPS_GREY:
+        out = cv2.cvtColor(out, cv2.COLOR_BGR2GRAY)
+    if decoded.alpha is not None:
+        if ext in KEEPS_ALPHA:
+            colour = out if out.ndim == 3 else cv2.cvtColor(out, cv2.COLOR_GRAY2BGR)
+            out = np.dstack([colour, decoded.alpha])
+        else:
+            notes.append(f"the input's alpha channel was dropped: a {ext} file cannot hold transparency")
+    if decoded.depth == 16:
+        notes.append("16-bit samples were written as 8-bit")
+    return encode_image(out, ext), "; ".join(notes) or None
+
+
 def temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{secrets.token_hex(6)}")
 
 
-def remove_stale_temps(path: Path) -> None:
-    """Drop temp files a killed earlier attempt left next to this output (a kill skips cleanup)."""
-    pattern = os.path.join(glob.escape(str(path.parent)), f".{glob.escape(path.name)}.tmp-*")
-    for stale in glob.glob(pattern):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(stale)
-
-
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a
-    part: a temp file in the same folder, fsync, rename. The temp file is removed on any failure,
+    part: a temp file in the same folder (never through a symlink at its name), fsync, rename,
+    fsync of the folder. For the run folder's files (identity.json); the job's outputs are
+    committed by safefs.Writer. The temp file is removed on any failure,
     including SIGTERM (errors.Terminated is a BaseException)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         try:
             view = memoryview(data)
@@ -216,6 +273,11 @@ def atomic_write(path: Path, data: bytes) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

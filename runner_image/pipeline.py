@@ -9,8 +9,10 @@ chunk (models.load_models); every input is read once, and ``no_face: copy`` writ
 already holds.
 
 Results are appended by the calling thread only, in completion order, each after its output is
-committed. A chunk-level error (volume gone: Temporary; a bug; SIGTERM) stops new items from
-starting, lets the running ones end (their outputs are atomic either way) and is re-raised.
+committed (runner_image/safefs.py: no symlink followed on the way in or out; an existing file is
+replaced only with the job's ``overwrite``), with the committed file's size and sha256. A
+chunk-level error (volume gone: Temporary; a bug; SIGTERM) stops new items from starting, lets the
+running ones end (their outputs are atomic either way) and is re-raised.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import concurrent.futures as cf
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -26,10 +29,10 @@ from contract.manifest import FaceSelection, Item, Manifest, NoFacePolicy
 from contract.paths import user_path
 from contract.results import ItemResult, ItemStatus
 
-from . import faces, media, video
+from . import faces, media, safefs, video
 from .errors import ItemError, Temporary
 from .processors import Processor
-from .volume import DataRoot, is_volume_error
+from .volume import DataRoot, Intent, is_volume_error
 
 STAGES = ("decode", "detect", "embed", "swap", "paste", "encode", "write")
 
@@ -46,6 +49,21 @@ class Engine:
     attempt: int
     gpu: str | None
     provider: str
+    writer: safefs.Writer | None = None  # names temporary files (the worker gives the chunk's)
+    journal: Callable[[Intent], None] | None = None  # told each output just before its rename
+
+    def outputs(self) -> safefs.Writer:
+        return self.writer or safefs.Writer(self.manifest.job, self.manifest.chunk, self.attempt)
+
+
+class Outcome(NamedTuple):
+    """What one item came to, before it is a result line."""
+
+    status: ItemStatus
+    output: str | None
+    faces: int
+    digest: safefs.Digest | None = None
+    note: str | None = None
 
 
 @dataclass
@@ -66,9 +84,9 @@ class _ItemRun:
 
     def run(self) -> ItemResult:
         started = time.time()
-        status, output, reason, count = ItemStatus.ERROR, None, None, 0
+        outcome, reason = Outcome(ItemStatus.ERROR, None, 0), None
         try:
-            status, output, count = self._process()
+            outcome = self._process()
         except ItemError as e:
             reason = f"{user_path(self._concerned())}: {e}"
         except OSError as e:
@@ -78,17 +96,20 @@ class _ItemRun:
             reason = f"{user_path(self._concerned())}: {verb}: {e.strerror or e}"
         return ItemResult(
             item=self.item.id,
-            status=status,
+            status=outcome.status,
             attempt=self.engine.attempt,
             input=self.item.input,
-            output=output,
+            output=outcome.output,
             reason=reason,
-            faces=count,
+            faces=outcome.faces,
             gpu=self.engine.gpu,
             provider=self.engine.provider,
             started=started,
             finished=time.time(),
             timings={k: round(v, 6) for k, v in self.timings.items()},
+            size=None if outcome.digest is None else outcome.digest.size,
+            sha256=None if outcome.digest is None else outcome.digest.sha256,
+            note=outcome.note,
         )
 
     def _concerned(self) -> str:
@@ -96,17 +117,20 @@ class _ItemRun:
         writing it. A reason names it as the user wrote it (contract/paths.py user_path)."""
         return self.item.output if self.current in ("prepare", "encode", "write") else self.item.input
 
-    def _process(self) -> tuple[ItemStatus, str | None, int]:
+    def _process(self) -> Outcome:
         eng, item = self.engine, self.item
         if item.kind == "video":  # a segment of a video target: the same steps on every frame
             steps = video.FrameSteps(eng.detector, self._select, eng.processors, self.timed, self.add)
-            return video.process_segment(item, eng.root, steps)
-        m = eng.manifest
+            status, output, count, digest = video.process_segment(item, eng.root, steps, eng.outputs())
+            return Outcome(status, output, count, digest)
         ext = media.check_output_format(item.output)
-        out = eng.root.path(item.output)
-        media.remove_stale_temps(out)
+        with eng.root.fd() as root_fd:
+            return self._image(root_fd, ext)
+
+    def _image(self, root_fd: int, ext: str) -> Outcome:
+        eng, item, m = self.engine, self.item, self.engine.manifest
         with self.timed("decode"):
-            decoded = media.read_image(eng.root.path(item.input), m.limits)
+            decoded = media.read_target(root_fd, item.input, m.limits)
         with self.timed("detect"):
             found = faces.detect(eng.detector, decoded.image)
         chosen = self._select(decoded.image, found) if found else []
@@ -114,19 +138,30 @@ class _ItemRun:
             if m.no_face is NoFacePolicy.FAIL:
                 raise ItemError("no face detected" if not found else "no face matches the reference")
             if m.no_face is NoFacePolicy.SKIP:
-                return ItemStatus.NO_FACE, None, 0
+                return Outcome(ItemStatus.NO_FACE, None, 0)
             with self.timed("write"):
-                media.atomic_write(out, decoded.data)
-            return ItemStatus.NO_FACE, item.output, 0
+                digest = eng.outputs().write(
+                    root_fd, item.output, decoded.data, m.overwrite, self._journal(ItemStatus.NO_FACE, 0)
+                )
+            return Outcome(ItemStatus.NO_FACE, item.output, 0, digest)
         frame = decoded.image
         self.current = "swap"
         for processor in eng.processors:
             processor.apply(frame, chosen, self.add)
         with self.timed("encode"):
-            data = media.encode_image(frame, ext)
+            data, note = media.encode_output(frame, decoded, ext)
         with self.timed("write"):
-            media.atomic_write(out, data)
-        return ItemStatus.OK, item.output, len(chosen)
+            digest = eng.outputs().write(
+                root_fd, item.output, data, m.overwrite, self._journal(ItemStatus.OK, len(chosen))
+            )
+        return Outcome(ItemStatus.OK, item.output, len(chosen), digest, note)
+
+    def _journal(self, status: ItemStatus, count: int) -> Callable[[safefs.Digest], None] | None:
+        """What the commit tells the engine's journal just before the rename (None: no journal)."""
+        journal, item = self.engine.journal, self.item
+        if journal is None:
+            return None
+        return lambda d: journal(Intent(item.id, item.output, status, count, d.size, d.sha256))
 
     def _select(self, image: np.ndarray, found: list[faces.Face]) -> list[faces.Face]:
         m = self.engine.manifest

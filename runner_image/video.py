@@ -3,8 +3,14 @@
 Frames never touch the shared volume: the decoder writes raw BGR to our stdin-side pipe and the
 encoder reads raw BGR from another; only the encoded segment is written, under a temporary name
 beside its final path, and renamed into place once ffmpeg has finished and the frame count is
-right (a killed attempt leaves a stale temp file, which the next attempt removes). ffmpeg's
-messages go to files on the container's tmpfs (/tmp) so that neither pipe can stall on them.
+right (a killed attempt leaves a stale temp file, which the next attempt of the chunk removes).
+ffmpeg's messages go to files on the container's tmpfs (/tmp) so that neither pipe can stall on them.
+
+ffmpeg never opens a path of the shared volume itself: the input is opened here without following
+a symlink and must be a regular file, the temporary output is created here (O_EXCL|O_NOFOLLOW in a
+folder reached without symlinks, runner_image/safefs.py), and ffmpeg gets both as
+``/proc/self/fd/N`` of descriptors it inherits; the input with the planner's demuxer (``-f``) and
+the whitelists of contract/ffmpeg.py.
 
 Each frame goes through the image path's steps (detect, the job's selection rules, swap, paste);
 a frame without a face is passed through unchanged. The segment's status is ``ok`` when any frame
@@ -30,7 +36,7 @@ from contract.manifest import Item, Segment
 from contract.paths import user_path
 from contract.results import ItemStatus
 
-from . import faces, media
+from . import faces, safefs
 from .errors import ItemError
 from .processors import Processor, Timer
 from .volume import DataRoot
@@ -50,45 +56,40 @@ class FrameSteps:
     timer: Timer  # adds seconds to a stage (processors report inference/paste this way)
 
 
-def process_segment(item: Item, root: DataRoot, steps: FrameSteps) -> tuple[ItemStatus, str | None, int]:
-    """Swap faces in the item's frame range; returns (status, output, faces swapped in total)."""
+def process_segment(
+    item: Item, root: DataRoot, steps: FrameSteps, writer: safefs.Writer | None = None
+) -> tuple[ItemStatus, str | None, int, safefs.Digest]:
+    """Swap faces in the item's frame range; returns (status, output, faces swapped in total, what
+    was committed). A segment belongs to the job's own run folder, so it replaces what is there."""
     seg = item.segment
     if seg is None:
         raise ItemError("video item without a segment")
-    src = root.path(item.input)
-    if not src.is_file():
-        raise ItemError("file not found")
-    out = root.path(item.output)
-    media.remove_stale_temps(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = media.temp_name(out)
-    names = {str(tmp): user_path(item.output), str(src): user_path(item.input)}  # in ffmpeg's words
-    try:
-        with _pipes(str(src), str(tmp), seg) as (decoder, encoder, messages):
-            frames, swapped = _frames(decoder, encoder, seg, steps)
-            with steps.stage("encode"):
-                _close(encoder, messages[1], "encoder", names)
-            _close(decoder, messages[0], "decoder", names)
-        short = frames < seg.frame_count and not (seg.last and frames > 0)
-        if short or frames > seg.frame_count:
-            last = seg.start_frame + seg.frame_count - 1
-            raise ItemError(f"decoded {frames} of the {seg.frame_count} frames {seg.start_frame}..{last}")
-        with steps.stage("write"):
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, out)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    return (ItemStatus.OK if swapped else ItemStatus.NO_FACE), item.output, swapped
+    writer = writer or safefs.Writer("local", "c", 1)
+    with root.fd() as rfd:
+        src, _ = safefs.open_input(rfd, item.input)
+        try:
+            with writer.temp(rfd, item.output, replace=True) as tmp:
+                src_path = f"/proc/self/fd/{src}"
+                names = {tmp.path: user_path(item.output), src_path: user_path(item.input)}  # in ffmpeg's words
+                with _pipes(src_path, tmp.path, seg, (src, tmp.fd)) as (decoder, encoder, messages):
+                    frames, swapped = _frames(decoder, encoder, seg, steps)
+                    with steps.stage("encode"):
+                        _close(encoder, messages[1], "encoder", names)
+                    _close(decoder, messages[0], "decoder", names)
+                short = frames < seg.frame_count and not (seg.last and frames > 0)
+                if short or frames > seg.frame_count:
+                    last = seg.start_frame + seg.frame_count - 1
+                    raise ItemError(f"decoded {frames} of the {seg.frame_count} frames {seg.start_frame}..{last}")
+                with steps.stage("write"):
+                    digest = tmp.commit()
+        finally:
+            os.close(src)
+    return (ItemStatus.OK if swapped else ItemStatus.NO_FACE), item.output, swapped, digest
 
 
 @contextlib.contextmanager
 def _pipes(
-    src: str, tmp: str, seg: Segment
+    src: str, tmp: str, seg: Segment, fds: tuple[int, int]
 ) -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], tuple[IO[bytes], IO[bytes]]]]:
     """Decoder and encoder processes; both are killed on any way out (errors, SIGTERM)."""
     with tempfile.TemporaryFile() as dec_err, tempfile.TemporaryFile() as enc_err:
@@ -97,12 +98,20 @@ def _pipes(
             try:
                 procs.append(
                     subprocess.Popen(
-                        decode_cmd(src, seg), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=dec_err
+                        decode_cmd(src, seg),
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=dec_err,
+                        pass_fds=fds[:1],
                     )
                 )
                 procs.append(
                     subprocess.Popen(
-                        encode_cmd(tmp, seg), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=enc_err
+                        encode_cmd(tmp, seg),
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.DEVNULL,
+                        stderr=enc_err,
+                        pass_fds=fds[1:],
                     )
                 )
             except FileNotFoundError as e:

@@ -1,9 +1,13 @@
 """One chunk attempt: read the manifest, load models once, run every item, write one result line each.
 
-Idempotence is what makes retries cheap and safe: an item whose ok/no_face line is already in the
-results file (and whose output still exists) is not redone, only re-acknowledged with
-``cached: true``. Outputs appear by rename only, so a killed attempt leaves either the old state or
-a complete file, and the result line is written after the output is in place.
+Idempotence is what makes retries cheap and safe: an item whose ok/no_face line is already in a
+results file of this chunk (any attempt) and whose output still has the size and sha256 that line
+records is not redone, only re-acknowledged with ``cached: true`` (or that the commit journal,
+``results/<chunk>.a<n>.commits``, recorded just before the rename of an attempt killed before its
+result line). An output that exists without such a record was not written by this job: the item
+fails, naming it, unless the job says ``overwrite: true``. Outputs appear by rename only, so a killed
+attempt leaves either the old state or a complete file, and the result line is written after the
+output is in place.
 
 Exit: 0 when every item is ok/no_face (cached included), 3 when some items failed on their own.
 Chunk-level problems raise errors.RunnerError subclasses that ``__main__`` maps to exit codes.
@@ -28,10 +32,19 @@ from contract.manifest import ENV_GPU, FaceSelection, Item, Manifest
 from contract.paths import user_path
 from contract.results import ItemResult, ItemStatus
 
-from . import faces, log, media, models, pipeline, processors
+from . import faces, log, media, models, pipeline, processors, safefs
 from .errors import ItemError, MissingInput, Temporary
 from .record import AttemptRecorder
-from .volume import DataRoot, ResultsLog, committed, is_volume_error, previous_results, read_manifest
+from .volume import (
+    DataRoot,
+    Intent,
+    ResultsLog,
+    committed,
+    is_volume_error,
+    previous_results,
+    read_journal,
+    read_manifest,
+)
 
 STAGES = pipeline.STAGES
 
@@ -77,13 +90,24 @@ def run_attempt(inv: Invocation, sink: log.TeeSink, recorder: AttemptRecorder | 
         providers=list(manifest.providers),
     )
 
-    results_path = inv.root.path(manifest.results_path)
-    done = committed(previous_results(results_path))
-    with ResultsLog(results_path) as results:
+    earlier = previous_results(inv.root.path(str(manifest.layout.results_dir)), manifest.chunk)
+    if earlier.dropped:
+        logger.warning("unreadable result lines of earlier attempts ignored", dropped=earlier.dropped)
+    done = committed(earlier)
+    intents = read_journal(inv.root.path(str(manifest.layout.results_dir)), manifest.chunk)
+    with ResultsLog(inv.root.path(manifest.results_path(inv.attempt))) as results, inv.root.fd() as root_fd:
         pending: list[Item] = []
+        refused: list[str] = []
         for item in manifest.items:
-            prior = _reusable(inv.root, item, done.get(item.id))
-            if prior is None:
+            prior = _reusable(root_fd, item, done.get(item.id)) or _journaled(root_fd, item, intents.get(item.id, []))
+            if prior is None and _not_ours(root_fd, manifest, item):
+                now = time.time()
+                refusal = f"{user_path(item.output)}: {safefs.EXISTS}"
+                results.append(ItemResult(item.id, ItemStatus.ERROR, inv.attempt, item.input, None, refusal,
+                                          gpu=inv.gpu, started=now, finished=now))  # fmt: skip
+                recorder.count(failed=True)
+                refused.append(item.id)
+            elif prior is None:
                 pending.append(item)
             else:
                 now = time.time()
@@ -101,24 +125,59 @@ def run_attempt(inv: Invocation, sink: log.TeeSink, recorder: AttemptRecorder | 
                         provider=prior.provider,
                         started=now,
                         finished=now,
+                        size=prior.size,
+                        sha256=prior.sha256,
+                        note=prior.note,
                     )
                 )
-        if len(pending) < len(manifest.items):
-            logger.info("items already done by an earlier attempt", cached=len(manifest.items) - len(pending))
-        recorder.count(done=len(manifest.items) - len(pending))
+        cached = len(manifest.items) - len(pending) - len(refused)
+        if cached:
+            logger.info("items already done by an earlier attempt", cached=cached)
+        if refused:
+            logger.warning("outputs exist that this job did not write", items=len(refused))
+        recorder.count(done=cached)
         failed = _run_pending(inv, manifest, pending, results, logger, recorder) if pending else 0
-    logger.info("attempt finished", items=len(manifest.items), failed=failed, cached=len(manifest.items) - len(pending))
+    failed += len(refused)
+    logger.info("attempt finished", items=len(manifest.items), failed=failed, cached=cached)
     return RunnerExit.ITEMS_FAILED if failed else RunnerExit.OK
 
 
-def _reusable(root: DataRoot, item: Item, prior: ItemResult | None) -> ItemResult | None:
+def _reusable(root_fd: int, item: Item, prior: ItemResult | None) -> ItemResult | None:
+    """The earlier commit of ``item`` if it still stands: a no_face without output, or an output
+    that still is the file the line records (size and sha256; a line of an older runner without
+    them: a regular file, no symlink, at the output's name)."""
     if prior is None:
         return None
     if prior.output is None:
         return prior if prior.status is ItemStatus.NO_FACE else None
-    if prior.output != item.output or not root.path(prior.output).is_file():
+    if prior.output != item.output:
+        return None
+    found = safefs.digest_of(root_fd, item.output)
+    if found is None:
+        return None
+    if prior.sha256 is not None and (found.size, found.sha256) != (prior.size, prior.sha256):
         return None
     return prior
+
+
+def _journaled(root_fd: int, item: Item, intents: list[Intent]) -> ItemResult | None:
+    """An output an earlier attempt renamed into place but was killed before its result line: the
+    journal recorded it just before the rename, and the file is still exactly that."""
+    matching = [i for i in intents if i.output == item.output]
+    if not matching:
+        return None
+    found = safefs.digest_of(root_fd, item.output)
+    for intent in reversed(matching):
+        if found is not None and (found.size, found.sha256) == (intent.size, intent.sha256):
+            return ItemResult(item.id, intent.status, 0, item.input, item.output, faces=intent.faces,
+                              size=intent.size, sha256=intent.sha256)  # fmt: skip
+    return None
+
+
+def _not_ours(root_fd: int, manifest: Manifest, item: Item) -> bool:
+    """Whether an image item's output name is taken by something this job did not commit and may
+    not replace. A video segment's output is in the job's own run folder: always its own."""
+    return not manifest.overwrite and item.kind == "image" and safefs.exists(root_fd, item.output)
 
 
 def _run_pending(
@@ -158,6 +217,7 @@ def _run_pending(
     recorder.models_loaded(loaded.provider, loaded.threads, cold_start, logger)
     manifest = await_identity(inv.root, manifest, logger)
     identity = source_identity(inv.root, manifest, loaded, logger)
+    journal = ResultsLog(inv.root.path(str(manifest.layout.commits(manifest.chunk, inv.attempt))))
     engine = pipeline.Engine(
         root=inv.root,
         manifest=manifest,
@@ -167,6 +227,8 @@ def _run_pending(
         attempt=inv.attempt,
         gpu=inv.gpu,
         provider=loaded.provider,
+        writer=safefs.Writer(manifest.job, manifest.chunk, inv.attempt),
+        journal=lambda intent: journal.append_line(intent.to_line()),
     )
     failed = 0
 
@@ -184,7 +246,8 @@ def _run_pending(
             seconds=round(result.finished - result.started, 4),
         )
 
-    pipeline.run_items(engine, pending, inflight(loaded.provider, loaded.threads), record)
+    with journal:
+        pipeline.run_items(engine, pending, inflight(loaded.provider, loaded.threads), record)
     return failed
 
 
@@ -255,7 +318,8 @@ def source_identity(root: DataRoot, manifest: Manifest, loaded: models.Models, l
     for src in manifest.source:
         shown = user_path(src)
         try:
-            decoded = media.read_image(root.path(src), manifest.limits)
+            with root.fd() as root_fd:
+                decoded = media.read_target(root_fd, src, manifest.limits)
         except ItemError as e:
             raise MissingInput(f"source photo {shown}: {e}") from e
         except OSError as e:

@@ -202,7 +202,7 @@ def in_process(b: Bench, targets: str, n: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     wall = time.perf_counter() - t0
-    results = read_results(layout.results("c0000").read_text())
+    results = read_results(layout.results("c0000", 1).read_text())
     ok = sum(1 for r in results if r.status.value == "ok")
     if proc.returncode != 0 or ok != len(items):
         raise SystemExit(f"in-process runner: exit {proc.returncode}, {ok}/{len(items)} ok\n{proc.stderr[-2000:]}")

@@ -217,7 +217,7 @@ def side_runner(pack: Path, images: list[Path], source: Path, out: Path, spawned
         finally:
             sys.stdout = old
     wall_all = time.perf_counter() - t0
-    results = read_results(layout.results("c0000").read_text())
+    results = read_results(layout.results("c0000", 1).read_text())
     assert code == 0 and len(results) == len(images), (code, len(results))
     stages: dict[str, float] = {}
     for r in results:

@@ -36,10 +36,15 @@ if docker info >/dev/null 2>&1; then
 else
   say "dockerd: starting with fake GPUs GPU-a, GPU-b (log /var/log/ffswarm-dockerd.log)"
   rm -f /var/run/docker.pid
-  DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 nohup dockerd \
-    --node-generic-resource GPU=GPU-a --node-generic-resource GPU=GPU-b \
-    --no-new-privileges \
-    >/var/log/ffswarm-dockerd.log 2>&1 &
+  # The engine keeps none of this script's open files: a caller's lock (flock) would else be held by
+  # dockerd for as long as it runs.
+  (
+    for fd in /proc/$BASHPID/fd/*; do fd=${fd##*/}; [ "$fd" -gt 2 ] && eval "exec $fd>&-"; done
+    DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 exec nohup dockerd \
+      --node-generic-resource GPU=GPU-a --node-generic-resource GPU=GPU-b \
+      --no-new-privileges \
+      >/var/log/ffswarm-dockerd.log 2>&1
+  ) &
   for _ in $(seq 1 100); do docker info >/dev/null 2>&1 && break; sleep 0.2; done
   docker info >/dev/null 2>&1 || { tail -20 /var/log/ffswarm-dockerd.log; exit 1; }
 fi
@@ -100,4 +105,4 @@ policy:   # what a job file may ask for (docs/operations.md#policy); the safe de
   images: [ffswarm/runner:dev, ffswarm/runner-faults:test]   # the tests' fault-injecting image too
 YAML
 say "config: wrote $repo/ffswarm.yaml (data root $data)"
-say "ready: . .venv/bin/activate && ffswarm submit ./jobs"
+say "ready: scripts/demo.sh runs a real job here (it writes demo-jobs/demo.yaml; then: . .venv/bin/activate && ffswarm status demo)"

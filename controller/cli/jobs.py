@@ -12,9 +12,10 @@ import click
 
 from contract.layout import RunLayout
 from controller.cli import context
+from controller.cli import models as models_mod
 from controller.config import Config
 from controller.errors import FfswarmError, Interrupted, UsageError
-from controller.run import handover, usecase
+from controller.run import dryrun, handover, usecase
 from controller.run import jobs as jobs_mod
 from controller.run import progress as progress_mod
 from controller.run import status as status_mod
@@ -22,12 +23,12 @@ from controller.run.metrics import Metrics
 from controller.run.progress import Progress
 from controller.run.report import Report, summary
 from controller.run.rundir import RunDir
-from controller.swarm.docker import DockerSwarm
 
 
 @click.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--dry-run", is_flag=True, help="Print the plan and the services; create nothing.")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: every item, chunk and service as JSON.")
 @click.option("--new", is_flag=True, help="Start a new run (job id name-2, -3 …) instead of continuing one.")
 @click.option("--detach", is_flag=True, help="Hand the jobs to the controller serving the inbox and return at once.")
 @click.option(
@@ -47,6 +48,7 @@ def submit(
     ctx: click.Context,
     paths: tuple[Path, ...],
     dry_run: bool,
+    as_json: bool,
     new: bool,
     detach: bool,
     inbox: Path | None,
@@ -62,16 +64,22 @@ def submit(
         raise UsageError("--detach and --dry-run do not go together: a dry run hands nothing over")
     if inbox is not None and not detach:
         raise UsageError("--inbox goes with --detach")
+    if as_json and not dry_run:
+        raise UsageError("--json goes with --dry-run (for a job's status as JSON: `ffswarm status JOB --json`)")
     config = context.config(ctx)
-    prepared = jobs_mod.prepare(config, list(paths), new)
+    # the command's one backend, asked for the swarm's GPU slots (a dry run plans without it if Docker is away)
+    prepared = jobs_mod.prepare(config, list(paths), new, lambda: context.backend(ctx))
     if detach:
         click.echo(handover.describe(handover.hand_over(inbox or config.data_root / "inbox", prepared)))
         return
     if dry_run:
-        click.echo(json.dumps(jobs_mod.dry_run(config, prepared, _image_lookup(config)), indent=1))
+        lookup = _image_lookup(ctx)
+        if as_json:
+            click.echo(json.dumps(dryrun.plan_json(config, prepared, lookup), indent=1))
+        else:
+            click.echo("\n".join(dryrun.plan_lines(config, prepared, lookup)))
         return
-    names = " ".join(j.job_id for j in prepared)
-    backend = DockerSwarm(config.docker_host)
+    backend = context.backend(ctx)
     backend.check_manager()
     metrics, sinks = Metrics(), list[usecase.SinkFactory]()
     if metrics_textfile is not None:  # the same events and the job's own GPU count, as serve's endpoint
@@ -80,7 +88,7 @@ def submit(
     try:
         reports: list[Report] = _run_with_progress(
             lambda progress: usecase.submit(config, backend, prepared, [progress, *sinks]),
-            f"ffswarm resume JOB (job {names})",
+            " · ".join(f"ffswarm resume {j.job_id}" for j in prepared),
         )
     finally:
         if metrics_textfile is not None:
@@ -90,10 +98,10 @@ def submit(
     sys.exit(max((r.exit_code() for r in reports), default=0))
 
 
-def _image_lookup(config: Any) -> Any:
+def _image_lookup(ctx: click.Context) -> Any:
     def lookup(ref: str) -> str:
         try:
-            return DockerSwarm(config.docker_host).resolve_image(ref)
+            return context.backend(ctx).resolve_image(ref)
         except FfswarmError:
             return f"{ref} (unresolved: Docker unavailable)"
 
@@ -102,8 +110,7 @@ def _image_lookup(config: Any) -> Any:
 
 def _summary(config: Config, job: jobs_mod.PreparedJob, report: Report) -> None:
     root = config.data_root
-    pack = root / "models" / job.spec.models / "pack.yaml"
-    standin = "standin: true" in pack.read_text() if pack.is_file() else False
+    standin = models_mod.is_standin(root / "models" / job.spec.models)
     note = job.spec.models + (" (STAND-IN test pack: not real face swaps)" if standin else "")
     head, *rest = summary(report, RunLayout.host(root, report.job).report, root, note)
     click.echo(head)
@@ -115,13 +122,15 @@ def _summary(config: Config, job: jobs_mod.PreparedJob, report: Report) -> None:
 @click.argument("job")
 @click.pass_context
 def resume(ctx: click.Context, job: str) -> None:
-    """Continue a job from its run folder (after Ctrl-C, a killed controller, a restart)."""
-    _resume(context.config(ctx), job)
+    """Continue a job from its run folder: after Ctrl-C, a killed controller, a restart, or `cancel`
+    (its remaining items run; committed ones are never redone)."""
+    _resume(ctx, job)
 
 
-def _resume(config: Config, job: str) -> None:
+def _resume(ctx: click.Context, job: str) -> None:
+    config = context.config(ctx)
     prepared, _ = jobs_mod.open_run(config, job)  # no such job: said before Docker is asked
-    backend = DockerSwarm(config.docker_host)
+    backend = context.backend(ctx)
     backend.check_manager()
     report: Report = _run_with_progress(
         lambda progress: usecase.resume(config, backend, job, [progress]), f"ffswarm resume {job}"
@@ -132,13 +141,13 @@ def _resume(config: Config, job: str) -> None:
 
 @click.command()
 @click.argument("job")
-@click.option("--failed", "failed_only", is_flag=True, required=True, help="Re-run only the failed items.")
+@click.option(
+    "--failed", "failed_only", is_flag=True, help="Re-run only the failed items (the default; kept for scripts)."
+)
 @click.pass_context
 def retry(ctx: click.Context, job: str, failed_only: bool) -> None:
-    """Re-run a finished job's failed items (committed items are never redone)."""
-    config = context.config(ctx)
-    jobs_mod.clear_cancel(config, job)
-    _resume(config, job)
+    """Re-run a job's failed and remaining items (committed items are never redone)."""
+    _resume(ctx, job)
 
 
 def _run_with_progress(fn: Any, how_to_resume: str) -> Any:
@@ -198,6 +207,10 @@ def logs(ctx: click.Context, job: str, chunk: str | None, follow: bool) -> None:
     rundir = RunDir(context.config(ctx).data_root, job)
     if not rundir.exists():
         raise UsageError(f"no job {job!r}")
+    chunks = [c.id for c in rundir.plan().chunks]
+    if chunk is not None and chunk not in chunks:
+        shown = ", ".join(chunks[:5]) + (f" … {chunks[-1]}" if len(chunks) > 5 else "")
+        raise UsageError(f"job {job} has no chunk {chunk!r}; its {len(chunks)} chunk(s): {shown}")
     for line in status_mod.log_lines(rundir, chunk, follow):
         click.echo(line, nl=False)
 
@@ -217,5 +230,8 @@ def scale(ctx: click.Context, job: str, n: int) -> None:
 @click.pass_context
 def cancel(ctx: click.Context, job: str) -> None:
     """Remove the job's services and mark it cancelled; committed outputs stay."""
-    removed = jobs_mod.cancel(context.config(ctx), job)
-    click.echo(f"job {job}: cancelled ({removed} running chunk service(s) removed); committed outputs kept")
+    removed = jobs_mod.cancel(context.config(ctx), job, context.backend(ctx))
+    click.echo(
+        f"job {job}: cancelled ({removed} running chunk service(s) removed); committed outputs kept; "
+        f"`ffswarm resume {job}` continues it"
+    )

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import click
 from controller.cli import context
 from controller.config import Config
 from controller.doctor import Check, run_checks
-from controller.errors import CapacityError, UsageError
+from controller.errors import CapacityError, FfswarmError, UsageError
 from controller.job.plan import ID
 from controller.run import jobs as jobs_mod
 from controller.run import usecase
@@ -32,7 +33,7 @@ from controller.swarm.admin import SwarmAdmin
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.gpuconfig import GPU_KIND, daemon_json, gpus_from_list, parse_nvidia_smi, runtime_toml_line
 from controller.swarm.gpuconfig import render as render_gpu_config
-from controller.swarm.servicespec import ServiceSpec, chunk_service
+from controller.swarm.servicespec import RUNNER_NETWORK, ServiceSpec, chunk_service
 
 
 def _emit(text: str, out: Path | None) -> None:
@@ -44,15 +45,18 @@ def _emit(text: str, out: Path | None) -> None:
 
 
 # -- render -------------------------------------------------------------------------------------------
-def job_services(config: Config, ref: str, attempt: int) -> list[ServiceSpec]:
+def job_services(
+    config: Config, ref: str, attempt: int, swarm: Callable[[], DockerSwarm] | None = None
+) -> list[ServiceSpec]:
     """Chunk services of a job still to do: REF is a job id with a run folder, or a job file.
 
     A job file is prepared as `submit` would (validated, planned, run folder created if absent) so
     that the stack's runners find their manifests; nothing is started.
     """
+    backend = swarm or jobs_mod.once(lambda: DockerSwarm(config.docker_host))  # the command's one backend
     path = Path(ref)
     if path.is_file():
-        prepared, rundir, image = usecase.render_ready(config, DockerSwarm(config.docker_host), path)
+        prepared, rundir, image = usecase.render_ready(config, backend(), path)
     else:
         if not ID.fullmatch(ref):  # a job id names a folder under runs/: nothing else may
             raise UsageError(f"{ref!r} is neither a job file nor a job id (a-z, 0-9 and - only)")
@@ -61,10 +65,17 @@ def job_services(config: Config, ref: str, attempt: int) -> list[ServiceSpec]:
             raise UsageError(
                 f"{ref!r} is neither a job file nor a job with a run folder under {config.data_root / 'runs'}"
             )
-        prepared = dataclasses.replace(jobs_mod.prepare(config, [rundir.layout.job_file], new=False)[0], job_id=ref)
+        prepared = dataclasses.replace(
+            jobs_mod.prepare(config, [rundir.layout.job_file], new=False, swarm=backend)[0], job_id=ref
+        )
         image = rundir.image()
     settings = jobs_mod.runner_settings(config, prepared, image)
     pending = Fold.read(rundir.plan(), rundir).pending_chunks()
+    if pending:  # the stack names the runners' network as external: it (and its anchor) must exist
+        try:
+            backend().ensure_network(RUNNER_NETWORK, image, settings.user)
+        except FfswarmError as e:
+            click.echo(f"warning: {e}; network {RUNNER_NETWORK} must exist before the stack is deployed", err=True)
     return [chunk_service(settings, c, attempt) for c in pending]
 
 
@@ -99,13 +110,14 @@ def render(
         raise UsageError("render takes either JOB or --controller")
     if job:
         try:
-            text = render_mod.render_runner_stack(job_services(config, job, attempt), attempt, stack)
+            services = job_services(config, job, attempt, lambda: context.backend(ctx))
+            text = render_mod.render_runner_stack(services, attempt, stack)
         except ValueError as e:
             raise UsageError(str(e)) from e
         _emit(text, output)
         return
     spec = render_mod.ControllerStack(
-        image=DockerSwarm(config.docker_host).resolve_image(image or config.image),
+        image=context.backend(ctx).resolve_image(image or config.image),
         config_file=config.path.resolve(),
         config_text=config.path.read_text(),
         data_root=str(config.data_root),
@@ -140,7 +152,7 @@ def serve(
 ) -> None:
     """Run job files dropped in the inbox; move each to done/ or failed/ (+ .reason.txt)."""
     config = context.config(ctx)
-    DockerSwarm(config.docker_host).check_manager()
+    context.backend(ctx).check_manager()
     metrics = Metrics()
     http = metrics.serve_http(metrics_port, metrics_addr) if metrics_port else None
     server = Server(config, Inbox(inbox or config.data_root / "inbox"), metrics, concurrent_jobs, poll)

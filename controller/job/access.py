@@ -11,7 +11,7 @@ owned by the runner, and the video join makes its output folder the same way (ma
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import os
 import posixpath
 import shlex
@@ -23,10 +23,12 @@ from controller.config import Config
 from controller.errors import MissingInputError
 from controller.job.plan import Plan
 from controller.job.resolve import ResolvedJob
+from controller.volume import UnsafePath, Volume
 
 Ids = tuple[int, int]
 R, W, X = 4, 2, 1
 MAX_LISTED = 10
+OUTPUT_DIR_MODE = 0o755  # the user's area: readable as their other folders are
 
 
 def parse_ids(text: str) -> Ids:
@@ -181,65 +183,32 @@ def check_plan(config: Config, plan: Plan, chunks: Iterable[str], file: str) -> 
 
 
 def make_folders(root: Path, folders: Iterable[str], owner: Ids | None) -> list[str]:
-    """Create each folder (relative to `root`, parents included), one component at a time from the
-    root through directory descriptors opened with O_NOFOLLOW: a component swapped for a symlink
-    since the check is refused, never followed out of the root. What is made here is handed to
-    `owner` (the runner) when the controller runs as root, as controller/run/rundir.py does. Returns the folders it
-    made, parents first (remove_folders undoes them)."""
-    chown = owner is not None and os.geteuid() == 0
+    """Create each folder (relative to `root`, parents included) through controller/volume.py: one
+    component at a time, never through a symlink, so a component swapped for a link since the check
+    is refused, never followed out of the root. What is made here is handed to `owner` (the runner)
+    when the controller runs as root. Returns the folders it made, parents first (remove_folders
+    undoes them)."""
+    volume = Volume(root)
+    chown = owner if owner is not None and os.geteuid() == 0 else None
     made_here: list[str] = []
     for folder in sorted(set(folders)):
-        parts = [p for p in folder.split("/") if p not in ("", ".")]
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        if ".." in folder.split("/"):
+            raise MissingInputError(f"{folder}: output folder leads out of the data root")
         try:
-            for n, name in enumerate(parts, 1):
-                where = "/".join(parts[:n])
-                if name == "..":
-                    raise MissingInputError(f"{folder}: output folder leads out of the data root")
-                made = False
-                try:
-                    os.mkdir(name, dir_fd=fd)
-                    made = True
-                    made_here.append(where)
-                except FileExistsError:
-                    pass
-                except OSError as e:
-                    raise MissingInputError(f"{where}: cannot create output folder: {e.strerror}") from None
-                try:
-                    sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-                except OSError as e:
-                    why = "a symlink is in the way" if e.errno == errno.ELOOP or _is_link(name, fd) else e.strerror
-                    raise MissingInputError(f"{where}: cannot create output folder {folder}: {why}") from None
-                os.close(fd)
-                fd = sub
-                if made and chown:
-                    assert owner is not None
-                    os.fchown(fd, *owner)
-        finally:
-            os.close(fd)
+            made_here += volume.mkdirs(folder, chown, OUTPUT_DIR_MODE)
+        except UnsafePath as e:
+            if e.link is None:
+                raise
+            raise MissingInputError(
+                f"{e.link}: cannot create output folder {folder}: a symlink is in the way"
+            ) from None
     return made_here
 
 
 def remove_folders(root: Path, made: Iterable[str]) -> None:
     """Undo make_folders for a job refused after it ran (its identity step said no): the folders it
     made, deepest first, each only while still empty; never through a symlink."""
+    volume = Volume(root)
     for rel in sorted(set(made), key=lambda p: p.count("/"), reverse=True):
-        parent, _, name = rel.rpartition("/")
-        try:
-            fd = os.open(root / parent if parent else root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            os.rmdir(name, dir_fd=fd)
-        except OSError:
-            pass  # not empty (something was written after all) or gone: leave it
-        finally:
-            os.close(fd)
-
-
-def _is_link(name: str, dir_fd: int) -> bool:
-    """O_DIRECTORY|O_NOFOLLOW on a symlink fails with ENOTDIR on Linux, as on a file: tell them apart."""
-    try:
-        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
+        with contextlib.suppress(UnsafePath):
+            volume.rmdir(rel)  # not empty (something was written after all) or gone: left alone

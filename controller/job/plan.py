@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
+from contract.errors import ManifestError
 from contract.ffmpeg import SEGMENT_EXT
 from contract.layout import RunLayout
 from contract.manifest import (
@@ -106,20 +107,130 @@ class Plan:
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str) -> Plan:
-        """plan.json read back from the shared volume: ids reach service names, labels and stack
-        files, so each must be an id (``^[a-z0-9-]+$``), whoever wrote the file."""
-        data = json.loads(text)
-        ids = [data["job"], *(c["id"] for c in data["chunks"]), *(i["id"] for i in data["items"])]
-        bad = next((i for i in ids if not isinstance(i, str) or not ID.fullmatch(i)), None)
-        if bad is not None:
-            raise ValueError(f"plan.json holds an id that is not a-z, 0-9 and - only: {bad!r}")
-        return cls(
-            job=data["job"],
-            items=tuple(PlannedItem.from_dict(i) for i in data["items"]),
-            chunks=tuple(Chunk(id=c["id"], items=tuple(c["items"])) for c in data["chunks"]),
-            videos=tuple(PlannedVideo(**{**v, "segments": tuple(v["segments"])}) for v in data.get("videos", [])),
-        )
+    def from_json(cls, text: str | bytes) -> Plan:
+        """plan.json read back from the shared volume, validated as hostile (ValueError naming what
+        is wrong, never a traceback): ids reach service names, labels and stack files, so each must be
+        an id (``^[a-z0-9-]+$``); paths reach the join and its clean-up, so each is relative and
+        stays in the data root, and a segment's output is its own file in this job's run folder."""
+        try:
+            data = json.loads(text)
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            raise ValueError(f"plan.json is not JSON: {getattr(e, 'msg', None) or 'not UTF-8'}") from None
+        return _plan_from_data(data)
+
+
+MAX_PLAN_ENTRIES = 10_000_000  # items, chunks or videos: far above the policy's maxima
+_ITEM_KEYS = {"id", "input", "output", "kind", "parent", "segment"}
+_VIDEO_KEYS = {"id", "input", "output", "segments", "error", "info"}
+
+
+def check_rel_path(path: Any, what: str) -> str:
+    """A path relative to the data root that stays in it: not absolute, no ``..`` or ``.`` parts,
+    no empty parts, no control characters (ValueError naming ``what``)."""
+    if not isinstance(path, str) or not path or len(path) > 4096:
+        raise ValueError(f"{what}: not a path")
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+        raise ValueError(f"{what}: a path with control characters")
+    if path.startswith("/"):
+        raise ValueError(f"{what}: an absolute path ({path!r}); paths are relative to the data root")
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        raise ValueError(f"{what}: {path!r} leads out of the data root or is not normalised")
+    return path
+
+
+def _id(value: Any) -> str:
+    if not isinstance(value, str) or not ID.fullmatch(value) or len(value) > 200:
+        raise ValueError(f"plan.json holds an id that is not a-z, 0-9 and - only: {value!r}")
+    return value
+
+
+def _list(data: dict[str, Any], key: str, required: bool = True) -> list[Any]:
+    value = data.get(key, None if required else [])
+    if not isinstance(value, list):
+        raise ValueError(f"plan.json: {key} must be a list")
+    if len(value) > MAX_PLAN_ENTRIES:
+        raise ValueError(f"plan.json: {len(value)} {key}, over the limit of {MAX_PLAN_ENTRIES}")
+    return value
+
+
+def _item(data: Any, job: str) -> PlannedItem:
+    if not isinstance(data, dict) or not {"id", "input", "output", "kind"} <= set(data) or set(data) - _ITEM_KEYS:
+        raise ValueError("plan.json: an item is not {id, input, output, kind[, parent, segment]}")
+    iid = _id(data["id"])
+    kind = data["kind"]
+    if kind not in ("image", "segment"):
+        raise ValueError(f"plan.json: item {iid}: kind {kind!r} is not image or segment")
+    seg = data.get("segment")
+    parent = data.get("parent")
+    if (kind == "segment") != (seg is not None) or (kind == "segment") != (parent is not None):
+        raise ValueError(f"plan.json: item {iid}: a segment item needs a segment and a parent, an image neither")
+    segment = None
+    if seg is not None:
+        if not isinstance(seg, dict):
+            raise ValueError(f"plan.json: item {iid}: segment must be an object")
+        try:
+            segment = Segment(**seg)
+        except (TypeError, ManifestError) as e:
+            raise ValueError(f"plan.json: item {iid}: bad segment ({type(e).__name__})") from None
+    item = PlannedItem(
+        id=iid,
+        input=check_rel_path(data["input"], f"plan.json: item {iid}: input"),
+        output=check_rel_path(data["output"], f"plan.json: item {iid}: output"),
+        kind=kind,
+        parent=None if parent is None else _id(parent),
+        segment=segment,
+    )
+    if kind == "segment" and item.output != segment_output(job, iid):
+        raise ValueError(f"plan.json: item {iid}: a segment's output must be {segment_output(job, iid)}")
+    return item
+
+
+def _video(data: Any, items: dict[str, PlannedItem]) -> PlannedVideo:
+    if not isinstance(data, dict) or not {"id", "input", "output"} <= set(data) or set(data) - _VIDEO_KEYS:
+        raise ValueError("plan.json: a video is not {id, input, output, segments, error, info}")
+    vid = _id(data["id"])
+    segments = _list(data, "segments", required=False)
+    for s in segments:
+        if not isinstance(s, str) or s not in items or items[s].parent != vid:
+            raise ValueError(f"plan.json: video {vid}: segment {s!r} is not one of its segment items")
+    error, info = data.get("error"), data.get("info", {})
+    if error is not None and not isinstance(error, str) or not isinstance(info, dict):
+        raise ValueError(f"plan.json: video {vid}: error must be text, info an object")
+    return PlannedVideo(
+        vid,
+        check_rel_path(data["input"], f"plan.json: video {vid}: input"),
+        check_rel_path(data["output"], f"plan.json: video {vid}: output"),
+        tuple(segments),
+        error,
+        info,
+    )
+
+
+def _plan_from_data(data: Any) -> Plan:
+    if not isinstance(data, dict):
+        raise ValueError("plan.json must be a JSON object")
+    job = _id(data.get("job"))
+    raw_chunks = _list(data, "chunks")
+    for c in raw_chunks:  # ids first: they are what a hostile file would smuggle into a stack
+        _id(c.get("id") if isinstance(c, dict) else None)
+    items = tuple(_item(i, job) for i in _list(data, "items"))
+    by_id = {i.id: i for i in items}
+    if len(by_id) != len(items):
+        raise ValueError("plan.json: an item id appears twice")
+    chunks: list[Chunk] = []
+    placed: set[str] = set()
+    for c in raw_chunks:
+        members = c.get("items")
+        if not isinstance(members, list) or not all(isinstance(i, str) and i in by_id for i in members):
+            raise ValueError(f"plan.json: chunk {c['id']}: items must be ids of the plan's items")
+        if placed & set(members) or len(set(members)) != len(members):
+            raise ValueError(f"plan.json: chunk {c['id']}: an item is in more than one chunk")
+        placed |= set(members)
+        chunks.append(Chunk(id=c["id"], items=tuple(members)))
+    if len({c.id for c in chunks}) != len(chunks):
+        raise ValueError("plan.json: a chunk id appears twice")
+    videos = tuple(_video(v, by_id) for v in _list(data, "videos", required=False))
+    return Plan(job=job, items=items, chunks=tuple(chunks), videos=videos)
 
 
 @dataclass(frozen=True)
@@ -216,6 +327,7 @@ class ManifestSettings:
     mask_feather: float = MASK_FEATHER
     mask_padding: float = MASK_PADDING
     enhancer_blend: float = ENHANCER_BLEND
+    overwrite: bool = False  # the job file's: outputs may replace files this job did not write
 
 
 def _c(rel: str) -> str:
@@ -253,6 +365,7 @@ def chunk_manifests(plan: Plan, settings: ManifestSettings) -> dict[str, Manifes
             mask_feather=settings.mask_feather,
             mask_padding=settings.mask_padding,
             enhancer_blend=settings.enhancer_blend,
+            overwrite=settings.overwrite,
         )
         for c in plan.chunks
     }

@@ -1,4 +1,5 @@
-"""A job resolved on a data root: globs expanded, outputs named, escapes and collisions refused."""
+"""A job resolved on a data root: globs expanded, outputs named, escapes and collisions refused,
+outputs fenced (controller/job/fence.py: reserved areas, inputs, existing files, other jobs' claims)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract.layout import RunLayout
 from contract.manifest import FaceSelection
 from controller.errors import JobFileError, MissingInputError
+from controller.job import claims, fence
 from controller.job.paths import Resolver, resolve_inside
 from controller.job.spec import (
     DISTINCT_PLACEHOLDERS,
@@ -69,6 +72,7 @@ def resolve_job(spec: JobSpec, data_root: Path, file: str, *, job_id: str | None
         raise JobFileError(file, "output", reason)
     inputs = {p for p, _ in matches} | {str(s) for s in sources} | ({str(reference)} if reference else set())
     written: dict[str, str] = {}
+    written_real: dict[str, str] = {}  # output, relative → its real host path
     targets: list[Target] = []
     job = job_id or spec.name
     for index, (path, kind) in enumerate(matches):
@@ -79,8 +83,9 @@ def resolve_job(spec: JobSpec, data_root: Path, file: str, *, job_id: str | None
         except ValueError as e:
             raise JobFileError(file, "output", f"for {rel!r}: {e}") from None
         out_rel = resolver.relative(out)
+        fence.check_area(out_rel, rel, file)
         if out in inputs:
-            raise JobFileError(file, "output", f"{rel!r} would be written to {out_rel}, an input of this job")
+            fence.check_not_input(out_rel, rel, {out_rel}, file)
         if out in written:
             raise JobFileError(file, "output", f"{written[out]!r} and {rel!r} would both write {out_rel}")
         if resolver.isdir(out):
@@ -88,7 +93,15 @@ def resolve_job(spec: JobSpec, data_root: Path, file: str, *, job_id: str | None
         if target_kind(out_rel) is not kind:
             raise JobFileError(file, "output", f"{rel!r} is a {kind.value} but its output {out_rel} is not")
         written[out] = rel
+        written_real[out_rel] = out
         targets.append(Target(index, path, rel, out, out_rel, kind))
+    outputs = [t.output_rel for t in targets]
+    if not (root / RunLayout.relative(job).plan).is_file():  # a new run, not the continuation of one
+        if not spec.overwrite:
+            fence.check_overwrite(outputs, lambda r: resolver.isfile(written_real[r]), file)
+        taken = claims.conflict(root, job, outputs)
+        if taken is not None:
+            raise JobFileError(file, "output", claims.refusal(*taken))
     return ResolvedJob(sources=sources, reference=reference, targets=tuple(targets))
 
 

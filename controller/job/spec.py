@@ -177,6 +177,7 @@ class JobSpec:
     detector: DetectorSettings = field(default_factory=DetectorSettings)
     mask: MaskSettings = field(default_factory=MaskSettings)
     face_enhancer: EnhancerSettings = field(default_factory=EnhancerSettings)
+    overwrite: bool = False  # true: outputs may replace files that exist before the job's first run
 
     def __post_init__(self) -> None:
         check_str(self.name, "name", pattern=_NAME, hint="1 to 40 characters of a-z, 0-9 and -")
@@ -205,6 +206,7 @@ class JobSpec:
             raise FieldError("chunk_size", f"must be an integer ≥ 1 or auto, got {show(self.chunk_size)}")
         object.__setattr__(self, "segment_seconds", check_number(self.segment_seconds, "segment_seconds", above=0))
         check_bool(self.skip_audio, "skip_audio")
+        check_bool(self.overwrite, "overwrite")
         check_int(self.max_concurrent, "max_concurrent", minimum=1)
         for i, c in enumerate(_items(self.placement, "placement", "constraint", minimum=0)):
             check_str(c, f"placement[{i}]", pattern=_CONSTRAINT, hint="a constraint like node.labels.ffswarm.gpu==true")

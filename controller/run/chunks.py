@@ -1,15 +1,23 @@
 """What the supervisor keeps of each chunk: its attempts, its state, where it must not run again;
 and the policy it is watched and retried by. state.json is these records (ChunkRun.as_dict).
+
+Each attempt writes its own results file (``results/<chunk>.a<n>.jsonl``), which the controller
+creates before the attempt's service (``create_results_file``): a file that exists before any node
+looks it up cannot be hidden by NFS lookup caching, and it is the runner's to append to.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contract.layout import RunLayout, parse_results_name, results_name
 from contract.results import read_results
 from controller.run.failures import ChunkState, FailureClass
 from controller.swarm.backend import NodeState
@@ -27,25 +35,66 @@ class Attempt:
     exit_code: int | None = None
     outcome: str = "running"  # done | failed class name | running
     reason: str | None = None
-    results_read: int = 0  # bytes of the chunk's results file already read (read_results)
+    results_read: int = 0  # bytes of this attempt's results file already read (read_results)
     items_recorded: set[str] = field(default_factory=set)  # items with a result line of this attempt
     outage: bool = False  # the engine went away while it ran: an infrastructure ending is the engine's
 
     def read_results(self, path: Path) -> int:
         """How many items this attempt has recorded a result for, reading only what was appended to
-        the chunk's results file since the last call (a line still being written is read next time)."""
+        its results file (``path``: results/<chunk>.a<n>.jsonl) since the last call (a line still
+        being written is read next time). Opened without following a symlink or blocking on a FIFO."""
         try:
-            with path.open("rb") as f:
-                f.seek(self.results_read)
-                new = f.read()
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return len(self.items_recorded)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return len(self.items_recorded)
+            new = os.pread(fd, RESULTS_READ_MAX, self.results_read)
+        except OSError:
+            return len(self.items_recorded)
+        finally:
+            os.close(fd)
         complete = new[: new.rfind(b"\n") + 1]
         self.results_read += len(complete)
         self.items_recorded.update(
             r.item for r in read_results(complete.decode("utf-8", "replace")) if r.attempt == self.attempt
         )
         return len(self.items_recorded)
+
+
+RESULTS_READ_MAX = 64 * 1024**2  # read per call; the rest is read next time
+
+
+def create_results_file(layout: RunLayout[Path], chunk: str, attempt: int, owner: tuple[int, int] | None) -> None:
+    """The attempt's empty results file, made before its service: mode 0640, owned by the runner's
+    ``owner`` (uid, gid) when the controller is root. results/ is opened without following a
+    symlink and the file is created O_EXCL|O_NOFOLLOW; one that is already there (a controller
+    stopped between this and the service) is kept only if it is a regular file with one link, and
+    is never chowned. OSError otherwise (the caller fails the attempt's start)."""
+    name = results_name(chunk, attempt)
+    if parse_results_name(name) != (chunk, attempt):
+        raise ValueError(f"not a chunk id: {chunk!r}")
+    dfd = os.open(layout.results_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640, dir_fd=dfd)
+        except FileExistsError:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                raise OSError(f"{layout.results(chunk, attempt).name} in results/ is not a plain file") from None
+            return
+        try:
+            os.fchmod(fd, 0o640)
+            if owner is not None and os.geteuid() == 0:
+                os.fchown(fd, *owner)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):  # durability only: some filesystems refuse a folder's fsync
+            os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 @dataclass

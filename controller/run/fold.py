@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from contract.results import ItemResult, ItemStatus
 from controller.job.plan import Plan, PlannedVideo
@@ -28,14 +28,18 @@ class Fold:
     plan: Plan
     results: Mapping[str, ItemResult]  # item id (image or segment) -> its latest result
     joined: Mapping[str, ItemResult]  # video id -> its latest join
+    dropped: Mapping[str, int] = field(default_factory=dict)  # chunk id -> result lines that did not parse
 
     @classmethod
     def read(cls, plan: Plan, rundir: RunDir) -> Fold:
         results: dict[str, ItemResult] = {}
+        dropped: dict[str, int] = {}
         for chunk in plan.chunks:
-            latest = rundir.latest_results(chunk.id)
-            results.update((i, latest[i]) for i in chunk.items if i in latest)
-        return cls(plan, results, joins(rundir))
+            merged = rundir.chunk_results(chunk.id)
+            results.update((i, merged.latest[i]) for i in chunk.items if i in merged.latest)
+            if merged.dropped:
+                dropped[chunk.id] = merged.dropped
+        return cls(plan, results, joins(rundir), dropped)
 
     def result(self, item: str) -> ItemResult | None:
         return self.results.get(item)

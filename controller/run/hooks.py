@@ -23,7 +23,6 @@ import http.client
 import ipaddress
 import json
 import os
-import re
 import signal
 import socket
 import ssl
@@ -35,15 +34,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from controller import log
+from controller import redact as shown
 from controller.job.spec import OnComplete
 from controller.policy import Hook, Policy, Webhooks
 
 HOOK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TAIL_CHARS = 200
-_SECRETS = re.compile(
-    r"(?i)((?:token|secret|password|passwd|pwd|key|auth\w*|bearer)\s*[=:]?\s*)\S+"
-    r"|[A-Za-z0-9+/_=-]{24,}"  # long opaque strings: keys, tokens, hashes
-)
 _METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
 DELIVERED, NOT_DELIVERED = "delivered", "not delivered"
 
@@ -51,7 +47,7 @@ DELIVERED, NOT_DELIVERED = "delivered", "not delivered"
 def redact(text: str) -> str:
     """The last TAIL_CHARS of a hook's output, with anything that looks like a secret replaced."""
     tail = text.strip()[-TAIL_CHARS:]
-    return _SECRETS.sub(lambda m: (m.group(1) or "") + "[redacted]", tail)
+    return shown.printable(shown.secrets(tail), newlines=True)
 
 
 def run_hook(hook: Hook, report_path: Path, job: str, report_json: str = "") -> str:
@@ -207,12 +203,15 @@ def on_complete(policy: Policy, hooks: OnComplete, report: dict[str, Any], repor
     outcome: dict[str, str] = {}
     if hooks.webhook:
         outcome["webhook"], why = post_webhook(hooks.webhook, report, policy.webhooks)
-        logger.info("hook_webhook", outcome=outcome["webhook"], detail=why)
+        # the URL as logs may show it: no credentials, no query (tokens often travel there)
+        logger.info("hook_webhook", url=shown.url(hooks.webhook), outcome=outcome["webhook"], detail=shown.secrets(why))
     if hooks.hook:
         hook = policy.hooks.get(hooks.hook)
         if hook is None:  # the policy changed since submit: the hook is gone
             outcome["hook"] = f"failed: no hook {hooks.hook!r} in the cluster's policy"
         else:
             outcome["hook"] = run_hook(hook, report_path, report["job"], json.dumps(report))
-        logger.info("hook_run", hook=hooks.hook, outcome=outcome["hook"])
+        # the hook's name and program, never its arguments (an operator may pass a token there)
+        program = os.path.basename(hook.command[0]) if hook and hook.command else None
+        logger.info("hook_run", hook=hooks.hook, program=program, outcome=outcome["hook"])
     return outcome

@@ -17,9 +17,11 @@ been committed, since no runner gets past the wait.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from pathlib import Path, PurePosixPath
 
+from contract.errors import ManifestError
 from contract.exits import RunnerExit
 from contract.identity import IdentityRequest, IdentityResult
 from contract.layout import RunLayout
@@ -30,7 +32,7 @@ from controller.job.resolve import ResolvedJob
 from controller.job.spec import JobSpec
 from controller.run.failures import last_words
 from controller.run.oneshot import OneShot, OneShotResult
-from controller.run.rundir import RunDir
+from controller.run.rundir import RunDir, RunFileError
 from controller.swarm.backend import SwarmBackend
 from controller.swarm.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_ROLE, RunnerSettings, chunk_service
 
@@ -76,9 +78,38 @@ def prepare(rundir: RunDir, request: IdentityRequest) -> None:
     rundir.write_file(rundir.layout.identity, IdentityResult(pending=True).to_json().encode())
 
 
+MAX_RESULT_BYTES = 1024**2  # a few embeddings of 512 floats and one reason per photo
+MAX_EMBEDDING = 4096
+MAX_ERROR = 8192
+
+
 def read_result(rundir: RunDir) -> IdentityResult | None:
-    path = rundir.layout.identity
-    return IdentityResult.from_json(path.read_text()) if path.is_file() else None
+    """identity.json, written by a runner: parsed as hostile (no link followed, bounded, every field
+    checked). None while it is missing or not (yet) a valid answer; a file that can never be one
+    (a link, a fifo, oversize) is an answer saying so, which refuses the job."""
+    try:
+        data = rundir.read_file(rundir.layout.identity, MAX_RESULT_BYTES)
+        if data is None:  # a run folder made before identity/ existed
+            data = rundir.read_file(rundir.layout.identity_legacy, MAX_RESULT_BYTES)
+    except RunFileError as e:
+        return IdentityResult(error=f"the identity step's answer is unusable: {e}")
+    if data is None:
+        return None
+    try:
+        result = IdentityResult.from_json(data.decode("utf-8"))
+    except (ManifestError, UnicodeDecodeError):
+        return None  # half-visible on a network filesystem, or garbage: read again (the step's timeout ends it)
+    return result if _plausible(result) else IdentityResult(error="the identity step's answer is malformed")
+
+
+def _plausible(r: IdentityResult) -> bool:
+    embeddings = [r.source_embedding, *([r.reference_embedding] if r.reference_embedding is not None else [])]
+    return (
+        all(len(e) <= MAX_EMBEDDING and all(math.isfinite(v) for v in e) for e in embeddings)
+        and (r.error is None or (isinstance(r.error, str) and len(r.error) <= MAX_ERROR))
+        and (r.provider is None or (isinstance(r.provider, str) and len(r.provider) <= 64))
+        and len(r.sources) <= 10_000
+    )
 
 
 class Step:
@@ -91,7 +122,13 @@ class Step:
         self.config = config
         self.rundir = rundir
         self.job_file = job_file
-        self.request = IdentityRequest.from_json(rundir.layout.identity_request.read_text())
+        request = rundir.read_file(rundir.layout.identity_request, MAX_RESULT_BYTES)
+        if request is None:
+            raise RunFileError(f"{rundir.rel(rundir.layout.identity_request)}: missing")
+        try:
+            self.request = IdentityRequest.from_json(request.decode("utf-8"))
+        except (ManifestError, UnicodeDecodeError):
+            raise RunFileError(f"{rundir.rel(rundir.layout.identity_request)}: not a valid request") from None
         rundir.make_dirs()  # logs/identity.log is written by the step itself
         cpu_only = dataclasses.replace(settings, gpus=0)
         spec = chunk_service(cpu_only, STEP, 1)
@@ -106,7 +143,7 @@ class Step:
 
     def _request_path(self) -> PurePosixPath:
         """The request, in the container: beside the answer it asks for."""
-        return RunLayout(PurePosixPath(self.request.output).parent).identity_request
+        return RunLayout.container(self.rundir.job).identity_request
 
     def _shot(self) -> OneShot:
         schedule = float(self.config.schedule_timeout)

@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from contract.errors import PackError
 from contract.identity import IdentityResult
@@ -19,16 +19,16 @@ from contract.pack import missing_roles
 from controller import policy as admission
 from controller.config import Config
 from controller.errors import FfswarmError, JobFileError, MissingInputError, UsageError
-from controller.job import access, video
-from controller.job.files import load_jobs, parse_job_text
+from controller.job import access, claims, video
+from controller.job.files import parse_job_text, raise_all, read_jobs
 from controller.job.plan import AUTO_MAX_CHUNK, ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
 from controller.job.resolve import ResolvedJob, resolve_job
 from controller.job.spec import JobSpec
 from controller.job.validate import FieldError
 from controller.models import read_spec
-from controller.run import identity, timings
+from controller.run import identity, status, timings
 from controller.run.rundir import Control, RunDir, next_job_id
-from controller.swarm.docker import DockerSwarm
+from controller.swarm.backend import SwarmBackend
 from controller.swarm.servicespec import RunnerSettings, chunk_service
 
 
@@ -42,7 +42,29 @@ class PreparedJob:
     folders: tuple[str, ...] = ()  # output folders to create for the runner (access.check_job)
 
 
-def prepare(config: Config, paths: Sequence[Path], new: bool) -> list[PreparedJob]:
+SwarmFactory = Callable[[], SwarmBackend]  # the command's one backend, built when first asked for
+
+
+B = TypeVar("B", bound=SwarmBackend)
+
+
+def once(make: Callable[[], B]) -> Callable[[], B]:
+    """A factory that builds its backend the first time it is called, then hands out that one."""
+    made: list[B] = []
+
+    def get() -> B:
+        if not made:
+            made.append(make())
+        return made[0]
+
+    return get
+
+
+def prepare(config: Config, paths: Sequence[Path], new: bool, swarm: SwarmFactory | None = None) -> list[PreparedJob]:
+    """Every job file read, checked against the policy and the data root, and planned. Every error of
+    every file is collected and raised together (controller/job/files.py: JobFileErrors), so one
+    submit shows them all. ``swarm``: the command's backend, asked for the GPU slots the swarm
+    advertises (None, or no swarm reachable: the job's max_concurrent alone sizes the chunks)."""
     out = []
     slots: list[int] = []
 
@@ -52,27 +74,40 @@ def prepare(config: Config, paths: Sequence[Path], new: bool) -> list[PreparedJo
             return spec.max_concurrent
         if not slots:
             try:
-                slots.append(sum(n.gpus for n in DockerSwarm(config.docker_host).nodes() if n.usable))
+                slots.append(sum(n.gpus for n in swarm().nodes() if n.usable) if swarm else spec.max_concurrent)
             except FfswarmError:
                 slots.append(spec.max_concurrent)  # no swarm reachable (dry run): the window alone
         return max(1, min(spec.max_concurrent, slots[0] // spec.resources.gpus or 1))
 
-    for file, spec in load_jobs(paths, config.policy.limits.job_file):
-        admission.check_job(config.policy, spec, str(file))  # nothing is looked at before the policy agrees
-        job_id = next_job_id(config.data_root, spec.name, new)
-        check_same_job(config, job_id, file)
-        resolved = resolve_job(spec, config.data_root, str(file), job_id=job_id)
-        admission.check_counts(config.policy, str(file), len(resolved.targets), 0)
-        check_pack(config, spec, file)
-        folders = access.check_job(config, resolved, str(file))  # the runner can read and write it all
-        try:  # videos probed and cut into segments
-            targets = video.target_refs(resolved.targets, spec, config.policy.limits)
-        except FieldError as e:
-            raise JobFileError(str(file), e.field, e.reason) from None
-        admission.check_counts(config.policy, str(file), len(targets), sum(len(t.segments) for t in targets))
-        plan = make_plan(job_id, targets, spec.chunk_size, parallel(spec), chunk_cap(config, spec, targets))
-        out.append(PreparedJob(file, spec, resolved, plan, job_id, folders))
+    found, problems = read_jobs(paths, config.policy.limits.job_file)
+    errors: list[FfswarmError] = list(problems)
+    for file, spec in found:
+        try:
+            out.append(_prepare_one(config, file, spec, new, parallel))
+        except (JobFileError, MissingInputError) as e:
+            errors.append(e)
+    raise_all(errors)
     return out
+
+
+def _prepare_one(
+    config: Config, file: Path, spec: JobSpec, new: bool, parallel: Callable[[JobSpec], int]
+) -> PreparedJob:
+    admission.check_job(config.policy, spec, str(file))  # nothing is looked at before the policy agrees
+    job_id = next_job_id(config.data_root, spec.name, new)
+    check_same_job(config, job_id, file)
+    resolved = resolve_job(spec, config.data_root, str(file), job_id=job_id)
+    admission.check_counts(config.policy, str(file), len(resolved.targets), 0)
+    check_pack(config, spec, file)
+    folders = access.check_job(config, resolved, str(file))  # the runner can read and write it all
+    try:  # videos probed and cut into segments
+        run_as = video.probe_user(config.runner_uid_gid())  # ffprobe as the runner, never as root
+        targets = video.target_refs(resolved.targets, spec, config.policy.limits, run_as)
+    except FieldError as e:
+        raise JobFileError(str(file), e.field, e.reason) from None
+    admission.check_counts(config.policy, str(file), len(targets), sum(len(t.segments) for t in targets))
+    plan = make_plan(job_id, targets, spec.chunk_size, parallel(spec), chunk_cap(config, spec, targets))
+    return PreparedJob(file, spec, resolved, plan, job_id, folders)
 
 
 def check_same_job(config: Config, job_id: str, file: Path) -> None:
@@ -133,6 +168,7 @@ def manifest_settings(config: Config, job: PreparedJob, ident: IdentityResult | 
         mask_feather=job.spec.mask.feather,
         mask_padding=job.spec.mask.padding,
         enhancer_blend=job.spec.face_enhancer.blend,
+        overwrite=job.spec.overwrite,
     )
 
 
@@ -179,7 +215,13 @@ def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
     runs the identity step beside the first chunks (ensure_identity() for callers that don't).
     The job's missing output folders are made first, owned by the runner (checked in prepare)."""
     made = access.make_folders(config.data_root, job.folders, owner(config))
-    rundir = RunDir(config.data_root, job.job_id, owner(config))
+    if job.resolved is not None:  # its outputs claimed cluster-wide (controller/job/claims.py)
+        try:
+            claims.claim(config.data_root, job.job_id, [t.output_rel for t in job.resolved.targets], str(job.file))
+        except FfswarmError:
+            access.remove_folders(config.data_root, made)
+            raise
+    rundir = RunDir(config.data_root, job.job_id, owner(config), config.controller_ids())
     rundir.made_folders = made
     if not rundir.exists():
         assert job.resolved is not None
@@ -192,26 +234,35 @@ def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
 
 def open_run(config: Config, job_id: str) -> tuple[PreparedJob, RunDir]:
     """A job as its run folder recorded it (frozen job file, plan): what resume and retry continue."""
-    rundir = RunDir(config.data_root, job_id, owner(config))
+    rundir = RunDir(config.data_root, job_id, owner(config), config.controller_ids())
     if not rundir.exists():
         raise UsageError(f"no job {job_id!r}: {rundir.path} has no {rundir.layout.plan.name}")
     job_file = rundir.layout.job_file
-    spec = parse_job_text(job_file.read_text(), str(job_file))
+    spec = parse_job_text(rundir.read_job_file().decode("utf-8", "replace"), str(job_file))
     return PreparedJob(job_file, spec, None, rundir.plan(), job_id), rundir
 
 
-def cancel(config: Config, job_id: str) -> int:
+def cancel(config: Config, job_id: str, backend: SwarmBackend) -> int:
     """Flag the job cancelled (a running controller stops) and remove its services now, so a job
-    whose controller is gone stops too. Committed outputs stay."""
+    whose controller is gone stops too. Committed outputs stay. A finished job is refused."""
     job, rundir = open_run(config, job_id)
+    _refuse_finished(rundir, "cancel")
     current = rundir.control()
     rundir.write_control(Control(current.max_concurrent, cancel=True))
-    backend = DockerSwarm(config.docker_host)
     services = backend.services(job_id)
     for svc in services:
         backend.remove_service(svc.name)
     backend.remove_exited_containers(job_id)
+    claims.release(config.data_root, job_id)
     return len(services)
+
+
+def _refuse_finished(rundir: RunDir, what: str) -> None:
+    if status.finished(rundir):
+        raise UsageError(
+            f"job {rundir.job} already finished: nothing to {what} "
+            f"(`ffswarm retry {rundir.job}` re-runs its failed items, `ffswarm status {rundir.job}` shows it)"
+        )
 
 
 def clear_cancel(config: Config, job_id: str) -> None:
@@ -225,5 +276,6 @@ def scale(config: Config, job_id: str, n: int) -> None:
     if n > limit:
         raise UsageError(f"scale {job_id} {n}: asks for {n}, the limit is {limit} (the cluster's policy.limits)")
     _, rundir = open_run(config, job_id)
+    _refuse_finished(rundir, "scale")
     current = rundir.control()
     rundir.write_control(Control(n, cancel=current.cancel))

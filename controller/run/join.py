@@ -8,12 +8,15 @@ its original audio restored; each join's result is a line of the run folder's jo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
+import resource
+import stat
 import tempfile
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from contract import ffmpeg
@@ -21,25 +24,56 @@ from contract.manifest import NoFacePolicy, Segment
 from contract.results import ItemResult, ItemStatus, read_results
 from controller.errors import MissingInputError
 from controller.job import access
-from controller.job.plan import Plan, PlannedVideo
+from controller.job.plan import Plan, PlannedVideo, segment_output
 from controller.job.spec import JobSpec
 from controller.job.video import ProbeError, _reason, _run, probe
 from controller.run.chunks import ChunkRun
 from controller.run.rundir import RunDir
+from controller.volume import Owner, UnsafePath, Volume, create_temp, masked, own, proc_path
 
 JOIN_TIMEOUT = 1800.0
+OUTPUT_MODE = 0o644  # the user's output, as the runner writes its others (umask-narrowed)
 
 
-def check_segment(path: Path, segment: Segment) -> str | None:
-    """Why a committed segment file cannot be joined (None: it can)."""
-    if not path.is_file():
-        return "missing"
+def check_segment(volume: Volume, rel: str, segment: Segment) -> str | None:
+    """Why a committed segment file cannot be joined (None: it can). ``rel``: relative to the data
+    root; opened without following links and required to be a regular file (runners write it)."""
     try:
-        info = probe(path)
+        with _opened(volume, [rel]) as (fd,):
+            info = probe(Path(proc_path(fd)), rel)
+    except FileNotFoundError:
+        return "missing"
+    except (OSError, UnsafePath) as e:
+        return "not a regular file" if isinstance(e, UnsafePath) else f"unreadable: {e.strerror}"
     except ProbeError as e:
         return f"unreadable: {e}"
     ok = info.frames == segment.frame_count or (segment.last and 0 < info.frames <= segment.frame_count)
     return None if ok else f"has {info.frames} frames, expected {segment.frame_count}"
+
+
+@contextlib.contextmanager
+def _opened(volume: Volume, rels: list[str]) -> Iterator[list[int]]:
+    """Each file opened read-only beneath the data root, never through a link, each a regular file
+    (UnsafePath otherwise; a FIFO does not block): ffmpeg reads them by descriptor (proc_path), so a
+    name swapped after this point changes nothing."""
+    _enough_descriptors(len(rels) + 16)
+    fds: list[int] = []
+    try:
+        for rel in rels:
+            fds.append(volume.open(rel, os.O_RDONLY | os.O_NONBLOCK, what="reading"))
+            if not stat.S_ISREG(os.fstat(fds[-1]).st_mode):
+                raise UnsafePath(f"{rel}: not a regular file")
+        yield fds
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _enough_descriptors(wanted: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted + 256:
+        limit = wanted + 256 if hard == resource.RLIM_INFINITY else min(hard, wanted + 256)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, limit), hard))
 
 
 def _segment_results(plan: Plan, rundir: RunDir) -> dict[str, tuple[str, ItemResult | None]]:
@@ -69,16 +103,16 @@ def finish(
     every video whose segments are all committed. Returns the chunk runs, redone ones updated."""
     if not plan.videos or rundir.control().cancel:
         return runs
-    root = rundir.data_root
     redo: dict[str, list[str]] = {}
     for sid, (chunk, result) in _segment_results(plan, rundir).items():
         if not _committed(result) or _joined(rundir, plan.item(sid).parent or ""):
             continue
         seg = plan.item(sid).segment
         assert seg is not None
-        why = check_segment(root / plan.item(sid).output, seg)
+        output = segment_output(plan.job, sid)  # its own file in this run folder, whatever plan.json says
+        why = check_segment(rundir.volume, output, seg)
         if why is not None:
-            (root / plan.item(sid).output).unlink(missing_ok=True)  # the runner redoes what is missing
+            rundir.volume.unlink(output)  # the runner redoes what is missing; never through a link
             redo.setdefault(chunk, []).append(sid)
             emit("segment_redo", segment=sid, chunk=chunk, reason=why)
     if redo:
@@ -94,29 +128,35 @@ def finish(
     return runs
 
 
+MAX_JOINS_BYTES = 64 * 1024**2
+
+
 def joins(rundir: RunDir) -> dict[str, ItemResult]:
-    """Each video's latest join result (runs/<job>/joins.jsonl)."""
-    try:
-        text = rundir.layout.joins.read_text()
-    except FileNotFoundError:
+    """Each video's latest join result (runs/<job>/joins.jsonl: the controller's, read bounded)."""
+    data = rundir.read_file(rundir.layout.joins, MAX_JOINS_BYTES)
+    if data is None:
         return {}
-    return {r.item: r for r in read_results(text)}
+    return {r.item: r for r in read_results(data.decode("utf-8", errors="replace"))}
 
 
 def _joined(rundir: RunDir, video_id: str) -> bool:
     r = joins(rundir).get(video_id)
     if r is None or not _committed(r):
         return False
-    return r.output is None or (rundir.data_root / r.output).is_file()
+    if r.output is None:
+        return True
+    try:
+        fd = rundir.volume.open(r.output, os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, UnsafePath):
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
 
 
 def _append(rundir: RunDir, result: ItemResult) -> None:
-    fd = os.open(rundir.layout.joins, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        os.write(fd, result.to_line().encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    rundir.volume.append(rundir.layout.joins, result.to_line().encode(), rundir.controller_owner())
 
 
 def join_video(
@@ -139,15 +179,19 @@ def join_video(
         return result(ItemStatus.ERROR, None, f"{video.input}: no face detected in any frame")
     if no_face and spec.no_face is NoFacePolicy.SKIP:
         return result(ItemStatus.NO_FACE, None)
-    out = root / video.output
     audio = [] if spec.skip_audio else list(video.info.get("audio", []))
-    parts = [plan.item(s).output for s in video.segments]
-    names = {str(root / rel): rel for rel in (video.output, video.input, *parts)}  # ffmpeg's words, as users know them
+    parts = [segment_output(plan.job, s) for s in video.segments]
+    names = [video.input, *parts]  # how errors name them: relative to the data root
+    demuxer = video.info.get("demuxer") if video.info.get("demuxer") in ffmpeg.INPUT_FORMATS else None
+    volume = rundir.volume
     try:
         access.make_folders(root, [posixpath.dirname(video.output)], rundir.owner)  # the runner's, as at submit
-        _join(out, root / video.input, [root / p for p in parts], audio, rundir.owner, names)
+        with _opened(volume, [video.input, *parts]) as (original, *segment_fds):
+            _join(volume, video.output, original, segment_fds, audio, rundir.runner_owner(), names, demuxer)
     except (JoinError, MissingInputError) as e:
         return result(ItemStatus.ERROR, None, f"{video.output}: {e}")
+    except OSError as e:
+        return result(ItemStatus.ERROR, None, f"{video.output}: {e.strerror}")
     return result(ItemStatus.NO_FACE if no_face else ItemStatus.OK, video.output)
 
 
@@ -156,44 +200,58 @@ class JoinError(Exception):
 
 
 def _join(
-    out: Path,
-    original: Path,
-    parts: list[Path],
+    volume: Volume,
+    out: str,
+    original: int,
+    parts: list[int],
     audio: list[dict[str, Any]],
-    owner: tuple[int, int] | None,
-    names: dict[str, str] | None = None,
+    owner: Owner | None,
+    names: list[str],
+    demuxer: str | None = None,
 ) -> None:
-    """``names``: how errors name the files (host path → relative to the data root)."""
-    muxer = ffmpeg.MUXERS[out.suffix.lower()]
+    """``out``: relative to the data root; ``original`` and ``parts``: open descriptors (``names``:
+    how errors name them, original first). ffmpeg writes into a unique temporary file made O_EXCL in
+    the output folder's descriptor and reaches every file by descriptor; the result is checked,
+    fsynced, handed to ``owner``, renamed into place in that descriptor, and the folder fsynced."""
+    muxer = ffmpeg.MUXERS[PurePosixPath(out).suffix.lower()]
     codecs = {ffmpeg.audio_codec(muxer, str(a["codec"])) for a in audio}
     first = None if not audio else ("copy" if codecs == {"copy"} else (codecs - {"copy"}).pop())
     tries: list[str | None] = [first]
     if first == "copy":
         tries.append(ffmpeg.AUDIO_REENCODE.get(muxer, ffmpeg.AUDIO_REENCODE_DEFAULT))
-    with tempfile.TemporaryDirectory(prefix="ffswarm-join-") as scratch:
+    part_paths = [proc_path(fd) for fd in parts]
+    shown = dict(zip([proc_path(original), *part_paths], names, strict=True))
+    with volume.parent(out, "write") as (dfd, name), tempfile.TemporaryDirectory(prefix="ffswarm-join-") as scratch:
         listing = Path(scratch) / "segments.ffconcat"
-        listing.write_text(ffmpeg.concat_list([str(p) for p in parts]))
-        tmp = out.with_name(f".{out.name}.tmp-join-{os.getpid()}")
-        names = {**(names or {}), str(tmp): (names or {}).get(str(out), out.name), str(listing): listing.name}
+        listing.write_text(ffmpeg.concat_list(part_paths))
+        fd, tmp_name = create_temp(dfd, name)
+        tmp = proc_path(fd)
+        shown = {**shown, tmp: out, str(listing): listing.name}
         try:
             errors = []
             for codec in tries:
-                proc = _run(ffmpeg.join_cmd(str(listing), str(original), str(tmp), muxer, codec), JOIN_TIMEOUT)
+                cmd = ffmpeg.join_cmd(str(listing), proc_path(original), tmp, muxer, codec, demuxer)
+                proc = _run(cmd, JOIN_TIMEOUT)
                 if proc.returncode == 0:
                     break
-                errors.append(f"{codec}: {_reason(proc.stderr, tmp, names)}")
+                errors.append(f"{codec}: {_reason(proc.stderr, Path(tmp), shown)}")
             else:
                 if audio:  # tell a failed audio restore from a failed join
-                    video_only = _run(ffmpeg.join_cmd(str(listing), "", str(tmp), muxer, None), JOIN_TIMEOUT)
+                    video_only = _run(ffmpeg.join_cmd(str(listing), "", tmp, muxer, None), JOIN_TIMEOUT)
                     if video_only.returncode == 0:
                         raise JoinError(f"audio restore failed ({'; '.join(errors)})")
                 raise JoinError(f"joining segments failed: {'; '.join(errors)}")
-            _verify(tmp, parts, bool(audio))
-            if owner and os.geteuid() == 0:
-                os.chown(tmp, *owner)
-            os.replace(tmp, out)
+            _verify(Path(tmp), [Path(p) for p in part_paths], bool(audio))
+            os.fsync(fd)
+            own(fd, owner, masked(OUTPUT_MODE), out)
+            os.rename(tmp_name, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            tmp_name = ""
+            os.fsync(dfd)
         finally:
-            tmp.unlink(missing_ok=True)
+            os.close(fd)
+            if tmp_name:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp_name, dir_fd=dfd)
 
 
 def _verify(joined: Path, parts: list[Path], audio: bool) -> None:

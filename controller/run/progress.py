@@ -19,9 +19,16 @@ from rich.console import Console
 from rich.progress import BarColumn, SpinnerColumn, TaskID, TextColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
+from controller.errors import FfswarmError
 from controller.run import join
 from controller.run.rundir import RunDir
 from controller.run.status import job_status
+
+
+class NotRunning(FfswarmError):
+    """`status --follow` of a job whose controller stopped without a report (exit 1: not done)."""
+
+    exit_code = 1
 
 
 @dataclass(frozen=True)
@@ -210,6 +217,8 @@ def follow(
             active = row["chunks"].get("running", 0) + row["chunks"].get("queued", 0)
             if report is not None and not active:
                 return report
+            if report is None and row["phase"] == "stopped":  # its controller is gone: nothing will end it
+                raise NotRunning(f"job {rundir.job} stopped: no controller runs it; `ffswarm resume {rundir.job}`")
             sleep(poll)
             row = job_status(rundir)
     finally:

@@ -18,9 +18,11 @@ from typing import Any
 from contract.paths import user_text
 from contract.results import ItemStatus
 from controller.job.plan import Plan
+from controller.run import history
 from controller.run.chunks import ChunkRun
 from controller.run.failures import ChunkState
 from controller.run.fold import Fold
+from controller.run.job_lease import rfc3339
 from controller.run.rundir import RunDir
 
 ENDED_WELL = (ItemStatus.OK.value, ItemStatus.NO_FACE.value)
@@ -74,6 +76,8 @@ class Counts:
     chunks_done: int = 0
     chunks_failed: int = 0
     chunks_cancelled: int = 0
+    cancelled: int = 0  # items not run because the job was cancelled (not failures: `resume` runs them)
+    segments: int = 0  # video segments (work items) beside the items the user submitted
 
 
 @dataclass(frozen=True)
@@ -88,11 +92,13 @@ class Report:
     chunks: Mapping[str, Mapping[str, Any]]  # chunk id -> its record (ChunkRun.as_dict)
     timing: Mapping[str, Any] | None = None  # what the job's chunks cost (controller/run/timings.py)
     hooks: Mapping[str, str] | None = None  # on_complete outcomes
+    dropped_lines: Mapping[str, int] | None = None  # chunk id -> runner result lines that did not parse
 
     def exit_code(self) -> int:
         """CLI: 0 every item ok (no_face per policy is not a failure) · 1 failed items or chunks."""
         c = self.counts
-        return 0 if c.failed == 0 and c.chunks_failed == 0 and c.chunks_cancelled == 0 else 1
+        ended_well = c.failed == 0 and c.cancelled == 0 and c.chunks_failed == 0 and c.chunks_cancelled == 0
+        return 0 if ended_well else 1
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -100,6 +106,8 @@ class Report:
             "image": self.image,
             "started": self.started,
             "finished": self.finished,
+            "started_at": rfc3339(self.started),  # the same times for people and JSON tools
+            "finished_at": rfc3339(self.finished),
             "counts": dict(vars(self.counts)),
             "failures": [dict(vars(f)) for f in self.failures],
             "items": {k: e.to_dict() for k, e in self.items.items()},
@@ -109,6 +117,8 @@ class Report:
             out["timing"] = dict(self.timing)
         if self.hooks is not None:
             out["hooks"] = dict(self.hooks)
+        if self.dropped_lines:
+            out["dropped_result_lines"] = dict(self.dropped_lines)
         return out
 
     def to_json(self) -> str:
@@ -128,6 +138,7 @@ class Report:
             chunks={k: dict(v) for k, v in d["chunks"].items()},
             timing=dict(d["timing"]) if d.get("timing") is not None else None,
             hooks=dict(d["hooks"]) if d.get("hooks") is not None else None,
+            dropped_lines=dict(d["dropped_result_lines"]) if d.get("dropped_result_lines") else None,
         )
 
 
@@ -139,22 +150,63 @@ def summary(
     max_failures: int | None = None,
 ) -> list[str]:
     """The end of a job in words. For a terminal (`data_root` given): the counts, the output
-    folders, every failure, the model pack and the report, one per line. For an inbox's reason
-    file (no data root: paths as the user knows them): the counts with the report, then the first
-    `max_failures` failures."""
+    folders, the failures grouped by reason, the model pack and the report, one per line. For an
+    inbox's reason file (no data root: paths as the user knows them): the counts with the report,
+    then the first `max_failures` groups of failures. A reason shared by many items is one line
+    (`14 × cannot write output: Permission denied: a.jpg, b.jpg, c.jpg … and 11 more; see
+    report.json`), so 10,000 failures print a screen, not 10,000 lines."""
     c = report.counts
-    head = f"job {report.job}: {c.ok} ok, {c.no_face} without a face, {c.failed} failed of {c.items} items"
-    failures = [f"failed: {f.input}: {f.reason}" for f in report.failures[:max_failures]]
+    cancelled = f", {c.cancelled} cancelled" if c.cancelled else ""
+    head = f"job {report.job}: {c.ok} ok, {c.no_face} without a face, {c.failed} failed{cancelled} of {c.items} items"
+    groups = failure_lines(report.failures, max_failures if data_root is None else max_failures or MAX_GROUPS)
+    if c.cancelled:
+        groups.append(f"cancelled: {c.cancelled} item(s) not run; `ffswarm resume {report.job}` runs them")
+    if report.dropped_lines:
+        n, chunks = sum(report.dropped_lines.values()), ", ".join(sorted(report.dropped_lines))
+        groups.append(f"warning: {n} runner result line(s) could not be read (chunks {chunks}); see report.json")
     if data_root is None:
-        return [f"{head}; report: {report_path}", *failures]
+        return [f"{head}; report: {report_path}", *groups]
     outputs = sorted({str(Path(i.output).parent) for i in report.items.values() if i.output})
     return [
         f"{head} in {c.chunks} chunks",
         *(f"outputs: {data_root / o}" for o in outputs),
-        *failures,
+        *groups,
         *([f"model pack: {pack}"] if pack else []),
         f"report: {report_path}",
     ]
+
+
+MAX_GROUPS = 20  # reasons on a terminal; the rest are in report.json
+SHOWN_PATHS = 3  # inputs named per reason
+
+
+def reason_key(failure: Failure) -> str:
+    """What a failure's reason says without the item's own path: items failing for one reason share it."""
+    reason = failure.reason or "no reason recorded"
+    key = reason.replace(failure.input, "").strip(" :") if failure.input else reason
+    return " ".join(key.replace(" : ", ": ").split()) or reason
+
+
+def failure_lines(failures: tuple[Failure, ...], max_groups: int | None = None) -> list[str]:
+    """One line per reason (in order of first appearance): a reason of one item names it as before
+    (`failed: a.jpg: reason`); a shared one counts them and names the first few."""
+    groups: dict[str, list[Failure]] = {}
+    for f in failures:
+        groups.setdefault(reason_key(f), []).append(f)
+    lines = []
+    for key, members in groups.items():
+        if len(members) == 1:
+            lines.append(f"failed: {members[0].input}: {members[0].reason}")
+            continue
+        shown = ", ".join(m.input for m in members[:SHOWN_PATHS])
+        more = len(members) - SHOWN_PATHS
+        lines.append(
+            f"failed: {len(members)} × {key}: {shown}" + (f" … and {more} more; see report.json" if more > 0 else "")
+        )
+    if max_groups is not None and len(lines) > max_groups:
+        rest = sum(len(m) for m in list(groups.values())[max_groups:])
+        lines = [*lines[:max_groups], f"… and {rest} more failed item(s) for other reasons; see report.json"]
+    return lines
 
 
 def build_report(plan: Plan, rundir: RunDir, runs: dict[str, ChunkRun], image: str, started: float) -> Report:
@@ -182,10 +234,13 @@ def build_report(plan: Plan, rundir: RunDir, runs: dict[str, ChunkRun], image: s
     items.update(report_items(fold, segments))
     ordered = dict(sorted(items.items()))
     failures = tuple(
-        Failure(item_id, e.input, e.reason, e.chunk) for item_id, e in ordered.items() if e.status not in ENDED_WELL
+        Failure(item_id, e.input, e.reason, e.chunk)
+        for item_id, e in ordered.items()
+        if e.status not in (*ENDED_WELL, "cancelled")
     )
     statuses = Counter(e.status for e in ordered.values())
-    chunk_counts = Counter(r.state.value for r in runs.values())
+    chunks = history.whole(rundir, fold, {cid: run.as_dict() for cid, run in runs.items()})  # every run's
+    chunk_counts = Counter(str(c["state"]) for c in chunks.values())
     counts = Counts(
         items=len(items),
         ok=statuses["ok"],
@@ -195,9 +250,11 @@ def build_report(plan: Plan, rundir: RunDir, runs: dict[str, ChunkRun], image: s
         chunks_done=chunk_counts["done"],
         chunks_failed=chunk_counts["failed"],
         chunks_cancelled=chunk_counts["cancelled"],
+        cancelled=statuses["cancelled"],
+        segments=len(segments),
     )
-    chunks = {cid: run.as_dict() for cid, run in sorted(runs.items())}
-    return Report(plan.job, image, started, time.time(), counts, failures, ordered, chunks)
+    dropped = dict(fold.dropped) or None  # a runner wrote lines no reader understood: said, not hidden
+    return Report(plan.job, image, started, time.time(), counts, failures, ordered, chunks, dropped_lines=dropped)
 
 
 def report_items(fold: Fold, segments: dict[str, ItemEntry]) -> dict[str, ItemEntry]:

@@ -2,8 +2,12 @@
 
 Every file is written to a temporary name in the same folder and renamed into place, so a reader
 (another controller, a runner on another node) sees the old file or the new one, never half of one.
-When the controller runs as root, what it creates is handed to the runner's uid:gid so that the
-non-root runner can append results and logs.
+Every write, chown and delete goes through controller/volume.py: resolved beneath the data root,
+never through a symlink. What the controller acts on (the folder itself, job.yaml, plan.json, chunks/,
+control.json, state.json, image.json, report.json, joins.jsonl) is the controller's (``controller_user``
+or ffswarm's own uid), group the runner's, 0640/0750: runners read manifests, never change them. Only
+the runner folders (contract/layout.py RUNNER_FOLDERS) are the runner's. Whatever is read back is
+validated and bounded; a bad file is a RunFileError naming it, never a traceback.
 """
 
 from __future__ import annotations
@@ -13,17 +17,25 @@ import json
 import os
 import re
 import stat
-import tempfile
 import time
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from contract.errors import ManifestError
 from contract.layout import RUNS, AttemptLog, RunLayout, parse_attempt_log
 from contract.manifest import Manifest
-from contract.results import ItemResult, read_results
-from controller.job.plan import Plan
+from contract.results import ChunkResults, ItemResult, chunk_results
+from controller.errors import FfswarmError
+from controller.job.plan import ID, Plan
+from controller.volume import DIR_MODE, SHARED_DIR_MODE, Owner, UnsafePath, Volume
+
+MiB = 1024**2
+LIMITS = {"job.yaml": 64 * MiB, "plan.json": 256 * MiB, "manifest": 64 * MiB, "state.json": 256 * MiB,
+          "report.json": 256 * MiB, "small": 64 * 1024}  # fmt: skip
+MAX_CONCURRENT = 1_000_000
+_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,510}")
 
 BULK_MANIFESTS = 64
 
@@ -47,31 +59,29 @@ class Control:
     cancel: bool = False
 
 
-def write_atomic(path: Path, data: bytes, owner: tuple[int, int] | None = None, durable: bool = True) -> None:
-    """Temp name in the same folder, then rename. `durable=False` skips the fsync, for bulk writes
-    that the caller makes durable with one os.sync() (planning 5,000 manifests)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        if owner and os.geteuid() == 0:
-            os.chown(tmp, *owner)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+class RunFileError(FfswarmError):
+    """A run-folder file that is not what the controller wrote (edited, truncated, replaced): the
+    message names it relative to the data root and says what is wrong, never its content."""
+
+
+_SYSTEM = Volume(Path("/"))  # for callers holding absolute paths: no symlink anywhere on them
+
+
+def write_atomic(path: Path, data: bytes, owner: Owner | None = None, durable: bool = True) -> None:
+    """Temp name in the same folder (O_EXCL, in the folder's descriptor), then rename and fsync the
+    folder; mode 0640 narrowed by the umask; never through a symlink on any part of ``path`` (an
+    absolute path: callers outside a RunDir). `durable=False` skips the fsyncs, for bulk writes that
+    the caller makes durable with one os.sync() (planning 5,000 manifests)."""
+    _SYSTEM.mkdirs(path.parent)
+    _SYSTEM.write_atomic(path, data, owner, durable=durable)
 
 
 def read_nofollow(path: Path, limit: int) -> bytes | None:
-    """At most ``limit`` bytes of a regular file, never through a symlink; None if it cannot be read."""
+    """At most ``limit`` bytes of a regular file, never through a symlink on any part of its path;
+    None if it cannot be read (missing, a link, a folder, a fifo)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+        fd = _SYSTEM.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, UnsafePath):
         return None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder, a fifo, a device: not a file we read
@@ -89,17 +99,60 @@ def read_nofollow(path: Path, limit: int) -> bytes | None:
 
 
 class RunDir:
-    def __init__(self, data_root: Path, job: str, owner: tuple[int, int] | None = None) -> None:
+    def __init__(self, data_root: Path, job: str, owner: Owner | None = None, controller: Owner | None = None) -> None:
+        """``owner``: the runner's uid:gid (its folders; the group of the controller's files);
+        ``controller``: who owns the controller's files (Config.controller_ids()). Neither given
+        (status, scale, cancel): files keep the run folder's own owner and group."""
         self.data_root = data_root
         self.job = job
         self.layout = RunLayout.host(data_root, job)
         self.path = self.layout.dir
         self.owner = owner
+        self.controller = controller
+        self.volume = Volume(data_root)
         self.made_folders: list[str] = []  # output folders made for this job now (undone if it is refused)
         self.stage: Stage | None = None  # what this controller is doing with the job (written to state.json)
 
+    def rel(self, path: Path) -> str:
+        """How messages name a run-folder file: relative to the data root."""
+        return self.volume.rel(path)
+
+    def controller_owner(self) -> Owner | None:
+        """uid:gid of the controller's files: the controller's uid, the runner's group (runners read
+        manifests and requests, nothing more)."""
+        if self.owner is None and self.controller is None:
+            try:
+                fd = self.volume.open_dir(self.path)
+            except (OSError, UnsafePath):
+                return None
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+            return st.st_uid, st.st_gid
+        uid = self.controller[0] if self.controller is not None else os.geteuid()
+        gid = self.owner[1] if self.owner is not None else self.controller[1] if self.controller is not None else -1
+        return uid, gid
+
+    def runner_owner(self) -> Owner | None:
+        """uid:gid of the runner folders: the runner's; a non-root controller cannot give a folder
+        away, so it keeps it and shares it with the runner's group (SHARED_DIR_MODE)."""
+        if self.owner is None:
+            return None
+        return self.owner if os.geteuid() == 0 else (os.geteuid(), self.owner[1])
+
     def exists(self) -> bool:
-        return self.layout.plan.is_file()
+        """The run folder is complete (plan.json, a regular file, reached without links)."""
+        try:
+            fd = self.volume.open(self.layout.plan, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return False
+        except NotADirectoryError as e:
+            raise UnsafePath(f"{self.rel(self.layout.plan)}: {e.strerror}") from None
+        try:
+            return stat.S_ISREG(os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
 
     def job_digest(self) -> str | None:
         """The sha256 of the job file that started this run (job.sha256, else the frozen job.yaml's,
@@ -108,27 +161,64 @@ class RunDir:
         recorded = read_nofollow(self.layout.job_sha256, 100)
         if recorded is not None and re.fullmatch(rb"[0-9a-f]{64}\n?", recorded):
             return recorded.decode().strip()
-        frozen = read_nofollow(self.layout.job_file, 64 * 1024**2)
+        frozen = read_nofollow(self.layout.job_file, LIMITS["job.yaml"])
         return hashlib.sha256(frozen).hexdigest() if frozen is not None else None
 
-    def _mkdir(self, path: Path) -> None:
-        path.mkdir(parents=True, exist_ok=True)
-        if self.owner and os.geteuid() == 0:
-            os.chown(path, *self.owner)
+    def read_file(self, path: Path, limit: int) -> bytes | None:
+        """A run-folder file's bytes (None: missing); RunFileError for a link, fifo or oversize file."""
+        try:
+            return self.volume.read(path, limit)
+        except UnsafePath as e:
+            raise RunFileError(str(e)) from None
+        except OSError as e:
+            raise RunFileError(f"{self.rel(path)}: cannot read: {e.strerror}") from None
 
-    def _write(self, path: Path, data: bytes) -> None:
-        write_atomic(path, data, self.owner)
+    def _json(self, path: Path, limit: int) -> Any:
+        """A run-folder JSON file (None: missing), parsed; RunFileError if it is not JSON."""
+        data = self.read_file(path, limit)
+        if data is None:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError:
+            raise RunFileError(f"{self.rel(path)}: not valid JSON (edited or truncated?)") from None
+
+    def read_job_file(self) -> bytes:
+        data = self.read_file(self.layout.job_file, LIMITS["job.yaml"])
+        if data is None:
+            raise RunFileError(f"{self.rel(self.layout.job_file)}: missing")
+        return data
+
+    def _mkdir(self, path: Path, owner: Owner | None, mode: int) -> None:
+        try:
+            self.volume.mkdirs(path, owner, mode, enforce=True, exact=mode == SHARED_DIR_MODE)
+        except UnsafePath as e:
+            raise UnsafePath(f"run folder of job {self.job}: {e}") from None
+
+    def _write(self, path: Path, data: bytes, durable: bool = True) -> None:
+        self.volume.write_atomic(path, data, self.controller_owner(), durable=durable)
 
     def write_file(self, path: Path, data: bytes) -> None:
-        """Any other file of the run folder (``path``: one of self.layout's; atomic, owned by the
-        runner's user)."""
-        self._mkdir(self.path)
-        self._write(path, data)
+        """Any other file of the run folder (``path``: one of self.layout's; atomic). The controller's
+        own unless it lies in a runner folder (the identity step's pending answer)."""
+        self._mkdir(self.path, self.controller_owner(), DIR_MODE)
+        if path.parent in self.layout.runner_folders():
+            self._mkdir(path.parent, self.runner_owner(), SHARED_DIR_MODE)
+            self.volume.write_atomic(path, data, self.runner_owner())
+        else:
+            self._write(path, data)
 
     def make_dirs(self) -> None:
-        """The run folder's sub-folders, owned by the runner's user (runners append to them)."""
-        for folder in self.layout.subfolders():
-            self._mkdir(folder)
+        """The run folder (the controller's: runners cannot add, rename or replace files in it),
+        chunks/ (the controller's) and the runner folders. Ownership and modes are set even on
+        folders that exist: one a runner made first, or an older run folder, is taken back."""
+        ctl = self.controller_owner()
+        self.data_root.mkdir(parents=True, exist_ok=True)  # the operator's path (config): trusted
+        self.volume.mkdirs(self.path.parent, ctl, DIR_MODE)  # runs/: made if missing, never taken over
+        for folder in self.layout.controller_folders():
+            self._mkdir(folder, ctl, DIR_MODE)
+        for folder in self.layout.runner_folders():
+            self._mkdir(folder, self.runner_owner(), SHARED_DIR_MODE)
 
     def create(self, job_file: bytes, plan: Plan, manifests: dict[str, Manifest], control: Control, image: str) -> None:
         self.make_dirs()
@@ -139,7 +229,7 @@ class RunDir:
         # cheaper than thousands of fsyncs, dearer than a few).
         bulk = len(manifests) > BULK_MANIFESTS
         for chunk, manifest in manifests.items():
-            write_atomic(self.layout.manifest(chunk), manifest.to_json().encode(), self.owner, durable=not bulk)
+            self._write(self.layout.manifest(chunk), manifest.to_json().encode(), durable=not bulk)
         self.write_control(control)
         self.write_image(image)
         if bulk:
@@ -147,10 +237,26 @@ class RunDir:
         self._write(self.layout.plan, plan.to_json().encode())  # last: its presence means "created"
 
     def plan(self) -> Plan:
-        return Plan.from_json(self.layout.plan.read_text())
+        data = self.read_file(self.layout.plan, LIMITS["plan.json"])
+        if data is None:
+            raise RunFileError(f"{self.rel(self.layout.plan)}: missing")
+        try:
+            plan = Plan.from_json(data)
+        except ValueError as e:
+            raise RunFileError(f"{self.rel(self.layout.plan)}: {str(e).removeprefix('plan.json: ')}") from None
+        if plan.job != self.job:
+            raise RunFileError(f"{self.rel(self.layout.plan)}: names job {plan.job}, not {self.job}")
+        return plan
 
     def manifest(self, chunk: str) -> Manifest:
-        return Manifest.from_json(self.layout.manifest(chunk).read_text())
+        path = self.layout.manifest(chunk)
+        data = self.read_file(path, LIMITS["manifest"])
+        if data is None:
+            raise RunFileError(f"{self.rel(path)}: missing")
+        try:
+            return Manifest.from_json(data.decode("utf-8"))
+        except (ValueError, ManifestError) as e:
+            raise RunFileError(f"{self.rel(path)}: {type(e).__name__}") from None
 
     def write_control(self, control: Control) -> None:
         self._write(
@@ -159,21 +265,33 @@ class RunDir:
         )
 
     def control(self) -> Control:
-        data = json.loads(self.layout.control.read_text())
-        return Control(max_concurrent=int(data["max_concurrent"]), cancel=bool(data.get("cancel", False)))
+        data = self._json(self.layout.control, LIMITS["small"])
+        n = data.get("max_concurrent") if isinstance(data, dict) else None
+        cancel = data.get("cancel", False) if isinstance(data, dict) else None
+        if type(n) is not int or not 0 <= n <= MAX_CONCURRENT or not isinstance(cancel, bool):
+            what = "missing" if data is None else f"not {{max_concurrent: 0…{MAX_CONCURRENT}, cancel: true|false}}"
+            raise RunFileError(f"{self.rel(self.layout.control)}: {what}")
+        return Control(max_concurrent=n, cancel=cancel)
+
+    def chunk_results(self, chunk: str) -> ChunkResults:
+        """Every attempt's results of a chunk, merged (contract/results.py chunk_results: a commit
+        beats an error, the newest attempt wins; lines that do not parse are counted in .dropped)."""
+        try:
+            return chunk_results(self.layout.results_dir, chunk)
+        except OSError:
+            return ChunkResults({}, ())
 
     def results(self, chunk: str) -> list[ItemResult]:
-        try:
-            return read_results(self.layout.results(chunk).read_text())
-        except FileNotFoundError:
-            return []
+        """Every parsed result line of a chunk, all attempts, oldest attempt first."""
+        return list(self.chunk_results(chunk).lines)
 
     def latest_results(self, chunk: str) -> dict[str, ItemResult]:
-        """The last recorded result of each item (later attempts supersede earlier ones)."""
-        out: dict[str, ItemResult] = {}
-        for r in self.results(chunk):
-            out[r.item] = r
-        return out
+        """The deciding result of each item over all attempts (chunk_results)."""
+        return self.chunk_results(chunk).latest
+
+    def results_dropped(self, chunk: str) -> int:
+        """Result lines of a chunk that did not parse (for the report)."""
+        return self.chunk_results(chunk).dropped
 
     def attempt_logs(self, chunk: str | None = None) -> list[tuple[Path, AttemptLog]]:
         """The runner logs of every attempt (of one chunk), in file-name order, with whose each is."""
@@ -202,11 +320,19 @@ class RunDir:
         self.write_state(chunks if isinstance(chunks, dict) else {})
 
     def state(self) -> dict[str, Any] | None:
-        try:
-            data: dict[str, Any] = json.loads(self.layout.state.read_text())
-            return data
-        except FileNotFoundError:
+        """state.json (None: not written yet): an object whose chunks are an object keyed by chunk
+        ids and whose stage is one of Stage; RunFileError otherwise."""
+        data = self._json(self.layout.state, LIMITS["state.json"])
+        if data is None:
             return None
+        chunks, stage = (data.get("chunks", {}), data.get("stage")) if isinstance(data, dict) else (None, None)
+        if (
+            not isinstance(chunks, dict)
+            or not all(ID.fullmatch(c) and isinstance(v, dict) for c, v in chunks.items())
+            or (stage is not None and stage not in {s.value for s in Stage})
+        ):
+            raise RunFileError(f"{self.rel(self.layout.state)}: not a state the controller wrote")
+        return dict(data)
 
     def log_path(self, chunk: str, attempt: int) -> Path:
         return self.layout.log(chunk, attempt)
@@ -216,25 +342,28 @@ class RunDir:
 
     def image(self) -> str:
         """The image (digest or ID) resolved at the first submit: every attempt runs the same one."""
-        return str(json.loads(self.layout.image.read_text())["image"])
+        data = self._json(self.layout.image, LIMITS["small"])
+        image = data.get("image") if isinstance(data, dict) else None
+        if not isinstance(image, str) or not _IMAGE.fullmatch(image):
+            raise RunFileError(f"{self.rel(self.layout.image)}: {'missing' if data is None else 'not an image'}")
+        return image
 
     def write_report(self, report: dict[str, Any]) -> Path:
         self._write(self.layout.report, json.dumps(report, indent=1, sort_keys=True).encode())
         return self.layout.report
 
     def report(self) -> dict[str, Any] | None:
-        try:
-            data: dict[str, Any] = json.loads(self.layout.report.read_text())
-            return data
-        except FileNotFoundError:
-            return None
+        data = self._json(self.layout.report, LIMITS["report.json"])
+        if data is not None and not isinstance(data, dict):
+            raise RunFileError(f"{self.rel(self.layout.report)}: not a report")
+        return data
 
 
 def next_job_id(data_root: Path, name: str, new: bool) -> str:
     """Job id = name; with --new the first free name-2, name-3 … when a run of that name exists."""
-    if not new or not (data_root / RUNS / name).exists():
+    if not new or not os.path.lexists(data_root / RUNS / name):
         return name
     n = 2
-    while (data_root / RUNS / f"{name}-{n}").exists():
+    while os.path.lexists(data_root / RUNS / f"{name}-{n}"):
         n += 1
     return f"{name}-{n}"

@@ -3,25 +3,25 @@
 Ops teams hand work over by dropping files, not by holding a terminal open. The inbox lives on the
 shared volume (`<data_root>/inbox/`), so any manager can take over. A file moves through:
 
-    inbox/NAME.yaml → inbox/running/NAME.yaml → inbox/done/NAME.yaml
-                                              ↘ inbox/failed/NAME.yaml + NAME.yaml.reason.txt
+    inbox/NAME.yaml → inbox/running/NAME.<uuid>.yaml → inbox/done/NAME.yaml
+                                                     ↘ inbox/failed/NAME.yaml + NAME.yaml.reason.txt
 
-While it serves, the controller rewrites a heartbeat beside the inbox (handover.py), so that
-`ffswarm submit --detach` knows someone will run the file it drops there.
+The inbox is read as a hostile folder (controller/run/inbox.py): only regular files are taken, a
+claim never replaces a file, and each claim carries a lease this controller renews with its
+heartbeat. While it serves, the controller also rewrites a heartbeat beside the inbox (handover.py),
+so that `ffswarm submit --detach` knows someone will run the file it drops there.
 
-The claim is a rename (atomic on one filesystem): two controllers never run the same file. The
-controller keeps no state of its own: after a restart every file still in running/ is submitted
-again, and submitting a job whose run folder exists continues it (jobs.py): committed items are not
-redone and chunk services that are still alive are adopted by their labels.
+The controller keeps no state of its own: a file in running/ whose lease has expired (its controller
+is gone) is taken over and submitted again, and submitting a job whose run folder exists continues
+it (jobs.py): committed items are not redone and chunk services that are still alive are adopted by
+their labels. A live controller's files are never taken over.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,98 +29,26 @@ from pathlib import Path
 from contract.layout import RunLayout
 from controller import log
 from controller.config import Config
-from controller.errors import CapacityError, FfswarmError
+from controller.errors import CapacityError, FfswarmError, JobFileError
 from controller.job.paths import relative_text
+from controller.redact import printable
 from controller.run import usecase
 from controller.run.handover import HEARTBEAT_SECONDS, HeartbeatFile
+from controller.run.inbox import JOB_SUFFIXES, SETTLE_SECONDS, Inbox
 from controller.run.metrics import Metrics
 from controller.run.report import summary
 from controller.swarm.docker import DockerSwarm
 
-JOB_SUFFIXES = (".yaml", ".yml")
+__all__ = ["JOB_SUFFIXES", "SETTLE_SECONDS", "Inbox", "Outcome", "Server", "run_job_file"]
+
 MAX_STARTS = 3  # a file still in running/ after this many controller starts is moved to failed/
 RETRY_SECONDS = 30.0  # a job the swarm could not take (exit 69) waits this long in the inbox, then runs again
-SETTLE_SECONDS = 1.0  # a file younger than this may still be being written (write NAME.tmp, then rename)
+MAX_REASON_CHARS = 20_000
 
 
-@dataclass(frozen=True)
-class Inbox:
-    path: Path
-
-    @property
-    def running(self) -> Path:
-        return self.path / "running"
-
-    @property
-    def done(self) -> Path:
-        return self.path / "done"
-
-    @property
-    def failed(self) -> Path:
-        return self.path / "failed"
-
-    def ensure(self) -> None:
-        for d in (self.path, self.running, self.done, self.failed):
-            d.mkdir(parents=True, exist_ok=True)
-
-    def waiting(self, now: float) -> list[Path]:
-        """Job files ready to claim, oldest first; hidden and half-written files are left alone."""
-        files = [
-            p
-            for p in self.path.iterdir()
-            if p.is_file()
-            and p.suffix in JOB_SUFFIXES
-            and not p.name.startswith(".")
-            and now - p.stat().st_mtime >= SETTLE_SECONDS
-        ]
-        return sorted(files, key=lambda p: (p.stat().st_mtime, p.name))
-
-    def claim(self, path: Path) -> Path | None:
-        target = self.running / path.name
-        try:
-            path.rename(target)
-        except FileNotFoundError:  # another controller claimed it first
-            return None
-        return target
-
-    def _starts_file(self, claimed: Path) -> Path:
-        return self.running / f".{claimed.name}.starts"
-
-    def count_start(self, claimed: Path) -> int:
-        """How many times a controller has started this claimed file, this time included (kept beside
-        the claim: a file that kills the controller would otherwise be resumed forever)."""
-        counter = self._starts_file(claimed)
-        try:
-            text = counter.read_text()[:20]
-            before = int(text) if text.strip().isdigit() else 0
-        except OSError:
-            before = 0
-        counter.write_text(f"{before + 1}\n")
-        return before + 1
-
-    def _forget_starts(self, claimed: Path) -> None:
-        self._starts_file(claimed).unlink(missing_ok=True)
-
-    def put_back(self, claimed: Path, delay: float) -> Path:
-        """Return a claimed file to the inbox, not to be picked again for `delay` seconds (its mtime is
-        set into the future: `waiting` only takes files that have settled)."""
-        target = self.path / claimed.name
-        claimed.rename(target)
-        self._forget_starts(claimed)
-        later = time.time() + delay
-        os.utime(target, (later, later))
-        return target
-
-    def finish(self, claimed: Path, ok: bool, reason: str | None) -> Path:
-        folder = self.done if ok else self.failed
-        target = folder / claimed.name
-        if target.exists():  # the same file name ran before: keep both
-            target = folder / f"{claimed.stem}.{time.strftime('%Y%m%dT%H%M%S')}{claimed.suffix}"
-        if reason is not None:
-            (folder / f"{target.name}.reason.txt").write_text(reason.rstrip() + "\n")
-        claimed.rename(target)
-        self._forget_starts(claimed)
-        return target
+def kind(e: FfswarmError) -> str:
+    """The error's kind as reason files name it (one or many job-file errors are a JobFileError)."""
+    return "JobFileError" if isinstance(e, JobFileError) else type(e).__name__
 
 
 @dataclass(frozen=True)
@@ -137,7 +65,8 @@ def run_job_file(config: Config, path: Path, metrics: Metrics) -> Outcome:
     outcome = _run_job_file(config, path, metrics)
     if outcome.reason is None:
         return outcome
-    return dataclasses.replace(outcome, reason=relative_text(outcome.reason, config.data_root))
+    reason = printable(relative_text(outcome.reason, config.data_root), newlines=True)[:MAX_REASON_CHARS]
+    return dataclasses.replace(outcome, reason=reason)
 
 
 def _run_job_file(config: Config, path: Path, metrics: Metrics) -> Outcome:
@@ -147,11 +76,13 @@ def _run_job_file(config: Config, path: Path, metrics: Metrics) -> Outcome:
         backend.check_manager()
         report = usecase.run(config, backend, job, [lambda rundir, job: metrics.sink(rundir, job.spec.resources.gpus)])
     except CapacityError as e:
-        return Outcome(False, f"{type(e).__name__} (exit {e.exit_code}): {e}", retry=True)
+        return Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}", retry=True)
     except FfswarmError as e:
-        return Outcome(False, f"{type(e).__name__} (exit {e.exit_code}): {e}")
+        return Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}")
     except Exception as e:  # one job's failure must not stop the controller or its other jobs
-        return Outcome(False, f"internal error: {e}\n{traceback.format_exc()}")
+        # the traceback goes to the controller's log, never into the reason file beside the job
+        log.get(component="serve", file=path.name).exception("job_file_internal_error")
+        return Outcome(False, f"internal error (exit 70): {type(e).__name__}; the controller's log has the details")
     if report.exit_code() == 0:
         return Outcome(True, None)
     return Outcome(False, "\n".join(summary(report, RunLayout.relative(report.job).report, max_failures=50)))
@@ -179,6 +110,9 @@ class Server:
             raise ValueError("concurrent_jobs must be at least 1")
         self.config = config
         self.inbox = inbox
+        if inbox.max_bytes is None:
+            inbox.max_bytes = config.policy.limits.job_file
+        inbox.interval = heartbeat_every  # leases are renewed with the heartbeat
         self.metrics = metrics
         self.concurrent_jobs = concurrent_jobs
         self.poll = poll
@@ -217,11 +151,20 @@ class Server:
         thread.start()
 
     def _beat(self) -> None:
-        """Tell `submit --detach` this inbox is served; a failed write must not stop the controller."""
+        """Tell `submit --detach` this inbox is served, and renew the lease of every file this
+        controller runs; a failed write must not stop the controller."""
         try:
             self.heartbeat.beat(sum(t.is_alive() for t in self._active.values()))
         except OSError as e:
             self.log.warning("heartbeat_not_written", file=str(self.heartbeat.path), error=str(e))
+        for name, thread in list(self._active.items()):
+            if not thread.is_alive():
+                continue
+            try:
+                if not self.inbox.renew(self.inbox.running / name):
+                    self.log.error("job_file_lease_lost", file=name)
+            except OSError as e:
+                self.log.warning("lease_not_renewed", file=name, error=e.strerror or type(e).__name__)
 
     def serve_forever(self) -> None:
         self.inbox.ensure()
@@ -232,21 +175,31 @@ class Server:
         finally:  # a clean stop (SIGTERM, Ctrl-C) says so at once; a killed one goes stale
             self.heartbeat.remove()
 
-    def _loop(self) -> None:
-        resumed = sorted(p for p in self.inbox.running.iterdir() if p.is_file() and p.suffix in JOB_SUFFIXES)
-        for claimed in resumed:  # claimed by an earlier controller: continue (beyond the limit, once)
+    def _resume_expired(self) -> int:
+        """Files in running/ whose controller is gone (lease expired): taken over and continued
+        (beyond MAX_STARTS, once, to fail them); a live controller's are left alone."""
+        taken = [p for p in self.inbox.expired(time.time()) if p.name not in self._active]
+        for claimed in taken:
             self.log.info("job_file_resumed", file=claimed.name)
             self.start_job(claimed)
-        self.log.info("serving", concurrent_jobs=self.concurrent_jobs, resumed=len(resumed))
+        return len(taken)
+
+    def _loop(self) -> None:
+        resumed = self._resume_expired()
+        self.log.info("serving", concurrent_jobs=self.concurrent_jobs, resumed=resumed)
         beat_due = time.monotonic() + self.heartbeat.interval
         while not self.stop.is_set():
             if time.monotonic() >= beat_due:
                 self._beat()
+                self._resume_expired()
                 beat_due = time.monotonic() + self.heartbeat.interval
             self._active = {k: t for k, t in self._active.items() if t.is_alive()}
             free = self.concurrent_jobs - len(self._active)
-            for path in self.inbox.waiting(time.time())[: max(free, 0)]:
-                taken = self.inbox.claim(path)
+            for path in self.inbox.waiting(time.time()):
+                if free <= 0:
+                    break
+                taken = self.inbox.claim(path)  # None: vanished, taken by another, or refused to failed/
                 if taken is not None:
                     self.start_job(taken)
+                    free -= 1
             self.stop.wait(min(self.poll, max(beat_due - time.monotonic(), 0.05)))

@@ -10,6 +10,8 @@ from typing import Any
 from contract.layout import RUNS, RunLayout
 from controller.config import Config
 from controller.errors import UsageError
+from controller.run import history
+from controller.run import job_lease as lease
 from controller.run.fold import Fold
 from controller.run.rundir import RunDir, Stage
 
@@ -33,14 +35,17 @@ def job_status(rundir: RunDir) -> dict[str, Any]:
     done = sum(items.values())
     segments_total, segments_done = fold.segments()
     first, last = fold.span()
-    state = rundir.state() or {"chunks": {}}
-    chunks = state["chunks"]
+    state = rundir.state() or {}
+    chunks = history.whole(rundir, fold)  # every run's chunk records, not only the last run's
     by_state = Counter(c["state"] for c in chunks.values())
     attempts = sum(len(c["attempts"]) for c in chunks.values())
     nodes = sorted({a["node"] for c in chunks.values() for a in c["attempts"] if a.get("node")})
     stage = state.get("stage")  # recorded by the controller running the job (controller/run/usecase.py)
+    stage = stage if isinstance(stage, str) else None
     control = rundir.control()
-    phase = _phase(control.cancel, stage, rundir.report() is not None, done == total)
+    holder = lease.holder(rundir)
+    phase = _phase(control.cancel and holder is None, stage, rundir.report() is not None, done == total, holder)
+    cancelled = total - done if phase == "cancelled" else 0  # never to be run unless resumed
     eta = None
     work_done = len(fold.results)  # ETA from work items: images and video segments
     if phase == "running" and work_done > 0 and last > first:
@@ -48,13 +53,14 @@ def job_status(rundir: RunDir) -> dict[str, Any]:
     return {
         "job": rundir.job,
         "phase": phase,
-        "stage": stage if phase == "running" else None,
+        "stage": stage if phase == "running" and stage != Stage.ENDED else None,
         "items": {
             "total": total,
             "ok": items["ok"],
             "no_face": items["no_face"],
             "failed": items["error"],
-            "pending": total - done,
+            "cancelled": cancelled,
+            "pending": total - done - cancelled,
         },
         "segments": {"total": segments_total, "done": segments_done},
         "chunks": {"total": len(plan.chunks), **dict(by_state)},
@@ -62,19 +68,38 @@ def job_status(rundir: RunDir) -> dict[str, Any]:
         "nodes": nodes,
         "max_concurrent": control.max_concurrent,
         "eta_seconds": eta,
+        "controller": (
+            {"owner": holder.owner.label, "host": holder.owner.host, "pid": holder.owner.pid, "since": holder.since()}
+            if holder is not None
+            else None
+        ),
     }
 
 
-def _phase(cancelled: bool, stage: str | None, reported: bool, all_ended: bool) -> str:
-    """The stage the controller recorded says whether the job runs; a run folder without one (an
-    older controller's) is judged by its report, as before."""
+def _phase(cancelled: bool, stage: str | None, reported: bool, all_ended: bool, holder: lease.Record | None) -> str:
+    """A job runs while a controller holds its lease (controller/run/job_lease.py); a recorded stage
+    without one is a controller that stopped (Ctrl-C, killed). A run folder without a stage (an
+    older controller's, or chunks run by `docker stack deploy` of a render) is finished once every
+    item has ended, else judged by its report, as before."""
     if cancelled:
         return "cancelled"
-    if stage is not None and stage != Stage.ENDED:
+    if holder is not None:
         return "running"
-    if reported and all_ended:
+    if stage is not None and stage != Stage.ENDED:
+        return "stopped"
+    if all_ended and (reported or stage is None):
         return "finished"
-    return "stopped" if reported else "running"
+    return "stopped" if reported or stage is not None else "running"
+
+
+def finished(rundir: RunDir) -> bool:
+    """Whether the job's run is over: no controller runs it, and its last run ended with a report (or,
+    a rendered stack's job, every item has ended). `cancel` and `scale` refuse such a job."""
+    row = job_status(rundir)
+    if row["phase"] == "finished":
+        return True
+    stage = (rundir.state() or {}).get("stage")
+    return row["controller"] is None and rundir.report() is not None and stage in (None, Stage.ENDED.value)
 
 
 def describe(row: dict[str, Any]) -> str:
@@ -82,13 +107,26 @@ def describe(row: dict[str, Any]) -> str:
     states = ", ".join(f"{v} {k}" for k, v in c.items() if k != "total") or "none started"
     eta = f" · ETA {row['eta_seconds']}s" if row["eta_seconds"] is not None else ""
     seg = row["segments"]
-    stage = f" ({row['stage']})" if row.get("stage") else ""
     segs = f" · video segments {seg['done']}/{seg['total']}" if seg["total"] else ""
+    cancelled = f", {i['cancelled']} cancelled" if i.get("cancelled") else ""
     return (
-        f"{row['job']}: {row['phase']}{stage} · items {i['ok'] + i['no_face']}/{i['total']} done, "
-        f"{i['failed']} failed, {i['pending']} pending{segs} · chunks: {states} (of {c['total']}) · "
+        f"{row['job']}: {_phase_words(row)} · items {i['ok'] + i['no_face']}/{i['total']} done, "
+        f"{i['failed']} failed{cancelled}, {i['pending']} pending{segs} · chunks: {states} (of {c['total']}) · "
         f"{row['attempts']} attempts on {len(row['nodes'])} node(s) · max_concurrent {row['max_concurrent']}{eta}"
     )
+
+
+def _phase_words(row: dict[str, Any]) -> str:
+    ctl, stage, job = row.get("controller"), row.get("stage"), row["job"]
+    if row["phase"] == "running" and ctl:
+        return f"running ({stage + '; ' if stage else ''}controller on {ctl['host']})"
+    if row["phase"] == "running":
+        return "running"  # chunks of a rendered stack: no controller watches them
+    if row["phase"] == "stopped" and row["items"]["pending"]:
+        return f"stopped: no controller — `ffswarm resume {job}`"
+    if row["phase"] == "cancelled" and row["items"]["cancelled"]:
+        return f"cancelled — `ffswarm resume {job}` continues it"
+    return str(row["phase"])
 
 
 def log_lines(rundir: RunDir, chunk: str | None, follow: bool, poll: float = 0.5) -> Iterator[str]:

@@ -16,8 +16,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from controller.errors import EngineUnavailable
+from controller.run import history
 from controller.run.attempts import failure_reason
-from controller.run.chunks import Attempt, ChunkRun, EventSink, Policy
+from controller.run.chunks import Attempt, ChunkRun, EventSink, Policy, create_results_file
 from controller.run.failures import ChunkState, FailureClass, classify_exit, describe_exit
 from controller.run.rundir import RunDir, write_atomic
 from controller.swarm.backend import (
@@ -67,6 +68,7 @@ class Supervisor:
         self._outage_since: float | None = None  # when the engine stopped answering (None: it answers)
         self._outage_naps = 0
         self._dirty = True
+        self.history: dict[str, dict[str, Any]] = {}  # chunk records of earlier runs (kept, appended to)
 
         def emit(event: str, **fields: Any) -> None:
             self._dirty = True
@@ -83,9 +85,11 @@ class Supervisor:
         identity step, whose service is `gate_service`): polled once per round until it returns
         True; whatever it raises ends the run and propagates, the chunks' services left to the caller."""
         self._gate_service = gate_service
+        self.history = history.recorded(self.rundir)
         queue: deque[str] = deque()
         for cid in chunk_ids:
-            self.chunks[cid] = ChunkRun(cid, last_attempt=self.rundir.last_attempt(cid))
+            used = max(self.rundir.last_attempt(cid), history.last_attempt(self.history, cid))
+            self.chunks[cid] = ChunkRun(cid, last_attempt=used)
             queue.append(cid)
         self.events = self.backend.events(self.settings.job)
         try:
@@ -214,12 +218,14 @@ class Supervisor:
             return False
         if len(att.items_recorded) >= size:
             return True
-        return att.read_results(self.rundir.layout.results(run.id)) >= size
+        return att.read_results(self.rundir.layout.results(run.id, att.attempt)) >= size
 
     def _save_state(self) -> None:
-        """state.json: chunk states and attempts, for `ffswarm status` while the job runs."""
+        """state.json: chunk states and attempts, for `ffswarm status` while the job runs; earlier
+        runs' records stay, this run's attempts appended to them (controller/run/history.py)."""
         if self._dirty:
-            self.rundir.write_state({cid: run.as_dict() for cid, run in sorted(self.chunks.items())})
+            now = {cid: run.as_dict() for cid, run in self.chunks.items()}
+            self.rundir.write_state(history.merge(self.history, now))
             self._dirty = False
 
     def _running(self) -> list[ChunkRun]:
@@ -263,6 +269,10 @@ class Supervisor:
         attempt = run.last_attempt + 1
         run.last_attempt = attempt
         spec = chunk_service(self.settings, run.id, attempt, run.avoidance(self.nodes.values(), self.settings.gpus > 0))
+        try:  # before the service: NFS lookup caching cannot hide a file that exists first
+            create_results_file(self.rundir.layout, run.id, attempt, self.rundir.owner)
+        except OSError as e:  # the runner creates it itself; say why it was not made here
+            self.emit("results_file_not_created", chunk=run.id, attempt=attempt, reason=e.strerror or str(e))
         try:
             self.backend.create_service(spec)
         except EngineUnavailable:

@@ -20,16 +20,17 @@ from typing import Any
 
 from controller import log
 from controller.config import Config
-from controller.errors import EngineUnavailable, FfswarmError, JobFileError, UsageError
-from controller.job import access
+from controller.errors import EngineUnavailable, FfswarmError, JobFileError
+from controller.job import access, claims
 from controller.job.plan import Plan
 from controller.run import identity, join, timings
+from controller.run import job_lease as lease
 from controller.run.chunks import ChunkRun, EventSink, Policy
 from controller.run.fold import Fold
 from controller.run.hooks import on_complete
-from controller.run.jobs import PreparedJob, open_run, owner, prepare, runner_settings, start_run
+from controller.run.jobs import PreparedJob, SwarmFactory, open_run, owner, prepare, runner_settings, start_run
 from controller.run.report import Report, build_report
-from controller.run.rundir import RunDir, Stage
+from controller.run.rundir import Control, RunDir, Stage
 from controller.run.supervisor import Supervisor
 from controller.swarm.backend import SwarmBackend, clear_containers
 
@@ -55,41 +56,67 @@ def open_or_start(config: Config, backend: SwarmBackend, job: PreparedJob) -> tu
     return rundir, rundir.image()  # a folder another controller created first pins its own
 
 
-def one_job(config: Config, path: Path) -> PreparedJob:
-    """The one job of an inbox file or a `render` argument, prepared as `submit` would."""
-    prepared = prepare(config, [path], new=False)
+def one_job(config: Config, path: Path, swarm: SwarmFactory | None = None) -> PreparedJob:
+    """The one job of an inbox file or a `render` argument, prepared as `submit` would (``swarm``:
+    the caller's backend, built when first asked for: a bad file is refused before Docker is asked)."""
+    prepared = prepare(config, [path], new=False, swarm=swarm)
     if len(prepared) != 1:
         raise JobFileError(str(path), None, f"one job per file here, found {len(prepared)}")
     return prepared[0]
 
 
-def run(config: Config, backend: SwarmBackend, job: PreparedJob, sinks: Sequence[SinkFactory] = ()) -> Report:
-    """One prepared job start to report (`submit`, `serve`), continuing its run when the folder exists."""
+def run(
+    config: Config,
+    backend: SwarmBackend,
+    job: PreparedJob,
+    sinks: Sequence[SinkFactory] = (),
+    *,
+    uncancel: bool = False,
+) -> Report:
+    """One prepared job start to report (`submit`, `serve`), continuing its run when the folder exists.
+    The job's lease is held meanwhile: a job another controller runs is refused (exit 69). With
+    `uncancel` (an explicit `submit` of the job's file), a cancelled job's remaining items run."""
     rundir, image = open_or_start(config, backend, job)
-    return supervise(config, backend, job, rundir, image, fan_out([make(rundir, job) for make in sinks]))
+    with lease.held(rundir):
+        on_event = fan_out([make(rundir, job) for make in sinks])
+        if uncancel:
+            _uncancel(rundir, on_event)
+        return supervise(config, backend, job, rundir, image, on_event)
 
 
 def submit(
     config: Config, backend: SwarmBackend, jobs: Sequence[PreparedJob], sinks: Sequence[SinkFactory] = ()
 ) -> list[Report]:
-    return [run(config, backend, job, sinks) for job in jobs]
+    """`ffswarm submit`: each job from the start, or continued where its run folder says (a cancelled
+    one included: submitting its file again is asking for the rest)."""
+    return [run(config, backend, job, sinks, uncancel=True) for job in jobs]
 
 
 def resume(config: Config, backend: SwarmBackend, job_id: str, sinks: Sequence[SinkFactory] = ()) -> Report:
-    """Continue a job from its run folder: live services are adopted, committed items never redone."""
+    """Continue a job from its run folder (`resume`, `retry`): live services are adopted, committed
+    items never redone, a cancelled job's remaining items run."""
     job, rundir = open_run(config, job_id)
-    if rundir.control().cancel:
-        raise UsageError(f"job {job_id} was cancelled; submit it again with --new to run it afresh")
-    todo = Fold.read(job.plan, rundir).pending_chunks()
-    access.make_folders(config.data_root, access.check_plan(config, job.plan, todo, str(job.file)), owner(config))
-    on_event = fan_out([make(rundir, job) for make in sinks])
-    return supervise(config, backend, job, rundir, rundir.image(), on_event)
+    with lease.held(rundir):
+        on_event = fan_out([make(rundir, job) for make in sinks])
+        _uncancel(rundir, on_event)
+        todo = Fold.read(job.plan, rundir).pending_chunks()
+        access.make_folders(config.data_root, access.check_plan(config, job.plan, todo, str(job.file)), owner(config))
+        return supervise(config, backend, job, rundir, rundir.image(), on_event)
+
+
+def _uncancel(rundir: RunDir, on_event: EventSink) -> None:
+    """An explicit resume or submit of a cancelled job continues it: the cancel flag is cleared."""
+    control = rundir.control()
+    if control.cancel:
+        rundir.write_control(Control(control.max_concurrent, cancel=False))
+        log.get(job=rundir.job).info("job_uncancelled")
+        on_event("job_uncancelled")
 
 
 def render_ready(config: Config, backend: SwarmBackend, path: Path) -> tuple[PreparedJob, RunDir, str]:
     """`render JOB_FILE`: the run folder started (image pinned as for every run) and its identity
     answered, so that the stack's runners find their manifests and the answer."""
-    job = one_job(config, path)
+    job = one_job(config, path, lambda: backend)
     rundir, image = open_or_start(config, backend, job)
     ensure_identity(config, backend, job, rundir, image)
     return job, rundir, image
@@ -104,6 +131,7 @@ def _refused(backend: SwarmBackend, rundir: RunDir) -> None:
     clear_containers(backend, rundir.job, REFUSAL_GRACE)
     shutil.rmtree(rundir.path, ignore_errors=True)
     access.remove_folders(rundir.data_root, rundir.made_folders)
+    claims.release(rundir.data_root, rundir.job)
 
 
 def ensure_identity(config: Config, backend: SwarmBackend, job: PreparedJob, rundir: RunDir, image: str) -> None:
@@ -146,6 +174,7 @@ def supervise(
         report = replace(report, hooks=on_complete(config.policy, hooks, report.to_dict(), path))
         rundir.write_report(report.to_dict())
     rundir.enter(Stage.ENDED)
+    claims.release(rundir.data_root, rundir.job)  # its outputs are its own now: no live job holds them
     return report
 
 
@@ -169,10 +198,20 @@ def _identity_and_chunks(
     settings = runner_settings(config, job, image)
     sizes = {c.id: len(c.items) for c in plan.chunks}
     sup = Supervisor(backend, rundir, settings, policy, on_event=emit, sizes=sizes)
-    todo = Fold.read(plan, rundir).pending_chunks()
+    fold = Fold.read(plan, rundir)
+    todo = fold.pending_chunks()
     step = identity.start(config, backend, settings, rundir, str(job.file))
     rundir.enter(Stage.IDENTITY if step is not None else Stage.CHUNKS)
-    emit("job_started", chunks=len(plan.chunks), pending=len(todo), items=len(plan.items), image=image)
+    segments = fold.segments()[0]
+    # items: what the user submitted (images and videos), as job_finished and the summary count them
+    emit(
+        "job_started",
+        chunks=len(plan.chunks),
+        pending=len(todo),
+        items=fold.user_total(),
+        segments=segments,
+        image=image,
+    )
 
     refusal: list[FfswarmError] = []
 

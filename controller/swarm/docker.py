@@ -20,8 +20,9 @@ import requests.exceptions
 from docker import types as dt
 
 from controller.errors import CapacityError, EngineUnavailable, FfswarmError, MissingInputError
+from controller.swarm import network
 from controller.swarm.backend import NodeInfo, NodeState, ServiceState, TaskState
-from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, ServiceSpec, service_prefix
+from controller.swarm.servicespec import LABEL_JOB, ServiceSpec, service_prefix
 
 LABEL_SERVICE_NAME = "com.docker.swarm.service.name"  # set by the engine on every task's container
 
@@ -216,29 +217,13 @@ class DockerSwarm:
         digests = image.attrs.get("RepoDigests") or []
         return str(digests[0]) if digests else str(image.id)
 
-    def ensure_network(self, name: str) -> None:
-        """An `internal` overlay network (no egress, no route out of the node), made once: runners need
-        no network. Made before a job's first service, never while it runs (a node update on engine
-        20.10 can make Swarm reject a running GPU task)."""
+    def ensure_network(self, name: str, image: str, user: str) -> None:
+        """The runners' internal overlay network and its anchor (controller/swarm/network.py), made
+        once per controller, before a job's first runner."""
         if name in self._networks:
             return
-        with translated(f"creating network {name}"):
-            found = [n for n in self._client.api.networks(names=[name]) if n.get("Name") == name]
-            if not found:
-                try:
-                    self._client.api.create_network(
-                        name, driver="overlay", internal=True, attachable=False, labels={LABEL_ROLE: "runners"}
-                    )
-                except docker.errors.APIError as e:
-                    if e.status_code != 409:  # made meanwhile by another controller
-                        raise
-            else:
-                options = found[0]
-                if not options.get("Internal") or options.get("Driver") != "overlay":
-                    raise CapacityError(
-                        f"network {name} exists but is not an internal overlay network: remove it "
-                        f"(docker network rm {name}) and ffswarm makes it again"
-                    )
+        with translated(f"making the runners' network {name}"):
+            network.ensure(self._client, name, image, user)
         self._networks.add(name)
 
     def create_service(self, spec: ServiceSpec) -> str:
@@ -270,8 +255,8 @@ class DockerSwarm:
             generic_resources=dict(spec.generic_resources) or None,
         )
         resources["Limits"]["Pids"] = spec.pids_limit  # API 1.41; docker-py's Resources has no field for it
-        for network in spec.networks:
-            self.ensure_network(network)
+        for net in spec.networks:
+            self.ensure_network(net, spec.image, spec.user)
         template = dt.TaskTemplate(
             container_spec=container,
             resources=resources,

@@ -26,10 +26,8 @@ ROLE_RUNNER = "runner"
 RUNNER_COMMAND = ("/opt/ffswarm/bin/python", "-m", "runner_image")
 TMPFS_BYTES = 512 * 1024 * 1024
 LOG_OPTIONS: Mapping[str, str] = MappingProxyType({"max-size": "20m", "max-file": "3"})
-RUNNER_NETWORK = "ffswarm-runners"  # an `internal` overlay network (no egress) that ffswarm can create
-# Not attached by default: on engine 20.10 a task on an overlay network changes its node's attachments,
-# and that node update made Swarm reject GPU tasks ("assigned node no longer meets constraints", seen on
-# the dev swarm with it on). Runner services stay on the engine's default bridge until that is solved.
+RUNNER_NETWORK = "ffswarm-runners"  # the `internal` overlay network (no egress) runners are on; its anchor
+# service keeps node attachments still so runners never cause a node update (controller/swarm/network.py)
 PIDS_LIMIT = 1024  # processes and threads per container: onnxruntime's and ffmpeg's threads fit well within
 RUNNER_NANO_CPUS = 2 * 10**9  # CPU limit per container unless policy.limits.cpus says otherwise
 
@@ -105,7 +103,7 @@ class ServiceSpec:
     memory_reservation_bytes: int = 0  # 0: the limit (the scheduler only places it where it fits)
     pids_limit: int = PIDS_LIMIT
     nano_cpus: int = RUNNER_NANO_CPUS
-    networks: tuple[str, ...] = ()  # e.g. (RUNNER_NETWORK,): see RUNNER_NETWORK for why none by default
+    networks: tuple[str, ...] = (RUNNER_NETWORK,)  # no egress: runners need no network
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:

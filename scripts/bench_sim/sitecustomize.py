@@ -35,7 +35,7 @@ def _simulate(sim: dict, manifest_path: str) -> None:
     while m.identity and (_load(m.identity) or {"pending": True}).get("pending"):
         time.sleep(0.05)  # worker.await_identity polls at the same period
     os.makedirs(f"{m.run_dir}/results", exist_ok=True)
-    fd = os.open(m.results_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(m.results_path(attempt), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     due = time.time()
     for item in m.items:
         t0 = due

@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from itertools import combinations
 from pathlib import Path
 
-from contract.results import ItemResult, ItemStatus, read_results
+from contract.results import ItemResult, ItemStatus, chunk_results, read_results
 from tests.cluster.conftest import MANAGER, W1, W2, WORKERS, Cluster, Job, Watch
 from tests.fixtures import photos
 
@@ -167,8 +167,7 @@ def test_worker_lost_mid_job_chunks_finish_elsewhere_once(cluster: Cluster, job:
             while not killed_chunk:
                 assert time.monotonic() < deadline and proc.poll() is None, "no chunk on w2 got going"
                 for t in watch.running_on(W2):
-                    path = job.run / "results" / f"{t.chunk}.jsonl"
-                    if path.is_file() and read_results(path.read_text()):
+                    if chunk_results(job.run / "results", t.chunk).lines:
                         killed_chunk = t.chunk
                 time.sleep(0.05)
             subprocess.run(["docker", "kill", W2], check=True, capture_output=True)
@@ -182,7 +181,7 @@ def test_worker_lost_mid_job_chunks_finish_elsewhere_once(cluster: Cluster, job:
         assert attempts[-1]["node"] == cluster.node_ids[W1] and attempts[-1]["outcome"] == "done", attempts
         assert report["counts"]["ok"] == n and report["counts"]["chunks_failed"] == 0
         # Items the lost attempt committed were not redone: re-acknowledged as cached.
-        lines = read_results((job.run / "results" / f"{killed_chunk}.jsonl").read_text())
+        lines = chunk_results(job.run / "results", killed_chunk).lines  # every attempt's file
         assert any(r.cached for r in lines if r.attempt > 1), "the retry redid committed items"
         assert_every_item_committed_once(job, n)
         print(f"\ncluster: {W2} killed; job finished {recovered:.1f} s later")

@@ -71,7 +71,7 @@ def test_killed_runner_container_is_retried_and_completes(workspace: Workspace, 
     ws = workspace
     job = make_job(ws, 12, ws.config.image, chunk_size=12, retries=2)
     proc = popen_submit(ws, "submit", str(job))
-    results = ws.root / "runs" / ws.job / "results" / "c0000.jsonl"
+    results = ws.root / "runs" / ws.job / "results" / "c0000.a1.jsonl"
     wait_for(lambda: results.exists() and results.read_text().count("\n") >= 2, 120, "first results")
     # the chunk runner (the identity step's container may still be on its way out)
     (container,) = swarm.client.containers.list(filters={"label": [f"{LABEL_JOB}={ws.job}", "io.ffswarm.role=runner"]})
@@ -122,7 +122,7 @@ def test_killed_controller_then_resume(workspace: Workspace, swarm: DockerSwarm,
     job = make_job(ws, 8, fault_image, faults={"*": {"*": {"sleep": 2}}}, chunk_size=2, max_concurrent=1)
     with ServiceWatch(swarm, ws.job) as watch:
         proc = popen_submit(ws, "submit", str(job))
-        state = ws.root / "runs" / ws.job / "results" / "c0000.jsonl"
+        state = ws.root / "runs" / ws.job / "results" / "c0000.a1.jsonl"
         wait_for(lambda: state.exists() and state.read_text().count("\n") == 2, 120, "chunk c0000 committed")
         wait_for(lambda: "c0001" in "".join(watch.specs), 30, "chunk c0001 started")
         os.kill(proc.pid, signal.SIGKILL)

@@ -2,9 +2,8 @@
 
 The stack's services are compared field by field with services controller.swarm.docker.DockerSwarm creates
 from the same ServiceSpecs. The only differences allowed are the ones `docker stack deploy` always
-adds (its namespace/image labels, an endpoint mode, empty privileges, the name prefix) and the one
-network every stack service must name: the engine's predefined `bridge`, which is where the SDK's
-network-less services run anyway.
+adds (its namespace/image labels, an endpoint mode, empty privileges, the name prefix, aliases on the
+network). Both name the runners' internal network, which `render` made (with its anchor) beforehand.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from contract.results import ItemStatus
 from controller.config import load_config
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.render import render_runner_stack
+from controller.swarm.servicespec import RUNNER_NETWORK
 from tests.fixtures import photos
 from tests.integration.conftest import CONFIG, Workspace, chown_tree
 
@@ -53,7 +53,7 @@ def normalize(spec: dict[str, Any], network_name: Callable[[str], str]) -> dict[
         s.pop("EndpointSpec")
     task = s["TaskTemplate"]
     nets = task.pop("Networks", None)
-    assert nets is None or [network_name(n["Target"]) for n in nets] == ["bridge"], nets  # the SDK's: none
+    assert [network_name(n["Target"]) for n in nets or []] == [RUNNER_NETWORK], nets
     c = task["ContainerSpec"]
     c["Labels"] = {k: v for k, v in c.get("Labels", {}).items() if k not in STACK_LABELS}
     c["Env"] = sorted(c.get("Env", []))
@@ -138,6 +138,6 @@ resources: {{gpus: 1, gpu_kind: GPU, memory: 2g}}
 
 
 def _results(run: Path, chunk: str) -> list[Any]:
-    from contract.results import read_results
+    from contract.results import chunk_results
 
-    return read_results((run / "results" / f"{chunk}.jsonl").read_text())
+    return list(chunk_results(run / "results", chunk).lines)  # every attempt's results file

@@ -156,7 +156,8 @@ def test_a_restarted_serve_continues_its_job(workspace: Workspace, serve: Serve,
         assert time.monotonic() < deadline, "no chunk service appeared"
         time.sleep(0.1)
     serve.kill()  # SIGKILL mid-job: chunk services keep running, the file stays in running/
-    assert (serve.inbox / "running" / f"{ws.job}.yaml").is_file()
+    (claimed,) = (serve.inbox / "running").glob(f"{ws.job}.*.yaml")  # claimed under a unique name, with a lease
+    assert claimed.is_file() and (serve.inbox / "running" / f".{claimed.name}.lease").is_file()
     serve.start()
     wait_for(serve.inbox / "done" / f"{ws.job}.yaml", 300, serve)
     report = (ws.root / "runs" / ws.job / "report.json").read_text()

@@ -113,6 +113,8 @@ timeout: 10m
         "chunks_done": 3,
         "chunks_failed": 0,
         "chunks_cancelled": 0,
+        "cancelled": 0,
+        "segments": 0,
     }
     assert [f["input"] for f in report["failures"]] == [ws.rel(broken)]
     assert report["image"].startswith("sha256:")

@@ -4,21 +4,25 @@ redirected."""
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from controller.swarm.backend import ENDED
 from controller.swarm.docker import DockerSwarm
-from controller.swarm.servicespec import PIDS_LIMIT, RUNNER_NANO_CPUS
+from controller.swarm.servicespec import PIDS_LIMIT, RUNNER_NANO_CPUS, RUNNER_NETWORK
 from tests.integration.conftest import ServiceWatch, Workspace, shell_service
 from tests.integration.test_operating import make_job, report_of
 
@@ -146,4 +150,75 @@ def test_runner_services_carry_memory_pids_and_cpu_limits(workspace: Workspace, 
     task = json.loads(inspect.stdout)[0]["Spec"]["TaskTemplate"]
     assert task["Resources"]["Limits"] == {"MemoryBytes": 256 << 20, "NanoCPUs": RUNNER_NANO_CPUS, "Pids": PIDS_LIMIT}
     assert task["Resources"]["Reservations"]["MemoryBytes"] == 256 << 20
-    assert "Networks" not in task  # the engine's bridge: see servicespec.RUNNER_NETWORK for why not yet internal
+    assert [n["Target"] for n in task["Networks"]] == [network_id(RUNNER_NETWORK)]
+
+
+def network_id(name: str) -> str:
+    out = subprocess.run(
+        ["docker", "network", "inspect", name], capture_output=True, text=True, timeout=60, env=DOCKER_ENV
+    )
+    assert out.returncode == 0, out.stderr
+    net = json.loads(out.stdout)[0]
+    assert net["Internal"] is True and net["Driver"] == "overlay"
+    return str(net["Id"])
+
+
+def test_runners_have_no_network_out(workspace: Workspace, swarm: DockerSwarm) -> None:
+    """A runner connects to a TCP server listening on every address of the host: from the engine's
+    bridge it gets through (the control: this test can fail), from the runners' network it cannot."""
+    ws = workspace
+    image = swarm.resolve_image(ws.config.image)
+    server = socket.create_server(("0.0.0.0", 0))
+    port = server.getsockname()[1]
+    bridge = subprocess.run(
+        ["docker", "network", "inspect", "bridge", "--format", "{{(index .IPAM.Config 0).Gateway}}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=DOCKER_ENV,
+    )
+    gateway = bridge.stdout.strip()
+    assert bridge.returncode == 0 and gateway, bridge.stderr
+    probe = (
+        '/opt/ffswarm/bin/python -c "import socket,sys; s=socket.socket(); s.settimeout(3); '
+        f"sys.exit(0 if s.connect_ex(('{gateway}', {port})) == 0 else 3)\""
+    )
+    runner = shell_service(ws, image, "c0000", probe)
+    control = dataclasses.replace(shell_service(ws, image, "c0001", probe), networks=())
+    try:
+        for spec in (runner, control):
+            swarm.create_service(spec)
+        ended = wait_ended(swarm, ws, {runner.name, control.name})
+    finally:
+        server.close()
+    assert (ended[control.name].state, ended[control.name].exit_code) == ("complete", 0)
+    assert (ended[runner.name].state, ended[runner.name].exit_code) == ("failed", 3)
+
+
+def test_gpu_runners_on_the_network_are_never_rejected(workspace: Workspace, swarm: DockerSwarm) -> None:
+    """Runners arriving on and leaving a node used to change its network attachments, and each such
+    node update made Swarm reject the node's GPU tasks ("assigned node no longer meets constraints").
+    With the anchor, one GPU runner after another (and two at once) all run to completion."""
+    ws = workspace
+    image = swarm.resolve_image(ws.config.image)
+    names: set[str] = set()
+    for wave in (("c0000",), ("c0001", "c0002"), ("c0003",)):
+        specs = [shell_service(ws, image, c, "sleep 2; exit 0") for c in wave]
+        for spec in specs:
+            swarm.create_service(spec)
+        names |= {s.name for s in specs}
+        ended = wait_ended(swarm, ws, {s.name for s in specs})
+        assert {n: (t.state, t.message) for n, t in ended.items()} == {s.name: ("complete", "finished") for s in specs}
+    history = [t for svc in swarm.services(ws.job) if svc.name in names for t in svc.tasks]
+    assert [t for t in history if t.state == "rejected"] == []
+    assert len(history) == 4
+
+
+def wait_ended(swarm: DockerSwarm, ws: Workspace, names: set[str], timeout: float = 90) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        latest = {s.name: s.latest_task() for s in swarm.services(ws.job) if s.name in names}
+        if len(latest) == len(names) and all(t is not None and t.state in ENDED for t in latest.values()):
+            return latest
+        time.sleep(0.3)
+    raise AssertionError(f"{sorted(names)}: not ended within {timeout:.0f} s")

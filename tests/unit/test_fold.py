@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 from contract.manifest import Segment
 from contract.results import ItemResult, ItemStatus
 from controller.job.plan import Chunk, Plan, PlannedItem, PlannedVideo
+from controller.run import job_lease as lease
 from controller.run.chunks import ChunkRun
 from controller.run.failures import ChunkState
 from controller.run.fold import Fold, committed
@@ -68,7 +70,7 @@ def test_status_and_the_report_count_what_the_fold_says(tmp_path: Path) -> None:
     write(rd, "c0000", line("i000000", ItemStatus.OK, output="/data/out/0.jpg"), line("i000001", ItemStatus.NO_FACE))
     write(rd, "c0001", line("i000002", ItemStatus.ERROR))
     row = job_status(rd)
-    assert row["items"] == {"total": 5, "ok": 1, "no_face": 1, "failed": 1, "pending": 2}
+    assert row["items"] == {"total": 5, "ok": 1, "no_face": 1, "failed": 1, "cancelled": 0, "pending": 2}
     runs = {"c0001": ChunkRun("c0001", state=ChunkState.FAILED, reason="runner exit 65")}
     report = build_report(rd.plan(), rd, runs, "sha256:pinned", 1.0)
     assert (report.counts.ok, report.counts.no_face, report.counts.failed, report.counts.items) == (1, 1, 3, 5)
@@ -81,9 +83,12 @@ def test_the_report_round_trips_through_report_json_in_the_same_shape(tmp_path: 
     write(rd, "c0000", line("i000000", ItemStatus.OK, output="/data/out/0.jpg"))
     report = build_report(rd.plan(), rd, {"c0000": ChunkRun("c0000", state=ChunkState.DONE)}, "sha256:p", 1.0)
     data = report.to_dict()
-    assert set(data) == {"job", "image", "started", "finished", "counts", "failures", "items", "chunks"}
+    assert set(data) == {
+        "job", "image", "started", "finished", "started_at", "finished_at", "counts", "failures", "items", "chunks",
+    }  # fmt: skip
     assert set(data["counts"]) == {
         "items", "ok", "no_face", "failed", "chunks", "chunks_done", "chunks_failed", "chunks_cancelled",
+        "cancelled", "segments",
     }  # fmt: skip
     assert set(data["failures"][0]) == {"item", "input", "reason", "chunk"}
     assert set(data["items"]["i000000"]) == {"input", "output", "status", "reason", "chunk"}
@@ -99,10 +104,14 @@ def test_one_summary_for_a_terminal_and_for_an_inbox_reason_file(tmp_path: Path)
     rd = run_folder(tmp_path)
     write(rd, "c0000", line("i000000", ItemStatus.OK, output="/data/out/0.jpg"), line("i000001", ItemStatus.ERROR))
     report = build_report(rd.plan(), rd, {}, "sha256:p", 1.0)
-    failed = [f"failed: {f.input}: {f.reason}" for f in report.failures]
+    one, *shared, video = [f"failed: {f.input}: {f.reason}" for f in report.failures]
+    # the two items of chunk c0001 fail for one reason: one line counts and names them
+    failed = [one, "failed: 2 × no result recorded by chunk c0001: in/2.jpg, in/3.jpg", video]
+    assert len(shared) == 2
     assert summary(report, "runs/j/report.json", max_failures=2) == [
         "job j: 1 ok, 0 without a face, 4 failed of 5 items; report: runs/j/report.json",
         *failed[:2],
+        "… and 1 more failed item(s) for other reasons; see report.json",
     ]
     lines = summary(report, "/srv/runs/j/report.json", Path("/srv"), "default")
     assert lines == [
@@ -122,8 +131,23 @@ def test_status_reads_the_stage_the_controller_recorded(tmp_path: Path) -> None:
     state = rd.state() or {}
     assert state["stage"] == "chunks" and state["chunks"]["c0000"]["state"] == "running"  # records kept
     rd.write_report({"job": "j"})  # a retry's old report: the recorded stage says the job runs again
-    row = job_status(rd)
-    assert row["phase"] == "running" and row["stage"] == "chunks"
-    assert describe(row).startswith("j: running (chunks) · items")
+    assert job_status(rd)["phase"] == "stopped"  # ... but no controller holds its lease: nothing runs it
+    with lease.held(rd):
+        row = job_status(rd)
+        assert row["phase"] == "running" and row["stage"] == "chunks"
+        assert describe(row).startswith(f"j: running (chunks; controller on {socket.gethostname()}) · items")
     rd.enter(Stage.ENDED)
     assert job_status(rd)["phase"] == "stopped" and job_status(rd)["stage"] is None  # items still pending
+
+
+def test_unreadable_result_lines_are_counted_in_the_report_and_said_in_the_summary(tmp_path: Path) -> None:
+    """A runner's torn or garbage lines are dropped by the reader but never hidden: report.json counts
+    them per chunk and the end-of-job summary warns."""
+    rd = run_folder(tmp_path)
+    write(rd, "c0000", line("i000000", ItemStatus.OK, output="/data/out/0.jpg"), "{torn\n", "not json\n")
+    report = Report.from_dict(json.loads(build_report(rd.plan(), rd, {}, "sha256:p", 1.0).to_json()))
+    assert report.to_dict()["dropped_result_lines"] == {"c0000": 2}
+    assert report.items["i000000"].status == "ok"
+    assert "warning: 2 runner result line(s) could not be read (chunks c0000); see report.json" in summary(
+        report, rd.layout.report
+    )

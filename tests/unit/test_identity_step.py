@@ -46,16 +46,16 @@ def new_job(tmp_path: Path, extra: str = "") -> tuple[Config, PreparedJob, RunDi
 def answer(rundir: RunDir, result: IdentityResult, log: list[list[str]], swarm: FakeSwarm) -> Callable[[], None]:
     def effect() -> None:
         log.append(sorted(swarm.alive()))
-        (rundir.path / "identity.json").write_text(result.to_json())
+        rundir.layout.identity.write_text(result.to_json())
 
     return effect
 
 
 def test_identity_runs_beside_the_first_chunks_on_the_cpu_without_a_gpu(tmp_path: Path) -> None:
     config, job, rundir = new_job(tmp_path)
-    assert IdentityResult.from_json((rundir.path / "identity.json").read_text()).pending
+    assert IdentityResult.from_json(rundir.layout.identity.read_text()).pending
     manifest = rundir.manifest("c0000")
-    assert manifest.identity == "/data/runs/j/identity.json" and manifest.source_embedding is None
+    assert manifest.identity == "/data/runs/j/identity/identity.json" and manifest.source_embedding is None
     assert manifest.identity_timeout == config.schedule_timeout + 600 + 60
     request = IdentityRequest.from_json((rundir.path / "identity-request.json").read_text())
     assert request.providers == ("cpu",) and request.sources == ("/data/faces/star.jpg",)
@@ -72,7 +72,7 @@ def test_identity_runs_beside_the_first_chunks_on_the_cpu_without_a_gpu(tmp_path
     assert step.labels[LABEL_ROLE] == "identity" and step.constraints == chunk.constraints
     assert step.command[-3:] == ("identity", "--request", "/data/runs/j/identity-request.json")
     assert swarm.alive() == []
-    assert IdentityResult.from_json((rundir.path / "identity.json").read_text()).source_embedding == EMBEDDING
+    assert IdentityResult.from_json(rundir.layout.identity.read_text()).source_embedding == EMBEDDING
 
 
 def test_a_refused_identity_removes_the_jobs_services_and_run_folder(tmp_path: Path) -> None:
@@ -121,7 +121,7 @@ def test_resume_reruns_a_step_that_a_dead_controller_left_pending(tmp_path: Path
 
 def test_a_job_whose_identity_is_known_runs_no_step(tmp_path: Path) -> None:
     config, job, rundir = new_job(tmp_path)
-    (rundir.path / "identity.json").write_text(IdentityResult(source_embedding=EMBEDDING).to_json())
+    rundir.layout.identity.write_text(IdentityResult(source_embedding=EMBEDDING).to_json())
     swarm = FakeSwarm()
     supervise(config, swarm, job, rundir, IMAGE)
     assert IDENTITY not in [s.name for s in swarm.created]
@@ -153,7 +153,7 @@ def test_a_step_ended_by_its_node_before_answering_runs_again(tmp_path: Path) ->
     swarm.on_end["identity"] = ended
     supervise(config, swarm, job, rundir, IMAGE)
     assert [s.name for s in swarm.created].count(IDENTITY) == 2
-    assert IdentityResult.from_json((rundir.path / "identity.json").read_text()).source_embedding == EMBEDDING
+    assert IdentityResult.from_json(rundir.layout.identity.read_text()).source_embedding == EMBEDDING
 
 
 def test_a_step_whose_node_dies_runs_again_on_another_node(tmp_path: Path) -> None:
@@ -177,7 +177,7 @@ def test_a_step_whose_node_dies_runs_again_on_another_node(tmp_path: Path) -> No
     supervise(config, swarm, job, rundir, IMAGE)
     steps = [s for s in swarm.created if s.name == IDENTITY]
     assert len(steps) == 2
-    assert IdentityResult.from_json((rundir.path / "identity.json").read_text()).source_embedding == EMBEDDING
+    assert IdentityResult.from_json(rundir.layout.identity.read_text()).source_embedding == EMBEDDING
 
 
 def test_a_docker_error_after_the_identity_answered_keeps_the_run_folder(tmp_path: Path) -> None:

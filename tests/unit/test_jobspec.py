@@ -391,13 +391,29 @@ def test_python_tags_are_refused(tag: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "got"),
-    [("", "an empty file"), ("- a\n- b\n", "a list"), ("holiday\n", "'holiday'"), ("42\n", "42")],
+    [("", "an empty file"), ("- a\n- b\n", "a list"), ("holiday\n", "a string"), ("42\n", "42")],
 )
 def test_top_level_must_be_a_mapping(text: str, got: str) -> None:
     with pytest.raises(JobFileError) as e:
         parse_job_text(text, FILE)
     assert e.value.field is None
     assert e.value.reason == f"the top level must be a mapping of job fields, got {got}"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n",
+        "name: a\nsource: !!python/object/apply:os.system ['cat /etc/shadow']\n",
+        "name: a\n  targets: 'hunter2-token'\n bad\n",
+    ],
+)
+def test_a_refused_job_file_names_line_and_column_never_its_text(text: str) -> None:
+    """A key file (or anything) read as a job file: the reason says where, not what (issue 16)."""
+    with pytest.raises(JobFileError) as e:
+        parse_job_text(text, FILE)
+    for secret in ("BEGIN", "b3BlbnNz", "os.system", "shadow", "hunter2"):
+        assert secret not in str(e.value)
 
 
 def test_a_key_written_twice_is_refused() -> None:

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from controller import models as models_mod
 from controller.cli import cli
-from controller.errors import MissingInputError
+from controller.errors import MissingInputError, UsageError
 from tests.fixtures.standin_pack import build_pack
 
 
@@ -79,19 +79,70 @@ def _quiet(msg: str) -> None:
 def test_fetch_over_http_resumes_an_interrupted_download(tmp_path: Path, server: str, source: Path) -> None:
     root = tmp_path / "models"
     _Handler.cut.append(True)
-    with pytest.raises(MissingInputError, match="run again to resume"):
-        models_mod.fetch(root, "default", server, log=_quiet)
-    assert not (root / "default").exists()
-    (part,) = list((root / ".default.fetch").glob("*.part"))
-    size = part.stat().st_size
-    assert size > 0
-    models_mod.fetch(root, "default", server, log=_quiet)
-    name = part.name.removesuffix(".part")
-    assert (name, f"bytes={size}-") in _Handler.requests  # the rest only, not the whole file again
+    models_mod.fetch(root, "default", server, log=_quiet, allow_http=True)
+    ranged = [(name, rng) for name, rng in _Handler.requests if rng]
+    assert len(ranged) == 1 and ranged[0][1] != "bytes=0-"  # the rest only, not the whole file again
     for f in source.iterdir():
         assert (root / "default" / f.name).read_bytes() == f.read_bytes()
     assert models_mod.verify(root / "default").ok
-    assert not (root / ".default.fetch").exists()
+    assert [p.name for p in root.iterdir()] == ["default"]  # no staging folder left behind
+
+
+def test_fetch_refuses_http_without_the_flag_and_names_no_credentials(tmp_path: Path, server: str) -> None:
+    root = tmp_path / "models"
+    url = server.replace("http://", "http://user:s3cret@") + "/?token=abc"
+    with pytest.raises(UsageError, match="http:// is refused") as e:
+        models_mod.fetch(root, "default", url, log=_quiet)
+    assert "s3cret" not in str(e.value) and "token" not in str(e.value)
+    assert _Handler.requests == [] and not root.exists()
+    with pytest.raises(UsageError, match="only https://"):
+        models_mod.fetch(root, "default", "ftp://example.invalid/pack", log=_quiet)
+
+
+def test_fetch_pins_pack_yaml_or_says_it_trusts_the_source(tmp_path: Path, server: str, source: Path) -> None:
+    root = tmp_path / "models"
+    said: list[str] = []
+    with pytest.raises(MissingInputError, match="not the pinned"):
+        models_mod.fetch(root, "default", server, log=said.append, allow_http=True, pack_sha256="0" * 64)
+    assert not root.exists() or not (root / "default").exists()
+    models_mod.fetch(root, "default", server, log=said.append, allow_http=True)
+    assert any("trusting the source for the checksums" in line for line in said)
+    said.clear()
+    pin = hashlib.sha256((source / "pack.yaml").read_bytes()).hexdigest()
+    models_mod.fetch(root, "default", server, log=said.append, allow_http=True, pack_sha256=pin)
+    assert any("matches --pack-sha256" in line for line in said)
+    assert not any("trusting" in line for line in said)
+
+
+def test_fetch_never_follows_a_planted_staging_link(tmp_path: Path, server: str, source: Path) -> None:
+    root = tmp_path / "models"
+    victim = tmp_path / "host" / "victim.onnx"
+    victim.parent.mkdir()
+    victim.write_bytes(b"host file")
+    stage = root / ".default.fetch"  # where fetch used to stage
+    stage.mkdir(parents=True)
+    for f in source.iterdir():
+        (stage / f"{f.name}.part").symlink_to(victim)
+    (root / ".default.fetch-x").symlink_to(victim.parent)
+    models_mod.fetch(root, "default", server, log=_quiet, allow_http=True)
+    assert victim.read_bytes() == b"host file" and list(victim.parent.iterdir()) == [victim]
+    assert models_mod.verify(root / "default").ok
+    assert not any((root / "default").joinpath(f.name).is_symlink() for f in source.iterdir())
+    assert (root / "default").stat().st_mode & 0o777 == 0o755
+
+
+def test_fetch_caps_each_file_and_refuses_non_regular_source_entries(tmp_path: Path, source: Path) -> None:
+    root = tmp_path / "models"
+    with pytest.raises(MissingInputError, match="over the limit"):
+        models_mod.fetch(root, "default", str(source), log=_quiet, max_bytes=1000)
+    assert not (root / "default").exists() and list(root.iterdir()) == []
+    odd = tmp_path / "odd"
+    shutil.copytree(source, odd)
+    (odd / "w600k_r50.onnx").unlink()
+    (odd / "w600k_r50.onnx").symlink_to(source / "w600k_r50.onnx")
+    with pytest.raises(MissingInputError, match="w600k_r50.onnx: cannot fetch"):
+        models_mod.fetch(root, "default", str(odd), log=_quiet)
+    assert list(root.iterdir()) == []
 
 
 def test_fetch_refuses_a_wrong_checksum_and_keeps_the_installed_pack(tmp_path: Path, source: Path) -> None:

@@ -53,7 +53,7 @@ def test_manifests_use_container_paths_and_round_trip() -> None:
     assert m.items[0].input == "/data/crowd/p02.jpg" and m.items[0].output == "/data/out/p02.jpg"
     assert m.source == ("/data/faces/a.jpg", "/data/faces/b.jpg")
     assert m.pack_dir == "/data/models/default" and m.run_dir == "/data/runs/h"
-    assert m.results_path == "/data/runs/h/results/c0001.jsonl"
+    assert m.results_path(2) == "/data/runs/h/results/c0001.a2.jsonl"
     assert Manifest.from_json(m.to_json()) == m
 
 
@@ -87,16 +87,19 @@ def test_run_folder_layout_and_atomic_files(tmp_path: Path) -> None:
     rd.create(b"name: h\n", plan, chunk_manifests(plan, ms()), Control(2), "sha256:x")
     names = sorted(str(p.relative_to(rd.path)) for p in rd.path.rglob("*"))
     assert names == [
+        "attempts",  # the runner folders, made by the controller: the folder's top is not the runner's (issue 16)
         "chunks",
         "chunks/c0000.json",
         "chunks/c0001.json",
         "control.json",
+        "identity",
         "image.json",
         "job.sha256",  # the job file's identity (issue 15)
         "job.yaml",
         "logs",
         "plan.json",
         "results",
+        "segments",
     ]
     assert rd.plan() == plan and rd.control() == Control(2) and rd.image() == "sha256:x"
     assert rd.manifest("c0000").chunk == "c0000"
@@ -130,7 +133,7 @@ def test_pending_identity_is_named_in_every_manifest() -> None:
     long to wait for it (faces: reference included: its reference embedding comes from there too)."""
     settings = dataclasses.replace(ms(), faces=FaceSelection.REFERENCE, identity_timeout=420.0)
     for m in chunk_manifests(make_plan("h", targets(3), 2), settings).values():
-        assert m.identity == "/data/runs/h/identity.json" and m.identity_timeout == 420.0
+        assert m.identity == "/data/runs/h/identity/identity.json" and m.identity_timeout == 420.0
         assert m.source_embedding is None and m.reference_embedding is None
         assert Manifest.from_json(m.to_json()) == m
     without = chunk_manifests(make_plan("h", targets(1), 1), ms())["c0000"]

@@ -64,8 +64,9 @@ def test_every_spec_field_lands_where_stack_deploy_reads_it(volume: VolumeSpec) 
         assert deploy["resources"]["reservations"]["generic_resources"] == [
             {"discrete_resource_spec": {"kind": "GPU", "value": 1}}
         ]
-        assert svc["networks"] == ["net_bridge"]
-    assert doc["networks"] == {"net_bridge": {"external": True, "name": "bridge"}}  # where the SDK's run
+        assert svc["networks"] == ["net_ffswarm_runners"]
+    # the SDK's runners' network, made (with its anchor) by ffswarm before the stack is deployed
+    assert doc["networks"] == {"net_ffswarm_runners": {"external": True, "name": "ffswarm-runners"}}
     assert doc["volumes"] == {
         "data": {
             "name": volume.name,

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from contract.identity import IdentityResult
+from controller.job import claims
 from controller.run import usecase
 from controller.run.metrics import Metrics
 from controller.run.rundir import RunDir, Stage
@@ -46,7 +47,7 @@ def test_a_resumed_job_whose_identity_is_known_starts_at_its_chunks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config, job, rundir = new_job(tmp_path)
-    (rundir.path / "identity.json").write_text(IdentityResult(source_embedding=EMBEDDING).to_json())
+    rundir.layout.identity.write_text(IdentityResult(source_embedding=EMBEDDING).to_json())
     seen = stages_of(rundir, monkeypatch)
     usecase.supervise(config, FakeSwarm(), job, rundir, IMAGE)
     assert seen[0] == "chunks"
@@ -57,7 +58,7 @@ def test_the_run_folder_pins_the_image_after_the_tag_moved(tmp_path: Path) -> No
     swarm = FakeSwarm(images={config.image: MOVED})
     reopened, image = usecase.open_or_start(config, swarm, job)
     assert image == IMAGE and reopened.image() == IMAGE
-    (rundir.path / "identity.json").write_text(IdentityResult(source_embedding=EMBEDDING).to_json())
+    rundir.layout.identity.write_text(IdentityResult(source_embedding=EMBEDDING).to_json())
     report = usecase.run(config, swarm, job)
     assert report.image == IMAGE
     assert swarm.created and {s.image for s in swarm.created} == {IMAGE}
@@ -65,6 +66,7 @@ def test_the_run_folder_pins_the_image_after_the_tag_moved(tmp_path: Path) -> No
 
 def test_a_new_run_resolves_the_tag_once_and_records_it(tmp_path: Path) -> None:
     config, job, rundir = new_job(tmp_path)
+    claims.release(config.data_root, "j")  # j-2 plans j's outputs: j must let them go first
     job = type(job)(job.file, job.spec, job.resolved, job.plan, "j-2", job.folders)
     swarm = FakeSwarm(images={config.image: MOVED})
     fresh, image = usecase.open_or_start(config, swarm, job)
@@ -73,7 +75,7 @@ def test_a_new_run_resolves_the_tag_once_and_records_it(tmp_path: Path) -> None:
 
 def test_every_sink_gets_every_event_and_the_textfile_the_jobs_gpu_count(tmp_path: Path) -> None:
     config, job, rundir = new_job(tmp_path, "resources: {gpus: 0}\n")  # the textfile path once said 1
-    (rundir.path / "identity.json").write_text(IdentityResult(source_embedding=EMBEDDING).to_json())
+    rundir.layout.identity.write_text(IdentityResult(source_embedding=EMBEDDING).to_json())
     events: dict[str, list[str]] = {"a": [], "b": []}
     metrics, textfile = Metrics(), tmp_path / "ffswarm.prom"
     made: list[Any] = []

@@ -24,7 +24,7 @@ from PIL import Image
 
 from contract.identity import IdentityRequest, IdentityResult
 from contract.manifest import FaceSelection, Item, Limits, Manifest, NoFacePolicy
-from contract.results import ItemResult, ItemStatus, read_results
+from contract.results import ItemResult, ItemStatus, chunk_results
 from runner_image.__main__ import main
 from runner_image.errors import Terminated
 from tests.fixtures import photos
@@ -81,7 +81,8 @@ def run(root: Path, manifest: str, attempt: int = 1) -> int:
 
 
 def results(root: Path, chunk: str = "c0001") -> list[ItemResult]:
-    return read_results((root / "runs" / JOB / "results" / f"{chunk}.jsonl").read_text())
+    """Every line of every attempt's results file of the chunk (results/<chunk>.a<n>.jsonl)."""
+    return list(chunk_results(root / "runs" / JOB / "results", chunk).lines)
 
 
 def by_input(lines: list[ItemResult], attempt: int | None = None) -> dict[str, ItemResult]:
@@ -89,7 +90,7 @@ def by_input(lines: list[ItemResult], attempt: int | None = None) -> dict[str, I
 
 
 def temp_files(root: Path) -> list[Path]:
-    return [p for p in root.rglob("*") if ".tmp-" in p.name]
+    return [p for p in root.rglob("*") if ".tmp-" in p.name or p.name.endswith(".tmp")]
 
 
 def log_lines(text: str) -> Iterator[dict[str, Any]]:
@@ -393,7 +394,8 @@ def test_exif_rotation_is_honoured(data: Path) -> None:
 def test_unwritable_output_is_an_item_error_without_temp_files(data: Path) -> None:
     (data / "out").mkdir()
     (data / "out" / "astronaut.png").mkdir()  # a folder where the output should go
-    assert run(data, write_manifest(data, ["astronaut.jpg"])) == 3
+    # overwrite: the job may replace files; a folder still cannot be (without it: test_hostile_runner)
+    assert run(data, write_manifest(data, ["astronaut.jpg"], overwrite=True)) == 3
     (r,) = results(data)
     assert r.status is ItemStatus.ERROR
     assert r.reason == "out/astronaut.png: cannot write output: Is a directory"
@@ -408,7 +410,7 @@ def test_unsupported_output_extension_is_an_item_error(data: Path) -> None:
 
 def test_torn_line_from_a_killed_writer_does_not_hide_later_lines(data: Path) -> None:
     manifest = write_manifest(data, ["astronaut.jpg"])
-    results_file = data / "runs" / JOB / "results" / "c0001.jsonl"
+    results_file = data / "runs" / JOB / "results" / "c0001.a1.jsonl"
     results_file.parent.mkdir(parents=True)
     results_file.write_text('{"item": "i000000", "status": "o')  # killed mid-line, no newline
     assert run(data, manifest) == 0
@@ -549,6 +551,7 @@ def test_reasons_name_files_as_the_job_file_does(data: Path) -> None:
         source=("/data/in/source.jpg",),
         items=items,
         providers=("cpu",),
+        overwrite=True,  # the folder is in the way even so
     )
     (data / "runs" / JOB / "chunks" / "c0001.json").write_text(manifest.to_json())
     assert run(data, f"{RUN}/chunks/c0001.json") == 3

@@ -119,7 +119,7 @@ def test_averaged_sources_differ_from_a_single_source(data: Path) -> None:
     assert run(data, write_manifest(data, ["astronaut.jpg"], chunk="c0001")) == 0
     single = pixels(data / "out/astronaut.png")
     two = ("/data/in/source.jpg", "/data/in/face_02.jpg")
-    assert run(data, write_manifest(data, ["astronaut.jpg"], chunk="c0002", source=two)) == 0
+    assert run(data, write_manifest(data, ["astronaut.jpg"], chunk="c0002", source=two, overwrite=True)) == 0
     averaged = pixels(data / "out/astronaut.png")
     x1, y1, x2, y2 = photos.ASTRONAUT_FACE
     assert np.abs(single - averaged)[y1:y2, x1:x2].mean() > 1

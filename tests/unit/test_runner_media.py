@@ -201,17 +201,6 @@ def test_atomic_write_onto_a_directory_cleans_temp(tmp_path: Path) -> None:
     assert _leftovers(tmp_path) == []
 
 
-def test_stale_temps_of_one_output_are_removed(tmp_path: Path) -> None:
-    target = tmp_path / "out[1].jpg"
-    stale = media.temp_name(target)
-    stale.write_bytes(b"partial")
-    other = media.temp_name(tmp_path / "other.jpg")
-    other.write_bytes(b"someone else's")
-    media.remove_stale_temps(target)
-    assert not stale.exists()
-    assert other.exists()
-
-
 def test_empty_and_header_only_files_say_what_they_are() -> None:
     with pytest.raises(ItemError, match=r"^empty file \(0 bytes\)$"):
         media.decode_image(b"", Limits())

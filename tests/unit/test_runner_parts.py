@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from contract.manifest import FaceSelection
-from contract.results import ItemResult, ItemStatus
+from contract.results import ItemResult, ItemStatus, merge_attempts
 from runner_image import faces, models, swap
 from runner_image.errors import ItemError, MissingInput, Temporary
 from runner_image.faces import Face
@@ -119,14 +119,9 @@ def test_committed_keeps_done_items_and_redoes_errors() -> None:
     def line(item: str, status: ItemStatus, attempt: int) -> ItemResult:
         return ItemResult(item=item, status=status, attempt=attempt, input="/data/i", output="/data/o")
 
-    done = committed(
-        [
-            line("a", ItemStatus.OK, 1),
-            line("b", ItemStatus.ERROR, 1),
-            line("c", ItemStatus.NO_FACE, 1),
-            line("a", ItemStatus.ERROR, 2),  # an error never undoes a committed output
-        ]
-    )
+    first = [line("a", ItemStatus.OK, 1), line("b", ItemStatus.ERROR, 1), line("c", ItemStatus.NO_FACE, 1)]
+    second = [line("a", ItemStatus.ERROR, 2)]  # an error never undoes a committed output
+    done = committed(merge_attempts([(1, "".join(r.to_line() for r in first)), (2, second[0].to_line())]))
     assert sorted(done) == ["a", "c"]
 
 

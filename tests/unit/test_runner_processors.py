@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from contract.manifest import Item, Manifest
+from contract.results import ItemStatus
 from runner_image import faces, models, pipeline, processors, swap
 from runner_image.volume import DataRoot
 from tests.fixtures import photos
@@ -161,7 +162,7 @@ def test_pipeline_runs_items_concurrently_with_the_same_results(
         cv2.imwrite(str(tmp_path / "in" / name), images["t1" if i % 2 else "astronaut"])
         names.append(name)
     items = tuple(Item(f"i{i:06d}", f"/data/in/{n}", f"/data/out/{n}") for i, n in enumerate(names))
-    manifest = _manifest(items=items)
+    manifest = _manifest(items=items, overwrite=True)  # the second pass replaces the first's outputs
     identity = _identity(loaded, images["astronaut"])
 
     def engine() -> pipeline.Engine:
@@ -172,11 +173,11 @@ def test_pipeline_runs_items_concurrently_with_the_same_results(
 
     serial: dict[str, bytes] = {}
     got: list[str] = []
-    pipeline.run_items(engine(), items, 1, lambda r: got.append(r.item))
+    pipeline.run_items(engine(), items, 1, lambda r: got.append(r.item) if r.status is ItemStatus.OK else None)
     for n in names:
         serial[n] = (tmp_path / "out" / n).read_bytes()
     got.clear()
-    pipeline.run_items(engine(), items, 3, lambda r: got.append(r.item))
+    pipeline.run_items(engine(), items, 3, lambda r: got.append(r.item) if r.status is ItemStatus.OK else None)
     assert sorted(got) == [i.id for i in items]
     for n in names:
         assert (tmp_path / "out" / n).read_bytes() == serial[n]

@@ -52,7 +52,7 @@ def test_chunk_service_golden() -> None:
         "memory_reservation_bytes": 6 << 30,  # reserved as well as limited: placed only where it fits
         "pids_limit": 1024,
         "nano_cpus": 2 * 10**9,  # policy.limits.cpus
-        "networks": [],  # the engine's bridge (controller/swarm/servicespec.py RUNNER_NETWORK: why)
+        "networks": ["ffswarm-runners"],  # internal overlay: no egress (controller/swarm/network.py)
     }
 
 

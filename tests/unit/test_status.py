@@ -47,7 +47,7 @@ def test_a_running_job_counts_items_and_estimates_the_rest(tmp_path: Path) -> No
     )
     s = job_status(rd)
     assert s["phase"] == "running"
-    assert s["items"] == {"total": 4, "ok": 1, "no_face": 0, "failed": 1, "pending": 2}
+    assert s["items"] == {"total": 4, "ok": 1, "no_face": 0, "failed": 1, "cancelled": 0, "pending": 2}
     assert s["chunks"] == {"total": 2, "done": 1, "running": 1}
     assert s["nodes"] == ["n1", "n2"] and s["attempts"] == 2
     assert s["eta_seconds"] == 2  # 2 items took 2 s, 2 remain

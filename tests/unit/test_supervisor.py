@@ -308,7 +308,7 @@ def test_a_chunk_whose_items_are_all_recorded_is_watched_closely(
     (rundir.path / "results").mkdir(parents=True)
     rundir.write_control(Control(1))
     body = "".join(_result_line(i, a) for i, a in lines)
-    (rundir.path / "results" / "c0000.jsonl").write_text(body + '{"item": "i2", "stat')  # and a torn line
+    (rundir.path / "results" / "c0000.a1.jsonl").write_text(body + '{"item": "i2", "stat')  # and a torn line
     clock = Clock()
     policy = Policy(retries=0, poll=0.5, ending_poll=0.05)
     sup = Supervisor(swarm, rundir, settings(), policy, clock=clock, sleep=clock.sleep, sizes={"c0000": 3})

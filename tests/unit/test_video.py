@@ -31,31 +31,37 @@ from runner_image import video as rvideo
 from runner_image.errors import ItemError
 from runner_image.volume import DataRoot
 
+MOV = "mov,mp4,m4a,3gp,3g2,mj2"
 SEG = Segment(start_frame=25, frame_count=25, fps="30000/1001", width=480, height=360, timescale=30000)
 
 # --- command builders ------------------------------------------------------------------------------
 
 
+WL = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi"
+SAFE = ["-protocol_whitelist", "file", "-format_whitelist", WL]  # every input: files only, these demuxers only
+
+
 def test_probe_cmd() -> None:
     assert ffmpeg.probe_cmd("/d/a.mp4") == [
-        "ffprobe", "-v", "error", "-count_packets", "-show_format", "-show_streams", "-of", "json", "/d/a.mp4",
+        "ffprobe", "-v", "error", *SAFE, "-count_packets", "-show_format", "-show_streams", "-of", "json", "/d/a.mp4",
     ]  # fmt: skip
+    assert ffmpeg.frame_times_cmd("/d/a.mkv", "matroska")[:9] == ["ffprobe", "-v", "error", *SAFE, "-f", "matroska"]
 
 
 def test_decode_cmd_selects_exactly_the_frame_range() -> None:
     assert ffmpeg.decode_cmd("/data/in/a.mp4", SEG) == [
         "ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error",
-        "-i", "/data/in/a.mp4", "-map", "0:v:0", "-an", "-sn", "-dn",
+        *SAFE, "-i", "/data/in/a.mp4", "-map", "0:v:0", "-an", "-sn", "-dn",
         "-vf", "select='between(n,25,49)'", "-fps_mode", "passthrough", "-frames:v", "25",
         "-f", "rawvideo", "-pix_fmt", "bgr24", "pipe:1",
     ]  # fmt: skip
 
 
 def test_decode_cmd_seeks_when_the_plan_knows_the_segments_time() -> None:
-    seg = Segment(**{**SEG.__dict__, "seek": "0.817483"})
+    seg = Segment(**{**SEG.__dict__, "seek": "0.817483", "demuxer": "mov"})
     assert ffmpeg.decode_cmd("/data/in/a.mp4", seg) == [
         "ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error",
-        "-ss", "0.817483", "-i", "/data/in/a.mp4", "-map", "0:v:0", "-an", "-sn", "-dn",
+        "-ss", "0.817483", *SAFE, "-f", "mov", "-i", "/data/in/a.mp4", "-map", "0:v:0", "-an", "-sn", "-dn",
         "-fps_mode", "passthrough", "-frames:v", "25", "-f", "rawvideo", "-pix_fmt", "bgr24", "pipe:1",
     ]  # fmt: skip
 
@@ -64,16 +70,20 @@ def test_encode_cmd_keeps_rate_and_timebase() -> None:
     seg = Segment(0, 30, "25/1", 360, 480, 12800, sar="117/128", codec="libx265", crf=23, preset="fast")
     assert ffmpeg.encode_cmd("/data/runs/j/segments/.x.tmp", seg) == [
         "ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error",
-        "-f", "rawvideo", "-pix_fmt", "bgr24", "-s", "360x480", "-framerate", "25/1", "-i", "pipe:0",
+        "-f", "rawvideo", "-pix_fmt", "bgr24", "-s", "360x480", "-framerate", "25/1",
+        "-protocol_whitelist", "pipe", "-i", "pipe:0",
         "-an", "-vf", "setsar=117/128", "-c:v", "libx265", "-crf", "23", "-preset", "fast",
         "-pix_fmt", "yuv420p", "-video_track_timescale", "12800", "-f", "mp4", "-y", "/data/runs/j/segments/.x.tmp",
     ]  # fmt: skip
 
 
 def test_join_cmd_copies_video_and_maps_audio() -> None:
-    head = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-f", "concat", "-safe", "0", "-i", "l.txt"]
-    assert ffmpeg.join_cmd("l.txt", "in.mov", "o.tmp", "mov", "copy") == [
-        *head, "-i", "in.mov", "-map", "0:v:0", "-map", "1:a", "-c:v", "copy", "-c:a", "copy",
+    head = [
+        "ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error",
+        "-protocol_whitelist", "file", "-format_whitelist", f"concat,{WL}", "-f", "concat", "-safe", "0", "-i", "l.txt",
+    ]  # fmt: skip
+    assert ffmpeg.join_cmd("l.txt", "in.mov", "o.tmp", "mov", "copy", "mov") == [
+        *head, *SAFE, "-f", "mov", "-i", "in.mov", "-map", "0:v:0", "-map", "1:a", "-c:v", "copy", "-c:a", "copy",
         "-movflags", "+faststart", "-f", "mov", "-y", "o.tmp",
     ]  # fmt: skip
     assert ffmpeg.join_cmd("l.txt", "in.mkv", "o.tmp", "matroska", None) == [
@@ -82,6 +92,8 @@ def test_join_cmd_copies_video_and_maps_audio() -> None:
     assert ffmpeg.join_cmd("l.txt", "in.avi", "o.tmp", "webm", "libopus")[-8:] == [
         "-c:v", "copy", "-c:a", "libopus", "-f", "webm", "-y", "o.tmp",
     ]  # fmt: skip
+    with pytest.raises(ValueError, match="hls"):
+        ffmpeg.join_cmd("l.txt", "in.mp4", "o.tmp", "mp4", "copy", "hls")
 
 
 def test_concat_list_escapes_quotes() -> None:
@@ -184,7 +196,7 @@ def probe_json(video_stream: dict[str, Any] | None = None, audio: bool = True, *
     streams: list[dict[str, Any]] = [v]
     if audio:
         streams.append({"index": 1, "codec_type": "audio", "codec_name": "aac", "duration": "3.000000"})
-    return json.dumps({"streams": streams, "format": {"duration": "3.003000", **fmt}})
+    return json.dumps({"streams": streams, "format": {"duration": "3.003000", "format_name": MOV, **fmt}})
 
 
 def test_probe_ntsc_with_audio() -> None:
@@ -284,6 +296,7 @@ def test_image_only_plans_are_unchanged() -> None:
 
 # --- with the host's ffmpeg ---------------------------------------------------------------------------
 
+
 def test_ffmpeg_is_installed() -> None:
     """The tests below run the host's ffmpeg (scripts/dev-swarm.sh installs it): a missing one fails loudly."""
     assert shutil.which("ffmpeg") and shutil.which("ffprobe")
@@ -333,10 +346,10 @@ def run_segments(root: Path, plan: Plan, only: set[str] | None = None) -> RunDir
         "default", ("s.jpg",), ("face_swapper",), ("cpu",), FaceSelection.MANY, NoFacePolicy.COPY
     )
     for cid, m in chunk_manifests(plan, settings).items():
-        with open(rundir.path / "results" / f"{cid}.jsonl", "a") as f:
+        with open(rundir.path / "results" / f"{cid}.a1.jsonl", "a") as f:
             for item in m.items:
                 if only is None or item.id in only:
-                    status, out, n = rvideo.process_segment(item, DataRoot(root), STEPS)
+                    status, out, n, _ = rvideo.process_segment(item, DataRoot(root), STEPS)
                     f.write(ItemResult(item.id, status, 1, item.input, out, faces=n).to_line())
     return rundir
 

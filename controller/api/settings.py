@@ -1,0 +1,214 @@
+"""The config's ``api:`` and ``tenants:`` sections (docs/api.md#config), parsed strictly.
+
+Pure data: nothing here reads a key file or the disk (the API reads its key files when it starts,
+controller/api/auth.py), so every other command keeps working on a config whose secrets live only
+where the API runs. Every refusal is a ``FieldError`` naming ``api.<field>`` or ``tenants.<t>.<field>``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from controller.job.validate import FieldError, check_int, check_keys, check_str, show
+
+TENANT_NAME = r"[a-z0-9-]{1,40}"  # a folder under tenants/: no dots, so never a hidden name
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_SIZE = re.compile(r"(\d+)\s*([kmgt]?)(i?b)?", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+_LISTEN = re.compile(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(\d{1,5})")
+HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
+KEY_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512")
+DEFAULT_LISTEN = "127.0.0.1:8080"
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Per tenant: GPU slots at once (None: no cap of its own), jobs not yet finished, bytes one
+    request may upload, bytes its area may hold."""
+
+    gpus: int | None = None
+    jobs_queued: int = 100
+    upload: int = 2 * 1024**3
+    stored: int = 200 * 1024**3
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    api_keys_sha256: tuple[str, ...] = ()
+    quota: Quota = field(default_factory=Quota)
+    weight: int = 1
+
+
+@dataclass(frozen=True)
+class JwtSettings:
+    """Tokens signed by an identity provider: ``sub`` is the tenant, ``exp`` is required, and only
+    ``algorithms`` are accepted (HMAC ones with ``secret_file``, key pairs with ``public_key_file``,
+    never both kinds: a public key must never be usable as an HMAC secret)."""
+
+    algorithms: tuple[str, ...]
+    key_file: Path
+    audience: str | None = None
+    issuer: str | None = None
+
+    @property
+    def hmac(self) -> bool:
+        return self.algorithms[0] in HMAC_ALGORITHMS
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    listen: str = DEFAULT_LISTEN
+    signing_key_file: Path | None = None  # signed download links; without it, links are off
+    link_ttl: int = 7 * 86400
+    jwt: JwtSettings | None = None
+    max_zip_entries: int = 10_000
+    max_zip_bytes: int = 8 * 1024**3  # unpacked, per request
+    max_zip_ratio: int = 200  # an entry may unpack to at most this many times its compressed size
+
+
+def parse_size(value: object, f: str) -> int:
+    """``2GiB``, ``512m``, ``10k`` or whole bytes (binary units) → bytes (> 0)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    else:
+        m = _SIZE.fullmatch(value.strip()) if isinstance(value, str) else None
+        if m is None:
+            raise FieldError(f, f"must be a size like 2GiB, 512m or whole bytes, got {show(value)}")
+        size = int(m.group(1)) * _UNITS[m.group(2).lower()]
+    if size <= 0:
+        raise FieldError(f, f"must be a size above zero, got {show(value)}")
+    return size
+
+
+def parse_ttl(value: object, f: str) -> int:
+    """``7d``, ``12h``, ``30m``, ``1d12h`` or whole seconds → seconds (> 0)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        seconds = value
+    else:
+        m = _DURATION.fullmatch(value) if isinstance(value, str) and value else None
+        if m is None:
+            raise FieldError(f, f"must be a duration like 7d, 12h or 30m, or whole seconds, got {show(value)}")
+        d, h, mins, s = (int(g) if g else 0 for g in m.groups())
+        seconds = d * 86400 + h * 3600 + mins * 60 + s
+    if seconds <= 0:
+        raise FieldError(f, f"must be a duration longer than zero, got {show(value)}")
+    return seconds
+
+
+def parse_listen(value: object, f: str = "listen") -> tuple[str, int]:
+    """``HOST:PORT`` → (host, port); an IPv6 host is written in brackets."""
+    m = _LISTEN.fullmatch(value) if isinstance(value, str) else None
+    if m is None or not 0 < int(m.group(2)) < 65536:
+        raise FieldError(f, f"must be HOST:PORT like 127.0.0.1:8080, got {show(value)}")
+    return m.group(1).strip("[]"), int(m.group(2))
+
+
+def _mapping(value: object, f: str, known: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise FieldError(f, f"must be a mapping, got {show(value)}")
+    check_keys(value, known, parent=f)
+    return value
+
+
+def _abs_path(value: object, f: str) -> Path:
+    text = check_str(value, f)
+    if not text.startswith("/"):
+        raise FieldError(f, f"must be an absolute path, got {show(value)}")
+    return Path(text)
+
+
+def parse_api(value: object) -> ApiSettings:
+    """``api:`` → ApiSettings; a missing section is the defaults (links and JWTs off)."""
+    if value is None:
+        return ApiSettings()
+    known = ("listen", "signing_key_file", "link_ttl", "jwt", "max_zip_entries", "max_zip_bytes", "max_zip_ratio")
+    data = _mapping(value, "api", known)
+    listen = data.get("listen", DEFAULT_LISTEN)
+    parse_listen(listen, "api.listen")
+    key = data.get("signing_key_file")
+    return ApiSettings(
+        listen=listen,
+        signing_key_file=None if key is None else _abs_path(key, "api.signing_key_file"),
+        link_ttl=parse_ttl(data.get("link_ttl", 7 * 86400), "api.link_ttl"),
+        jwt=None if data.get("jwt") is None else _jwt(data["jwt"]),
+        max_zip_entries=check_int(data.get("max_zip_entries", 10_000), "api.max_zip_entries", minimum=1),
+        max_zip_bytes=parse_size(data.get("max_zip_bytes", 8 * 1024**3), "api.max_zip_bytes"),
+        max_zip_ratio=check_int(data.get("max_zip_ratio", 200), "api.max_zip_ratio", minimum=1),
+    )
+
+
+def _jwt(value: object) -> JwtSettings:
+    data = _mapping(value, "api.jwt", ("algorithms", "secret_file", "public_key_file", "audience", "issuer"))
+    algs = data.get("algorithms")
+    if not isinstance(algs, list) or not algs:
+        raise FieldError("api.jwt.algorithms", f"must be a non-empty list like [RS256], got {show(algs)}")
+    for i, a in enumerate(algs):
+        if a not in HMAC_ALGORITHMS + KEY_ALGORITHMS:
+            choices = ", ".join(HMAC_ALGORITHMS + KEY_ALGORITHMS)
+            raise FieldError(f"api.jwt.algorithms[{i}]", f"unknown algorithm {show(a)} (choose from {choices})")
+    hmac = [a in HMAC_ALGORITHMS for a in algs]
+    if any(hmac) and not all(hmac):
+        raise FieldError("api.jwt.algorithms", "mixes HMAC (HS*) and key-pair algorithms; list one kind")
+    want, other = ("secret_file", "public_key_file") if hmac[0] else ("public_key_file", "secret_file")
+    if other in data:
+        raise FieldError(f"api.jwt.{other}", f"does not go with {algs[0]}: give {want}")
+    if want not in data:
+        raise FieldError(f"api.jwt.{want}", f"is required with {algs[0]}")
+    audience, issuer = data.get("audience"), data.get("issuer")
+    return JwtSettings(
+        algorithms=tuple(algs),
+        key_file=_abs_path(data[want], f"api.jwt.{want}"),
+        audience=None if audience is None else check_str(audience, "api.jwt.audience"),
+        issuer=None if issuer is None else check_str(issuer, "api.jwt.issuer"),
+    )
+
+
+def parse_tenants(value: object) -> Mapping[str, Tenant]:
+    """``tenants:`` → name → Tenant; each tenant needs at least one way in (a key, or JWTs)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise FieldError("tenants", f"must be a mapping of tenant names, got {show(value)}")
+    out: dict[str, Tenant] = {}
+    seen_keys: dict[str, str] = {}
+    for name, body in value.items():
+        if not isinstance(name, str) or not re.fullmatch(TENANT_NAME, name):
+            raise FieldError("tenants", f"tenant name {show(name)} must be 1 to 40 characters of a-z, 0-9 and -")
+        f = f"tenants.{name}"
+        data = _mapping(body if body is not None else {}, f, ("api_keys_sha256", "quota", "weight"))
+        keys = data.get("api_keys_sha256", [])
+        if not isinstance(keys, list):
+            raise FieldError(f"{f}.api_keys_sha256", f"must be a list of sha256 hex digests, got {show(keys)}")
+        for i, k in enumerate(keys):
+            if not isinstance(k, str) or not _SHA256.fullmatch(k.lower()):
+                raise FieldError(f"{f}.api_keys_sha256[{i}]", "must be 64 hex digits (sha256 of the key)")
+            if k.lower() in seen_keys:
+                raise FieldError(f"{f}.api_keys_sha256[{i}]", f"is also a key of tenant {seen_keys[k.lower()]!r}")
+            seen_keys[k.lower()] = name
+        out[name] = Tenant(
+            name=name,
+            api_keys_sha256=tuple(k.lower() for k in keys),
+            quota=_quota(data.get("quota"), f"{f}.quota"),
+            weight=check_int(data.get("weight", 1), f"{f}.weight", minimum=1, maximum=1000),
+        )
+    return out
+
+
+def _quota(value: object, f: str) -> Quota:
+    if value is None:
+        return Quota()
+    data = _mapping(value, f, ("gpus", "jobs_queued", "upload", "stored"))
+    d = Quota()
+    gpus = data.get("gpus")
+    return Quota(
+        gpus=None if gpus is None else check_int(gpus, f"{f}.gpus", minimum=0),
+        jobs_queued=check_int(data.get("jobs_queued", d.jobs_queued), f"{f}.jobs_queued", minimum=1),
+        upload=parse_size(data.get("upload", d.upload), f"{f}.upload"),
+        stored=parse_size(data.get("stored", d.stored), f"{f}.stored"),
+    )

@@ -1,0 +1,245 @@
+"""Cluster-wide claims on outputs: two live jobs never write the same file.
+
+Every controller on every manager sees the same data root, so the record lives there:
+``runs/.claims/<xx>/<sha256 of the output path>`` holds the id of the job that claims the output,
+created O_EXCL (of two jobs claiming at once, one creates it; the other reads the winner's id), and
+``runs/.claims/jobs/<job>`` lists a job's claims so that ``release`` removes only its own.
+
+A claim binds while its job is live. A job is not live once its run says it ended (state.json's
+stage ``ended``), once it is cancelled, or when its run folder never appeared (a submit refused
+after claiming, or a controller that died first) and the claim is older than ``ORPHAN_SECONDS``;
+such a claim is taken over. Everything is read back as hostile (no link followed, sizes capped,
+ids checked) through controller/volume.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from contract.layout import RUNS, RunLayout
+from controller.errors import JobFileError
+from controller.volume import UnsafePath, Volume
+
+CLAIMS = f"{RUNS}/.claims"
+JOBS = f"{CLAIMS}/jobs"
+ORPHAN_SECONDS = 600.0  # a claim whose job has no run folder after this long is an orphan
+SHOWN = 3  # outputs named in a refusal
+_ID = re.compile(r"[a-z0-9-]{1,80}")
+_STATE_LIMIT = 64 * 1024**2
+_INDEX_LIMIT = 256 * 1024**2
+
+
+def key(output_rel: str) -> str:
+    return hashlib.sha256(output_rel.encode()).hexdigest()
+
+
+def _claim_path(digest: str) -> str:
+    return f"{CLAIMS}/{digest[:2]}/{digest}"
+
+
+def _read_holder(vol: Volume, path: str) -> str | None:
+    try:
+        raw = vol.read(path, 512)
+    except (UnsafePath, OSError):
+        return None
+    text = (raw or b"").decode("ascii", "replace").split("\n", 1)[0]
+    return text if _ID.fullmatch(text) else None
+
+
+def live(data_root: Path, job: str, claimed_at: float | None = None, now: float | None = None) -> bool:
+    """Whether ``job`` may still write its outputs: its run has not ended and was not cancelled.
+    A job without a run folder is live only while its claim is younger than ORPHAN_SECONDS."""
+    vol = Volume(data_root)
+    layout = RunLayout.relative(job)
+    try:
+        if not _exists(vol, str(layout.plan)):
+            age = (now or time.time()) - (claimed_at or 0.0)
+            return age < ORPHAN_SECONDS
+        state = vol.read(layout.state, _STATE_LIMIT)
+        control = vol.read(layout.control, 4096)
+    except (UnsafePath, OSError):
+        return True  # cannot tell: keep the claim (refusing is the safe side)
+    try:
+        if state and json.loads(state).get("stage") == "ended":
+            return False
+        if control and json.loads(control).get("cancel") is True:
+            return False
+    except (ValueError, AttributeError):
+        return True
+    return True
+
+
+def _exists(vol: Volume, rel: str) -> bool:
+    try:
+        fd = vol.open(rel, os.O_RDONLY | os.O_NONBLOCK, what="reading")
+    except FileNotFoundError:
+        return False
+    os.close(fd)
+    return True
+
+
+def _mtime(vol: Volume, rel: str) -> float | None:
+    try:
+        with vol.parent(rel, "read") as (dfd, name):
+            return os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime
+    except (OSError, UnsafePath):
+        return None
+
+
+def conflict(data_root: Path, job: str, outputs: Sequence[str]) -> tuple[list[str], str] | None:
+    """The outputs (relative to the data root) another live job claims, and that job; None when
+    none does. Reads one listing per shard folder, then only the claims that exist."""
+    vol = Volume(data_root)
+    existing = _existing_claims(data_root)
+    if not existing:
+        return None
+    holders: dict[str, bool] = {}
+    taken: dict[str, list[str]] = {}
+    for rel in outputs:
+        digest = key(rel)
+        if digest not in existing:
+            continue
+        path = _claim_path(digest)
+        holder = _read_holder(vol, path)
+        if holder is None or holder == job:
+            continue
+        if holder not in holders:
+            holders[holder] = live(data_root, holder, _mtime(vol, path))
+        if holders[holder]:
+            taken.setdefault(holder, []).append(rel)
+    if not taken:
+        return None
+    holder, rels = next(iter(taken.items()))
+    return rels, holder
+
+
+def _existing_claims(data_root: Path) -> set[str]:
+    found: set[str] = set()
+    base = data_root / CLAIMS
+    try:
+        shards = [e.name for e in os.scandir(base) if len(e.name) == 2 and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return found
+    for shard in shards:
+        with contextlib.suppress(OSError), os.scandir(base / shard) as entries:
+            found.update(e.name for e in entries if e.name.startswith(shard) and len(e.name) == 64)
+    return found
+
+
+def refusal(rels: list[str], holder: str) -> str:
+    shown = ", ".join(rels[:SHOWN]) + (f" and {len(rels) - SHOWN} more" if len(rels) > SHOWN else "")
+    return (
+        f"{len(rels)} output(s) are claimed by job {holder}, which has not finished: {shown} "
+        f"(wait for it, cancel it, or choose another output)"
+    )
+
+
+def claim(data_root: Path, job: str, outputs: Iterable[str], file: str) -> int:
+    """Claim every output for ``job`` (idempotent for its own claims). JobFileError (exit 65),
+    naming the other job, if a live one holds any; then this call's new claims are undone."""
+    vol = Volume(data_root)
+    digests = sorted({key(rel): rel for rel in outputs}.items())
+    _write_index(vol, job, [d for d, _ in digests])
+    made: list[str] = []
+    try:
+        for digest, rel in digests:
+            if _claim_one(vol, data_root, job, digest, rel, file):
+                made.append(digest)
+    except JobFileError:
+        for digest in made:
+            _unlink_if_mine(vol, _claim_path(digest), job)
+        raise
+    return len(made)
+
+
+def _claim_one(vol: Volume, data_root: Path, job: str, digest: str, rel: str, file: str) -> bool:
+    """True if this call created the claim; False if ``job`` already held it."""
+    path = _claim_path(digest)
+    vol.mkdirs(path.rpartition("/")[0])
+    for _ in range(3):
+        try:
+            fd = vol.create_exclusive(path)
+        except FileExistsError:
+            holder = _read_holder(vol, path)
+            if holder == job:
+                return False
+            if holder is not None and live(data_root, holder, _mtime(vol, path)):
+                raise JobFileError(file, "output", refusal([rel], holder)) from None
+            _take_aside(vol, path, holder)
+            continue
+        try:
+            os.write(fd, f"{job}\n{rel}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return True
+    raise JobFileError(file, "output", f"{rel}: its claim keeps changing; try again")
+
+
+def _take_aside(vol: Volume, path: str, stale: str | None) -> None:
+    """Move a stale claim out of the way; if it changed since it was read (another job took it over
+    first), put it back: only the one that moved the stale claim goes on."""
+    with vol.parent(path, "take over") as (dfd, name):
+        aside = f".{name}.{uuid.uuid4().hex}"
+        try:
+            os.rename(name, aside, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except FileNotFoundError:
+            return
+        try:
+            fd = os.open(aside, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+            try:
+                now = os.read(fd, 512).decode("ascii", "replace").split("\n", 1)[0]
+            finally:
+                os.close(fd)
+            if now != (stale or now):
+                with contextlib.suppress(FileExistsError):
+                    os.link(aside, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(aside, dir_fd=dfd)
+
+
+def _unlink_if_mine(vol: Volume, path: str, job: str) -> None:
+    if _read_holder(vol, path) == job:
+        with contextlib.suppress(OSError, UnsafePath):
+            vol.unlink(path)
+
+
+def _write_index(vol: Volume, job: str, digests: list[str]) -> None:
+    vol.mkdirs(JOBS)
+    before = _read_index(vol, job)
+    vol.write_atomic(f"{JOBS}/{job}", "\n".join(sorted(set(before) | set(digests))).encode() + b"\n")
+
+
+def _read_index(vol: Volume, job: str) -> list[str]:
+    try:
+        raw = vol.read(f"{JOBS}/{job}", _INDEX_LIMIT)
+    except (UnsafePath, OSError):
+        return []
+    return [line for line in (raw or b"").decode("ascii", "replace").split("\n") if re.fullmatch("[0-9a-f]{64}", line)]
+
+
+def release(data_root: Path, job: str) -> int:
+    """Remove ``job``'s claims (its report is written, or it was cancelled or refused); claims that
+    another job holds now are left alone. Returns how many were removed."""
+    if not _ID.fullmatch(job):
+        return 0
+    vol = Volume(data_root)
+    removed = 0
+    for digest in _read_index(vol, job):
+        path = _claim_path(digest)
+        if _read_holder(vol, path) == job:
+            with contextlib.suppress(OSError, UnsafePath):
+                vol.unlink(path)
+                removed += 1
+    with contextlib.suppress(OSError, UnsafePath):
+        vol.unlink(f"{JOBS}/{job}")
+    return removed

@@ -1,0 +1,52 @@
+"""Where a job may write: outputs fenced at plan time (issue 16).
+
+A job file names its outputs with a template, so one line can aim every output at another job's run
+folder, the model packs, the inbox, or at the job's own inputs (``output: alice/photos/{name}`` over
+Alice's originals). Refused here, before anything runs, each with exit 65 naming the file, the field
+``output`` and the path relative to the data root:
+
+- an output under ``runs/``, ``models/``, ``inbox/`` or ``tenants/`` (reserved for the controller,
+  the packs, the inbox, and tenants' areas), also when a symlinked folder leads there;
+- an output that is one of the job's inputs (any item's, the source photos, the reference);
+- a new run whose outputs already exist, unless the job says ``overwrite: true``;
+- an output another live job claims (controller/job/claims.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from controller.errors import JobFileError
+
+RESERVED = ("runs", "models", "inbox", "tenants")
+SHOWN = 3  # existing outputs named in a refusal
+
+
+def check_area(out_rel: str, target_rel: str, file: str) -> None:
+    """``out_rel`` (the real path, relative to the data root) is outside the reserved areas."""
+    top = out_rel.split("/", 1)[0]
+    if top in RESERVED or out_rel in (".", ""):
+        raise JobFileError(
+            file,
+            "output",
+            f"for {target_rel!r}: {out_rel} is under {top}/, which ffswarm keeps for itself "
+            f"({', '.join(r + '/' for r in RESERVED)} never hold a job's outputs)",
+        )
+
+
+def check_not_input(out_rel: str, target_rel: str, input_rels: set[str], file: str) -> None:
+    if out_rel in input_rels:
+        raise JobFileError(file, "output", f"{target_rel!r} would be written to {out_rel}, an input of this job")
+
+
+def check_overwrite(outputs: Sequence[str], exists: Callable[[str], bool], file: str) -> None:
+    """A new run never replaces files that exist already, unless ``overwrite: true``."""
+    found = [rel for rel in outputs if exists(rel)]
+    if not found:
+        return
+    shown = ", ".join(found[:SHOWN]) + (f" and {len(found) - SHOWN} more" if len(found) > SHOWN else "")
+    raise JobFileError(
+        file,
+        "output",
+        f"{len(found)} output(s) already exist: {shown}; set overwrite: true to replace them",
+    )

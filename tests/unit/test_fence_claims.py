@@ -1,0 +1,147 @@
+"""Outputs fenced at plan time and claimed cluster-wide (issue 16): real folders, real symlinks,
+two jobs. Each refusal is exit 65 on the field ``output`` and leaves every other file as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from controller.errors import JobFileError
+from controller.job import claims
+from controller.job.resolve import resolve_job
+from controller.job.spec import JobSpec
+from controller.volume import UnsafePath
+
+
+def _root(tmp_path: Path) -> Path:
+    root = tmp_path / "data"
+    for rel in ("faces/a.jpg", "alice/photos/p1.jpg", "alice/photos/p2.jpg"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"jpeg " + rel.encode())
+    (root / "runs" / "alicejob" / "segments").mkdir(parents=True)
+    (root / "models" / "default").mkdir(parents=True)
+    return root
+
+
+def _spec(output: str, name: str = "j", **kw: object) -> JobSpec:
+    return JobSpec(name=name, source=("faces/a.jpg",), targets=("alice/photos/*.jpg",), output=output, **kw)  # type: ignore[arg-type]
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("output", "where"),
+    [
+        ("runs/alicejob/segments/{name}", "runs/alicejob/segments/p1.jpg"),
+        ("models/default/{name}", "models/default/p1.jpg"),
+        ("inbox/{name}", "inbox/p1.jpg"),
+        ("tenants/acme/out/{name}", "tenants/acme/out/p1.jpg"),
+    ],
+)
+def test_outputs_under_reserved_areas_are_refused(tmp_path: Path, output: str, where: str) -> None:
+    root = _root(tmp_path)
+    before = _snapshot(root)
+    with pytest.raises(JobFileError) as e:
+        resolve_job(_spec(output), root, "job.yaml")
+    assert e.value.exit_code == 65 and e.value.field == "output" and where in e.value.reason
+    assert str(root) not in str(e.value)  # paths relative to the data root
+    assert _snapshot(root) == before
+
+
+def test_a_symlinked_folder_into_runs_is_refused(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    (root / "out").symlink_to(root / "runs" / "alicejob" / "segments")
+    with pytest.raises(JobFileError) as e:
+        resolve_job(_spec("out/{name}"), root, "job.yaml")
+    assert e.value.field == "output" and "runs/alicejob/segments/p1.jpg" in e.value.reason
+
+
+def test_an_output_over_the_inputs_is_refused(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    before = _snapshot(root)
+    with pytest.raises(JobFileError) as e:
+        resolve_job(_spec("alice/photos/{name}", overwrite=True), root, "job.yaml")
+    assert e.value.field == "output" and "alice/photos/p1.jpg, an input of this job" in e.value.reason
+    assert _snapshot(root) == before
+
+
+def test_existing_outputs_are_refused_unless_overwrite_is_true(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    (root / "out").mkdir()
+    for n in (1, 2):
+        (root / "out" / f"p{n}.jpg").write_bytes(b"bob's")
+    with pytest.raises(JobFileError) as e:
+        resolve_job(_spec("out/{name}"), root, "job.yaml")
+    assert "2 output(s) already exist: out/p1.jpg, out/p2.jpg; set overwrite: true" in e.value.reason
+    resolved = resolve_job(_spec("out/{name}", overwrite=True), root, "job.yaml")
+    assert [t.output_rel for t in resolved.targets] == ["out/p1.jpg", "out/p2.jpg"]
+    assert (root / "out" / "p1.jpg").read_bytes() == b"bob's"
+    # the same job's own run continuing: its outputs exist because it wrote them
+    (root / "runs" / "j").mkdir()
+    (root / "runs" / "j" / "plan.json").write_text("{}")
+    resolve_job(_spec("out/{name}"), root, "job.yaml")
+
+
+def test_two_live_jobs_never_claim_one_output(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    first = resolve_job(_spec("out/{name}", name="first"), root, "first.yaml")
+    outputs = [t.output_rel for t in first.targets]
+    assert claims.claim(root, "first", outputs, "first.yaml") == 2
+    assert claims.claim(root, "first", outputs, "first.yaml") == 0  # its own: idempotent
+    with pytest.raises(JobFileError) as e:  # planning the second job
+        resolve_job(_spec("out/{name}", name="second"), root, "second.yaml")
+    assert e.value.field == "output" and "claimed by job first" in e.value.reason and "out/p1.jpg" in e.value.reason
+    claims_before = _snapshot(root / "runs" / ".claims")
+    with pytest.raises(JobFileError, match="claimed by job first"):  # two controllers racing past planning
+        claims.claim(root, "second", ["elsewhere/x.jpg", *outputs], "second.yaml")
+    after = _snapshot(root / "runs" / ".claims")
+    assert {k: v for k, v in after.items() if "jobs/" not in k} == {
+        k: v for k, v in claims_before.items() if "jobs/" not in k
+    }  # its one new claim (elsewhere/x.jpg) undone, the first job's untouched
+    # another job's outputs do not collide
+    claims.claim(root, "third", ["other/p1.jpg"], "third.yaml")
+    assert claims.release(root, "first") == 2
+    assert claims.conflict(root, "second", outputs) is None
+    assert claims.conflict(root, "second", ["other/p1.jpg"]) == (["other/p1.jpg"], "third")
+
+
+def test_claims_of_an_ended_or_cancelled_job_are_taken_over(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    claims.claim(root, "old", ["out/p1.jpg"], "old.yaml")
+    run = root / "runs" / "old"
+    run.mkdir()
+    (run / "plan.json").write_text("{}")
+    (run / "state.json").write_text(json.dumps({"stage": "chunks"}))
+    assert claims.conflict(root, "new", ["out/p1.jpg"]) == (["out/p1.jpg"], "old")
+    (run / "state.json").write_text(json.dumps({"stage": "ended"}))
+    assert claims.conflict(root, "new", ["out/p1.jpg"]) is None
+    assert claims.claim(root, "new", ["out/p1.jpg"], "new.yaml") == 1
+    assert claims.release(root, "old") == 0  # the old job's release leaves the new holder's claim
+    assert claims.conflict(root, "other", ["out/p1.jpg"]) == (["out/p1.jpg"], "new")
+
+
+def test_an_orphan_claim_binds_only_for_a_while(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    claims.claim(root, "ghost", ["out/p1.jpg"], "ghost.yaml")  # no run folder ever appeared
+    assert claims.conflict(root, "new", ["out/p1.jpg"]) is not None
+    (claim,) = [p for p in (root / "runs" / ".claims").rglob("*") if p.is_file() and "jobs" not in p.parts]
+    old = time.time() - claims.ORPHAN_SECONDS - 5
+    os.utime(claim, (old, old))
+    assert claims.conflict(root, "new", ["out/p1.jpg"]) is None
+
+
+def test_a_planted_symlink_claim_folder_is_not_followed(tmp_path: Path) -> None:
+    root = _root(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "runs" / ".claims").mkdir()
+    (root / "runs" / ".claims" / "jobs").symlink_to(outside)
+    with pytest.raises(UnsafePath, match="runs/.claims/jobs is a symbolic link"):
+        claims.claim(root, "j", ["out/p1.jpg"], "j.yaml")
+    assert list(outside.iterdir()) == []
