@@ -7,7 +7,7 @@ import sys
 import click
 
 from controller import log
-from controller.cli import jobs, models, ops
+from controller.cli import api, jobs, models, ops
 from controller.errors import FfswarmError
 
 
@@ -41,6 +41,7 @@ cli.add_command(ops.serve)
 cli.add_command(ops.nodes)
 cli.add_command(ops.doctor)
 cli.add_command(models.models)
+cli.add_command(api.api)
 
 
 def main() -> None:

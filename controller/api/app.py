@@ -1,0 +1,213 @@
+"""The Starlette application: routes, the one error translation point, and its start-up.
+
+Stateless: every answer is read from the data root (run folders, the inbox, tenant areas), so any
+number of replicas may serve the same volume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from controller import log
+from controller.api import links, submit, uploads, views
+from controller.api.area import Area
+from controller.api.auth import Authenticator, JwtVerifier, read_key_file
+from controller.api.errors import ApiError, not_found
+from controller.api.openapi import document
+from controller.api.settings import Tenant
+from controller.config import Config
+from controller.job import access
+
+Handler = Callable[[Request], Awaitable[Response]]
+MAX_JSON = 1024**2
+STALE_UPLOAD_SECONDS = 3600.0
+
+
+class Api:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        jwt_settings = config.api.jwt
+        self.auth = Authenticator(config.tenants, JwtVerifier.load(jwt_settings) if jwt_settings else None)
+        key = config.api.signing_key_file
+        self.signing_key = read_key_file(key, "api.signing_key_file").strip() if key else None
+        self.log = log.get(component="api")
+
+    def area(self, tenant: Tenant) -> Area:
+        area = Area(self.config.data_root, tenant.name)
+        area.ensure(access.parse_ids(self.config.runner_uid_gid()))
+        return area
+
+    def tenant(self, request: Request) -> Tenant:
+        return self.auth.tenant(request.headers.get("authorization"))
+
+    def sweep(self) -> None:
+        """Uploads a killed API process left half-received (``uploads/.incoming-*``) are removed."""
+        for name in self.config.tenants:
+            folder = self.config.data_root / "tenants" / name / "uploads"
+            if not folder.is_dir() or folder.is_symlink():
+                continue
+            for p in folder.iterdir():
+                if p.name.startswith(".incoming-") and time.time() - p.lstat().st_mtime > STALE_UPLOAD_SECONDS:
+                    shutil.rmtree(p, ignore_errors=True)
+
+    def links(self, job: str) -> dict[str, Any]:
+        if self.signing_key is None:
+            return {}
+        path = f"/v1/jobs/{job}/results.zip"
+        return {"results_url": links.sign(self.signing_key, "GET", path, self.config.api.link_ttl)}
+
+    # --- routes -------------------------------------------------------------------------------
+
+    async def post_job(self, request: Request) -> Response:
+        tenant = self.tenant(request)
+        area = await asyncio.to_thread(self.area, tenant)
+        ctype = request.headers.get("content-type", "")
+        if ctype.split(";")[0].strip().lower() == "application/json":
+            body = await _capped_body(request, MAX_JSON)
+            try:
+                data = json.loads(body)
+            except ValueError:
+                raise ApiError(400, "bad_request", "the body is not JSON") from None
+            accepted = await asyncio.to_thread(submit.submit_json, self.config, tenant, area, data)
+        else:
+            await asyncio.to_thread(submit.check_quota, self.config, tenant, area)
+            name = "job"
+            job = await asyncio.to_thread(submit.fresh_id, area, name)
+            (area.path / "uploads").mkdir(exist_ok=True)
+            staging = area.path / "uploads" / f".incoming-{job}"
+            up = await uploads.receive(
+                ctype, request.headers.get("content-length"), request.stream(), staging, tenant.quota.upload
+            )
+            try:
+                opts = submit.options(up.job)
+                if "name" in opts:  # the id carries the name the caller chose
+                    job = await asyncio.to_thread(submit.fresh_id, area, submit._name(opts))
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            accepted = await asyncio.to_thread(submit.submit_upload, self.config, area, job, up, opts)
+        base = f"/v1/jobs/{accepted.job}"
+        body_out: dict[str, Any] = {"id": accepted.job, "status_url": base, "events_url": f"{base}/events"}
+        if accepted.notes:
+            body_out["notes"] = list(accepted.notes)
+        return JSONResponse(body_out, status_code=202, headers={"Location": base})
+
+    async def list_jobs(self, request: Request) -> Response:
+        area = await asyncio.to_thread(self.area, self.tenant(request))
+        raw = request.query_params.get("limit", "50")
+        if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+            raise ApiError(400, "bad_request", "limit must be an integer from 1 to 1000", field="limit")
+        cursor = request.query_params.get("cursor")
+        return JSONResponse(await asyncio.to_thread(views.list_jobs, area, int(raw), cursor))
+
+    async def get_job(self, request: Request) -> Response:
+        area = await asyncio.to_thread(self.area, self.tenant(request))
+        job = request.path_params["job"]
+        row = await asyncio.to_thread(views.job_view, self.config, area, job)
+        return JSONResponse({**row, **self.links(job)})
+
+    async def get_report(self, request: Request) -> Response:
+        area = await asyncio.to_thread(self.area, self.tenant(request))
+        return JSONResponse(await asyncio.to_thread(views.report, self.config, area, request.path_params["job"]))
+
+    async def cancel(self, request: Request) -> Response:
+        area = await asyncio.to_thread(self.area, self.tenant(request))
+        return JSONResponse(await asyncio.to_thread(views.cancel, self.config, area, request.path_params["job"]))
+
+    async def events(self, request: Request) -> Response:
+        area = await asyncio.to_thread(self.area, self.tenant(request))
+        job = request.path_params["job"]
+        await asyncio.to_thread(views.job_view, self.config, area, job)  # 404 before the stream starts
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        return StreamingResponse(views.events(self.config, area, job), media_type="text/event-stream", headers=headers)
+
+    async def results(self, request: Request) -> Response:
+        job = request.path_params["job"]
+        q = request.query_params
+        if "sig" in q or "expires" in q:
+            links.verify(self.signing_key, "GET", request.url.path, q.get("expires", ""), q.get("sig", ""))
+            owner = next(
+                (t for t in self.config.tenants.values() if Area(self.config.data_root, t.name).record(job)), None
+            )
+            if owner is None:
+                raise not_found(job)
+            area = Area(self.config.data_root, owner.name)
+        else:
+            area = await asyncio.to_thread(self.area, self.tenant(request))
+        outputs = await asyncio.to_thread(views.committed_outputs, self.config, area, job)
+        return StreamingResponse(
+            views.results_zip(self.config, area, outputs),
+            media_type="application/zip",
+            headers={"Content-Disposition": f'attachment; filename="{job}.zip"'},
+        )
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(document())
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+
+def _guard(handler: Handler, log_: Any) -> Handler:
+    """The one translation point: ApiError → its JSON; anything else → a 500 that says nothing more."""
+
+    async def run(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+        except Exception as e:
+            log_.exception("api_internal_error", path=request.url.path, error=type(e).__name__)
+            body = {"error": {"code": "internal", "message": "internal error; the API's log has the details"}}
+            return JSONResponse(body, status_code=500)
+
+    return run
+
+
+async def _capped_body(request: Request, cap: int) -> bytes:
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > cap:
+            raise ApiError(413, "too_large", f"a JSON job is at most {cap} bytes")
+    return bytes(buf)
+
+
+def make_app(config: Config) -> Starlette:
+    api = Api(config)
+    api.sweep()
+
+    def g(handler: Handler) -> Handler:
+        return _guard(handler, api.log)
+
+    routes = [
+        Route("/v1/jobs", g(api.post_job), methods=["POST"]),
+        Route("/v1/jobs", g(api.list_jobs), methods=["GET"]),
+        Route("/v1/jobs/{job}", g(api.get_job), methods=["GET"]),
+        Route("/v1/jobs/{job}/report", g(api.get_report), methods=["GET"]),
+        Route("/v1/jobs/{job}/events", g(api.events), methods=["GET"]),
+        Route("/v1/jobs/{job}/results.zip", g(api.results), methods=["GET"]),
+        Route("/v1/jobs/{job}/cancel", g(api.cancel), methods=["POST"]),
+        Route("/openapi.json", g(api.openapi), methods=["GET"]),
+        Route("/healthz", g(api.healthz), methods=["GET"]),
+    ]
+    return Starlette(routes=routes)
+
+
+def serve(config: Config, host: str, port: int) -> None:
+    """Run the API on uvicorn until interrupted."""
+    uvicorn.run(make_app(config), host=host, port=port, log_level="warning", proxy_headers=False)
+
+
+__all__ = ["Api", "make_app", "serve"]

@@ -1,0 +1,157 @@
+"""The OpenAPI 3.1 document served at /openapi.json, written by hand: it is the API's contract."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {
+                "code": {"type": "string"},
+                "message": {"type": "string"},
+                "field": {"type": "string"},
+                "file": {"type": "string"},
+            },
+        }
+    },
+}
+_JOB_ID = {"name": "job", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[a-z0-9-]{1,40}$"}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    return {
+        str(c): {
+            "description": "error",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        }
+        for c in codes
+    }
+
+
+def _json(schema: dict[str, Any], description: str = "ok") -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def document() -> dict[str, Any]:
+    job_obj = {
+        "type": "object",
+        "required": ["job", "phase"],
+        "properties": {"job": {"type": "string"}, "phase": {"type": "string"}},
+    }
+    accepted = {
+        "type": "object",
+        "required": ["id", "status_url", "events_url"],
+        "properties": {
+            "id": {"type": "string"},
+            "status_url": {"type": "string"},
+            "events_url": {"type": "string"},
+            "notes": {"type": "array", "items": {"type": "string"}},
+        },
+    }
+    multipart = {
+        "type": "object",
+        "required": ["source", "targets"],
+        "properties": {
+            "job": {"type": "string", "description": "JSON object of job file v1 options"},
+            "source": {"type": "array", "items": {"type": "string", "format": "binary"}},
+            "targets": {"type": "array", "items": {"type": "string", "format": "binary"}},
+        },
+    }
+    signed = [
+        {"name": "expires", "in": "query", "required": False, "schema": {"type": "integer"}},
+        {"name": "sig", "in": "query", "required": False, "schema": {"type": "string"}},
+    ]
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "ffswarm API", "version": "1"},
+        "components": {
+            "schemas": {"Error": _ERROR, "Job": job_obj},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/jobs": {
+                "post": {
+                    "summary": "Submit a job (JSON job fields, or multipart uploads)",
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {"schema": {"type": "object"}},
+                            "multipart/form-data": {"schema": multipart},
+                        },
+                    },
+                    "responses": {"202": _json(accepted, "accepted"), **_errors(400, 401, 413, 415, 422, 429, 503)},
+                },
+                "get": {
+                    "summary": "The tenant's jobs",
+                    "parameters": [
+                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
+                        {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+                    ],
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "required": ["jobs"],
+                                "properties": {
+                                    "jobs": {"type": "array", "items": {"type": "string"}},
+                                    "next_cursor": {"type": ["string", "null"]},
+                                },
+                            }
+                        ),
+                        **_errors(400, 401),
+                    },
+                },
+            },
+            "/v1/jobs/{job}": {
+                "get": {
+                    "summary": "One job's status (as `ffswarm status --json`)",
+                    "parameters": [_JOB_ID],
+                    "responses": {"200": _json({"$ref": "#/components/schemas/Job"}), **_errors(401, 404)},
+                }
+            },
+            "/v1/jobs/{job}/report": {
+                "get": {
+                    "summary": "report.json",
+                    "parameters": [_JOB_ID],
+                    "responses": {"200": _json({"type": "object"}), **_errors(401, 404)},
+                }
+            },
+            "/v1/jobs/{job}/events": {
+                "get": {
+                    "summary": "Server-sent events: progress (at most every 500 ms), end",
+                    "parameters": [_JOB_ID],
+                    "responses": {
+                        "200": {"description": "event stream", "content": {"text/event-stream": {}}},
+                        **_errors(401, 404),
+                    },
+                }
+            },
+            "/v1/jobs/{job}/results.zip": {
+                "get": {
+                    "summary": "Committed outputs as a ZIP, streamed; a signed link needs no token",
+                    "parameters": [_JOB_ID, *signed],
+                    "security": [{"bearer": []}, {}],
+                    "responses": {
+                        "200": {"description": "ZIP", "content": {"application/zip": {}}},
+                        **_errors(401, 403, 404),
+                    },
+                }
+            },
+            "/v1/jobs/{job}/cancel": {
+                "post": {
+                    "summary": "Cancel a job",
+                    "parameters": [_JOB_ID],
+                    "responses": {"200": _json({"type": "object"}), **_errors(401, 404, 409)},
+                }
+            },
+            "/healthz": {
+                "get": {"summary": "Liveness", "security": [], "responses": {"200": _json({"type": "object"})}}
+            },
+        },
+    }

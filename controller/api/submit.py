@@ -1,0 +1,224 @@
+"""``POST /v1/jobs``: a tenant's job, checked as the CLI checks a job file, handed to `serve`'s inbox.
+
+The tenant writes paths relative to its area. The job is validated there — the same reader, policy
+admission and resolution as `ffswarm submit` (controller/job/files.py, controller/policy.py,
+controller/job/resolve.py), with the area standing as the data root, so nothing outside it can be
+named — and then written to the inbox as an ordinary job file v1 whose paths are the same ones seen
+from the data root (``tenants/<t>/…``), exactly as `ffswarm submit --detach` writes one. The owner
+record (controller/api/area.py) is written before the job file, so the job is never unowned.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from controller import policy as admission
+from controller.api.area import Area, new_job_id
+from controller.api.errors import ApiError
+from controller.api.settings import Tenant
+from controller.api.unzip import Unpacked, ZipLimits, unpack
+from controller.api.uploads import Upload
+from controller.config import Config
+from controller.errors import FfswarmError, JobFileError
+from controller.job.files import JobFileErrors, parse_job, parse_job_text
+from controller.job.resolve import resolve_job
+from controller.run import handover
+from controller.run.jobs import check_pack
+from controller.run.rundir import RunDir
+
+_NAME = re.compile(r"[a-z0-9-]{1,31}")
+_PATH_FIELDS = ("source", "targets", "output", "reference")
+RETRY_AFTER = "30"
+
+
+@dataclass(frozen=True)
+class Accepted:
+    job: str
+    notes: tuple[str, ...] = ()
+
+
+def inbox(config: Config) -> Path:
+    return config.data_root / "inbox"
+
+
+def _name(data: Mapping[str, Any]) -> str:
+    name = data.get("name", "job")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ApiError(422, "invalid_job", "must be 1 to 31 characters of a-z, 0-9 and - (the id adds 9)", field="name")
+    return name
+
+
+def fresh_id(area: Area, name: str) -> str:
+    for _ in range(20):
+        job = new_job_id(name)
+        if not area.id_taken(job):
+            return job
+    raise ApiError(503, "busy", "no free job id was found; try again", headers={"Retry-After": "1"})
+
+
+def check_quota(config: Config, tenant: Tenant, area: Area) -> None:
+    """429 while the tenant has as many unfinished jobs as its quota, or its area is full."""
+    queued = 0
+    for job in area.jobs():
+        if not _ended(config, job):
+            queued += 1
+    if queued >= tenant.quota.jobs_queued:
+        raise ApiError(
+            429, "over_quota", f"{queued} jobs are not finished; this tenant may have {tenant.quota.jobs_queued}",
+            headers={"Retry-After": RETRY_AFTER},
+        )  # fmt: skip
+    if area.stored_bytes(tenant.quota.stored) >= tenant.quota.stored:
+        raise ApiError(
+            429, "over_quota", f"the tenant's area holds {tenant.quota.stored} bytes or more, its quota",
+            headers={"Retry-After": RETRY_AFTER},
+        )  # fmt: skip
+
+
+def _ended(config: Config, job: str) -> bool:
+    box = inbox(config)
+    if any(os.path.lexists(box / d / f"{job}.yaml") for d in ("done", "failed")):
+        return True
+    return RunDir(config.data_root, job).report() is not None
+
+
+def _to_root(value: Any, prefix: str) -> Any:
+    if isinstance(value, str):
+        return prefix + value
+    if isinstance(value, list):
+        return [prefix + v if isinstance(v, str) else v for v in value]
+    return value
+
+
+def _errors(e: JobFileError, area: Area) -> ApiError:
+    """The CLI's words (file, field, reason), with every error listed when there are several."""
+    first = e.errors[0] if isinstance(e, JobFileErrors) else e
+    field = first.field if isinstance(first, JobFileError) else None
+    lines = [str(x) for x in e.errors] if isinstance(e, JobFileErrors) else [str(e)]
+    return ApiError(422, "invalid_job", tenant_text("; ".join(lines), area), field=field)
+
+
+def tenant_text(text: str, area: Area) -> str:
+    """Paths as the tenant knows them: relative to its area, never this host's data root."""
+    for full, shown in ((str(area.path) + "/", ""), (str(area.path), "your area"), (area.rel + "/", "")):
+        text = text.replace(full, shown)
+    return text.replace(str(area.root) + "/", "").replace(str(area.root), "the data root")
+
+
+def validate(config: Config, area: Area, data: dict[str, Any], job: str) -> str:
+    """The job checked inside the area; returns the inbox job file's text (paths from the data root)."""
+    try:
+        spec = parse_job(data, "job")
+        admission.check_job(config.policy, spec, "job")
+        resolved = resolve_job(spec, area.path, "job", job_id=job)
+        admission.check_counts(config.policy, "job", len(resolved.targets), 0)
+        check_pack(config, spec, Path("job"))
+    except JobFileError as e:
+        raise _errors(e, area) from None
+    except FfswarmError as e:  # a missing input or pack: the CLI's words, paths as the tenant knows them
+        raise ApiError(422, "invalid_job", tenant_text(str(e), area)) from None
+    root_data = {k: (_to_root(v, area.rel + "/") if k in _PATH_FIELDS else v) for k, v in data.items()}
+    text = yaml.safe_dump(root_data, sort_keys=False, allow_unicode=True)
+    if len(text.encode()) > config.policy.limits.job_file:
+        raise ApiError(422, "invalid_job", f"the job file would be over {config.policy.limits.job_file} bytes")
+    parse_job_text(text, f"inbox/{job}.yaml")  # what serve will read back
+    return text
+
+
+def hand_over(config: Config, area: Area, job: str, text: str, uploads: bool) -> None:
+    """The owner record, then the job file in the inbox (never replacing one); undone on failure."""
+    box = inbox(config)
+    if not handover.serving(box):
+        raise ApiError(
+            503, "no_controller", "no controller is serving the inbox; nothing was accepted",
+            headers={"Retry-After": RETRY_AFTER},
+        )  # fmt: skip
+    area.write_record(job, uploads)
+    try:
+        handover._place(box, f"{job}.yaml", text)
+    except BaseException:
+        area.remove_record(job)
+        raise
+
+
+def submit_json(config: Config, tenant: Tenant, area: Area, data: object) -> Accepted:
+    if not isinstance(data, dict):
+        raise ApiError(422, "invalid_job", "the body must be a JSON object of job fields")
+    check_quota(config, tenant, area)
+    job = fresh_id(area, _name(data))
+    fields = {**data, "name": job}
+    fields.setdefault("output", f"out/{job}/{{stem}}{{ext}}")
+    hand_over(config, area, job, validate(config, area, fields, job), uploads=False)
+    return Accepted(job)
+
+
+def options(raw: bytes | None) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    try:
+        data = yaml.safe_load(raw.decode("utf-8")) if raw.strip() else {}
+    except (UnicodeDecodeError, yaml.YAMLError):
+        raise ApiError(422, "invalid_job", "the job part is not JSON", field="job") from None
+    if not isinstance(data, dict):
+        raise ApiError(422, "invalid_job", "the job part must be a JSON object", field="job")
+    for key in ("source", "targets"):
+        if key in data:
+            raise ApiError(422, "invalid_job", "comes from the uploaded files, not the job part", field=key)
+    return data
+
+
+def submit_upload(config: Config, area: Area, job: str, up: Upload, data: dict[str, Any]) -> Accepted:
+    """Uploaded files (staged in ``up.staging``) into ``uploads/<job>/``, then validated and handed over.
+    Whatever fails, nothing of the job stays in the area."""
+    final = area.path / "uploads" / job
+    try:
+        sources = [p for p in up.files if p.field == "source"]
+        if not sources:
+            raise ApiError(422, "invalid_job", "at least one source photo is required", field="source")
+        if not any(p.field == "targets" for p in up.files):
+            raise ApiError(422, "invalid_job", "at least one target file is required", field="targets")
+        notes: list[str] = []
+        limits = ZipLimits(config.api.max_zip_entries, config.api.max_zip_bytes, config.api.max_zip_ratio)
+        for p in up.files:
+            if p.kind == "zip":
+                assert p.path is not None
+                dest = p.path.with_suffix("")
+                got: Unpacked = unpack(p.path, p.path.name, dest, limits)
+                notes += got.skipped
+                p.path.unlink()
+        os.rename(up.staging, final)
+        rel = f"uploads/{job}"
+        targets = sorted({f"{rel}/{d.relative_to(final).as_posix()}/*" for d in _file_folders(final / "targets")})
+        if not targets:
+            raise ApiError(422, "invalid_job", "no photo or video among the targets", field="targets")
+        stems = [f.stem for d in _file_folders(final / "targets") for f in d.iterdir() if f.is_file()]
+        template = "{stem}{ext}" if len(stems) == len(set(stems)) else "{index}-{stem}{ext}"
+        fields = {
+            **data,
+            "name": job,
+            "source": [f"{rel}/source/{p.path.name}" for p in sources if p.path is not None],
+            "targets": targets,
+        }
+        fields.setdefault("output", f"out/{job}/{template}")
+        hand_over(config, area, job, validate(config, area, fields, job), uploads=True)
+        return Accepted(job, tuple(notes))
+    except BaseException:
+        shutil.rmtree(up.staging, ignore_errors=True)
+        shutil.rmtree(final, ignore_errors=True)
+        raise
+
+
+def _file_folders(top: Path) -> list[Path]:
+    out = []
+    for folder, dirs, files in os.walk(top):
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+        if files:
+            out.append(Path(folder))
+    return out

@@ -1,0 +1,219 @@
+"""Multipart uploads, streamed to a staging folder inside the tenant's area with every byte counted.
+
+A request over the tenant's per-request cap is refused (413) as soon as it passes it (at once when
+Content-Length says so) and its staging folder removed: nothing half-made stays. Each file part is
+sniffed by its first bytes (never by name alone): a photo, a video or a ZIP, else 415. File names
+are reduced to one safe component; the extension follows what the content is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+from controller.api.errors import ApiError
+
+MAX_JOB_PART = 1024**2
+MAX_PARTS = 10_000
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+IMAGE_EXT = {"jpeg": ".jpg", "png": ".png", "webp": ".webp", "bmp": ".bmp", "tiff": ".tif"}
+VIDEO_EXT = {"mp4": ".mp4", "mkv": ".mkv", "avi": ".avi"}
+KNOWN_EXT = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".mp4", ".mov", ".mkv", ".webm", ".avi"}
+
+
+def sniff(head: bytes) -> tuple[str, str] | None:
+    """(kind, format) of a file from its first bytes: kind is image, video or zip; None: neither."""
+    if head.startswith(b"\xff\xd8\xff"):
+        return "image", "jpeg"
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image", "png"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "image", "webp"
+    if head[:4] == b"RIFF" and head[8:12] == b"AVI ":
+        return "video", "avi"
+    if head.startswith(b"BM") and len(head) >= 14:
+        return "image", "bmp"
+    if head[:4] in (b"II*\x00", b"MM\x00*"):
+        return "image", "tiff"
+    if head[4:8] == b"ftyp":
+        return "video", "mp4"
+    if head.startswith(b"\x1a\x45\xdf\xa3"):
+        return "video", "mkv"
+    if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+        return "zip", "zip"
+    return None
+
+
+def safe_name(raw: str, fmt: str, kind: str) -> str:
+    """One path component: the base name's safe characters, with an extension that says what it is."""
+    base = _SAFE.sub("_", raw.replace("\\", "/").rsplit("/", 1)[-1]).strip("._") or "file"
+    stem, ext = os.path.splitext(base)
+    if kind == "zip":
+        return (stem or "file")[:100] + ".zip"
+    ok = (ext.lower() in KNOWN_EXT) and (kind == "image") == (
+        ext.lower() not in {".mp4", ".mov", ".mkv", ".webm", ".avi"}
+    )
+    wanted = IMAGE_EXT.get(fmt) if kind == "image" else VIDEO_EXT.get(fmt)
+    return (stem or "file")[:100] + (ext.lower() if ok else wanted or ext)
+
+
+@dataclass
+class Part:
+    field: str
+    filename: str
+    path: Path | None = None  # its temporary file while it arrives, then its final staged name
+    head: bytes = b""
+    size: int = 0
+    kind: str = ""
+
+
+@dataclass
+class Upload:
+    staging: Path
+    job: bytes | None = None
+    files: list[Part] = field(default_factory=list)
+    total: int = 0
+
+
+class _Receiver:
+    def __init__(self, staging: Path, cap: int) -> None:
+        self.up = Upload(staging)
+        self.cap = cap
+        self.headers: dict[bytes, bytes] = {}
+        self._hf: list[bytes] = []
+        self._hv: list[bytes] = []
+        self.part: Part | None = None
+        self.fh: BinaryIO | None = None
+        self.job = bytearray()
+        self.in_job = False
+        self.names: set[str] = set()
+        self.error: ApiError | None = None
+
+    def callbacks(self) -> dict[str, object]:
+        return {
+            "on_part_begin": self.begin,
+            "on_header_field": lambda d, s, e: self._hf.append(d[s:e]),
+            "on_header_value": lambda d, s, e: self._hv.append(d[s:e]),
+            "on_header_end": self.header_end,
+            "on_headers_finished": self.headers_done,
+            "on_part_data": self.data,
+            "on_part_end": self.end,
+        }
+
+    def begin(self) -> None:
+        self.headers = {}
+
+    def header_end(self) -> None:
+        self.headers[b"".join(self._hf).lower()] = b"".join(self._hv).strip()
+        self._hf.clear()
+        self._hv.clear()
+
+    def headers_done(self) -> None:
+        _, opts = parse_options_header(self.headers.get(b"content-disposition"))
+        name = opts.get(b"name", b"").decode("utf-8", "replace")
+        filename = opts.get(b"filename")
+        if name == "job" and filename is None:
+            self.in_job = True
+            return
+        if name not in ("source", "targets"):
+            raise ApiError(
+                400, "bad_request", f"unknown form field {name[:40]!r} (source, targets, job)", field=name[:40]
+            )
+        if len(self.up.files) >= MAX_PARTS:
+            raise ApiError(400, "bad_request", f"more than {MAX_PARTS} files in one request")
+        self.part = Part(name, (filename or b"file").decode("utf-8", "replace"))
+        folder = self.up.staging / ".parts"
+        folder.mkdir(exist_ok=True)
+        self.part.path = folder / str(len(self.up.files))
+        self.fh = open(self.part.path, "xb")  # noqa: SIM115 (closed in end())
+
+    def data(self, d: bytes, s: int, e: int) -> None:
+        chunk = d[s:e]
+        if self.in_job:
+            self.job += chunk
+            if len(self.job) > MAX_JOB_PART:
+                raise ApiError(413, "too_large", f"the job part is over {MAX_JOB_PART} bytes", field="job")
+            return
+        assert self.part is not None and self.fh is not None
+        if len(self.part.head) < 16:
+            self.part.head += chunk[: 16 - len(self.part.head)]
+        self.part.size += len(chunk)
+        self.fh.write(chunk)
+
+    def end(self) -> None:
+        if self.in_job:
+            self.in_job = False
+            self.up.job = bytes(self.job)
+            return
+        assert self.part is not None and self.fh is not None and self.part.path is not None
+        self.fh.close()
+        self.fh = None
+        part, self.part = self.part, None
+        found = sniff(part.head)
+        shown = safe_name(part.filename, "", "image")[:80]
+        if found is None or (part.field == "source" and found[0] != "image"):
+            what = "a photo" if part.field == "source" else "a photo, a video or a ZIP archive"
+            raise ApiError(
+                415, "unsupported_media", f"{part.field} file {shown!r} is not {what}", field=part.field, file=shown
+            )
+        part.kind = found[0]
+        name = safe_name(part.filename, found[1], found[0])
+        stem, ext = os.path.splitext(name)
+        n = 2
+        while f"{part.field}/{name}" in self.names:
+            name, n = f"{stem}-{n}{ext}", n + 1
+        self.names.add(f"{part.field}/{name}")
+        final = self.up.staging / part.field / name
+        final.parent.mkdir(exist_ok=True)
+        assert part.path is not None
+        os.rename(part.path, final)
+        part.path = final
+        self.up.files.append(part)
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+            self.fh = None
+
+
+async def receive(content_type: str, length: str | None, body: AsyncIterator[bytes], staging: Path, cap: int) -> Upload:
+    """Stream a multipart body into ``staging`` (which must not exist yet). On any refusal the
+    staging folder is removed before the error is raised."""
+    ctype, params = parse_options_header(content_type)
+    boundary = params.get(b"boundary")
+    if ctype != b"multipart/form-data" or not boundary:
+        raise ApiError(415, "unsupported_media", "send JSON (application/json) or multipart/form-data")
+    if length is not None and length.isdigit() and int(length) > cap:
+        raise ApiError(
+            413, "too_large", f"the request is {int(length)} bytes; this tenant may upload {cap} per request"
+        )
+    staging.mkdir(mode=0o755)
+    rx = _Receiver(staging, cap)
+    try:
+        parser = MultipartParser(boundary, rx.callbacks())  # type: ignore[arg-type]
+        async for chunk in body:
+            rx.up.total += len(chunk)
+            if rx.up.total > cap:
+                raise ApiError(413, "too_large", f"the upload passed {cap} bytes, this tenant's cap per request")
+            parser.write(chunk)
+        parser.finalize()
+        if rx.part is not None or rx.in_job:
+            raise ApiError(400, "bad_request", "the multipart body ended inside a part")
+        shutil.rmtree(staging / ".parts", ignore_errors=True)
+        return rx.up
+    except MultipartParseError:
+        rx.close()
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ApiError(400, "bad_request", "the multipart body could not be parsed") from None
+    except BaseException:
+        rx.close()
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

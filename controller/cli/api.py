@@ -1,0 +1,31 @@
+"""`ffswarm api`: parsing only; the server is controller/api/app.py (imported when the command runs,
+so other commands never load a web framework)."""
+
+from __future__ import annotations
+
+import click
+
+from controller.api.settings import parse_listen
+from controller.cli import context
+from controller.errors import UsageError
+from controller.job.validate import FieldError
+
+
+@click.command()
+@click.option(
+    "--listen", default=None, metavar="HOST:PORT", help="Address to serve on (default: api.listen, 127.0.0.1:8080)."
+)
+@click.pass_context
+def api(ctx: click.Context, listen: str | None) -> None:
+    """Serve the HTTP API for tenants (docs/api.md); jobs it accepts go to the inbox `serve` watches."""
+    config = context.config(ctx)
+    try:
+        host, port = parse_listen(listen or config.api.listen, "--listen")
+    except FieldError as e:
+        raise UsageError(str(e)) from None
+    if not config.tenants:
+        raise UsageError(f"{config.path}: no tenants: add a tenants: section (docs/api.md#config)")
+    from controller.api.app import serve
+
+    click.echo(f"ffswarm api: serving {len(config.tenants)} tenant(s) on http://{host}:{port}", err=True)
+    serve(config, host, port)

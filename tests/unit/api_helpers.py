@@ -1,0 +1,122 @@
+"""A real `ffswarm api` server (uvicorn on 127.0.0.1, a random port) over a temporary data root,
+with two tenants, JWTs and signed links configured, and a fresh heartbeat standing for `serve`."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import socket
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import uvicorn
+import yaml
+
+from controller.api.app import make_app
+from controller.config import Config, parse_config
+from controller.run.handover import HeartbeatFile
+
+JPEG = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + b"\x11" * 200
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x22" * 200
+MP4 = b"\x00\x00\x00\x18ftypmp42" + b"\x33" * 200
+KEYS = {"acme": "acme-secret-key", "globex": "globex-secret-key"}
+JWT_SECRET = b"jwt-hs256-secret-for-tests-only-" + b"0123456789abcdef" * 3
+PACK = {
+    "det_10g.onnx": {"role": "detector", "sha256": "0" * 64},
+    "w600k_r50.onnx": {"role": "recognizer", "sha256": "0" * 64},
+    "inswapper_128.onnx": {"role": "swapper", "sha256": "0" * 64},
+}
+
+
+@dataclass
+class Env:
+    config: Config
+    root: Path
+    url: str
+    signing_key: bytes
+
+    def client(self, tenant: str | None = "acme", token: str | None = None) -> httpx.Client:
+        headers = {}
+        if token is not None or tenant is not None:
+            headers["Authorization"] = f"Bearer {token if token is not None else KEYS[str(tenant)]}"
+        return httpx.Client(base_url=self.url, headers=headers, timeout=10)
+
+    def area(self, tenant: str = "acme") -> Path:
+        return self.root / "tenants" / tenant
+
+    def inbox_file(self, job: str) -> Path:
+        return self.root / "inbox" / f"{job}.yaml"
+
+
+def make_config(tmp_path: Path, quota: dict[str, object] | None = None) -> tuple[Config, bytes]:
+    root = tmp_path / "root"
+    (root / "models" / "default").mkdir(parents=True)
+    (root / "models" / "default" / "pack.yaml").write_text(yaml.safe_dump({"name": "default", "files": PACK}))
+    (root / "inbox").mkdir()
+    if os.geteuid() == 0:  # runners never run as root: the data root belongs to the runner's uid
+        os.chown(root, 10001, 10001)
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "jwt").write_bytes(JWT_SECRET)
+    signing = b"links-signing-key-for-tests"
+    (secrets / "api").write_bytes(signing)
+    data = {
+        "data_root": str(root),
+        "api": {
+            "signing_key_file": str(secrets / "api"),
+            "link_ttl": "1h",
+            "jwt": {"algorithms": ["HS256"], "secret_file": str(secrets / "jwt"), "audience": "ffswarm"},
+        },
+        "tenants": {
+            name: {"api_keys_sha256": [hashlib.sha256(key.encode()).hexdigest()], **({"quota": quota} if quota else {})}
+            for name, key in KEYS.items()
+        },
+    }
+    path = tmp_path / "ffswarm.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return parse_config(path, data), signing
+
+
+def serve_api(config: Config) -> Iterator[str]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(make_app(config), log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 10
+    while not server.started and time.time() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(5)
+        sock.close()
+
+
+def beat(config: Config) -> None:
+    HeartbeatFile(config.data_root / "inbox", concurrent_jobs=2).beat(running=0)
+
+
+def zip_bytes(entries: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in entries.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def leftovers(area: Path) -> list[str]:
+    """Files and folders under the area other than the empty uploads/ folder."""
+    if not area.exists():
+        return []
+    return sorted(
+        p.relative_to(area).as_posix() for p in area.rglob("*") if p.relative_to(area).as_posix() != "uploads"
+    )

@@ -1,0 +1,183 @@
+"""`ffswarm api` over real HTTP on loopback: auth, submitting (JSON, uploads, ZIPs), refusals."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import jwt
+import pytest
+import yaml
+
+from controller.job.files import parse_job_text
+from tests.unit.api_helpers import JPEG, JWT_SECRET, MP4, PNG, Env, beat, leftovers, make_config, serve_api, zip_bytes
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    config, key = make_config(tmp_path, quota={"upload": "64k", "jobs_queued": 3})
+    beat(config)
+    for url in serve_api(config):
+        yield Env(config, config.data_root, url, key)
+
+
+def token(sub: str = "acme", exp: float | None = None, alg: str = "HS256", key: bytes = JWT_SECRET) -> str:
+    claims = {"sub": sub, "aud": "ffswarm", "exp": int(exp if exp is not None else time.time() + 600)}
+    return jwt.encode(claims, key, algorithm=alg)
+
+
+def upload(env: Env, files: list[tuple[str, tuple[str, bytes]]], job: dict[str, object] | None = None):  # type: ignore[no-untyped-def]
+    data = {"job": json.dumps(job)} if job is not None else None
+    with env.client() as c:
+        return c.post("/v1/jobs", files=files, data=data)
+
+
+def test_no_token_a_bad_key_a_bad_or_expired_jwt_and_a_wrong_algorithm_are_401(env: Env) -> None:
+    assert env.client(tenant=None).get("/v1/jobs").status_code == 401
+    for bad in ("not-a-key", token(exp=time.time() - 5), token(key=b"another-secret-entirely-0123456789"),
+                token(alg="HS512"), token(sub="nobody")):  # fmt: skip
+        r = env.client(token=bad).get("/v1/jobs")
+        assert r.status_code == 401, bad
+        assert r.json()["error"]["code"] == "unauthorized" and bad not in r.text
+    assert "expired" in env.client(token=token(exp=time.time() - 5)).get("/v1/jobs").json()["error"]["message"]
+    none_alg = jwt.encode({"sub": "acme", "aud": "ffswarm", "exp": int(time.time()) + 60}, None, algorithm="none")
+    assert env.client(token=none_alg).get("/v1/jobs").status_code == 401
+    assert env.client(token=token()).get("/v1/jobs").status_code == 200  # a good JWT
+    assert env.client("globex").get("/v1/jobs").json() == {"jobs": [], "next_cursor": None}
+
+
+def test_a_json_job_is_accepted_fast_and_its_inbox_file_is_a_valid_job_file(env: Env) -> None:
+    area = env.area()
+    with env.client() as c:
+        c.get("/v1/jobs")  # the area is made on first use
+        (area / "faces").mkdir()
+        (area / "faces" / "me.jpg").write_bytes(JPEG)
+        (area / "crowd").mkdir()
+        (area / "crowd" / "a.jpg").write_bytes(JPEG)
+        started = time.monotonic()
+        r = c.post("/v1/jobs", json={"name": "party", "source": "faces/me.jpg", "targets": ["crowd/*.jpg"],
+                                     "resources": {"gpus": 0}})  # fmt: skip
+        took = time.monotonic() - started
+    assert r.status_code == 202, r.text
+    job = r.json()["id"]
+    assert took < 1.0 and job.startswith("party-") and len(job) == len("party-") + 8
+    assert r.json() == {"id": job, "status_url": f"/v1/jobs/{job}", "events_url": f"/v1/jobs/{job}/events"}
+    text = env.inbox_file(job).read_text()
+    spec = parse_job_text(text, "inbox")
+    assert spec.name == job and spec.source == ("tenants/acme/faces/me.jpg",)
+    assert spec.targets == ("tenants/acme/crowd/*.jpg",) and spec.output == f"tenants/acme/out/{job}/{{stem}}{{ext}}"
+    assert json.loads((env.root / "tenants" / ".jobs" / "acme" / f"{job}.json").read_text())["tenant"] == "acme"
+    with env.client() as c:
+        assert c.get(f"/v1/jobs/{job}").json()["phase"] == "queued"
+        assert c.get("/v1/jobs").json()["jobs"] == [job]
+
+
+def test_job_file_errors_are_422_in_the_clis_words_with_the_field(env: Env) -> None:
+    with env.client() as c:
+        r = c.post("/v1/jobs", json={"source": "faces/me.jpg", "targets": ["x/*.jpg"], "faces": "some"})
+        assert r.status_code == 422
+        assert r.json()["error"]["field"] == "faces" and "unknown face selection 'some'" in r.json()["error"]["message"]
+        r = c.post("/v1/jobs", json={"source": "../../etc/passwd.jpg", "targets": ["*.jpg"]})
+        assert r.status_code == 422 and r.json()["error"]["field"] == "source"
+        assert "leads out of the data root" in r.json()["error"]["message"]
+        r = c.post("/v1/jobs", json={"source": "faces/none.jpg", "targets": ["*.jpg"], "resources": {"gpus": 0}})
+        assert r.status_code == 422 and str(env.root) not in r.text and "tenants/acme" not in r.text
+    assert not list((env.root / "inbox").glob("*.yaml"))
+
+
+def test_uploads_with_a_zip_are_unpacked_and_non_media_entries_are_noted(env: Env) -> None:
+    archive = zip_bytes({"set/a.jpg": JPEG, "set/b.png": PNG, "set/readme.txt": b"hello", "clip.mp4": MP4})
+    r = upload(env, [("source", ("me.jpg", JPEG)), ("targets", ("photos.zip", archive)),
+                     ("targets", ("c.jpg", JPEG))], job={"name": "agency", "resources": {"gpus": 0}})  # fmt: skip
+    assert r.status_code == 202, r.text
+    job = r.json()["id"]
+    assert r.json()["notes"] == ["set/readme.txt: not a photo or a video; skipped"]
+    up = env.area() / "uploads" / job
+    got = sorted(p.relative_to(up).as_posix() for p in up.rglob("*") if p.is_file())
+    assert got == ["source/me.jpg", "targets/c.jpg", "targets/photos/clip.mp4", "targets/photos/set/a.jpg",
+                   "targets/photos/set/b.png"]  # fmt: skip
+    spec = parse_job_text(env.inbox_file(job).read_text(), "inbox")
+    assert spec.source == (f"tenants/acme/uploads/{job}/source/me.jpg",)
+    assert not list((env.area() / "uploads").glob(".incoming-*"))
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ("../escape.jpg", "leads out of the archive"),
+        ("/etc/abs.jpg", "is an absolute path"),
+        ("inner.zip", "is an archive inside the archive"),
+    ],
+)
+def test_a_zip_with_a_bad_entry_is_400_naming_it_and_leaves_nothing(env: Env, entry: str, words: str) -> None:
+    inner = zip_bytes({"x.jpg": JPEG})
+    archive = zip_bytes({"ok.jpg": JPEG, entry: inner if entry.endswith(".zip") else JPEG})
+    r = upload(env, [("source", ("me.jpg", JPEG)), ("targets", ("p.zip", archive))])
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "bad_zip" and entry in r.json()["error"]["message"] and words in r.text
+    assert leftovers(env.area()) == [] and not list((env.root / "inbox").glob("*.yaml"))
+
+
+def test_a_zip_symlink_entry_and_a_zip_bomb_are_refused(env: Env) -> None:
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        link = zipfile.ZipInfo("link.jpg")
+        link.create_system = 3
+        link.external_attr = 0o120777 << 16
+        zf.writestr(link, "/etc/passwd")
+    r = upload(env, [("source", ("me.jpg", JPEG)), ("targets", ("l.zip", buf.getvalue()))])
+    assert r.status_code == 400 and "'link.jpg' is a symbolic link" in r.json()["error"]["message"]
+    bomb = io.BytesIO()
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("big.jpg", JPEG + b"\0" * (20 * 1024**2))
+    r = upload(env, [("source", ("me.jpg", JPEG)), ("targets", ("b.zip", bomb.getvalue()))])
+    assert r.status_code == 400 and "'big.jpg'" in r.text and "times its packed size" in r.text
+    assert leftovers(env.area()) == []
+
+
+def test_an_upload_over_the_cap_is_413_and_nothing_stays(env: Env) -> None:
+    r = upload(env, [("source", ("me.jpg", JPEG)), ("targets", ("big.jpg", JPEG + b"\0" * 70_000))])
+    assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
+    assert leftovers(env.area()) == []
+
+
+def test_a_file_that_is_not_media_is_415_whatever_its_name(env: Env) -> None:
+    r = upload(env, [("source", ("me.jpg", JPEG)), ("targets", ("fake.jpg", b"#!/bin/sh\necho hi\n"))])
+    assert r.status_code == 415 and r.json()["error"]["file"] == "fake.jpg" and "echo" not in r.text
+    r = upload(env, [("source", ("clip.jpg", MP4)), ("targets", ("a.jpg", JPEG))])
+    assert r.status_code == 415 and r.json()["error"]["field"] == "source"
+    assert leftovers(env.area()) == []
+
+
+def test_over_the_queued_jobs_quota_is_429_with_retry_after(env: Env) -> None:
+    ids = []
+    for n in range(3):
+        r = upload(env, [("source", ("me.jpg", JPEG)), ("targets", (f"{n}.jpg", JPEG))], job={"resources": {"gpus": 0}})
+        assert r.status_code == 202, r.text
+        ids.append(r.json()["id"])
+    r = upload(env, [("source", ("me.jpg", JPEG)), ("targets", ("x.jpg", JPEG))])
+    assert r.status_code == 429 and r.headers["Retry-After"] == "30"
+    with env.client() as c:
+        page = c.get("/v1/jobs", params={"limit": 2}).json()
+        rest = c.get("/v1/jobs", params={"limit": 2, "cursor": page["next_cursor"]}).json()
+    assert page["jobs"] + rest["jobs"] == sorted(ids) and rest["next_cursor"] is None
+
+
+def test_without_a_serving_controller_nothing_is_accepted(env: Env) -> None:
+    for hb in (env.root / "inbox" / ".heartbeat").iterdir():
+        hb.unlink()
+    r = upload(env, [("source", ("me.jpg", JPEG)), ("targets", ("a.jpg", JPEG))], job={"resources": {"gpus": 0}})
+    assert r.status_code == 503 and r.headers["Retry-After"]
+    assert leftovers(env.area()) == [] and not list((env.root / "tenants" / ".jobs" / "acme").iterdir())
+
+
+def test_the_openapi_document_is_served(env: Env) -> None:
+    with env.client(tenant=None) as c:
+        doc = c.get("/openapi.json").json()
+    assert doc["openapi"].startswith("3.") and "/v1/jobs/{job}/results.zip" in doc["paths"]
+    assert yaml.safe_dump(doc)  # plain data
