@@ -99,7 +99,10 @@ def run_attempt(inv: Invocation, sink: log.TeeSink, recorder: AttemptRecorder | 
         pending: list[Item] = []
         refused: list[str] = []
         for item in manifest.items:
-            prior = _reusable(root_fd, item, done.get(item.id)) or _journaled(root_fd, item, intents.get(item.id, []))
+            recorded = _reusable(root_fd, item, done.get(item.id))
+            # A commit only the journal knows of (its attempt was killed before its result line) is
+            # recorded now for the first time: that line is the item's commit, not a cached one.
+            prior = recorded or _journaled(root_fd, item, intents.get(item.id, []))
             if prior is None and _not_ours(root_fd, manifest, item):
                 now = time.time()
                 refusal = f"{user_path(item.output)}: {safefs.EXISTS}"
@@ -120,7 +123,7 @@ def run_attempt(inv: Invocation, sink: log.TeeSink, recorder: AttemptRecorder | 
                         output=prior.output,
                         reason=prior.reason,
                         faces=prior.faces,
-                        cached=True,
+                        cached=recorded is not None,
                         gpu=inv.gpu,
                         provider=prior.provider,
                         started=now,

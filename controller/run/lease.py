@@ -190,7 +190,7 @@ def read(path: Path, now: float) -> Record | None:
 
 def write_new(path: Path, data: bytes) -> None:
     """A new file (O_EXCL, never through a link), written and fsynced."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
     try:
         view = memoryview(data)
         while view:

@@ -215,10 +215,26 @@ class RunDir:
         ctl = self.controller_owner()
         self.data_root.mkdir(parents=True, exist_ok=True)  # the operator's path (config): trusted
         self.volume.mkdirs(self.path.parent, ctl, DIR_MODE)  # runs/: made if missing, never taken over
+        self._share_runs(ctl)
         for folder in self.layout.controller_folders():
             self._mkdir(folder, ctl, DIR_MODE)
         for folder in self.layout.runner_folders():
             self._mkdir(folder, self.runner_owner(), SHARED_DIR_MODE)
+
+    def _share_runs(self, ctl: Owner | None) -> None:
+        """runs/ made by this controller (or by an earlier step: the output claims under
+        runs/.claims) gets the runner's group and DIR_MODE, so runners can reach their run folders;
+        a runs/ someone else owns is left as it is."""
+        if ctl is None:
+            return
+        fd = self.volume.open_dir(self.path.parent)
+        try:
+            st = os.fstat(fd)
+            if st.st_uid == ctl[0] and (st.st_gid != ctl[1] or stat.S_IMODE(st.st_mode) & 0o050 != 0o050):
+                os.fchown(fd, -1, ctl[1])
+                os.fchmod(fd, stat.S_IMODE(st.st_mode) | 0o050)
+        finally:
+            os.close(fd)
 
     def create(self, job_file: bytes, plan: Plan, manifests: dict[str, Manifest], control: Control, image: str) -> None:
         self.make_dirs()

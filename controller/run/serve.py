@@ -11,6 +11,11 @@ claim never replaces a file, and each claim carries a lease this controller rene
 heartbeat. While it serves, the controller also rewrites a heartbeat beside the inbox (handover.py),
 so that `ffswarm submit --detach` knows someone will run the file it drops there.
 
+A file the HTTP API handed over (controller/api/submit.py) is a tenant's job when the API's owner
+record claims it for exactly the bytes claimed (controller/job/owners.py): it is resolved inside
+that tenant's area alone, and its run folder records ``owner``. Any other file is a CLI job, whose
+outputs never enter ``tenants/``.
+
 The controller keeps no state of its own: a file in running/ whose lease has expired (its controller
 is gone) is taken over and submitted again, and submitting a job whose run folder exists continues
 it (jobs.py): committed items are not redone and chunk services that are still alive are adopted by
@@ -20,6 +25,7 @@ their labels. A live controller's files are never taken over.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -30,13 +36,16 @@ from contract.layout import RunLayout
 from controller import log
 from controller.config import Config
 from controller.errors import CapacityError, FfswarmError, JobFileError
+from controller.job import owners
 from controller.job.paths import relative_text
 from controller.redact import printable
 from controller.run import usecase
 from controller.run.handover import HEARTBEAT_SECONDS, HeartbeatFile
-from controller.run.inbox import JOB_SUFFIXES, SETTLE_SECONDS, Inbox
+from controller.run.inbox import JOB_SUFFIXES, SETTLE_SECONDS, Inbox, original_name
 from controller.run.metrics import Metrics
 from controller.run.report import summary
+from controller.run.rundir import RunDir, read_nofollow
+from controller.run.usecase import SinkFactory
 from controller.swarm.docker import DockerSwarm
 
 __all__ = ["JOB_SUFFIXES", "SETTLE_SECONDS", "Inbox", "Outcome", "Server", "run_job_file"]
@@ -69,12 +78,40 @@ def run_job_file(config: Config, path: Path, metrics: Metrics) -> Outcome:
     return dataclasses.replace(outcome, reason=reason)
 
 
+def job_owner(config: Config, claimed: Path) -> str | None:
+    """The tenant whose API job ``claimed`` is (its owner record names these very bytes), or None:
+    a CLI job."""
+    if not config.tenants:
+        return None
+    data = read_nofollow(claimed, config.policy.limits.job_file + 1)
+    if data is None:
+        return None
+    job = os.path.splitext(original_name(claimed.name))[0]
+    trusted = owners.trusted_uids(config.controller_ids()[0], int(config.runner_uid_gid().split(":")[0]))
+    return owners.owner_of(config.data_root, job, data, sorted(config.tenants), trusted)
+
+
+def record_owner(tenant: str) -> SinkFactory:
+    """Writes ``owner`` into the job's run folder (the controller's file) as soon as it exists."""
+
+    def make(rundir: RunDir, job: object) -> Callable[..., None]:
+        rundir.write_file(rundir.layout.owner, f"{tenant}\n".encode())
+        return lambda event, **fields: None
+
+    return make
+
+
 def _run_job_file(config: Config, path: Path, metrics: Metrics) -> Outcome:
     try:
-        job = usecase.one_job(config, path)  # a bad file is refused before Docker is asked
+        tenant = job_owner(config, path)
+        # a bad file is refused before Docker is asked; a tenant's job is resolved inside its area
+        job = usecase.one_job(config, path) if tenant is None else usecase.one_job(config, path, tenant=tenant)
         backend = DockerSwarm(config.docker_host)
         backend.check_manager()
-        report = usecase.run(config, backend, job, [lambda rundir, job: metrics.sink(rundir, job.spec.resources.gpus)])
+        sinks: list[SinkFactory] = [lambda rundir, job: metrics.sink(rundir, job.spec.resources.gpus)]
+        if tenant is not None:
+            sinks.insert(0, record_owner(tenant))
+        report = usecase.run(config, backend, job, sinks)
     except CapacityError as e:
         return Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}", retry=True)
     except FfswarmError as e:

@@ -316,3 +316,18 @@ def test_volume_paths_cannot_leave_the_root(tmp_path: Path) -> None:
         with pytest.raises(UnsafePath):
             vol.unlink(bad)
     assert snapshot(outside) == before
+
+
+def test_a_runs_folder_made_first_by_the_output_claims_is_shared_with_the_runner(tmp_path: Path) -> None:
+    """The output claims (runs/.claims) may make runs/ before the run folder: as root's 0750, runners
+    could not reach their manifests (seen on the three-node cluster: every chunk "Permission denied")."""
+    from controller.job import claims
+
+    root = tmp_path / "data"
+    root.mkdir()
+    claims.claim(root, "j", ["out/a.jpg"], "job.yaml")
+    assert (root / "runs").stat().st_gid == os.getegid()
+    rd = RunDir(root, "j", (10001, 10002), None)
+    rd.make_dirs()
+    st = (root / "runs").stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode) & 0o050) == (os.geteuid(), 10002, 0o050)
