@@ -24,6 +24,7 @@ from contract.layout import RUNS
 from controller import log as ffswarm_log
 from controller.job.plan import AUTO_MAX_CHUNK, Plan
 from controller.run.attempts import cold_start
+from controller.run.fold import Fold
 from controller.run.rundir import RunDir, write_atomic
 
 FILE = f"{RUNS}/.timings.json"
@@ -60,8 +61,10 @@ def measure(rundir: RunDir, plan: Plan) -> tuple[str, Timing] | None:
                 providers.append(loaded[0])
                 cold.append(loaded[1])
     per_item: list[float] = []
+    fold = Fold.read(plan, rundir)  # the one reading of results: what the report and status count
     for chunk in chunks:
-        done = [r for r in rundir.latest_results(chunk.id).values() if r.status.value == "ok" and not r.cached]
+        results = (fold.result(i) for i in chunk.items)
+        done = [r for r in results if r is not None and r.status.value == "ok" and not r.cached]
         if len(done) >= 2:
             span = max(r.finished for r in done) - min(r.started for r in done)
             if span > 0:
