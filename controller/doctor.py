@@ -20,7 +20,7 @@ from controller.errors import FfswarmError
 from controller.run.oneshot import run_oneshot
 from controller.swarm.admin import SwarmAdmin
 from controller.swarm.backend import ImageInfo, NodeInfo
-from controller.swarm.servicespec import RUNNER_COMMAND, RunnerSettings, chunk_service
+from controller.swarm.servicespec import ANCHOR_SERVICE, RUNNER_COMMAND, RUNNER_NETWORK, RunnerSettings, chunk_service
 
 GPU_LABEL = ("ffswarm.gpu", "true")
 GPU_KIND = "GPU"
@@ -256,5 +256,20 @@ def run_checks(config: Config, pack: str = "default", say: Callable[[Check], Non
                 results[node.hostname] = {"task": f"probe not created: {e}"}
         for c in check_probes(results, config, pack):
             add(c)
+        add(check_runner_network(admin))  # the probes made it, as a job's first runner does
     add(check_heartbeat(admin))
     return out
+
+
+def check_runner_network(admin: SwarmAdmin) -> Check:
+    """The runners' internal network and its anchor on every ready node (controller/swarm/network.py)."""
+    missing = admin.missing_anchors(RUNNER_NETWORK)
+    fix = (
+        f"ffswarm makes {RUNNER_NETWORK} and {ANCHOR_SERVICE} before a job's first runner; if a node's anchor "
+        f"cannot start, see `docker service ps {ANCHOR_SERVICE}` (its image must be on the node)"
+    )
+    if missing is None:
+        return Check("runner-network", False, f"{RUNNER_NETWORK} is missing or not an internal overlay network", fix)
+    if missing:
+        return Check("runner-network", False, f"no running anchor on {', '.join(missing)}", fix)
+    return _ok("runner-network", f"{RUNNER_NETWORK}: internal (no egress), anchored on every ready node")

@@ -9,6 +9,7 @@ import docker.errors
 import requests.exceptions
 
 from controller.errors import EngineUnavailable
+from controller.swarm import network
 from controller.swarm.backend import ImageInfo, NodeInfo, SwarmInfo
 from controller.swarm.docker import DockerSwarm, first_line, node_info, translated
 
@@ -40,6 +41,11 @@ class SwarmAdmin(DockerSwarm):
             spec["Labels"] = labels
             self._client.api.update_node(raw["ID"], raw["Version"]["Index"], spec)
             return node_info(self._client.api.inspect_node(raw["ID"]))
+
+    def missing_anchors(self, network_name: str) -> list[str] | None:
+        """Nodes whose runners' network anchor is not running; None: no such internal network."""
+        with translated(f"inspecting network {network_name}"):
+            return network.missing_anchors(self._client, network_name)
 
     def image_info(self, ref: str) -> ImageInfo | None:
         """The local image ref names on this engine (ID, size, labels), None when it is absent."""

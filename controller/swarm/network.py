@@ -23,9 +23,8 @@ import docker.errors
 from docker import types as dt
 
 from controller.errors import CapacityError
-from controller.swarm.servicespec import LABEL_ROLE
+from controller.swarm.servicespec import ANCHOR_SERVICE, LABEL_ROLE
 
-ANCHOR_SERVICE = "ffswarm_runners_anchor"  # "_" never appears in a job id, so no job's prefix matches it
 ROLE_ANCHOR = "runners-anchor"
 ANCHOR_COMMAND = ("/opt/ffswarm/bin/python", "-c", "import signal; signal.pause()")
 ANCHOR_MEMORY = 48 * 1024 * 1024
@@ -104,3 +103,26 @@ def _wait_for_anchors(client: docker.DockerClient) -> None:
         if ready <= running or time.monotonic() > deadline:
             return
         time.sleep(0.2)
+
+
+def missing_anchors(client: docker.DockerClient, name: str) -> list[str] | None:
+    """Hostnames of ready, active nodes without a running anchor; None when `name` is not an internal
+    overlay network (doctor)."""
+    found = [n for n in client.api.networks(names=[name]) if n.get("Name") == name]
+    if not found or not found[0].get("Internal") or found[0].get("Driver") != "overlay":
+        return None
+    ready = {
+        n["ID"]: n.get("Description", {}).get("Hostname", n["ID"][:12])
+        for n in client.api.nodes()
+        if n.get("Status", {}).get("State") == "ready" and n.get("Spec", {}).get("Availability") == "active"
+    }
+    running = (
+        {
+            t.get("NodeID")
+            for t in client.api.tasks(filters={"service": ANCHOR_SERVICE, "desired-state": "running"})
+            if t.get("Status", {}).get("State") == "running"
+        }
+        if _anchor(client)
+        else set()
+    )
+    return sorted(host for node, host in ready.items() if node not in running)

@@ -28,6 +28,7 @@ TMPFS_BYTES = 512 * 1024 * 1024
 LOG_OPTIONS: Mapping[str, str] = MappingProxyType({"max-size": "20m", "max-file": "3"})
 RUNNER_NETWORK = "ffswarm-runners"  # the `internal` overlay network (no egress) runners are on; its anchor
 # service keeps node attachments still so runners never cause a node update (controller/swarm/network.py)
+ANCHOR_SERVICE = "ffswarm_runners_anchor"  # "_" never appears in a job id, so no job's prefix matches it
 PIDS_LIMIT = 1024  # processes and threads per container: onnxruntime's and ffmpeg's threads fit well within
 RUNNER_NANO_CPUS = 2 * 10**9  # CPU limit per container unless policy.limits.cpus says otherwise
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.doctor import SBOM_LABEL
+from controller.doctor import SBOM_LABEL, check_runner_network
 from controller.swarm.admin import SwarmAdmin
 from controller.swarm.docker import DockerSwarm
-from controller.swarm.servicespec import VolumeSpec
+from controller.swarm.servicespec import ANCHOR_SERVICE, RUNNER_NETWORK, VolumeSpec
 from tests.integration.conftest import Workspace
 
 pytestmark = pytest.mark.integration
@@ -31,7 +31,17 @@ def config_like(ws: Workspace, tmp_path: Path, **override: str) -> Path:
 def test_doctor_passes_on_the_dev_swarm(workspace: Workspace) -> None:
     proc = workspace.ffswarm("doctor", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for name in ("swarm", "gpu-nodes", "image", "image-on-nodes", "data-volume", "model-pack", "heartbeat"):
+    checks = (
+        "swarm",
+        "gpu-nodes",
+        "image",
+        "image-on-nodes",
+        "data-volume",
+        "model-pack",
+        "runner-network",
+        "heartbeat",
+    )
+    for name in checks:
         assert f"[ok] {name}:" in proc.stdout
     assert "all checks passed" in proc.stdout
     info = SwarmAdmin().image_info(workspace.config.image)
@@ -91,3 +101,18 @@ def test_doctor_names_a_data_root_runners_cannot_write(
         f"fix: make {root_owned_data_root} (and the NFS export) writable by the runner uid:gid (10001:10001)"
         in proc.stdout
     )
+
+
+def test_doctor_names_a_node_without_the_runners_anchor(workspace: Workspace, swarm: DockerSwarm) -> None:
+    """Without its anchor a node would reject its GPU tasks when runners come and go: doctor says so.
+    (The anchor is put back by the next job's first runner, as a real job would.)"""
+    swarm.client.api.remove_service(ANCHOR_SERVICE)
+    try:
+        admin = SwarmAdmin()
+        assert admin.missing_anchors(RUNNER_NETWORK) == sorted(n.hostname for n in admin.node_infos())
+        check = check_runner_network(admin)
+        assert not check.ok and check.detail.startswith("no running anchor on ")
+    finally:
+        swarm._networks.clear()
+        swarm.ensure_network(RUNNER_NETWORK, swarm.resolve_image(workspace.config.image), "65534:65534")
+    assert SwarmAdmin().missing_anchors(RUNNER_NETWORK) == []
