@@ -7,6 +7,7 @@ spelled twice. Every file has one writer (docs/architecture.md, "The controller/
 ====================================  ==============================================================
 ``job.yaml``, ``plan.json``           controller, at the first submit
 ``job.sha256``                        controller, at the first submit: the job file's digest
+``owner``                             controller (`serve`), for API jobs: the tenant that owns it
 ``chunks/<chunk>.json``               controller: the chunk manifest (contract/manifest.py)
 ``control.json``                      ``ffswarm scale`` / ``cancel``
 ``image.json``                        controller, once: the image every attempt runs
@@ -53,6 +54,7 @@ RUNNER_FOLDERS = (RESULTS, LOGS, SEGMENTS, ATTEMPTS, IDENTITY_DIR)  # made with 
 SUBFOLDERS = (*CONTROLLER_FOLDERS, *RUNNER_FOLDERS)
 JOB_FILE = "job.yaml"
 JOB_SHA256 = "job.sha256"  # the sha256 of the job file that started the run (its identity)
+OWNER = "owner"  # API jobs: the tenant's name (controller-owned; CLI jobs have none)
 PLAN = "plan.json"  # written last: its presence means the run folder is complete
 CONTROL = "control.json"
 IMAGE = "image.json"
@@ -128,6 +130,10 @@ class RunLayout(Generic[P]):
     @property
     def job_sha256(self) -> P:
         return self.dir / JOB_SHA256
+
+    @property
+    def owner(self) -> P:
+        return self.dir / OWNER
 
     @property
     def plan(self) -> P:

@@ -21,6 +21,8 @@ command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v python3 >/dev/null || need+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 command -v ffprobe >/dev/null || need+=(ffmpeg)  # the controller probes and joins video targets
+# the web page's test (tests/unit/test_api_page.py) drives Debian's Chromium with Playwright; never a downloaded browser
+command -v chromium >/dev/null || need+=(chromium fonts-liberation)
 if [ ${#need[@]} -gt 0 ]; then
   say "installing ${need[*]}"
   apt-get update -qq

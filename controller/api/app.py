@@ -10,6 +10,7 @@ import asyncio
 import json
 import shutil
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,8 +21,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from controller import log
-from controller.api import links, submit, uploads, views
-from controller.api.area import Area
+from controller.api import links, page, page_openapi, submit, uploads, views
+from controller.api.area import Area, run_owner
 from controller.api.auth import Authenticator, JwtVerifier, read_key_file
 from controller.api.errors import ApiError, not_found
 from controller.api.openapi import document
@@ -60,6 +61,17 @@ class Api:
             for p in folder.iterdir():
                 if p.name.startswith(".incoming-") and time.time() - p.lstat().st_mtime > STALE_UPLOAD_SECONDS:
                     shutil.rmtree(p, ignore_errors=True)
+
+    def link_owner(self, job: str) -> Area:
+        """The area of the tenant a signed link's job belongs to: the run folder's ``owner`` once
+        `serve` wrote it, else the tenant whose record holds it; 404 when none does."""
+        root = self.config.data_root
+        recorded = run_owner(root, job)
+        names = [recorded] if recorded is not None else list(self.config.tenants)
+        for name in names:
+            if name in self.config.tenants and Area(root, name).owns(job) is not None:
+                return Area(root, name)
+        raise not_found(job)
 
     def links(self, job: str) -> dict[str, Any]:
         if self.signing_key is None:
@@ -126,8 +138,8 @@ class Api:
         return JSONResponse(await asyncio.to_thread(views.cancel, self.config, area, request.path_params["job"]))
 
     async def events(self, request: Request) -> Response:
-        area = await asyncio.to_thread(self.area, self.tenant(request))
         job = request.path_params["job"]
+        area = await page.caller_area(self, request, job)  # a token, or a signed link (the web page's EventSource)
         await asyncio.to_thread(views.job_view, self.config, area, job)  # 404 before the stream starts
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         return StreamingResponse(views.events(self.config, area, job), media_type="text/event-stream", headers=headers)
@@ -137,12 +149,7 @@ class Api:
         q = request.query_params
         if "sig" in q or "expires" in q:
             links.verify(self.signing_key, "GET", request.url.path, q.get("expires", ""), q.get("sig", ""))
-            owner = next(
-                (t for t in self.config.tenants.values() if Area(self.config.data_root, t.name).record(job)), None
-            )
-            if owner is None:
-                raise not_found(job)
-            area = Area(self.config.data_root, owner.name)
+            area = await asyncio.to_thread(self.link_owner, job)
         else:
             area = await asyncio.to_thread(self.area, self.tenant(request))
         outputs = await asyncio.to_thread(views.committed_outputs, self.config, area, job)
@@ -153,7 +160,7 @@ class Api:
         )
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(document())
+        return JSONResponse(page_openapi.extend(document()))
 
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"ok": True})
@@ -168,7 +175,10 @@ def _guard(handler: Handler, log_: Any) -> Handler:
         except ApiError as e:
             return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
         except Exception as e:
-            log_.exception("api_internal_error", path=request.url.path, error=type(e).__name__)
+            # The traceback as text, never with local variables (a renderer that shows locals would
+            # print the signing key and tokens held by the frames).
+            trace = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+            log_.error("api_internal_error", path=request.url.path, error=type(e).__name__, trace=trace)
             body = {"error": {"code": "internal", "message": "internal error; the API's log has the details"}}
             return JSONResponse(body, status_code=500)
 
@@ -202,6 +212,7 @@ def make_app(config: Config) -> Starlette:
         Route("/openapi.json", g(api.openapi), methods=["GET"]),
         Route("/healthz", g(api.healthz), methods=["GET"]),
     ]
+    routes += page.routes(api, g)  # the web status page at / and its routes (controller/api/page.py)
     return Starlette(routes=routes)
 
 

@@ -3,33 +3,31 @@
 - ``tenants/<t>/`` is the tenant's area: its job paths are relative to it, its uploads land in
   ``uploads/<job>/`` and its default outputs in ``out/<job>/``. The API creates it, owned by the
   runner's uid:gid (runners read the inputs and write the outputs there).
-- ``tenants/.jobs/<t>/<job>.json`` is the owner record, written by the API (never by a runner: the
-  folder is the API's, 0755) before the job file reaches the inbox. A job is the caller's only if
-  the caller's own folder holds its record, so another tenant's job is simply not found. `serve`
-  reads the same record to write ``owner`` into the run folder (docs/api.md#ownership).
+- ``tenants/.jobs/<t>/<job>.json`` is the owner record (controller/job/owners.py), written by the
+  API (never by a runner: the folders are the API's, 0755) before the job file reaches the inbox,
+  with the sha256 of that job file. A job is the caller's only if the caller's own folder holds its
+  record, so another tenant's job is simply not found. `serve` reads the same record, resolves the
+  job inside the tenant's area and writes ``owner`` into the run folder; once that exists, it is
+  what decides (docs/api.md#ownership).
 
 Everything read back from here is treated as hostile: no links followed, sizes capped, fields checked.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import secrets
 import stat
 import time
 from base64 import b32encode
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-from contract.layout import RUNS
+from contract.layout import RUNS, RunLayout
+from controller.job.owners import JOB_ID, MAX_RECORD, RECORDS, TENANT, TENANTS, JobRecord
 from controller.run.rundir import read_nofollow, write_atomic
 
-TENANTS = "tenants"
-RECORDS = ".jobs"
-JOB_ID = re.compile(r"[a-z0-9-]{1,31}-[a-z2-7]{8}")
-_MAX_RECORD = 4096
+__all__ = ["JOB_ID", "TENANTS", "Area", "JobRecord", "new_job_id", "run_owner"]
 
 
 def new_job_id(name: str) -> str:
@@ -38,17 +36,16 @@ def new_job_id(name: str) -> str:
     return f"{name}-{b32encode(secrets.token_bytes(5)).decode().lower()}"
 
 
-@dataclass(frozen=True)
-class JobRecord:
-    job: str
-    tenant: str
-    created: float
-    uploads: bool  # the job's inputs were uploaded (uploads/<job>/), not already in the area
-    cancelled: bool = False  # taken out of the inbox before a controller claimed it
-
-    def to_json(self) -> bytes:
-        d = {"job": self.job, "tenant": self.tenant, "created": self.created, "uploads": self.uploads}
-        return json.dumps({**d, "cancelled": self.cancelled}).encode()
+def run_owner(data_root: Path, job: str) -> str | None:
+    """The tenant the job's run folder names (``owner``, written by `serve`); None before serve
+    started it, or for a CLI job."""
+    if not JOB_ID.fullmatch(job):
+        return None
+    data = read_nofollow(RunLayout.host(data_root, job).owner, 64)
+    if data is None:
+        return None
+    name = data.decode("ascii", "replace").strip()
+    return name if TENANT.fullmatch(name) else None
 
 
 class Area:
@@ -78,6 +75,9 @@ class Area:
             st = os.lstat(folder)
             if not stat.S_ISDIR(st.st_mode):  # a link or a file where the area should be: never followed
                 raise OSError(f"{self.root_rel(folder)} is not a folder")
+            if owner is None and (st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022):
+                # records in a folder others may write would not count for serve (controller/job/owners.py)
+                raise OSError(f"{self.root_rel(folder)} is not the controller's (owner or mode)")
 
     def root_rel(self, path: Path) -> str:
         return path.relative_to(self.root).as_posix()
@@ -99,8 +99,9 @@ class Area:
             tenants = []
         return any(os.path.lexists(recs / t / f"{job}.json") for t in tenants)
 
-    def write_record(self, job: str, uploads: bool) -> JobRecord:
-        rec = JobRecord(job, self.tenant, time.time(), uploads)
+    def write_record(self, job: str, uploads: bool, sha256: str | None = None) -> JobRecord:
+        """``sha256``: of the job file about to be handed to the inbox (serve checks it)."""
+        rec = JobRecord(job, self.tenant, time.time(), uploads, sha256=sha256)
         write_atomic(self.records / f"{job}.json", rec.to_json())
         return rec
 
@@ -111,19 +112,17 @@ class Area:
         """The caller's record of ``job``; None for any other job (another tenant's, or none)."""
         if not JOB_ID.fullmatch(job):
             return None
-        data = read_nofollow(self.records / f"{job}.json", _MAX_RECORD)
-        if data is None:
+        data = read_nofollow(self.records / f"{job}.json", MAX_RECORD)
+        return None if data is None else JobRecord.parse(data, job, self.tenant)
+
+    def owns(self, job: str) -> JobRecord | None:
+        """The caller's record of ``job`` if the job is the caller's: the run folder's ``owner`` decides
+        once `serve` wrote it, the owner record before that; None for any other job."""
+        rec = self.record(job)
+        if rec is None:
             return None
-        try:
-            d = json.loads(data)
-        except ValueError:
-            return None
-        if not isinstance(d, dict) or d.get("job") != job or d.get("tenant") != self.tenant:
-            return None
-        created = d.get("created")
-        if not isinstance(created, int | float) or isinstance(created, bool):
-            return None
-        return JobRecord(job, self.tenant, float(created), d.get("uploads") is True, d.get("cancelled") is True)
+        recorded = run_owner(self.root, job)
+        return rec if recorded is None or recorded == self.tenant else None
 
     def mark_cancelled(self, job: str) -> None:
         rec = self.record(job)

@@ -28,7 +28,7 @@ def verify(key: bytes | None, method: str, path: str, expires: str, sig: str, no
     if not expires.isdigit() or len(expires) > 12:
         raise ApiError(403, "bad_signature", "the link's expires is not a UNIX time")
     want = signature(key, method, path, int(expires))
-    if not hmac.compare_digest(want, sig.lower()):
+    if not hmac.compare_digest(want.encode(), sig.lower().encode("utf-8", "replace")):  # any text, never a 500
         raise ApiError(403, "bad_signature", "the link's signature does not match")
     if int(expires) < (time.time() if now is None else now):
         raise ApiError(403, "link_expired", "the link has expired; ask for a new one")

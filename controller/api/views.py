@@ -31,7 +31,7 @@ EVENT_INTERVAL = 0.5  # progress at most every 500 ms
 
 
 def job_view(config: Config, area: Area, job: str) -> dict[str, Any]:
-    rec = area.record(job)
+    rec = area.owns(job)
     if rec is None:
         raise not_found(job)
     rundir = RunDir(config.data_root, job)
@@ -57,7 +57,7 @@ def list_jobs(area: Area, limit: int, cursor: str | None) -> dict[str, Any]:
 
 
 def report(config: Config, area: Area, job: str) -> dict[str, Any]:
-    if area.record(job) is None:
+    if area.owns(job) is None:
         raise not_found(job)
     data = RunDir(config.data_root, job).report()
     if data is None:
@@ -67,7 +67,7 @@ def report(config: Config, area: Area, job: str) -> dict[str, Any]:
 
 def cancel(config: Config, area: Area, job: str) -> dict[str, Any]:
     """A queued job is taken out of the inbox; a running one is flagged (its controller stops it)."""
-    rec = area.record(job)
+    rec = area.owns(job)
     if rec is None:
         raise not_found(job)
     rundir = RunDir(config.data_root, job, None, config.controller_ids())
@@ -86,7 +86,7 @@ def cancel(config: Config, area: Area, job: str) -> dict[str, Any]:
 
 def committed_outputs(config: Config, area: Area, job: str) -> list[str]:
     """Outputs (relative to the data root) of every committed item, inside the tenant's area."""
-    if area.record(job) is None:
+    if area.owns(job) is None:
         raise not_found(job)
     rundir = RunDir(config.data_root, job)
     if not rundir.exists():

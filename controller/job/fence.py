@@ -7,6 +7,9 @@ Alice's originals). Refused here, before anything runs, each with exit 65 naming
 
 - an output under ``runs/``, ``models/``, ``inbox/`` or ``tenants/`` (reserved for the controller,
   the packs, the inbox, and tenants' areas), also when a symlinked folder leads there;
+- for a tenant's job (an API job with an owner record: controller/job/owners.py), any input or
+  output outside that tenant's area ``tenants/<tenant>/``: never another tenant's, never the rest
+  of the data root;
 - an output that is one of the job's inputs (any item's, the source photos, the reference);
 - a new run whose outputs already exist, unless the job says ``overwrite: true``;
 - an output another live job claims (controller/job/claims.py).
@@ -22,8 +25,17 @@ RESERVED = ("runs", "models", "inbox", "tenants")
 SHOWN = 3  # existing outputs named in a refusal
 
 
-def check_area(out_rel: str, target_rel: str, file: str) -> None:
-    """``out_rel`` (the real path, relative to the data root) is outside the reserved areas."""
+def inside(rel: str, area: str) -> bool:
+    return rel.startswith(area + "/")
+
+
+def check_area(out_rel: str, target_rel: str, file: str, area: str | None = None) -> None:
+    """``out_rel`` (the real path, relative to the data root) is outside the reserved areas; for a
+    tenant's job (``area``: ``tenants/<tenant>``), inside that tenant's area."""
+    if area is not None:
+        if not inside(out_rel, area):
+            raise JobFileError(file, "output", f"for {target_rel!r}: {out_rel} is outside the tenant's area {area}/")
+        return
     top = out_rel.split("/", 1)[0]
     if top in RESERVED or out_rel in (".", ""):
         raise JobFileError(
@@ -32,6 +44,12 @@ def check_area(out_rel: str, target_rel: str, file: str) -> None:
             f"for {target_rel!r}: {out_rel} is under {top}/, which ffswarm keeps for itself "
             f"({', '.join(r + '/' for r in RESERVED)} never hold a job's outputs)",
         )
+
+
+def check_input_area(rel: str, field: str, file: str, area: str | None) -> None:
+    """A tenant's job reads only from its own area (``rel``: the real path, relative to the data root)."""
+    if area is not None and not inside(rel, area):
+        raise JobFileError(file, field, f"{rel} is outside the tenant's area {area}/")
 
 
 def check_not_input(out_rel: str, target_rel: str, input_rels: set[str], file: str) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from contract.layout import RunLayout
 from contract.manifest import FaceSelection
 from controller.errors import JobFileError, MissingInputError
-from controller.job import claims, fence
+from controller.job import claims, fence, owners
 from controller.job.paths import Resolver, resolve_inside
 from controller.job.spec import (
     DISTINCT_PLACEHOLDERS,
@@ -53,18 +53,27 @@ class ResolvedJob:
     targets: tuple[Target, ...]
 
 
-def resolve_job(spec: JobSpec, data_root: Path, file: str, *, job_id: str | None = None) -> ResolvedJob:
+def resolve_job(
+    spec: JobSpec, data_root: Path, file: str, *, job_id: str | None = None, tenant: str | None = None
+) -> ResolvedJob:
     """Expand globs and outputs under ``data_root``; refuse escapes, collisions and missing inputs.
 
-    ``job_id`` fills ``{job}`` (default: the job's name; ``--new`` gives ``name-2`` …).
+    ``job_id`` fills ``{job}`` (default: the job's name; ``--new`` gives ``name-2`` …). ``tenant``:
+    the owner of an API job (controller/job/owners.py); its inputs and outputs must then all lie,
+    symlinks resolved, in ``tenants/<tenant>/`` (controller/job/fence.py).
     """
     root = Path(os.path.abspath(data_root))
+    area = owners.area_rel(tenant) if tenant is not None else None
+    resolver = Resolver(root, listings=True)  # one folder read per folder, not 2 stats per path
     n = len(spec.source)
     sources = tuple(_existing(root, s, item_field("source", i, n), file) for i, s in enumerate(spec.source))
     reference = None  # unused, so not looked for, unless faces: reference
     if spec.faces is FaceSelection.REFERENCE and spec.reference is not None:
         reference = _existing(root, spec.reference, "reference", file)
-    resolver = Resolver(root, listings=True)  # one folder read per folder, not 2 stats per path
+    for i, source in enumerate(sources):
+        fence.check_input_area(resolver.relative(str(source)), item_field("source", i, n), file, area)
+    if reference is not None:
+        fence.check_input_area(resolver.relative(str(reference)), "reference", file, area)
     matches = _match_targets(spec, file, resolver)
     names = {name for _, name, _, _ in string.Formatter().parse(spec.output) if name}
     if len(matches) > 1 and not names & set(DISTINCT_PLACEHOLDERS):
@@ -77,13 +86,14 @@ def resolve_job(spec: JobSpec, data_root: Path, file: str, *, job_id: str | None
     job = job_id or spec.name
     for index, (path, kind) in enumerate(matches):
         rel = resolver.relative(path)
+        fence.check_input_area(rel, "targets", file, area)
         try:
             out_text = expand_output(spec.output, rel, index=index, job=job)
             out = resolver.inside_str(out_text, what="output")
         except ValueError as e:
             raise JobFileError(file, "output", f"for {rel!r}: {e}") from None
         out_rel = resolver.relative(out)
-        fence.check_area(out_rel, rel, file)
+        fence.check_area(out_rel, rel, file, area)
         if out in inputs:
             fence.check_not_input(out_rel, rel, {out_rel}, file)
         if out in written:

@@ -218,9 +218,10 @@ def _job_text(job: PreparedJob) -> str:
     return text
 
 
-def _place(inbox: Path, name: str, text: str) -> Path:
+def place(inbox: Path, name: str, text: str) -> Path:
     """Write `text` as inbox/NAME without ever replacing a file there: a hidden temporary name (the
-    controller ignores those), then a hard link to the final name, which fails if the name exists."""
+    controller ignores those), then a hard link to the final name, which fails if the name exists.
+    Also the API's way into the inbox (controller/api/submit.py)."""
     final = inbox / name
     tmp = inbox / f".{name}.{os.getpid()}.tmp"
     try:
@@ -269,7 +270,7 @@ def hand_over(inbox: Path, jobs: Sequence[PreparedJob], now: float | None = None
     placed: list[HandedOver] = []
     try:
         for job, text in zip(jobs, texts, strict=True):
-            placed.append(HandedOver(job.job_id, _place(inbox, f"{job.job_id}.yaml", text), controllers[0]))
+            placed.append(HandedOver(job.job_id, place(inbox, f"{job.job_id}.yaml", text), controllers[0]))
     except PermissionError as e:
         _take_back(placed)
         try:

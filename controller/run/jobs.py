@@ -60,7 +60,9 @@ def once(make: Callable[[], B]) -> Callable[[], B]:
     return get
 
 
-def prepare(config: Config, paths: Sequence[Path], new: bool, swarm: SwarmFactory | None = None) -> list[PreparedJob]:
+def prepare(
+    config: Config, paths: Sequence[Path], new: bool, swarm: SwarmFactory | None = None, tenant: str | None = None
+) -> list[PreparedJob]:
     """Every job file read, checked against the policy and the data root, and planned. Every error of
     every file is collected and raised together (controller/job/files.py: JobFileErrors), so one
     submit shows them all. ``swarm``: the command's backend, asked for the GPU slots the swarm
@@ -83,7 +85,7 @@ def prepare(config: Config, paths: Sequence[Path], new: bool, swarm: SwarmFactor
     errors: list[FfswarmError] = list(problems)
     for file, spec in found:
         try:
-            out.append(_prepare_one(config, file, spec, new, parallel))
+            out.append(_prepare_one(config, file, spec, new, parallel, tenant))
         except (JobFileError, MissingInputError) as e:
             errors.append(e)
     raise_all(errors)
@@ -91,12 +93,12 @@ def prepare(config: Config, paths: Sequence[Path], new: bool, swarm: SwarmFactor
 
 
 def _prepare_one(
-    config: Config, file: Path, spec: JobSpec, new: bool, parallel: Callable[[JobSpec], int]
+    config: Config, file: Path, spec: JobSpec, new: bool, parallel: Callable[[JobSpec], int], tenant: str | None
 ) -> PreparedJob:
     admission.check_job(config.policy, spec, str(file))  # nothing is looked at before the policy agrees
     job_id = next_job_id(config.data_root, spec.name, new)
     check_same_job(config, job_id, file)
-    resolved = resolve_job(spec, config.data_root, str(file), job_id=job_id)
+    resolved = resolve_job(spec, config.data_root, str(file), job_id=job_id, tenant=tenant)
     admission.check_counts(config.policy, str(file), len(resolved.targets), 0)
     check_pack(config, spec, file)
     folders = access.check_job(config, resolved, str(file))  # the runner can read and write it all

@@ -70,8 +70,23 @@ def who() -> str:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = str(os.getuid())
-    command = " ".join(["ffswarm", *sys.argv[1:2]]) if len(sys.argv) > 1 else "ffswarm"
+    command = " ".join(["ffswarm", *command_of(sys.argv[1:])])
     return "".join(c if c.isprintable() else "?" for c in f"{user} ({command}, pid {os.getpid()})")[:200]
+
+
+ROOT_VALUE_OPTIONS = ("--config",)  # options before the command that take a value (controller/cli/main.py)
+
+
+def command_of(args: list[str]) -> list[str]:
+    """The command a process runs (``["submit"]``), past the root options before it
+    (``--json-logs --config F submit …``); none for a bare ``ffswarm``."""
+    it = iter(args)
+    for arg in it:
+        if arg in ROOT_VALUE_OPTIONS:
+            next(it, None)
+        elif not arg.startswith("-"):
+            return [arg]
+    return []
 
 
 @dataclass(frozen=True)

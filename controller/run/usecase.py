@@ -56,10 +56,11 @@ def open_or_start(config: Config, backend: SwarmBackend, job: PreparedJob) -> tu
     return rundir, rundir.image()  # a folder another controller created first pins its own
 
 
-def one_job(config: Config, path: Path, swarm: SwarmFactory | None = None) -> PreparedJob:
+def one_job(config: Config, path: Path, swarm: SwarmFactory | None = None, tenant: str | None = None) -> PreparedJob:
     """The one job of an inbox file or a `render` argument, prepared as `submit` would (``swarm``:
-    the caller's backend, built when first asked for: a bad file is refused before Docker is asked)."""
-    prepared = prepare(config, [path], new=False, swarm=swarm)
+    the caller's backend, built when first asked for: a bad file is refused before Docker is asked;
+    ``tenant``: an API job's owner, whose area alone it may use)."""
+    prepared = prepare(config, [path], new=False, swarm=swarm, tenant=tenant)
     if len(prepared) != 1:
         raise JobFileError(str(path), None, f"one job per file here, found {len(prepared)}")
     return prepared[0]

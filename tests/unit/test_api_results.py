@@ -137,3 +137,21 @@ def test_events_stream_progress_then_the_end(env: Env) -> None:
         assert r.headers["content-type"].startswith("text/event-stream")
         text = "".join(r.iter_text())
     assert text.index("event: progress") < text.index("event: end") and '"phase": "finished"' in text
+
+
+def test_the_run_folders_owner_decides_once_serve_wrote_it(env: Env) -> None:
+    rd = finished_run(env)
+    rd.write_file(rd.layout.owner, b"acme\n")  # what serve writes when it starts acme's job
+    with env.client("acme") as c:
+        row = c.get(f"/v1/jobs/{JOB}").json()
+        assert row["owner"] == "acme" and row["phase"] == "finished"
+        link = row["results_url"]
+    with env.client(tenant=None) as anon:
+        assert anon.get(link).status_code == 200
+    rd.write_file(rd.layout.owner, b"globex\n")  # the run folder says otherwise: the record no longer suffices
+    with env.client("acme") as c:
+        for path in ("", "/report", "/results.zip", "/events"):
+            assert c.get(f"/v1/jobs/{JOB}{path}").status_code == 404, path
+        assert c.post(f"/v1/jobs/{JOB}/cancel").status_code == 404
+    with env.client(tenant=None) as anon:
+        assert anon.get(link).status_code == 404

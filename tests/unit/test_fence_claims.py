@@ -145,3 +145,51 @@ def test_a_planted_symlink_claim_folder_is_not_followed(tmp_path: Path) -> None:
     with pytest.raises(UnsafePath, match="runs/.claims/jobs is a symbolic link"):
         claims.claim(root, "j", ["out/p1.jpg"], "j.yaml")
     assert list(outside.iterdir()) == []
+
+
+def _tenant_root(tmp_path: Path) -> Path:
+    root = _root(tmp_path)
+    for rel in ("tenants/acme/faces/me.jpg", "tenants/acme/in/p1.jpg", "tenants/globex/in/secret.jpg"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"jpeg " + rel.encode())
+    return root
+
+
+def _tenant_spec(
+    output: str, targets: str = "tenants/acme/in/*.jpg", source: str = "tenants/acme/faces/me.jpg"
+) -> JobSpec:
+    return JobSpec(name="j", source=(source,), targets=(targets,), output=output)
+
+
+def test_a_tenants_job_writes_into_its_own_area_and_nowhere_else(tmp_path: Path) -> None:
+    root = _tenant_root(tmp_path)
+    ok = resolve_job(_tenant_spec("tenants/acme/out/{name}"), root, "job.yaml", tenant="acme")
+    assert [t.output_rel for t in ok.targets] == ["tenants/acme/out/p1.jpg"]
+    before = _snapshot(root)
+    for output in ("tenants/globex/out/{name}", "out/{name}", "runs/alicejob/segments/{name}", "inbox/{name}"):
+        with pytest.raises(JobFileError) as e:
+            resolve_job(_tenant_spec(output), root, "job.yaml", tenant="acme")
+        assert e.value.field == "output" and "outside the tenant's area tenants/acme/" in e.value.reason, output
+    (root / "tenants" / "acme" / "away").symlink_to(root / "tenants" / "globex" / "in")  # a link in its area
+    with pytest.raises(JobFileError) as e:
+        resolve_job(_tenant_spec("tenants/acme/away/{name}"), root, "job.yaml", tenant="acme")
+    assert "tenants/globex/in/p1.jpg is outside the tenant's area" in e.value.reason
+    assert _snapshot(root) == before
+
+
+@pytest.mark.parametrize(
+    ("source", "targets", "field"),
+    [
+        ("tenants/globex/in/secret.jpg", "tenants/acme/in/*.jpg", "source"),
+        ("faces/a.jpg", "tenants/acme/in/*.jpg", "source"),
+        ("tenants/acme/faces/me.jpg", "tenants/globex/in/*.jpg", "targets"),
+        ("tenants/acme/faces/me.jpg", "tenants/acme/peek/*.jpg", "targets"),  # a symlink to globex's folder
+    ],
+)
+def test_a_tenants_job_reads_only_its_own_area(tmp_path: Path, source: str, targets: str, field: str) -> None:
+    root = _tenant_root(tmp_path)
+    (root / "tenants" / "acme" / "peek").symlink_to(root / "tenants" / "globex" / "in")
+    with pytest.raises(JobFileError) as e:
+        resolve_job(_tenant_spec("tenants/acme/out/{name}", targets, source), root, "job.yaml", tenant="acme")
+    assert e.value.field == field and "outside the tenant's area tenants/acme/" in e.value.reason
+    assert str(root) not in str(e.value)

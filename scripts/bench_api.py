@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""How fast `ffswarm api` takes jobs: posts N one-photo JSON jobs from C concurrent clients to a real
+`ffswarm api` (uvicorn, its own process) on loopback over a temporary data root, then prints accepted/s
+and the p50/p99 submit latency, and checks that none is lost: every 202 became its inbox file.
+
+    .venv/bin/python scripts/bench_api.py                    # 1,000 jobs, 50 clients
+    .venv/bin/python scripts/bench_api.py --jobs 200 --clients 10
+
+Bounded and loopback only: 127.0.0.1, a temporary folder removed at the end, at most 20,000 jobs and
+200 clients, a deadline on the whole run. A fresh heartbeat stands for `ffswarm serve` (the API hands
+jobs only to a live one); nothing runs the jobs. Exit 0 only when every job was accepted and found.
+Results: benchmarks/RESULTS.md (B-api).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from controller.run.handover import HeartbeatFile  # noqa: E402
+
+KEY = "bench-secret-key"
+TENANT = "bench"
+PACK = {
+    "det_10g.onnx": {"role": "detector", "sha256": "0" * 64},
+    "w600k_r50.onnx": {"role": "recognizer", "sha256": "0" * 64},
+    "inswapper_128.onnx": {"role": "swapper", "sha256": "0" * 64},
+}
+
+
+def data_root(tmp: Path) -> tuple[Path, Path]:
+    """(data root, config file): one tenant whose area holds a source and a target photo."""
+    root = tmp / "root"
+    (root / "models" / "default").mkdir(parents=True)
+    (root / "models" / "default" / "pack.yaml").write_text(yaml.safe_dump({"name": "default", "files": PACK}))
+    (root / "inbox").mkdir()
+    if os.geteuid() == 0:  # as on a real volume: the data root is the runner's, not root's
+        os.chown(root, 10001, 10001)
+    config = {
+        "data_root": str(root),
+        "tenants": {
+            TENANT: {
+                "api_keys_sha256": [hashlib.sha256(KEY.encode()).hexdigest()],
+                "quota": {"jobs_queued": 1_000_000},
+            }
+        },
+    }
+    path = tmp / "ffswarm.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return root, path
+
+
+def photo(shade: int) -> bytes:
+    """A real 64×64 JPEG (the API checks the job as `submit` does: paths, globs, pack; not faces)."""
+    import cv2
+    import numpy as np
+
+    ok, buf = cv2.imencode(".jpg", np.full((64, 64, 3), 20 * shade, np.uint8))
+    assert ok
+    return bytes(buf.tobytes())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def beat_until(inbox: Path, stop: threading.Event) -> None:
+    heart = HeartbeatFile(inbox, concurrent_jobs=4)
+    while not stop.is_set():
+        heart.beat(running=0)
+        stop.wait(2.0)
+
+
+async def post_all(url: str, jobs: int, clients: int) -> tuple[list[float], dict[int, int], list[str]]:
+    latencies: list[float] = []
+    codes: dict[int, int] = {}
+    ids: list[str] = []
+    next_job = iter(range(jobs))
+    headers = {"Authorization": f"Bearer {KEY}"}
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=60) as http:
+
+        async def client() -> None:
+            for n in next_job:
+                body = {"name": "bench", "source": "in/face.jpg", "targets": [f"in/p{n % 10}.jpg"]}
+                t0 = time.perf_counter()
+                r = await http.post("/v1/jobs", json=body)
+                latencies.append(time.perf_counter() - t0)
+                codes[r.status_code] = codes.get(r.status_code, 0) + 1
+                if r.status_code == 202:
+                    ids.append(r.json()["id"])
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+    return latencies, codes, ids
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=1000, help="jobs to post (at most 20000)")
+    parser.add_argument("--clients", type=int, default=50, help="concurrent clients (at most 200)")
+    parser.add_argument("--deadline", type=float, default=600, help="seconds the whole run may take")
+    args = parser.parse_args()
+    if not (1 <= args.jobs <= 20_000 and 1 <= args.clients <= 200):
+        parser.error("--jobs is 1..20000, --clients 1..200")
+    with tempfile.TemporaryDirectory(prefix="ffswarm-bench-api-") as tmp:
+        root, config = data_root(Path(tmp))
+        port = free_port()
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        cmd = [sys.executable, "-m", "controller.cli", "--config", str(config), "api", "--listen", f"127.0.0.1:{port}"]
+        server = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        stop = threading.Event()
+        heart = threading.Thread(target=beat_until, args=(root / "inbox", stop), daemon=True)
+        heart.start()
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.time() + 30
+            while True:
+                try:
+                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.time() > deadline or server.poll() is not None:
+                    print("bench_api: the API did not start", file=sys.stderr)
+                    return 1
+                time.sleep(0.1)
+            area = root / "tenants" / TENANT / "in"
+            area.mkdir(parents=True, exist_ok=True)
+            for n, name in enumerate(["face.jpg"] + [f"p{n}.jpg" for n in range(10)]):
+                (area / name).write_bytes(photo(n))
+            t0 = time.perf_counter()
+            latencies, codes, ids = asyncio.run(
+                asyncio.wait_for(post_all(url, args.jobs, args.clients), timeout=args.deadline)
+            )
+            wall = time.perf_counter() - t0
+        finally:
+            stop.set()
+            server.terminate()
+            try:
+                server.wait(10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+        inbox = root / "inbox"
+        lost = [j for j in ids if not (inbox / f"{j}.yaml").is_file()]
+        dupes = len(ids) - len(set(ids))
+        accepted = codes.get(202, 0)
+        ms = sorted(x * 1000 for x in latencies)
+        print(f"bench_api: {args.jobs} one-photo JSON jobs from {args.clients} clients on loopback in {wall:.2f} s")
+        print(f"  accepted/s      {accepted / wall:.1f}")
+        print(
+            f"  submit latency  p50 {percentile(ms, 50):.1f} ms · p99 {percentile(ms, 99):.1f} ms · max {ms[-1]:.1f} ms"
+        )
+        print(f"  answers         {dict(sorted(codes.items()))}")
+        print(f"  lost            {len(lost)} (accepted but no inbox file) · duplicate ids {dupes}")
+        ok = accepted == args.jobs and not lost and not dupes
+        print("bench_api: ok: every job accepted and in the inbox" if ok else "bench_api: FAILED")
+        return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

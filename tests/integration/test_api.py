@@ -1,0 +1,235 @@
+"""The HTTP API end to end on the dev swarm (issue 17): `ffswarm api` and `ffswarm serve` as real
+processes on loopback, a tenant's ZIP of real photos run by real runners, results and signed links
+read back over HTTP, and another tenant seeing none of it."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+import yaml
+
+from controller.run.handover import serving
+from controller.swarm.docker import DockerSwarm
+from controller.swarm.servicespec import LABEL_JOB
+from tests.fixtures import photos
+from tests.integration.conftest import CONFIG, ROOT, Workspace
+from tests.integration.test_ops_serve import Serve, free_port
+from tests.polling import remove_container
+
+pytestmark = pytest.mark.integration
+
+LINK_TTL = 6  # seconds: the test waits for a link to expire
+PHOTOS = 20
+
+
+@dataclass
+class Tenants:
+    a: str
+    b: str
+    keys: dict[str, str]
+
+
+@dataclass
+class Api:
+    url: str
+    proc: subprocess.Popen[str]
+    log: Path
+
+    def client(self, key: str | None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+
+@pytest.fixture
+def tenants(workspace: Workspace) -> Iterator[Tenants]:
+    suffix = workspace.job[-6:]
+    t = Tenants(f"a-{suffix}", f"b-{suffix}", {})
+    t.keys = {t.a: f"key-a-{suffix}", t.b: f"key-b-{suffix}"}
+    yield t
+    root = workspace.root
+    for name in (t.a, t.b):
+        shutil.rmtree(root / "tenants" / name, ignore_errors=True)
+        shutil.rmtree(root / "tenants" / ".jobs" / name, ignore_errors=True)
+
+
+def _config(ws: Workspace, t: Tenants, secrets: Path) -> Path:
+    """The dev config plus an API (signed links that expire soon) and the two tenants."""
+    (secrets / "api").write_bytes(b"integration-signing-key-" + ws.job.encode())
+    data = yaml.safe_load(CONFIG.read_text())
+    data["api"] = {"signing_key_file": str(secrets / "api"), "link_ttl": LINK_TTL}
+    data["tenants"] = {
+        name: {"api_keys_sha256": [hashlib.sha256(key.encode()).hexdigest()]} for name, key in t.keys.items()
+    }
+    path = secrets / "ffswarm.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture
+def api(workspace: Workspace, tenants: Tenants, tmp_path: Path, swarm: DockerSwarm) -> Iterator[Api]:
+    config = _config(workspace, tenants, tmp_path)
+    inbox = workspace.root / "inbox"
+    serve = Serve(inbox, free_port())
+    serve_log = tmp_path / "serve.log"
+    cmd = [sys.executable, "-m", "controller.cli", "--json-logs", "--config", str(config), "serve",
+           "--inbox", str(inbox), "--metrics-port", "0", "--poll", "0.3", "--concurrent-jobs", "2"]  # fmt: skip
+    with open(serve_log, "a") as log:
+        serve.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    port = free_port()
+    api_log = tmp_path / "api.log"
+    cmd = [sys.executable, "-m", "controller.cli", "--json-logs", "--config", str(config), "api",
+           "--listen", f"127.0.0.1:{port}"]  # fmt: skip
+    with open(api_log, "a") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    running = Api(f"http://127.0.0.1:{port}", proc, api_log)
+    jobs: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the API answers and serve's heartbeat is fresh
+            assert proc.poll() is None, api_log.read_text()[-3000:]
+            assert serve.proc.poll() is None, serve_log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "api or serve did not come up"
+            try:
+                if httpx.get(f"{running.url}/healthz", timeout=2).status_code == 200 and serving(inbox):
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        yield running
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        serve.kill()
+        for name in (tenants.a, tenants.b):
+            folder = workspace.root / "tenants" / ".jobs" / name
+            jobs += [p.stem for p in folder.glob("*.json")] if folder.is_dir() else []
+        for job in jobs:
+            for svc in swarm.client.api.services(filters={"label": f"{LABEL_JOB}={job}"}):
+                swarm.remove_service(svc["ID"])
+            for c in swarm.client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job}"}):
+                remove_container(c)
+            shutil.rmtree(workspace.root / "runs" / job, ignore_errors=True)
+            for p in inbox.glob(f"**/{job}.yaml*"):
+                p.unlink(missing_ok=True)
+
+
+def _zip(entries: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in entries.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def _events(api: Api, key: str, job: str, timeout: float) -> list[tuple[str, dict[str, Any]]]:
+    """Every event of the job's stream until ``end``."""
+    got: list[tuple[str, dict[str, Any]]] = []
+    event = ""
+    with api.client(key) as c, c.stream("GET", f"/v1/jobs/{job}/events", timeout=timeout) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                event = line[len("event: ") :]
+            elif line.startswith("data: "):
+                got.append((event, json.loads(line[len("data: ") :])))
+                if event == "end":
+                    return got
+    raise AssertionError(f"the stream ended without an end event: {got[-3:]}")
+
+
+def test_a_tenants_zip_runs_end_to_end_and_only_that_tenant_sees_it(
+    workspace: Workspace, tenants: Tenants, api: Api
+) -> None:
+    ws = workspace
+    src = ws.dir / "src"
+    star = photos.astronaut(src / "faces")
+    faces = photos.face_photos(src / "crowd", PHOTOS)
+    empty = photos.no_face_photo(src / "crowd")
+    good = {p.name: p.read_bytes() for p in [*faces, empty]}
+    entries = {**good, "readme.txt": b"not a photo\n"}
+    options = {"name": "holiday", "no_face": "skip", "chunk_size": 7, "max_concurrent": 3, "providers": ["cpu"],
+               "resources": {"gpus": 1, "gpu_kind": "GPU", "memory": "2g"}}  # fmt: skip
+    area = ws.root / "tenants" / tenants.a
+    key_a, key_b = tenants.keys[tenants.a], tenants.keys[tenants.b]
+
+    def post(zip_bytes: bytes) -> httpx.Response:
+        files = [("source", ("me.jpg", star.read_bytes(), "image/jpeg")),
+                 ("targets", ("photos.zip", zip_bytes, "application/zip"))]  # fmt: skip
+        with api.client(key_a) as c:
+            return c.post("/v1/jobs", files=files, data={"job": json.dumps(options)})
+
+    # a ZIP with an entry that climbs out: refused naming it, nothing kept
+    r = post(_zip({**entries, "../escape.jpg": good[faces[0].name]}))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "bad_zip" and "'../escape.jpg'" in r.json()["error"]["message"]
+    assert sorted(p.relative_to(area).as_posix() for p in area.rglob("*")) in ([], ["uploads"])
+    assert not (ws.root / "tenants" / ".jobs" / tenants.a).is_dir() or not any(
+        (ws.root / "tenants" / ".jobs" / tenants.a).iterdir()
+    )
+
+    # the same ZIP without it: accepted at once, the non-image entry noted
+    started = time.monotonic()
+    r = post(_zip(entries))
+    took = time.monotonic() - started
+    assert r.status_code == 202, r.text
+    assert took < 1.0, f"202 took {took:.2f} s"
+    body = r.json()
+    job = body["id"]
+    assert job.startswith("holiday-") and body["status_url"] == f"/v1/jobs/{job}"
+    assert any("readme.txt" in n for n in body.get("notes", []))
+
+    events = _events(api, key_a, job, timeout=600)
+    assert events[-1] == ("end", {"job": job, "phase": "finished"}), (events[-3:], api.log.read_text()[-2000:])
+    assert any(e == "progress" for e, _ in events)
+
+    with api.client(key_a) as c:
+        row = c.get(f"/v1/jobs/{job}").json()
+        assert row["phase"] == "finished" and row["owner"] == tenants.a, row
+        assert row["items"]["ok"] == PHOTOS and row["items"]["no_face"] == 1 and row["items"]["failed"] == 0, row
+        report = c.get(f"/v1/jobs/{job}/report").json()
+        assert report["job"] == job
+        assert c.get("/v1/jobs").json()["jobs"] == [job]
+        results = c.get(f"/v1/jobs/{job}/results.zip")
+    assert (ws.root / "runs" / job / "owner").read_text() == f"{tenants.a}\n"  # serve recorded the owner
+
+    # results.zip: exactly one output per photo with a face, each a swapped photo (not the input)
+    assert results.status_code == 200 and results.headers["content-type"] == "application/zip"
+    with zipfile.ZipFile(io.BytesIO(results.content)) as zf:
+        names = sorted(zf.namelist())
+        assert names == sorted(f"out/{job}/{p.name}" for p in faces)
+        for p in faces:
+            out = zf.read(f"out/{job}/{p.name}")
+            assert out[:2] == b"\xff\xd8" and out != good[p.name]
+
+    # a signed link works without a token, then stops working once expired
+    link = row["results_url"]
+    expires = int(parse_qs(urlsplit(link).query)["expires"][0])
+    with api.client(None) as anon:
+        assert anon.get(f"/v1/jobs/{job}/results.zip").status_code == 401
+        signed = anon.get(link)
+        assert signed.status_code == 200 and sorted(zipfile.ZipFile(io.BytesIO(signed.content)).namelist()) == names
+        time.sleep(max(0.0, expires - time.time()) + 1.5)
+        late = anon.get(link)
+        assert late.status_code == 403 and late.json()["error"]["code"] == "link_expired"
+
+    # tenant B: A's job does not exist on any route
+    with api.client(key_b) as c:
+        for path in ("", "/report", "/events", "/results.zip"):
+            r = c.get(f"/v1/jobs/{job}{path}")
+            assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", path
+        assert c.post(f"/v1/jobs/{job}/cancel").status_code == 404
+        assert c.get("/v1/jobs").json()["jobs"] == []

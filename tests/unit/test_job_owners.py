@@ -1,0 +1,121 @@
+"""API jobs in `serve` (issue 17): the owner record decides whose job an inbox file is, the job is then
+resolved inside that tenant's area alone, and its run folder records ``owner``. Real files, real
+symlinks, real ownership (chown needs root: those cases are skipped otherwise)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+from controller.api import submit
+from controller.api.area import Area
+from controller.config import Config
+from controller.errors import JobFileError
+from controller.job import owners
+from controller.run import serve, usecase
+from controller.run.inbox import Inbox
+from controller.run.rundir import RunDir
+from tests.unit.api_helpers import JPEG, beat, make_config
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand files to another uid")
+
+
+def _handed_over(tmp_path: Path, tenant: str = "acme") -> tuple[Config, str, Path]:
+    """A tenant's JSON job accepted by the API, then claimed by serve's inbox: (config, job, claimed)."""
+    config, _ = make_config(tmp_path)
+    beat(config)
+    area = Area(config.data_root, tenant)
+    area.ensure(None)
+    for rel in ("faces/me.jpg", "crowd/a.jpg", "crowd/b.jpg"):
+        (area.path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (area.path / rel).write_bytes(JPEG)
+    data = {"name": "party", "source": "faces/me.jpg", "targets": ["crowd/*.jpg"], "providers": ["cpu"]}
+    job = submit.submit_json(config, config.tenants[tenant], area, data).job
+    inbox = Inbox(config.data_root / "inbox")
+    inbox.ensure()
+    claimed = inbox.claim(inbox.path / f"{job}.yaml")
+    assert claimed is not None
+    return config, job, claimed
+
+
+def test_an_api_job_is_its_tenants_and_runs_inside_its_area_alone(tmp_path: Path) -> None:
+    config, job, claimed = _handed_over(tmp_path)
+    assert serve.job_owner(config, claimed) == "acme"
+    prepared = usecase.one_job(config, claimed, tenant="acme")
+    assert [t.output_rel for t in prepared.resolved.targets] == [  # type: ignore[union-attr]
+        f"tenants/acme/out/{job}/a.jpg",
+        f"tenants/acme/out/{job}/b.jpg",
+    ]
+    with pytest.raises(JobFileError) as e:  # the same file as a CLI job: tenants/ stays reserved
+        usecase.one_job(config, claimed)
+    assert e.value.field == "output" and "tenants/" in e.value.reason
+    with pytest.raises(JobFileError) as e:  # nor is it another tenant's
+        usecase.one_job(config, claimed, tenant="globex")
+    assert "outside the tenant's area tenants/globex/" in e.value.reason
+
+
+def test_serve_records_the_owner_in_the_run_folder_as_the_controllers_file(tmp_path: Path) -> None:
+    config, job, _ = _handed_over(tmp_path)
+    rundir = RunDir(config.data_root, job, (10001, 10001), config.controller_ids())
+    serve.record_owner("acme")(rundir, None)  # type: ignore[arg-type]  # the job is not looked at
+    path = rundir.layout.owner
+    assert path.read_text() == "acme\n"
+    st = os.lstat(path)
+    assert st.st_uid == config.controller_ids()[0] and not st.st_mode & 0o022
+
+
+def test_a_file_dropped_under_an_api_jobs_name_with_other_content_is_nobodys(tmp_path: Path) -> None:
+    config, job, claimed = _handed_over(tmp_path)
+    text = claimed.read_text().replace(f"tenants/acme/out/{job}", "tenants/acme/crowd")  # over the originals
+    claimed.write_text(text)
+    assert serve.job_owner(config, claimed) is None
+    with pytest.raises(JobFileError):
+        usecase.one_job(config, claimed)
+
+
+def test_a_record_replaced_by_a_symlink_counts_for_nothing(tmp_path: Path) -> None:
+    config, job, claimed = _handed_over(tmp_path)
+    record = config.data_root / "tenants" / ".jobs" / "acme" / f"{job}.json"
+    copy = tmp_path / "copy.json"
+    copy.write_bytes(record.read_bytes())
+    record.unlink()
+    record.symlink_to(copy)
+    assert serve.job_owner(config, claimed) is None
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize("folder", ["tenants", "tenants/.jobs", "tenants/.jobs/acme"])
+def test_records_in_a_folder_the_runner_owns_count_for_nothing(tmp_path: Path, folder: str) -> None:
+    config, job, claimed = _handed_over(tmp_path)
+    os.chown(config.data_root / folder, 10001, 10001)  # a runner could have planted the record there
+    assert serve.job_owner(config, claimed) is None
+
+
+@ROOT_ONLY
+def test_a_record_the_runner_owns_or_others_may_write_counts_for_nothing(tmp_path: Path) -> None:
+    config, job, claimed = _handed_over(tmp_path)
+    record = config.data_root / "tenants" / ".jobs" / "acme" / f"{job}.json"
+    os.chown(record, 10001, 10001)
+    assert serve.job_owner(config, claimed) is None
+    os.chown(record, 0, 0)
+    assert serve.job_owner(config, claimed) == "acme"
+    record.chmod(0o666)
+    assert serve.job_owner(config, claimed) is None
+
+
+def test_a_record_in_another_tenants_folder_names_that_tenant_only(tmp_path: Path) -> None:
+    config, job, claimed = _handed_over(tmp_path)
+    theirs = config.data_root / "tenants" / ".jobs" / "globex"
+    theirs.mkdir(mode=0o755)
+    (theirs / f"{job}.json").write_bytes((config.data_root / "tenants" / ".jobs" / "acme" / f"{job}.json").read_bytes())
+    trusted = owners.trusted_uids(os.geteuid(), 10001)
+    assert owners.read_record(config.data_root, "globex", job, trusted) is None  # it says tenant: acme
+    assert owners.owner_of(config.data_root, job, claimed.read_bytes(), ["globex", "acme"], trusted) == "acme"
+
+
+def test_without_tenants_configured_no_record_is_looked_for(tmp_path: Path) -> None:
+    config, _, claimed = _handed_over(tmp_path)
+    assert serve.job_owner(dataclasses.replace(config, tenants={}), claimed) is None
