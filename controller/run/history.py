@@ -16,10 +16,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from controller.job.plan import Plan
+from contract.attempt import TERMINATED, AttemptRecord
+from contract.exits import RunnerExit
+from controller.job.plan import ID, Plan
 from controller.run.attempts import read_record
 from controller.run.fold import Fold
 from controller.run.rundir import RunDir
+from controller.swarm.backend import TaskState
 
 _STATES = ("queued", "running", "done", "failed", "cancelled", "unknown")
 _ATTEMPT_KEYS: dict[str, tuple[type, ...]] = {
@@ -30,7 +33,15 @@ _ATTEMPT_KEYS: dict[str, tuple[type, ...]] = {
     "outcome": (str,),
     "reason": (str, type(None)),
 }
-_EXIT_OUTCOME = {"OK": "done", "ITEMS_FAILED": "done", "BAD_MANIFEST": "user", "MISSING_INPUT": "user"}
+_EXIT_OUTCOME = {
+    "OK": "done",
+    "ITEMS_FAILED": "done",
+    "BAD_MANIFEST": "user",
+    "MISSING_INPUT": "user",
+    "TEMPORARY": "infrastructure",
+    TERMINATED: "infrastructure",
+}
+_OPEN = ("running", "unknown", None)  # an attempt whose ending its controller did not see
 MAX_TEXT = 2000
 
 
@@ -84,6 +95,40 @@ def last_attempt(records: Mapping[str, Mapping[str, Any]], chunk: str) -> int:
     return max((n for n in numbers if isinstance(n, int) and not isinstance(n, bool)), default=0)
 
 
+def note_ended(records: dict[str, dict[str, Any]], chunk: str, attempt: str | None, task: TaskState | None) -> bool:
+    """An attempt an earlier controller left open (it was stopped) whose service is still there: the
+    node and exit code its task shows go into that record before the service is removed, so the
+    history names where every attempt ran; an attempt the controller never recorded (stopped between
+    making the service and writing state.json) is added. True when the records changed."""
+    number = int(attempt) if attempt is not None and attempt.isdigit() and len(attempt) < 7 else None
+    if task is None or number is None or not ID.fullmatch(chunk):
+        return False
+    rec = records.setdefault(chunk, {"state": "running", "failure": None, "reason": None, "avoid_nodes": []})
+    atts = rec.setdefault("attempts", [])
+    att = next((a for a in atts if a.get("attempt") == number), None)
+    if att is not None and att.get("outcome") not in _OPEN:
+        return False
+    if att is None:
+        att = {
+            "attempt": number,
+            "service": None,
+            "node": None,
+            "exit_code": None,
+            "outcome": "running",
+            "reason": None,
+        }
+        atts.append(att)
+        atts.sort(key=lambda a: int(a.get("attempt") or 0))
+        changed = True
+    else:
+        changed = False
+    if att.get("node") is None and task.node_id:
+        att["node"], changed = task.node_id[:100], True
+    if att.get("exit_code") is None and task.exit_code is not None:
+        att["exit_code"], changed = task.exit_code, True
+    return changed
+
+
 def merge(earlier: Mapping[str, Mapping[str, Any]], now: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Earlier runs' chunk records with this run's: a chunk this run watched takes its state from
     this run, its attempts are the earlier ones followed by this run's (an attempt adopted again is
@@ -97,22 +142,55 @@ def merge(earlier: Mapping[str, Mapping[str, Any]], now: Mapping[str, Mapping[st
     return dict(sorted(out.items()))
 
 
-def from_attempt_records(rundir: RunDir, plan: Plan, skip: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Chunks that no controller recorded (not in ``skip``), from their runners' attempt records:
-    the stack path's chunks, or a run folder whose state.json was lost."""
+def _ending(record: AttemptRecord | None) -> tuple[str, int | None]:
+    """An attempt's outcome and exit code as its runner recorded them ("unknown": no ending written)."""
+    kind = record.exit if record is not None else None
+    if kind is None:
+        return "unknown", None
+    code = RunnerExit[kind].value if kind in RunnerExit.__members__ else 143  # TERMINATED: SIGTERM
+    return _EXIT_OUTCOME.get(kind, "internal"), code
+
+
+def _close_open_attempts(rundir: RunDir, chunk: str, rec: dict[str, Any], all_committed: bool) -> None:
+    """Attempts a stopped controller left open (Ctrl-C, killed) that ended without it: their ending
+    from the runner's attempt record; the last one of a chunk whose items are all committed is done
+    (a runner too old to write its record). Nothing is left reading "running" once it is over."""
+    attempts = rec["attempts"]
+    for n, att in enumerate(attempts):
+        if att.get("outcome") not in _OPEN or not isinstance(att.get("attempt"), int):
+            continue
+        record = read_record(rundir, chunk, att["attempt"])
+        outcome, code = _ending(record)
+        if outcome == "unknown" and all_committed and n == len(attempts) - 1:
+            outcome = "done"
+        if outcome != "unknown":
+            att["outcome"] = outcome
+            att["exit_code"] = att.get("exit_code") if att.get("exit_code") is not None else code
+        if outcome not in ("unknown", "done") and att.get("reason") is None and record is not None:
+            att["reason"] = record.reason
+
+
+def from_attempt_records(
+    rundir: RunDir, plan: Plan, recorded_: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Attempts no controller recorded (none of ``recorded_`` names them), from their runners' attempt
+    records: the stack path's chunks, a run folder whose state.json was lost, or an attempt whose
+    controller stopped between making its service and writing state.json. Chunks ``recorded_`` has
+    come back with those attempts added."""
+    seen = {(cid, a.get("attempt")) for cid, rec in recorded_.items() for a in rec.get("attempts", [])}
     attempts: dict[str, list[dict[str, Any]]] = {}
     for _, name in rundir.attempt_logs():
-        if name.chunk in skip:
+        if (name.chunk, name.attempt) in seen:
             continue
         record = read_record(rundir, name.chunk, name.attempt)
-        exit_kind = record.exit if record is not None else None
+        outcome, exit_code = _ending(record)
         attempts.setdefault(name.chunk, []).append(
             {
                 "attempt": name.attempt,
                 "service": None,
                 "node": None,
-                "exit_code": None,
-                "outcome": _EXIT_OUTCOME.get(exit_kind or "", "internal" if exit_kind else "unknown"),
+                "exit_code": exit_code,
+                "outcome": outcome,
                 "reason": record.reason if record is not None else None,
             }
         )
@@ -120,6 +198,11 @@ def from_attempt_records(rundir: RunDir, plan: Plan, skip: Mapping[str, Any]) ->
     out = {}
     for cid, atts in attempts.items():
         if cid not in known:
+            continue
+        earlier = recorded_.get(cid)
+        if earlier is not None:
+            both = [*earlier.get("attempts", []), *atts]
+            out[cid] = {**earlier, "attempts": sorted(both, key=lambda a: int(a.get("attempt") or 0))}
             continue
         atts.sort(key=lambda a: int(a["attempt"]))
         last = atts[-1]["outcome"]
@@ -136,7 +219,10 @@ def whole(rundir: RunDir, fold: Fold, now: Mapping[str, Mapping[str, Any]] | Non
     merged.update(from_attempt_records(rundir, fold.plan, merged))
     items = {c.id: c.items for c in fold.plan.chunks}
     for cid, rec in merged.items():
-        stale = cid not in (now or {}) and rec["state"] in ("queued", "running", "unknown", "cancelled")
-        if stale and cid in items and all(fold.committed(i) for i in items[cid]):
+        if cid in (now or {}) or cid not in items:
+            continue
+        all_committed = all(fold.committed(i) for i in items[cid])
+        _close_open_attempts(rundir, cid, rec, all_committed)
+        if rec["state"] in ("queued", "running", "unknown", "cancelled") and all_committed:
             rec["state"] = "done"
     return dict(sorted(merged.items()))

@@ -122,7 +122,7 @@ def _phase_words(row: dict[str, Any]) -> str:
         return f"running ({stage + '; ' if stage else ''}controller on {ctl['host']})"
     if row["phase"] == "running":
         return "running"  # chunks of a rendered stack: no controller watches them
-    if row["phase"] == "stopped" and row["items"]["pending"]:
+    if row["phase"] == "stopped":  # items pending, or all ended but the report and hooks not done
         return f"stopped: no controller — `ffswarm resume {job}`"
     if row["phase"] == "cancelled" and row["items"]["cancelled"]:
         return f"cancelled — `ffswarm resume {job}` continues it"

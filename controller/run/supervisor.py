@@ -3,9 +3,8 @@
 The supervisor is the only place that decides what happens to a chunk. It talks to the Swarm only
 through the SwarmBackend protocol (real daemon in production, an in-memory fake in unit tests) and
 keeps its truth in the run folder and the services' labels, so a restarted controller can adopt the
-services it finds (docs/architecture.md: the controller keeps no state of its own). A chunk's records
-and the policy are in controller/run/chunks.py.
-"""
+services it finds (docs/architecture.md: the controller keeps no state of its own). Chunk records and
+policy: controller/run/chunks.py."""
 
 from __future__ import annotations
 
@@ -242,6 +241,9 @@ class Supervisor:
             if run is not None and run.state is ChunkState.RUNNING and run.current.service == svc.name:
                 continue  # its own live attempt (adopting again after an engine outage)
             if run is None or run.state is not ChunkState.QUEUED:
+                if run is None and svc.labels.get(LABEL_ROLE) == ROLE_RUNNER:  # an earlier run's, ended unwatched
+                    ended = svc.latest_task()
+                    self._dirty |= history.note_ended(self.history, cid, svc.labels.get(LABEL_ATTEMPT), ended)
                 self.backend.remove_service(svc.name)
                 continue
             attempt = int(svc.labels.get(LABEL_ATTEMPT, "1"))

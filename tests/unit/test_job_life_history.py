@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from controller.run.fold import Fold
 from controller.run.lease import who
 from controller.run.rundir import RunDir, Stage
 from controller.run.status import describe, job_status
-from controller.swarm.servicespec import chunk_service
+from controller.swarm.servicespec import LABEL_ROLE, chunk_service
 from tests.fakes import FakeSwarm, Outcome
 from tests.unit.test_job_life import commit, run_folder
 from tests.unit.test_supervisor import make, settings
@@ -97,3 +98,28 @@ def test_a_stopped_job_with_nothing_pending_still_says_how_to_finish_it(tmp_path
     row = job_status(rd)
     assert row["phase"] == "stopped" and row["items"]["pending"] == 0
     assert describe(row).startswith("j: stopped: no controller — `ffswarm resume j` · items 4/4 done")
+
+
+def test_an_attempt_started_just_before_its_controller_stopped_is_in_the_history(tmp_path: Path) -> None:
+    rd = run_folder(tmp_path)
+    rd.write_state({"c0001": {"state": "queued", "attempts": []}})  # service made, state.json not yet
+    rd.layout.logs_dir.mkdir(parents=True, exist_ok=True)
+    (rd.layout.logs_dir / "c0001.a1.log").write_text("")
+    commit(rd, "c0001", "i000002", "i000003")
+    runner_ended(rd, "c0001", "OK")
+    rec = history.whole(rd, Fold.read(rd.plan(), rd))["c0001"]
+    assert rec["state"] == "done" and [(a["attempt"], a["outcome"]) for a in rec["attempts"]] == [(1, "done")]
+
+
+def test_a_resume_adds_an_unrecorded_attempt_from_its_service(tmp_path: Path) -> None:
+    swarm = FakeSwarm()
+    sup, _ = make(tmp_path, swarm)
+    sup.rundir.write_state({"c0000": {"state": "queued", "attempts": []}})
+    swarm.add_orphan(chunk_service(settings(), "c0000", 1), Outcome())
+    step = chunk_service(settings(), "identity", 1)  # the identity step's service: not a chunk
+    step = replace(step, name="ffswarm-j-identity", labels={**step.labels, LABEL_ROLE: "identity"})
+    swarm.add_orphan(step, Outcome())
+    sup.run(["c0001"])
+    chunks = (sup.rundir.state() or {})["chunks"]
+    assert [(a["attempt"], a["node"]) for a in chunks["c0000"]["attempts"]] == [(1, "node-1")]
+    assert sorted(chunks) == ["c0000", "c0001"]
