@@ -11,11 +11,14 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from contract.errors import ManifestError
+from contract.identity_table import Identity, check_table, read_table, table_dict
 from contract.manifest import (
     DETECTOR_SIZE,
     DETECTOR_THRESHOLD,
     PROVIDERS,
+    SCHEMA_IDENTITIES,
     SCHEMA_VERSION,
+    SCHEMA_VERSIONS,
     Limits,
     number_field,
     text_field,
@@ -42,14 +45,18 @@ class IdentityRequest:
     detector_size: int = DETECTOR_SIZE
     limits: Limits = field(default_factory=Limits)
     schema: int = SCHEMA_VERSION
+    # Schema 2 (job-file ``pairs``): every distinct person, id → photos; ``sources`` is then empty
+    # and the answer holds one embedding (or one error) per id.
+    identities: dict[str, Identity] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        if self.schema != SCHEMA_VERSION:
+        if self.schema not in SCHEMA_VERSIONS:
             raise ManifestError(f"unknown identity request schema version {self.schema!r}")
         if not self.job:
             raise ManifestError("identity request: job is empty")
-        if not self.sources:
-            raise ManifestError("identity request has no source photo")
+        if (self.schema == SCHEMA_IDENTITIES) != bool(self.identities) or (bool(self.sources) == bool(self.identities)):
+            raise ManifestError("identity request: version 1 names source photos, version 2 an identity table")
+        check_table(self.identities)
         for p in self.providers:
             if p not in PROVIDERS:
                 raise ManifestError(f"unknown provider {p!r}")
@@ -65,7 +72,12 @@ class IdentityRequest:
             raise ManifestError(f"detector_size must be a multiple of 32 from 160 to 2048, got {self.detector_size!r}")
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
+        data = {f: getattr(self, f) for f in ("job", "pack_dir", "sources", "output", "providers", "reference")}
+        data.update(detector_threshold=self.detector_threshold, detector_size=self.detector_size, schema=self.schema)
+        data["limits"] = asdict(self.limits)
+        if self.identities:
+            data["identities"] = table_dict(self.identities)
+        return json.dumps(data, indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> IdentityRequest:
@@ -75,7 +87,7 @@ class IdentityRequest:
             raise ManifestError(f"identity request is not JSON: {e}") from e
         if not isinstance(data, dict):
             raise ManifestError("identity request must be a JSON object")
-        if data.get("schema") != SCHEMA_VERSION:
+        if data.get("schema") not in SCHEMA_VERSIONS or isinstance(data.get("schema"), bool):
             raise ManifestError(f"unknown identity request schema version {data.get('schema')!r}")
         try:
             ref = data.get("reference")
@@ -92,6 +104,7 @@ class IdentityRequest:
                 detector_size=int(data.get("detector_size", DETECTOR_SIZE)),
                 limits=Limits(**data.get("limits", {})),
                 schema=int(data["schema"]),
+                identities=read_table(data.get("identities", {})),
             )
         except ManifestError:
             raise
@@ -117,14 +130,23 @@ class IdentityResult:
     error: str | None = None
     provider: str | None = None
     pending: bool = False
+    # A job with ``pairs``: id → that person's embedding, or the error that fails only the items
+    # using it (no face, several faces, an unreadable photo). ``error`` stays for the whole job's
+    # problems (the reference photo).
+    identities: dict[str, Identity] = field(default_factory=dict, hash=False)
 
     @property
     def answered(self) -> bool:
         """The step has answered with the embeddings (not pending, no error)."""
-        return not self.pending and not self.error and bool(self.source_embedding)
+        return not self.pending and not self.error and (bool(self.source_embedding) or bool(self.identities))
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
+        names = ("source_embedding", "reference_embedding", "error", "provider", "pending")
+        data = {f: getattr(self, f) for f in names}
+        data["sources"] = [asdict(s) for s in self.sources]
+        if self.identities:
+            data["identities"] = table_dict(self.identities)
+        return json.dumps(data, indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> IdentityResult:
@@ -138,6 +160,7 @@ class IdentityResult:
                 error=data.get("error"),
                 provider=data.get("provider"),
                 pending=bool(data.get("pending", False)),
+                identities=read_table(data.get("identities", {})),
             )
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise ManifestError(f"malformed identity result: {type(e).__name__}: {e}") from e

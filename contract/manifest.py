@@ -18,10 +18,13 @@ from typing import Any
 
 from contract import processors
 from contract.errors import ManifestError
+from contract.identity_table import Identity, check_id, check_people, read_table, table_dict
 from contract.layout import RunLayout
 from contract.paths import require_container_path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # a job with one source for every target
+SCHEMA_IDENTITIES = 2  # a job with ``pairs``: an identity table, each item names its identity
+SCHEMA_VERSIONS = (SCHEMA_VERSION, SCHEMA_IDENTITIES)  # what this runner reads
 
 ENV_MANIFEST = "FFSWARM_MANIFEST"
 ENV_ATTEMPT = "FFSWARM_ATTEMPT"
@@ -109,12 +112,15 @@ class Item:
     output: str  # container path of the output file
     kind: str = "image"  # image | video (a segment of a video target; ``segment`` says which)
     segment: Segment | None = None
+    identity: str | None = None  # schema 2: the id of its person in the manifest's identity table
 
     def __post_init__(self) -> None:
         for name in ("input", "output"):
             require_container_path(getattr(self, name), f"item {self.id}: {name}")
         if not self.id:
             raise ManifestError("item id is empty")
+        if self.identity is not None:
+            check_id(self.identity)
         if self.kind not in ("image", "video") or (self.kind == "video") != (self.segment is not None):
             raise ManifestError(f"item {self.id}: kind {self.kind!r} needs a segment exactly when it is 'video'")
 
@@ -128,6 +134,7 @@ class Item:
             output=str(i["output"]),
             kind=str(i.get("kind", "image")),
             segment=segment,
+            identity=None if i.get("identity") is None else check_id(i["identity"]),
         )
 
 
@@ -169,14 +176,16 @@ class Manifest:
     # False: such an item fails, naming the file; a file this job committed is recognised by its
     # result line (size and sha256), not by existing.
     overwrite: bool = False
+    # Schema 2 (job-file ``pairs``): id → the person items swap in (contract/identity_table.py);
+    # ``source`` is then empty and every item names its identity.
+    identities: dict[str, Identity] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        if self.schema != SCHEMA_VERSION:
-            raise ManifestError(f"unknown manifest schema version {self.schema!r} (this runner reads {SCHEMA_VERSION})")
+        if self.schema not in SCHEMA_VERSIONS:
+            raise ManifestError(f"unknown manifest schema version {self.schema!r} (this runner reads {_READS})")
         if not self.items:
             raise ManifestError("manifest has no items")
-        if not self.source:
-            raise ManifestError("manifest has no source photo")
+        check_people(self.schema == SCHEMA_VERSION, self.identities, self.source, self.items)
         _check_tuning(self)
         for p in self.processors:
             if p not in PROCESSORS:
@@ -214,6 +223,11 @@ class Manifest:
         data["limits"] = asdict(self.limits)
         data["faces"] = self.faces.value
         data["no_face"] = self.no_face.value
+        data["source"] = list(self.source)
+        if self.identities:
+            data["identities"] = table_dict(self.identities)
+        else:
+            del data["identities"]  # a version 1 manifest, as older runners know it
         for name in _OPTIONAL:  # left out at their defaults: older runners read the file unchanged
             if data[name] == _FIELDS[name].default:
                 del data[name]
@@ -228,14 +242,15 @@ class Manifest:
         return cls.from_dict(data)
 
     @classmethod
-    def from_dict(cls, data: Any) -> Manifest:
+    def from_dict(cls, data: Any, identities: dict[str, Identity] | None = None) -> Manifest:
         if not isinstance(data, dict):
             raise ManifestError("manifest must be a JSON object")
-        if data.get("schema") != SCHEMA_VERSION:
-            raise ManifestError(
-                f"unknown manifest schema version {data.get('schema')!r} (this runner reads {SCHEMA_VERSION})"
-            )
+        if data.get("schema") not in SCHEMA_VERSIONS or isinstance(data.get("schema"), bool):
+            raise ManifestError(f"unknown manifest schema version {data.get('schema')!r} (this runner reads {_READS})")
         try:
+            if "identities" in data:
+                rest = {k: v for k, v in data.items() if k != "identities"}
+                return cls.from_dict(rest, read_table(data["identities"]))
             return cls(
                 job=text_field(data, "job"),
                 chunk=text_field(data, "chunk"),
@@ -249,6 +264,7 @@ class Manifest:
                 no_face=NoFacePolicy(data.get("no_face", "copy")),
                 limits=Limits(**data.get("limits", {})),
                 schema=int(data["schema"]),
+                identities=identities or {},
                 **_optional_fields(data),
             )
         except ManifestError:
@@ -258,6 +274,9 @@ class Manifest:
 
 
 _FIELDS = {f.name: f for f in fields(Manifest)}
+_READS = ", ".join(str(v) for v in SCHEMA_VERSIONS)
+
+
 _OPTIONAL = (
     "source_embedding",
     "reference_embedding",
@@ -345,15 +364,13 @@ def _check_tuning(m: Manifest) -> None:
 
 def _item_dict(item: Item) -> dict[str, Any]:
     """An item as JSON data; image items stay as they were before video items existed."""
-    if item.kind == "image" and item.segment is None:
-        return {"id": item.id, "input": item.input, "output": item.output}
-    return {
-        "id": item.id,
-        "input": item.input,
-        "output": item.output,
-        "kind": item.kind,
-        "segment": None if item.segment is None else _segment_dict(item.segment),
-    }
+    data: dict[str, Any] = {"id": item.id, "input": item.input, "output": item.output}
+    if item.kind != "image" or item.segment is not None:
+        data["kind"] = item.kind
+        data["segment"] = None if item.segment is None else _segment_dict(item.segment)
+    if item.identity is not None:  # schema 2 only
+        data["identity"] = item.identity
+    return data
 
 
 def _segment_dict(segment: Segment) -> dict[str, Any]:

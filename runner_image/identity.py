@@ -12,6 +12,7 @@ itself could be read: with the embeddings, or with ``error`` saying which photo 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -19,11 +20,12 @@ import numpy as np
 from contract.errors import ManifestError
 from contract.exits import RunnerExit
 from contract.identity import IdentityRequest, IdentityResult, SourceFaces
+from contract.identity_table import MAX_ERROR, Identity
 from contract.layout import RunLayout
-from contract.manifest import FaceSelection
+from contract.manifest import FaceSelection, Limits
 from contract.paths import user_path
 
-from . import faces, log, media, models
+from . import align, faces, log, media, models
 from .errors import BadManifest, ItemError, MissingInput, Temporary
 from .volume import DataRoot, is_volume_error
 
@@ -48,10 +50,10 @@ def read_request(root: DataRoot, given: str) -> IdentityRequest:
     return IdentityRequest.from_json(text)
 
 
-def _photo_faces(root: DataRoot, req: IdentityRequest, loaded: models.Models, path: str) -> tuple[Any, list[Any]]:
+def _photo_faces(root: DataRoot, limits: Limits, loaded: models.Models, path: str) -> tuple[Any, list[Any]]:
     try:
         with root.fd() as root_fd:
-            decoded = media.read_target(root_fd, path, req.limits)
+            decoded = media.read_target(root_fd, path, limits)
     except OSError as e:
         if is_volume_error(e):
             raise Temporary(f"{user_path(path)}: {e.strerror or e}") from e
@@ -65,10 +67,11 @@ def compute(root: DataRoot, req: IdentityRequest, loaded: models.Models, logger:
     errors: list[str] = []
     embeddings: list[np.ndarray] = []
     counts: list[SourceFaces] = []
+    people = compute_people(root, req.limits, req.identities, loaded) if req.identities else {}
     for src in req.sources:
         shown = user_path(src)
         try:
-            image, found = _photo_faces(root, req, loaded, src)
+            image, found = _photo_faces(root, req.limits, loaded, src)
         except ItemError as e:
             errors.append(f"source photo {shown}: {e}")
             counts.append(SourceFaces(path=src, faces=0))
@@ -83,7 +86,7 @@ def compute(root: DataRoot, req: IdentityRequest, loaded: models.Models, logger:
     reference: tuple[float, ...] | None = None
     if req.reference is not None:
         try:
-            image, found = _photo_faces(root, req, loaded, req.reference)
+            image, found = _photo_faces(root, req.limits, loaded, req.reference)
             if not found:
                 errors.append(f"reference photo {user_path(req.reference)}: no face detected")
             else:
@@ -95,6 +98,11 @@ def compute(root: DataRoot, req: IdentityRequest, loaded: models.Models, logger:
             errors.append(f"reference photo {user_path(req.reference)}: {e}")
     if errors:
         return IdentityResult(sources=tuple(counts), error="; ".join(errors), provider=loaded.provider)
+    if people:
+        failed = sum(p.error is not None for p in people.values())
+        if failed:
+            logger.warning("sources without exactly one face: only their pairs fail", people=failed)
+        return IdentityResult(reference_embedding=reference, provider=loaded.provider, identities=people)
     identity = faces.identity(embeddings)
     return IdentityResult(
         source_embedding=tuple(float(v) for v in identity),
@@ -102,6 +110,57 @@ def compute(root: DataRoot, req: IdentityRequest, loaded: models.Models, logger:
         sources=tuple(counts),
         provider=loaded.provider,
     )
+
+
+EMBED_BATCH = 32  # face crops per recognizer run
+
+
+def compute_people(
+    root: DataRoot, limits: Limits, table: Mapping[str, Identity], loaded: models.Models
+) -> dict[str, Identity]:
+    """Each person's embedding (a job with ``pairs``): every distinct photo read and detected once,
+    the crops of all of them embedded in batches, each person's photos averaged as for one job's
+    sources. A person with a photo that has no face, several, or cannot be read gets ``error``
+    instead, naming the photo as the user wrote it: only the items using it fail."""
+    size = int(loaded.recognizer.input_size[0])
+    crops: dict[str, np.ndarray] = {}
+    problems: dict[str, str] = {}
+    for path in sorted({p for person in table.values() for p in person.sources}):
+        shown = user_path(path)
+        try:
+            image, found = _photo_faces(root, limits, loaded, path)
+        except ItemError as e:
+            problems[path] = f"source photo {shown}: {e}"
+            continue
+        if not found:
+            problems[path] = f"source photo {shown}: no face detected"
+        elif len(found) > 1:
+            problems[path] = f"source photo {shown}: {len(found)} faces found; a source photo must show one person only"
+        else:
+            crops[path] = align.crop(image, found[0].kps, size)[0]
+    vectors = dict(zip(crops, embed_batched(loaded.recognizer, list(crops.values())), strict=True))
+    out: dict[str, Identity] = {}
+    for pid, person in table.items():
+        bad = [problems[p] for p in person.sources if p in problems]
+        if bad:
+            out[pid] = Identity(person.sources, error="; ".join(bad)[:MAX_ERROR])
+            continue
+        mean = faces.identity([vectors[p] for p in person.sources])
+        out[pid] = Identity(person.sources, embedding=tuple(float(v) for v in mean))
+    return out
+
+
+def embed_batched(recognizer: Any, crops: list[np.ndarray]) -> list[np.ndarray]:
+    """L2-normalised embeddings of aligned crops, EMBED_BATCH per run (one at a time for a model
+    whose batch size is fixed)."""
+    fixed = recognizer.session.get_inputs()[0].shape[0]
+    batch = 1 if isinstance(fixed, int) else EMBED_BATCH
+    out: list[np.ndarray] = []
+    for start in range(0, len(crops), batch):
+        part = crops[start : start + batch]
+        feats = np.asarray(recognizer.get_feat(part), dtype=np.float32).reshape(len(part), -1)
+        out.extend(faces.normalise_rows(feats))
+    return out
 
 
 def run_identity(root: DataRoot, given: str, sink: log.TeeSink) -> RunnerExit:
@@ -128,5 +187,11 @@ def run_identity(root: DataRoot, given: str, sink: log.TeeSink) -> RunnerExit:
     if result.error:
         logger.error("identity failed", error=result.error, exit_code=int(RunnerExit.MISSING_INPUT))
         return RunnerExit.MISSING_INPUT
-    logger.info("identity written", output=req.output, sources=len(req.sources), reference=req.reference)
+    logger.info(
+        "identity written",
+        output=req.output,
+        sources=len(req.sources),
+        people=len(req.identities),
+        reference=req.reference,
+    )
     return RunnerExit.OK

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -51,9 +51,24 @@ class Engine:
     provider: str
     writer: safefs.Writer | None = None  # names temporary files (the worker gives the chunk's)
     journal: Callable[[Intent], None] | None = None  # told each output just before its rename
+    # A version 2 manifest (job-file ``pairs``): each person's processors, bound to their identity,
+    # and why a person has none (no face in a source photo …): their items fail with that reason.
+    people: Mapping[str, tuple[Processor, ...]] = field(default_factory=dict)
+    refused: Mapping[str, str] = field(default_factory=dict)
 
     def outputs(self) -> safefs.Writer:
         return self.writer or safefs.Writer(self.manifest.job, self.manifest.chunk, self.attempt)
+
+    def processors_for(self, item: Item) -> tuple[Processor, ...]:
+        """The processors bound to the item's person (the chunk's own, for a version 1 manifest)."""
+        if item.identity is None:
+            return self.processors
+        if item.identity in self.refused:
+            raise ItemError(self.refused[item.identity])
+        found = self.people.get(item.identity)
+        if found is None:
+            raise ItemError(f"identity {item.identity} has no embedding")
+        return found
 
 
 class Outcome(NamedTuple):
@@ -119,15 +134,18 @@ class _ItemRun:
 
     def _process(self) -> Outcome:
         eng, item = self.engine, self.item
+        self.current = "identity"
+        chain = eng.processors_for(item)  # before anything is read: a pair without a person fails alone
+        self.current = "prepare"
         if item.kind == "video":  # a segment of a video target: the same steps on every frame
-            steps = video.FrameSteps(eng.detector, self._select, eng.processors, self.timed, self.add)
+            steps = video.FrameSteps(eng.detector, self._select, chain, self.timed, self.add)
             status, output, count, digest = video.process_segment(item, eng.root, steps, eng.outputs())
             return Outcome(status, output, count, digest)
         ext = media.check_output_format(item.output)
         with eng.root.fd() as root_fd:
-            return self._image(root_fd, ext)
+            return self._image(root_fd, ext, chain)
 
-    def _image(self, root_fd: int, ext: str) -> Outcome:
+    def _image(self, root_fd: int, ext: str, chain: tuple[Processor, ...]) -> Outcome:
         eng, item, m = self.engine, self.item, self.engine.manifest
         with self.timed("decode"):
             decoded = media.read_target(root_fd, item.input, m.limits)
@@ -146,7 +164,7 @@ class _ItemRun:
             return Outcome(ItemStatus.NO_FACE, item.output, 0, digest)
         frame = decoded.image
         self.current = "swap"
-        for processor in eng.processors:
+        for processor in chain:
             processor.apply(frame, chosen, self.add)
         with self.timed("encode"):
             data, note = media.encode_output(frame, decoded, ext)

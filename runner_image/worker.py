@@ -28,11 +28,12 @@ from contract import processors as registry
 from contract.errors import ManifestError
 from contract.exits import RunnerExit
 from contract.identity import IdentityResult
+from contract.identity_table import Identity
 from contract.manifest import ENV_GPU, FaceSelection, Item, Manifest
 from contract.paths import user_path
 from contract.results import ItemResult, ItemStatus
 
-from . import faces, log, media, models, pipeline, processors, safefs
+from . import faces, identity, log, media, models, pipeline, processors, safefs
 from .errors import ItemError, MissingInput, Temporary
 from .record import AttemptRecorder
 from .volume import (
@@ -219,14 +220,19 @@ def _run_pending(
     )
     recorder.models_loaded(loaded.provider, loaded.threads, cold_start, logger)
     manifest = await_identity(inv.root, manifest, logger)
-    identity = source_identity(inv.root, manifest, loaded, logger)
+    people, refused = people_processors(inv.root, manifest, loaded, logger)
+    chain: tuple[processors.Processor, ...] = ()
+    if not manifest.identities:  # version 1: one person for every item
+        chain = tuple(processors.build(manifest, loaded, source_identity(inv.root, manifest, loaded, logger)))
     journal = ResultsLog(inv.root.path(str(manifest.layout.commits(manifest.chunk, inv.attempt))))
     engine = pipeline.Engine(
         root=inv.root,
         manifest=manifest,
         detector=loaded.detector,
         recognizer=loaded.recognizer,
-        processors=tuple(processors.build(manifest, loaded, identity)),
+        processors=chain,
+        people=people,
+        refused=refused,
         attempt=inv.attempt,
         gpu=inv.gpu,
         provider=loaded.provider,
@@ -279,6 +285,8 @@ def await_identity(
     fails leaves no output. A step that answers with an error is the job's input problem (66); one
     that never answers within identity_timeout is temporary (75: retried, and the controller will
     have re-run the step)."""
+    if manifest.identities and all(p.embedding or p.error for p in manifest.identities.values()):
+        return manifest
     if manifest.source_embedding is not None or manifest.identity is None:
         return manifest
     path, shown = root.path(manifest.identity), user_path(manifest.identity)
@@ -301,6 +309,8 @@ def await_identity(
             if not result.answered:
                 raise MissingInput(f"identity {shown} holds no source embedding")
             logger.info("identity ready", waited_s=round(waited, 3), provider=result.provider)
+            if manifest.identities:
+                return with_answers(manifest, result)
             return dataclasses.replace(
                 manifest,
                 source_embedding=result.source_embedding,
@@ -309,6 +319,44 @@ def await_identity(
         if waited > manifest.identity_timeout:
             raise Temporary(f"identity {shown} still pending after {manifest.identity_timeout:.0f}s")
         sleep(IDENTITY_POLL)
+
+
+def with_answers(manifest: Manifest, result: IdentityResult) -> Manifest:
+    """A version 2 manifest with each of its people's embedding (or error) from the step's answer."""
+    table = {}
+    for pid, person in manifest.identities.items():
+        answer = result.identities.get(pid)
+        if answer is None or answer.sources != person.sources or not (answer.embedding or answer.error):
+            answer = Identity(person.sources, error="the identity step gave no answer for these source photos")
+        table[pid] = answer
+    return dataclasses.replace(
+        manifest,
+        identities=table,
+        reference_embedding=result.reference_embedding or manifest.reference_embedding,
+    )
+
+
+def people_processors(
+    root: DataRoot, manifest: Manifest, loaded: models.Models, logger: Any
+) -> tuple[dict[str, tuple[processors.Processor, ...]], dict[str, str]]:
+    """A version 2 manifest: the processors bound to each person's identity, and why a person has
+    none (their items fail, naming the photo). People without an answer (a manifest made without
+    the identity step) are embedded here, once each."""
+    if not manifest.identities:
+        return {}, {}
+    table = dict(manifest.identities)
+    missing = {k: v for k, v in table.items() if not (v.embedding or v.error)}
+    if missing:
+        table.update(identity.compute_people(root, manifest.limits, missing, loaded))
+    refused = {k: v.error for k, v in table.items() if v.error}
+    if refused:
+        logger.warning("people without an identity: their items fail", people=len(refused))
+    people = {}
+    for pid, person in table.items():
+        if person.embedding:
+            vector = faces.normalise_rows(np.asarray(person.embedding, np.float32).reshape(1, -1))[0]
+            people[pid] = tuple(processors.build(manifest, loaded, vector))
+    return people, refused
 
 
 def source_identity(root: DataRoot, manifest: Manifest, loaded: models.Models, logger: Any) -> np.ndarray:

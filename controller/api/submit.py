@@ -36,7 +36,7 @@ from controller.run import handover
 from controller.run.jobs import check_pack
 
 _NAME = re.compile(r"[a-z0-9-]{1,31}")
-_PATH_FIELDS = ("source", "targets", "output", "reference")
+_PATH_FIELDS = ("source", "targets", "output", "reference", "pairs")
 RETRY_AFTER = "30"
 
 
@@ -98,7 +98,9 @@ def _to_root(value: Any, prefix: str) -> Any:
     if isinstance(value, str):
         return prefix + value
     if isinstance(value, list):
-        return [prefix + v if isinstance(v, str) else v for v in value]
+        return [prefix + v if isinstance(v, str) else _to_root(v, prefix) for v in value]
+    if isinstance(value, dict):  # one of `pairs` (issue 18): its source, target and output
+        return {k: _to_root(v, prefix) if k in ("source", "target", "output") else v for k, v in value.items()}
     return value
 
 

@@ -16,12 +16,14 @@ import yaml
 
 from contract.manifest import FaceSelection, NoFacePolicy
 from controller.errors import FfswarmError, JobFileError
+from controller.job import pairs
 from controller.job.spec import (
     DetectorSettings,
     EnhancerSettings,
     JobSpec,
     MaskSettings,
     OnComplete,
+    Pair,
     Resources,
     VideoSettings,
 )
@@ -103,6 +105,18 @@ def raise_all(errors: Sequence[FfswarmError]) -> None:
 
 
 _PLACEHOLDER: dict[str, object] = {"name": "x", "source": ("x.jpg",), "targets": ("x",), "output": "x"}
+_PAIR_PLACEHOLDER = (Pair(("x.jpg",), "x.jpg", "x.jpg"),)
+
+
+def _placeholders(data: dict[Any, Any]) -> dict[str, object]:
+    """What a refused (or missing) required value is checked as, so that the others are checked."""
+    if "pairs" not in data and "pairs_file" not in data:
+        return _PLACEHOLDER
+    out: dict[str, object] = {"name": "x"}
+    out.update({"pairs": _PAIR_PLACEHOLDER} if "pairs" in data else {"pairs_file": "x.csv"})
+    if "output" in data:
+        out["output"] = "x"
+    return out
 
 
 def field_errors(data: dict[Any, Any]) -> tuple[JobSpec | None, list[FieldError]]:
@@ -116,10 +130,18 @@ def field_errors(data: dict[Any, Any]) -> tuple[JobSpec | None, list[FieldError]
         except FieldError as e:
             errors.append(e)
     meant = {e.reason.split("'")[1] for e in errors if "did you mean" in e.reason}
-    errors += [FieldError(k, "required key is missing") for k in _REQUIRED if k not in data and k not in meant]
-    values: dict[str, Any] = dict(_PLACEHOLDER)  # a required key missing or refused: checked as if fine
+    with_pairs = "pairs" in data or "pairs_file" in data  # instead of source/targets; output optional
+    required = ("name",) if with_pairs else _REQUIRED
+    placeholder = _placeholders(data)
+    errors += [FieldError(k, "required key is missing") for k in required if k not in data and k not in meant]
+    values: dict[str, Any] = dict(placeholder)  # a required key missing or refused: checked as if fine
     for key, value in data.items():
-        if key in names:
+        if key == "pairs":
+            values[key], refused = pairs.read_inline(value, has_output=bool(data.get("output")))
+            errors += refused
+            if refused:
+                values[key] = placeholder[key]
+        elif key in names:
             try:
                 values[key] = _READERS.get(key, same)(value, key)
             except FieldError as e:
@@ -132,8 +154,8 @@ def field_errors(data: dict[Any, Any]) -> tuple[JobSpec | None, list[FieldError]
             top = re.split(r"[.\[]", e.field)[0] if e.field else None
             if top is None or top not in values:
                 return None, errors
-            if top in _PLACEHOLDER:
-                values[top] = _PLACEHOLDER[top]
+            if top in placeholder and values.get(top) is not placeholder[top]:
+                values[top] = placeholder[top]
             else:
                 del values[top]
             continue

@@ -16,6 +16,7 @@ from typing import Any
 
 from contract.errors import ManifestError
 from contract.ffmpeg import SEGMENT_EXT
+from contract.identity_table import IDENTITY_ID, Identity
 from contract.layout import RunLayout
 from contract.manifest import (
     DETECTOR_SIZE,
@@ -25,6 +26,8 @@ from contract.manifest import (
     MASK_FEATHER,
     MASK_PADDING,
     REFERENCE_DISTANCE,
+    SCHEMA_IDENTITIES,
+    SCHEMA_VERSION,
     FaceSelection,
     Item,
     Manifest,
@@ -44,6 +47,7 @@ class PlannedItem:
     kind: str  # image | segment (of a video: see Plan.videos)
     parent: str | None = None  # segment: the video's item id
     segment: Segment | None = None
+    identity: str | None = None  # a pairs job: its person (s000003), as in the manifests
 
     def to_dict(self) -> dict[str, Any]:
         # By hand, not dataclasses.asdict (which deep-copies): plan.json of 5,000 items is written
@@ -53,6 +57,8 @@ class PlannedItem:
             data["parent"] = self.parent
         if self.segment is not None:
             data["segment"] = asdict(self.segment)
+        if self.identity is not None:
+            data["identity"] = self.identity
         return data
 
     @classmethod
@@ -120,7 +126,7 @@ class Plan:
 
 
 MAX_PLAN_ENTRIES = 10_000_000  # items, chunks or videos: far above the policy's maxima
-_ITEM_KEYS = {"id", "input", "output", "kind", "parent", "segment"}
+_ITEM_KEYS = {"id", "input", "output", "kind", "parent", "segment", "identity"}
 _VIDEO_KEYS = {"id", "input", "output", "segments", "error", "info"}
 
 
@@ -155,7 +161,7 @@ def _list(data: dict[str, Any], key: str, required: bool = True) -> list[Any]:
 
 def _item(data: Any, job: str) -> PlannedItem:
     if not isinstance(data, dict) or not {"id", "input", "output", "kind"} <= set(data) or set(data) - _ITEM_KEYS:
-        raise ValueError("plan.json: an item is not {id, input, output, kind[, parent, segment]}")
+        raise ValueError("plan.json: an item is not {id, input, output, kind[, parent, segment, identity]}")
     iid = _id(data["id"])
     kind = data["kind"]
     if kind not in ("image", "segment"):
@@ -179,10 +185,17 @@ def _item(data: Any, job: str) -> PlannedItem:
         kind=kind,
         parent=None if parent is None else _id(parent),
         segment=segment,
+        identity=_identity_id(data.get("identity"), iid),
     )
     if kind == "segment" and item.output != segment_output(job, iid):
         raise ValueError(f"plan.json: item {iid}: a segment's output must be {segment_output(job, iid)}")
     return item
+
+
+def _identity_id(value: Any, iid: str) -> str | None:
+    if value is not None and (not isinstance(value, str) or not IDENTITY_ID.fullmatch(value)):
+        raise ValueError(f"plan.json: item {iid}: identity is not an identity id")
+    return value
 
 
 def _video(data: Any, items: dict[str, PlannedItem]) -> PlannedVideo:
@@ -243,6 +256,7 @@ class TargetRef:
     segments: tuple[Segment, ...] = ()  # video: its segments in order (controller/job/video.py)
     error: str | None = None  # video: why it cannot be processed (ffprobe's reason)
     info: dict[str, Any] = field(default_factory=dict)  # video: probe facts for the report
+    identity: str | None = None  # a pairs job: its person's id (contract/identity_table.py)
 
 
 def item_id(index: int) -> str:
@@ -290,12 +304,12 @@ def make_plan(
     videos: list[PlannedVideo] = []
     for n, t in enumerate(targets):
         if t.kind != "video":
-            work.append(PlannedItem(id=item_id(n), input=t.input, output=t.output, kind=t.kind))
+            work.append(PlannedItem(id=item_id(n), input=t.input, output=t.output, kind=t.kind, identity=t.identity))
             continue
         ids = tuple(f"{item_id(n)}-s{k:04d}" for k in range(len(t.segments)))
         videos.append(PlannedVideo(item_id(n), t.input, t.output, ids, t.error, dict(t.info)))
         for sid, seg in zip(ids, t.segments, strict=True):
-            work.append(PlannedItem(sid, t.input, segment_output(job, sid), "segment", item_id(n), seg))
+            work.append(PlannedItem(sid, t.input, segment_output(job, sid), "segment", item_id(n), seg, t.identity))
     items = tuple(work)
     chunks = tuple(
         Chunk(id=chunk_id(n), items=tuple(i.id for i in items[start : start + chunk_size]))
@@ -328,6 +342,9 @@ class ManifestSettings:
     mask_padding: float = MASK_PADDING
     enhancer_blend: float = ENHANCER_BLEND
     overwrite: bool = False  # the job file's: outputs may replace files this job did not write
+    # A pairs job: id → that person's photos (relative to the data root); ``sources`` is then empty
+    # and the manifests are schema version 2, each with the identities its items use.
+    identities: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def _c(rel: str) -> str:
@@ -336,13 +353,21 @@ def _c(rel: str) -> str:
 
 def _manifest_item(i: PlannedItem) -> Item:
     if i.segment is None:
-        return Item(id=i.id, input=_c(i.input), output=_c(i.output))
-    return Item(id=i.id, input=_c(i.input), output=_c(i.output), kind="video", segment=i.segment)
+        return Item(id=i.id, input=_c(i.input), output=_c(i.output), identity=i.identity)
+    return Item(id=i.id, input=_c(i.input), output=_c(i.output), kind="video", segment=i.segment, identity=i.identity)
+
+
+def _table(items: list[PlannedItem], settings: ManifestSettings) -> dict[str, Identity]:
+    """The identities ``items`` use (a chunk's manifest carries only its own people)."""
+    used = sorted({i.identity for i in items if i.identity is not None})
+    return {k: Identity(tuple(_c(s) for s in settings.identities[k])) for k in used}
 
 
 def chunk_manifests(plan: Plan, settings: ManifestSettings) -> dict[str, Manifest]:
     by_id = {i.id: i for i in plan.items}
     layout = RunLayout.container(plan.job)
+    members = {c.id: [by_id[i] for i in c.items] for c in plan.chunks}
+    schema = SCHEMA_IDENTITIES if settings.identities else SCHEMA_VERSION
     return {
         c.id: Manifest(
             job=plan.job,
@@ -350,7 +375,7 @@ def chunk_manifests(plan: Plan, settings: ManifestSettings) -> dict[str, Manifes
             run_dir=str(layout.dir),
             pack_dir=_c(f"models/{settings.pack}"),
             source=tuple(_c(s) for s in settings.sources),
-            items=tuple(_manifest_item(by_id[i]) for i in c.items),
+            items=tuple(_manifest_item(i) for i in members[c.id]),
             processors=settings.processors,
             providers=settings.providers,
             faces=settings.faces,
@@ -366,6 +391,8 @@ def chunk_manifests(plan: Plan, settings: ManifestSettings) -> dict[str, Manifes
             mask_padding=settings.mask_padding,
             enhancer_blend=settings.enhancer_blend,
             overwrite=settings.overwrite,
+            schema=schema,
+            identities=_table(members[c.id], settings) if settings.identities else {},
         )
         for c in plan.chunks
     }

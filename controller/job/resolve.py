@@ -10,14 +10,16 @@ from pathlib import Path
 
 from contract.layout import RunLayout
 from contract.manifest import FaceSelection
-from controller.errors import JobFileError, MissingInputError
-from controller.job import claims, fence, owners
+from controller.errors import FfswarmError, JobFileError, MissingInputError
+from controller.job import claims, fence, owners, pairs
+from controller.job.files import raise_all
 from controller.job.paths import Resolver, resolve_inside
 from controller.job.spec import (
     DISTINCT_PLACEHOLDERS,
     IMAGE_EXTENSIONS,
     VIDEO_EXTENSIONS,
     JobSpec,
+    Pair,
     TargetKind,
     expand_output,
     item_field,
@@ -36,6 +38,7 @@ class Target:
     output_host: str
     output_rel: str
     kind: TargetKind
+    identity: int | None = None  # a pairs job: its person, an index into ResolvedJob.identities
 
     @property
     def input(self) -> Path:
@@ -48,47 +51,65 @@ class Target:
 
 @dataclass(frozen=True)
 class ResolvedJob:
-    sources: tuple[Path, ...]
+    sources: tuple[Path, ...]  # every source photo (a pairs job: of every person, each once)
     reference: Path | None
     targets: tuple[Target, ...]
+    identities: tuple[tuple[Path, ...], ...] = ()  # a pairs job: each distinct person's photos
+
+
+Match = tuple[str, TargetKind, str, int | None]  # real path, kind, output template, identity
 
 
 def resolve_job(
-    spec: JobSpec, data_root: Path, file: str, *, job_id: str | None = None, tenant: str | None = None
+    spec: JobSpec,
+    data_root: Path,
+    file: str,
+    *,
+    job_id: str | None = None,
+    tenant: str | None = None,
+    max_pairs: int | None = None,
 ) -> ResolvedJob:
     """Expand globs and outputs under ``data_root``; refuse escapes, collisions and missing inputs.
 
     ``job_id`` fills ``{job}`` (default: the job's name; ``--new`` gives ``name-2`` …). ``tenant``:
     the owner of an API job (controller/job/owners.py); its inputs and outputs must then all lie,
-    symlinks resolved, in ``tenants/<tenant>/`` (controller/job/fence.py).
+    symlinks resolved, in ``tenants/<tenant>/`` (controller/job/fence.py). ``max_pairs``: the
+    policy's targets maximum, which bounds reading a ``pairs_file``.
     """
     root = Path(os.path.abspath(data_root))
     area = owners.area_rel(tenant) if tenant is not None else None
     resolver = Resolver(root, listings=True)  # one folder read per folder, not 2 stats per path
-    n = len(spec.source)
-    sources = tuple(_existing(root, s, item_field("source", i, n), file) for i, s in enumerate(spec.source))
+    identities: tuple[tuple[Path, ...], ...] = ()
+    matches: list[Match] = []
+    n = len(spec.source)  # 0 for pairs: their photos are checked pair by pair
+    if spec.uses_pairs:
+        identities, matches = _resolve_pairs(spec, root, file, resolver, area, max_pairs)
+        sources = tuple(dict.fromkeys(p for photos in identities for p in photos))
+    else:
+        sources = tuple(_existing(root, s, item_field("source", i, n), file) for i, s in enumerate(spec.source))
     reference = None  # unused, so not looked for, unless faces: reference
     if spec.faces is FaceSelection.REFERENCE and spec.reference is not None:
         reference = _existing(root, spec.reference, "reference", file)
-    for i, source in enumerate(sources):
+    for i, source in enumerate(sources[:n]):
         fence.check_input_area(resolver.relative(str(source)), item_field("source", i, n), file, area)
     if reference is not None:
         fence.check_input_area(resolver.relative(str(reference)), "reference", file, area)
-    matches = _match_targets(spec, file, resolver)
-    names = {name for _, name, _, _ in string.Formatter().parse(spec.output) if name}
-    if len(matches) > 1 and not names & set(DISTINCT_PLACEHOLDERS):
-        reason = f"{spec.output!r} needs {{stem}}, {{name}} or {{index}}: the targets match {len(matches)} files"
-        raise JobFileError(file, "output", reason)
-    inputs = {p for p, _ in matches} | {str(s) for s in sources} | ({str(reference)} if reference else set())
+    if not spec.uses_pairs:
+        matches = [(p, kind, spec.output, None) for p, kind in _match_targets(spec, file, resolver)]
+        names = {name for _, name, _, _ in string.Formatter().parse(spec.output) if name}
+        if len(matches) > 1 and not names & set(DISTINCT_PLACEHOLDERS):
+            reason = f"{spec.output!r} needs {{stem}}, {{name}} or {{index}}: the targets match {len(matches)} files"
+            raise JobFileError(file, "output", reason)
+    inputs = {m[0] for m in matches} | {str(s) for s in sources} | ({str(reference)} if reference else set())
     written: dict[str, str] = {}
     written_real: dict[str, str] = {}  # output, relative → its real host path
     targets: list[Target] = []
     job = job_id or spec.name
-    for index, (path, kind) in enumerate(matches):
+    for index, (path, kind, template, person) in enumerate(matches):
         rel = resolver.relative(path)
         fence.check_input_area(rel, "targets", file, area)
         try:
-            out_text = expand_output(spec.output, rel, index=index, job=job)
+            out_text = expand_output(template, rel, index=index, job=job)
             out = resolver.inside_str(out_text, what="output")
         except ValueError as e:
             raise JobFileError(file, "output", f"for {rel!r}: {e}") from None
@@ -104,7 +125,7 @@ def resolve_job(
             raise JobFileError(file, "output", f"{rel!r} is a {kind.value} but its output {out_rel} is not")
         written[out] = rel
         written_real[out_rel] = out
-        targets.append(Target(index, path, rel, out, out_rel, kind))
+        targets.append(Target(index, path, rel, out, out_rel, kind, person))
     outputs = [t.output_rel for t in targets]
     if not (root / RunLayout.relative(job).plan).is_file():  # a new run, not the continuation of one
         if not spec.overwrite:
@@ -112,7 +133,89 @@ def resolve_job(
         taken = claims.conflict(root, job, outputs)
         if taken is not None:
             raise JobFileError(file, "output", claims.refusal(*taken))
-    return ResolvedJob(sources=sources, reference=reference, targets=tuple(targets))
+    return ResolvedJob(sources=sources, reference=reference, targets=tuple(targets), identities=identities)
+
+
+def _resolve_pairs(
+    spec: JobSpec, root: Path, file: str, resolver: Resolver, area: str | None, max_pairs: int | None
+) -> tuple[tuple[tuple[Path, ...], ...], list[Match]]:
+    """Each pair's photos and target found under the root (no glob), its output template, and its
+    person: pairs whose photos are the same files share one. Every pair's problem is collected
+    (up to pairs.SHOWN_ERRORS), each naming the pair (``pairs[3].source``, or the file's line)."""
+    listed: tuple[Pair, ...] = spec.pairs
+    lines: tuple[int, ...] = ()
+    shown = ""
+    if spec.pairs_file is not None:
+        shown = spec.pairs_file
+        try:
+            real = resolver.inside_str(shown, what="pairs_file")
+        except ValueError as e:
+            raise JobFileError(file, "pairs_file", str(e)) from None
+        fence.check_input_area(resolver.relative(real), "pairs_file", file, area)
+        listed, lines, bad = pairs.read_file(root, shown, file, has_output=bool(spec.output), limit=max_pairs)
+        raise_all(bad)
+
+    def where(i: int, key: str) -> tuple[str, str]:
+        """(field, reason prefix) naming pair ``i``'s ``key``."""
+        return ("pairs_file", f"{shown} line {lines[i]}: {key}: ") if lines else (f"pairs[{i}].{key}", "")
+
+    errors: list[FfswarmError] = []
+    photos: dict[str, Path] = {}
+    people: dict[tuple[Path, ...], int] = {}
+    matches: list[Match] = []
+    for i, pair in enumerate(listed):
+        if len(errors) > pairs.SHOWN_ERRORS:
+            break
+        try:
+            person = tuple(_photo(root, resolver, photos, s, *where(i, "source"), file, area) for s in pair.source)
+            path, kind = _pair_target(resolver, pair.target, *where(i, "target"), file, area)
+        except (JobFileError, MissingInputError) as e:
+            errors.append(e)
+            continue
+        matches.append((path, kind, pair.output or spec.output, people.setdefault(person, len(people))))
+    raise_all(errors)
+    return tuple(people), matches
+
+
+def _photo(
+    root: Path, resolver: Resolver, seen: dict[str, Path], rel: str, f: str, prefix: str, file: str, area: str | None
+) -> Path:
+    if rel not in seen:
+        try:
+            path = _existing(root, rel, f, file)
+        except MissingInputError:
+            raise MissingInputError(f"{file}: {f}: {prefix}{rel!r} does not exist under {root}") from None
+        except JobFileError as e:
+            raise JobFileError(file, f, prefix + e.reason) from None
+        try:
+            fence.check_input_area(resolver.relative(str(path)), f, file, area)
+        except JobFileError as e:
+            raise JobFileError(file, f, prefix + e.reason) from None
+        seen[rel] = path
+    return seen[rel]
+
+
+def _pair_target(
+    resolver: Resolver, rel: str, f: str, prefix: str, file: str, area: str | None
+) -> tuple[str, TargetKind]:
+    try:
+        real = resolver.inside_str(rel, what=f)
+    except ValueError as e:
+        raise JobFileError(file, f, prefix + str(e)) from None
+    if not resolver.isfile(real):
+        if resolver.isdir(real):
+            raise JobFileError(file, f, f"{prefix}{rel!r} is a folder, not a photo or video")
+        raise MissingInputError(f"{file}: {f}: {prefix}{rel!r} does not exist under {resolver.root}")
+    kind = target_kind(real)
+    if kind is None:
+        supported = " ".join(IMAGE_EXTENSIONS + VIDEO_EXTENSIONS)
+        shown = resolver.relative(real)
+        raise JobFileError(file, f, f"{prefix}{shown!r} is neither an image nor a video (supported: {supported})")
+    try:
+        fence.check_input_area(resolver.relative(real), f, file, area)
+    except JobFileError as e:
+        raise JobFileError(file, f, prefix + e.reason) from None
+    return real, kind
 
 
 def _existing(root: Path, rel: str, f: str, file: str) -> Path:

@@ -148,14 +148,42 @@ class OnComplete:
             check_str(self.hook, "hook", pattern=_NAME, hint="the name of a hook in the cluster's policy")
 
 
+PAIRS_FILE_EXTENSIONS = (".csv", ".jsonl")
+_GLOB_CHARS = "*?["
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One item of a ``pairs`` job: swap ``source`` (photos of one person) into ``target`` (one
+    photo or video, no glob); ``output``: a template like the job's (None: the job's)."""
+
+    source: tuple[str, ...]
+    target: str
+    output: str | None = None
+
+    def __post_init__(self) -> None:
+        for i, photo in enumerate(_items(self.source, "source", "photo")):
+            _check_photo(photo, item_field("source", i, len(self.source)))
+        target = _relative(check_str(self.target, "target"), "target")
+        if any(c in target for c in _GLOB_CHARS):
+            raise FieldError("target", f"{target!r} is a glob; a pair names one file (use targets: for globs)")
+        if target_kind(target) is None:
+            supported = " ".join(IMAGE_EXTENSIONS + VIDEO_EXTENSIONS)
+            raise FieldError("target", f"{target!r} is neither an image nor a video (supported: {supported})")
+        if self.output is not None:
+            _check_output(self.output, "x")
+
+
 @dataclass(frozen=True)
 class JobSpec:
-    """One job file, checked. ``timeout`` is in seconds (the file may say ``30m``)."""
+    """One job file, checked. ``timeout`` is in seconds (the file may say ``30m``). Sources and
+    targets come either from ``source``/``targets`` (one person into every target) or from
+    ``pairs``/``pairs_file`` (each target with its own person)."""
 
     name: str
-    source: tuple[str, ...]
-    targets: tuple[str, ...]
-    output: str
+    source: tuple[str, ...] = ()
+    targets: tuple[str, ...] = ()
+    output: str = ""  # required with source/targets; with pairs, the default of pairs without one
     processors: tuple[str, ...] = ("face_swapper",)
     faces: FaceSelection = FaceSelection.MANY
     no_face: NoFacePolicy = NoFacePolicy.COPY
@@ -178,15 +206,24 @@ class JobSpec:
     mask: MaskSettings = field(default_factory=MaskSettings)
     face_enhancer: EnhancerSettings = field(default_factory=EnhancerSettings)
     overwrite: bool = False  # true: outputs may replace files that exist before the job's first run
+    pairs: tuple[Pair, ...] = ()
+    pairs_file: str | None = None  # CSV or JSONL of pairs under the data root (controller/job/pairs.py)
+
+    @property
+    def uses_pairs(self) -> bool:
+        return bool(self.pairs) or self.pairs_file is not None
 
     def __post_init__(self) -> None:
         check_str(self.name, "name", pattern=_NAME, hint="1 to 40 characters of a-z, 0-9 and -")
-        for i, photo in enumerate(_items(self.source, "source", "photo")):
-            _check_photo(photo, item_field("source", i, len(self.source)))
-        for i, pattern in enumerate(_items(self.targets, "targets", "glob")):
-            f = item_field("targets", i, len(self.targets))
-            _relative(check_str(pattern, f), f)
-        _check_output(self.output, self.name)
+        if self.uses_pairs:
+            self._check_pairs()
+        else:
+            for i, photo in enumerate(_items(self.source, "source", "photo")):
+                _check_photo(photo, item_field("source", i, len(self.source)))
+            for i, pattern in enumerate(_items(self.targets, "targets", "glob")):
+                f = item_field("targets", i, len(self.targets))
+                _relative(check_str(pattern, f), f)
+            _check_output(self.output, self.name)
         for i, p in enumerate(_items(self.processors, "processors", "processor")):
             check_choice(p, f"processors[{i}]", PROCESSORS, "processor")
         check_unique(self.processors, "processors")
@@ -227,6 +264,27 @@ class JobSpec:
             if not isinstance(getattr(self, name), kind):
                 raise FieldError(name, f"must be a {kind.__name__}, got {show(getattr(self, name))}")
 
+    def _check_pairs(self) -> None:
+        for name in ("source", "targets"):
+            if getattr(self, name):
+                given = "pairs" if self.pairs else "pairs_file"
+                raise FieldError(name, f"cannot be given with {given}: each pair names its own source and target")
+        if self.pairs and self.pairs_file is not None:
+            raise FieldError("pairs_file", "cannot be given with pairs: list the pairs in one place")
+        if self.output:
+            _check_output(self.output, self.name)
+        if self.pairs_file is not None:
+            rel = _relative(check_str(self.pairs_file, "pairs_file"), "pairs_file")
+            if posixpath.splitext(rel)[1].lower() not in PAIRS_FILE_EXTENSIONS:
+                raise FieldError("pairs_file", f"{rel!r} must be a .csv or .jsonl file")
+        if not isinstance(self.pairs, tuple):
+            raise FieldError("pairs", f"must be a tuple of pairs, got {show(self.pairs)}")
+        for i, pair in enumerate(self.pairs):
+            if not isinstance(pair, Pair):
+                raise FieldError(f"pairs[{i}]", f"must be a Pair, got {show(pair)}")
+            if pair.output is None and not self.output:
+                raise FieldError(f"pairs[{i}].output", "is required: the job has no output template")
+
 
 def _items(values: object, name: str, what: str, *, minimum: int = 1) -> tuple[object, ...]:
     if not isinstance(values, tuple):
@@ -259,6 +317,7 @@ def _check_enum(value: object, kind: type[Enum], f: str) -> None:
 
 
 def _check_output(template: object, job: str) -> None:
+    """Raises FieldError("output", …); a pair's output is checked the same way (``pairs[3].output``)."""
     if isinstance(template, dict):  # output: {stem}.png  is YAML for a mapping
         raise FieldError("output", "must be a string, got a mapping (quote a template that starts with '{')")
     template = check_str(template, "output")

@@ -24,7 +24,9 @@ from pathlib import Path, PurePosixPath
 from contract.errors import ManifestError
 from contract.exits import RunnerExit
 from contract.identity import IdentityRequest, IdentityResult
+from contract.identity_table import Identity, identity_id
 from contract.layout import RunLayout
+from contract.manifest import SCHEMA_IDENTITIES, SCHEMA_VERSION
 from contract.paths import CONTAINER_DATA_ROOT, user_path, user_text
 from controller.config import Config
 from controller.errors import CapacityError, FfswarmError, JobFileError, MissingInputError
@@ -58,11 +60,15 @@ def wait_limit(config: Config) -> float:
 
 
 def request_for(config: Config, spec: JobSpec, resolved: ResolvedJob, job_id: str) -> IdentityRequest:
+    """A pairs job asks for every distinct person (an identity table); any other job for one."""
     root = config.data_root
+    people = {identity_id(n): Identity(tuple(_c(root, p) for p in ps)) for n, ps in enumerate(resolved.identities)}
     return IdentityRequest(
         job=job_id,
         pack_dir=f"{CONTAINER_DATA_ROOT}/models/{spec.models}",
-        sources=tuple(_c(root, s) for s in resolved.sources),
+        sources=() if people else tuple(_c(root, s) for s in resolved.sources),
+        identities=people,
+        schema=SCHEMA_IDENTITIES if people else SCHEMA_VERSION,
         output=container_path(job_id),
         providers=("cpu",),  # a few photos: no GPU reserved, none taken from the first chunks
         reference=_c(root, resolved.reference) if resolved.reference else None,
@@ -79,18 +85,21 @@ def prepare(rundir: RunDir, request: IdentityRequest) -> None:
 
 
 MAX_RESULT_BYTES = 1024**2  # a few embeddings of 512 floats and one reason per photo
+PER_IDENTITY_BYTES = 32 * 1024  # a pairs job's answer: one embedding (~11 kB as text) or reason per person
 MAX_EMBEDDING = 4096
 MAX_ERROR = 8192
 
 
-def read_result(rundir: RunDir) -> IdentityResult | None:
+def read_result(rundir: RunDir, people: int = 0) -> IdentityResult | None:
     """identity.json, written by a runner: parsed as hostile (no link followed, bounded, every field
-    checked). None while it is missing or not (yet) a valid answer; a file that can never be one
-    (a link, a fifo, oversize) is an answer saying so, which refuses the job."""
+    checked; ``people``: the identities a pairs job asked for, which the bound allows for). None
+    while it is missing or not (yet) a valid answer; a file that can never be one (a link, a fifo,
+    oversize) is an answer saying so, which refuses the job."""
+    limit = MAX_RESULT_BYTES + people * PER_IDENTITY_BYTES
     try:
-        data = rundir.read_file(rundir.layout.identity, MAX_RESULT_BYTES)
+        data = rundir.read_file(rundir.layout.identity, limit)
         if data is None:  # a run folder made before identity/ existed
-            data = rundir.read_file(rundir.layout.identity_legacy, MAX_RESULT_BYTES)
+            data = rundir.read_file(rundir.layout.identity_legacy, limit)
     except RunFileError as e:
         return IdentityResult(error=f"the identity step's answer is unusable: {e}")
     if data is None:
@@ -104,11 +113,13 @@ def read_result(rundir: RunDir) -> IdentityResult | None:
 
 def _plausible(r: IdentityResult) -> bool:
     embeddings = [r.source_embedding, *([r.reference_embedding] if r.reference_embedding is not None else [])]
+    embeddings += [p.embedding for p in r.identities.values() if p.embedding is not None]
     return (
         all(len(e) <= MAX_EMBEDDING and all(math.isfinite(v) for v in e) for e in embeddings)
         and (r.error is None or (isinstance(r.error, str) and len(r.error) <= MAX_ERROR))
         and (r.provider is None or (isinstance(r.provider, str) and len(r.provider) <= 64))
         and len(r.sources) <= 10_000
+        and all(p.embedding is not None or p.error is not None for p in r.identities.values())
     )
 
 
@@ -141,6 +152,13 @@ class Step:
         self.backend, self.spec, self.attempts = backend, spec, 1
         self.shot = self._shot()
 
+    def _read(self) -> IdentityResult | None:
+        """The answer, which for a pairs job must answer every person asked about."""
+        result = read_result(self.rundir, len(self.request.identities))
+        if result is not None and result.answered and set(self.request.identities) - set(result.identities):
+            return IdentityResult(error="the identity step's answer is malformed (a person is missing)")
+        return result
+
     def _request_path(self) -> PurePosixPath:
         """The request, in the container: beside the answer it asks for."""
         return RunLayout.container(self.rundir.job).identity_request
@@ -150,7 +168,7 @@ class Step:
         return OneShot(self.backend, self.spec, timeout=schedule + STEP_TIMEOUT, schedule_timeout=schedule)
 
     def poll(self) -> IdentityResult | None:
-        result = read_result(self.rundir)
+        result = self._read()
         if result is not None and result.answered:
             # The file is the truth, however the container ended after writing it — or whatever the
             # swarm says of its task after an engine restart (seen: a task left unfinished for the
@@ -161,7 +179,7 @@ class Step:
         if outcome is None:
             self._unless_node_lost()
             return None
-        result = read_result(self.rundir)
+        result = self._read()
         if result is not None and result.answered:
             return result  # written between the two reads
         temporary = outcome.state in RETRY_STATES or outcome.exit_code == RunnerExit.TEMPORARY
@@ -193,7 +211,7 @@ class Step:
 
     def _answer(self, outcome: OneShotResult) -> IdentityResult:
         config, request, job_file = self.config, self.request, self.job_file
-        result = read_result(self.rundir)
+        result = self._read()
         if result is not None and result.error:  # photos named as the job file does (an older runner: /data/…)
             error = user_text(result.error)
             reference = request.reference and f"reference photo {user_path(request.reference)}:" in error

@@ -7,6 +7,7 @@ is parsed and resolved against the data root first, and one bad file stops the w
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any, TypeVar
 
 from contract.errors import PackError
 from contract.identity import IdentityResult
+from contract.identity_table import identity_id
 from contract.pack import missing_roles
 from controller import policy as admission
 from controller.config import Config
@@ -98,7 +100,8 @@ def _prepare_one(
     admission.check_job(config.policy, spec, str(file))  # nothing is looked at before the policy agrees
     job_id = next_job_id(config.data_root, spec.name, new)
     check_same_job(config, job_id, file)
-    resolved = resolve_job(spec, config.data_root, str(file), job_id=job_id, tenant=tenant)
+    limit = config.policy.limits.targets
+    resolved = resolve_job(spec, config.data_root, str(file), job_id=job_id, tenant=tenant, max_pairs=limit)
     admission.check_counts(config.policy, str(file), len(resolved.targets), 0)
     check_pack(config, spec, file)
     folders = access.check_job(config, resolved, str(file))  # the runner can read and write it all
@@ -107,6 +110,9 @@ def _prepare_one(
         targets = video.target_refs(resolved.targets, spec, config.policy.limits, run_as)
     except FieldError as e:
         raise JobFileError(str(file), e.field, e.reason) from None
+    if resolved.identities:  # a pairs job: each item swaps in its own person
+        people = [None if t.identity is None else identity_id(t.identity) for t in resolved.targets]
+        targets = [dataclasses.replace(r, identity=p) for r, p in zip(targets, people, strict=True)]
     admission.check_counts(config.policy, str(file), len(targets), sum(len(t.segments) for t in targets))
     plan = make_plan(job_id, targets, spec.chunk_size, parallel(spec), chunk_cap(config, spec, targets))
     return PreparedJob(file, spec, resolved, plan, job_id, folders)
@@ -154,9 +160,11 @@ def _rel(config: Config, p: Path) -> str:
 def manifest_settings(config: Config, job: PreparedJob, ident: IdentityResult | None = None) -> ManifestSettings:
     """With `ident`, the embeddings go into every manifest; without, runners read identity.json."""
     assert job.resolved is not None, "manifests are made at submit, from a resolved job"
+    people = {identity_id(n): tuple(_rel(config, p) for p in ps) for n, ps in enumerate(job.resolved.identities)}
     return ManifestSettings(
         pack=job.spec.models,
-        sources=tuple(_rel(config, s) for s in job.resolved.sources),
+        sources=() if people else tuple(_rel(config, s) for s in job.resolved.sources),
+        identities=people,
         processors=tuple(job.spec.processors),
         providers=tuple(job.spec.providers),
         faces=job.spec.faces,

@@ -27,18 +27,24 @@ EMBEDDING = tuple([0.0] * 511 + [1.0])
 
 
 def new_job(tmp_path: Path, extra: str = "") -> tuple[Config, PreparedJob, RunDir]:
+    return job_from_text(
+        tmp_path,
+        "name: j\nsource: faces/star.jpg\ntargets: [crowd/*.jpg]\noutput: out/{stem}{ext}\n"
+        "chunk_size: 1\nmax_concurrent: 2\nretries: 0\n" + extra,
+    )
+
+
+def job_from_text(tmp_path: Path, text: str) -> tuple[Config, PreparedJob, RunDir]:
+    """A job file's run folder, started, on a small data root (photos crowd/{a,b}.jpg, faces/*.jpg)."""
     root = setup(tmp_path, BASE)
-    (root / "crowd" / "b.jpg").write_bytes(b"x")
-    (root / "faces" / "ref.jpg").write_bytes(b"x")
+    for rel in ("crowd/b.jpg", "faces/ref.jpg", "faces/blank.jpg"):
+        (root / rel).write_bytes(b"x")
     config = parse_config(
         tmp_path / "ffswarm.yaml",
         {"data_root": str(root), "docker_host": "unix:///nonexistent/docker.sock", "runner_user": "10001:10001"},
     )
     f = tmp_path / "job.yaml"
-    f.write_text(
-        "name: j\nsource: faces/star.jpg\ntargets: [crowd/*.jpg]\noutput: out/{stem}{ext}\n"
-        "chunk_size: 1\nmax_concurrent: 2\nretries: 0\n" + extra
-    )
+    f.write_text(text)
     (job,) = prepare(config, [f], new=False)
     return config, job, start_run(config, job, IMAGE)
 

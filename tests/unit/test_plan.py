@@ -60,7 +60,8 @@ def test_manifests_use_container_paths_and_round_trip() -> None:
 @pytest.mark.parametrize(
     "mutate, match",
     [
-        (lambda d: d.update(schema=2), "unknown manifest schema version 2"),
+        (lambda d: d.update(schema=3), "unknown manifest schema version 3"),
+        (lambda d: d.update(schema=2), "schema version 2 needs an identity table"),
         (lambda d: d.pop("schema"), "unknown manifest schema version None"),
         (lambda d: d["items"][0].update(input="/etc/passwd"), "not a path under /data"),
         (lambda d: d["items"][0].update(output="/data/../etc/x"), "not normalised"),

@@ -502,7 +502,9 @@ def test_runner_waits_for_the_pending_identity_and_swaps_in_that_identity(
     finally:
         answer.join()
     waited = [r["waited_s"] for r in log_lines(capsys.readouterr().out) if r["event"] == "identity ready"]
-    assert len(waited) == 1 and waited[0] >= 0.5
+    # It waited (no bound on how long: the runner's own start-up overlaps the 0.6 s, more on a busy
+    # machine); that it swapped in the identity that only existed after the wait is the pixels below.
+    assert len(waited) == 1 and waited[0] > 0
     via_file = pixels(data / "out/astronaut.png")
     # The same photo, the identity embedded by the runner itself from the manifest's source.
     direct = write_manifest(data, ["astronaut.jpg"], chunk="c0002", ext=".bmp", source=("/data/in/face_02.jpg",))
