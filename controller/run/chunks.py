@@ -21,6 +21,7 @@ from contract.layout import RunLayout, parse_results_name, results_name
 from contract.results import read_results
 from controller.run.failures import ChunkState, FailureClass
 from controller.swarm.backend import NodeState
+from controller.volume import UnsafePath, Volume
 
 EventSink = Callable[..., None]
 
@@ -68,33 +69,38 @@ RESULTS_READ_MAX = 64 * 1024**2  # read per call; the rest is read next time
 
 def create_results_file(layout: RunLayout[Path], chunk: str, attempt: int, owner: tuple[int, int] | None) -> None:
     """The attempt's empty results file, made before its service: mode 0640, owned by the runner's
-    ``owner`` (uid, gid) when the controller is root. results/ is opened without following a
-    symlink and the file is created O_EXCL|O_NOFOLLOW; one that is already there (a controller
+    ``owner`` (uid, gid) when the controller is root, created O_EXCL and reached from the data root
+    without following a symlink (controller/volume.py); one that is already there (a controller
     stopped between this and the service) is kept only if it is a regular file with one link, and
     is never chowned. OSError otherwise (the caller fails the attempt's start)."""
     name = results_name(chunk, attempt)
     if parse_results_name(name) != (chunk, attempt):
         raise ValueError(f"not a chunk id: {chunk!r}")
-    dfd = os.open(layout.results_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    vol, path = Volume(layout.dir.parent.parent), layout.results(chunk, attempt)
     try:
         try:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640, dir_fd=dfd)
+            fd = vol.create_exclusive(path, owner if os.geteuid() == 0 else None, 0o640)
         except FileExistsError:
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            fd = vol.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-                raise OSError(f"{layout.results(chunk, attempt).name} in results/ is not a plain file") from None
+                raise OSError(f"{path.name} in results/ is not a plain file") from None
             return
         try:
-            os.fchmod(fd, 0o640)
-            if owner is not None and os.geteuid() == 0:
-                os.fchown(fd, *owner)
             os.fsync(fd)
         finally:
             os.close(fd)
-        with contextlib.suppress(OSError):  # durability only: some filesystems refuse a folder's fsync
-            os.fsync(dfd)
-    finally:
-        os.close(dfd)
+        dfd = vol.open_dir(layout.results_dir)
+        try:
+            with contextlib.suppress(OSError):  # durability only: some filesystems refuse a folder's fsync
+                os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except UnsafePath as e:  # a symlink on the way: as refused as any other failure to make it
+        raise OSError(str(e)) from None
 
 
 @dataclass
