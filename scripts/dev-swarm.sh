@@ -93,7 +93,11 @@ if [ ! -f "$data/models/default/pack.yaml" ]; then
 else
   say "models: pack 'default' present"
 fi
-chown -R "$RUNNER_UID:$RUNNER_UID" "$data"
+# The data root and the model pack are the runner's; never chown the whole tree: runs/, inbox/ and
+# tenants/ hold the controller's and the API's own files, which a runner must not own (a second start
+# of this script used to hand them all to the runner, and the API then refused its own records).
+chown "$RUNNER_UID:$RUNNER_UID" "$data"
+chown -R "$RUNNER_UID:$RUNNER_UID" "$data/models"
 
 # 7. Config.
 cat > ffswarm.yaml <<YAML

@@ -20,6 +20,7 @@ from typing import Any
 from contract.layout import RunLayout, parse_results_name, results_name
 from contract.results import read_results
 from controller.run.failures import ChunkState, FailureClass
+from controller.run.shares import Share
 from controller.swarm.backend import NodeState
 from controller.volume import UnsafePath, Volume
 
@@ -210,3 +211,10 @@ class Policy:
     backoff_max: float = 30.0
     max_node_losses: int = 10
     engine_outage: float = 120.0  # how long the watch waits for an engine that stopped answering
+    share: Share | None = None  # under `serve`: the job's seat in the GPU share book (controller/run/shares.py)
+
+    def limit(self, asked: int, waiting: int, running: int) -> int:
+        """Chunks the job may have running now: what it asked for (`scale`), within its GPU share."""
+        if self.share is None:
+            return asked
+        return self.share.limit(asked, waiting + running, running)

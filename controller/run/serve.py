@@ -25,6 +25,7 @@ their labels. A live controller's files are never taken over.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 import time
@@ -42,9 +43,11 @@ from controller.redact import printable
 from controller.run import usecase
 from controller.run.handover import HEARTBEAT_SECONDS, HeartbeatFile
 from controller.run.inbox import JOB_SUFFIXES, SETTLE_SECONDS, Inbox, original_name
+from controller.run.jobs import PreparedJob
 from controller.run.metrics import Metrics
 from controller.run.report import summary
 from controller.run.rundir import RunDir, read_nofollow
+from controller.run.shares import Share, ShareBook
 from controller.run.usecase import SinkFactory
 from controller.swarm.docker import DockerSwarm
 
@@ -67,11 +70,12 @@ class Outcome:
     retry: bool = False  # the swarm could not take the job now (exit 69): try again later, not failed/
 
 
-def run_job_file(config: Config, path: Path, metrics: Metrics) -> Outcome:
+def run_job_file(config: Config, path: Path, metrics: Metrics, book: ShareBook | None = None) -> Outcome:
     """One job file, start to report, as `ffswarm submit FILE` would run it (continuing its run).
     The reason names paths relative to the data root (inbox/running/NAME.yaml, hidden/in/a.jpg), as
-    whoever dropped the file knows them: neither this host's data root nor the container's /data."""
-    outcome = _run_job_file(config, path, metrics)
+    whoever dropped the file knows them: neither this host's data root nor the container's /data.
+    ``book``: the GPU share book of the jobs this `serve` runs at once (controller/run/shares.py)."""
+    outcome = _run_job_file(config, path, metrics, book)
     if outcome.reason is None:
         return outcome
     reason = printable(relative_text(outcome.reason, config.data_root), newlines=True)[:MAX_REASON_CHARS]
@@ -101,7 +105,40 @@ def record_owner(tenant: str) -> SinkFactory:
     return make
 
 
-def _run_job_file(config: Config, path: Path, metrics: Metrics) -> Outcome:
+class SwarmGpus:
+    """The GPUs the swarm advertises on usable nodes, asked at most every ``every`` seconds; the last
+    answer while the engine does not answer (None before any: then only quotas limit)."""
+
+    def __init__(self, config: Config, every: float = 10.0) -> None:
+        self.config = config
+        self.every = every
+        self._at = -float("inf")
+        self._value: int | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int | None:
+        with self._lock:
+            if time.monotonic() - self._at >= self.every:
+                self._at = time.monotonic()
+                try:
+                    nodes = DockerSwarm(self.config.docker_host).nodes()
+                    self._value = sum(n.gpus for n in nodes if n.usable)
+                except FfswarmError as e:
+                    log.get(component="serve").warning("gpus_not_counted", error=str(e))
+            return self._value
+
+
+def join_book(config: Config, book: ShareBook | None, job: PreparedJob, tenant: str | None) -> Share | None:
+    """The job's seat in the share book, when it reserves GPUs: its tenant's weight and quota.gpus."""
+    gpus = job.spec.resources.gpus
+    if book is None or gpus == 0:
+        return None
+    t = config.tenants.get(tenant) if tenant is not None else None
+    return book.join(job.job_id, tenant, t.weight if t else 1, t.quota.gpus if t else None, gpus)
+
+
+def _run_job_file(config: Config, path: Path, metrics: Metrics, book: ShareBook | None) -> Outcome:
+    share: Share | None = None
     try:
         tenant = job_owner(config, path)
         # a bad file is refused before Docker is asked; a tenant's job is resolved inside its area
@@ -111,7 +148,8 @@ def _run_job_file(config: Config, path: Path, metrics: Metrics) -> Outcome:
         sinks: list[SinkFactory] = [lambda rundir, job: metrics.sink(rundir, job.spec.resources.gpus)]
         if tenant is not None:
             sinks.insert(0, record_owner(tenant))
-        report = usecase.run(config, backend, job, sinks)
+        share = join_book(config, book, job, tenant)
+        report = usecase.run(config, backend, job, sinks, share=share)
     except CapacityError as e:
         return Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}", retry=True)
     except FfswarmError as e:
@@ -120,6 +158,9 @@ def _run_job_file(config: Config, path: Path, metrics: Metrics) -> Outcome:
         # the traceback goes to the controller's log, never into the reason file beside the job
         log.get(component="serve", file=path.name).exception("job_file_internal_error")
         return Outcome(False, f"internal error (exit 70): {type(e).__name__}; the controller's log has the details")
+    finally:
+        if share is not None:
+            share.leave()
     if report.exit_code() == 0:
         return Outcome(True, None)
     return Outcome(False, "\n".join(summary(report, RunLayout.relative(report.job).report, max_failures=50)))
@@ -139,7 +180,7 @@ class Server:
         metrics: Metrics,
         concurrent_jobs: int = 1,
         poll: float = 1.0,
-        run: Callable[[Config, Path, Metrics], Outcome] = run_job_file,
+        run: Callable[[Config, Path, Metrics], Outcome] | None = None,
         retry_after: float = RETRY_SECONDS,
         heartbeat_every: float = HEARTBEAT_SECONDS,
     ) -> None:
@@ -153,7 +194,9 @@ class Server:
         self.metrics = metrics
         self.concurrent_jobs = concurrent_jobs
         self.poll = poll
-        self.run = run
+        # GPU slots shared between the jobs running at once, by tenant weight (controller/run/shares.py)
+        self.book = ShareBook(SwarmGpus(config))
+        self.run = run or functools.partial(run_job_file, book=self.book)
         self.retry_after = retry_after
         self.stop = threading.Event()
         self._active: dict[str, threading.Thread] = {}

@@ -125,7 +125,7 @@ class Supervisor:
         if self.clock() - self._nodes_at >= self.policy.node_poll:
             self.nodes = {n.node_id: n for n in self.backend.nodes()}
             self._nodes_at = self.clock()
-        self._fill(queue, limit)
+        self._fill(queue, self.policy.limit(limit, len(queue), len(self._running())))  # within a GPU share
         if gate is not None and gate():
             gate = None
         by_name = {s.name: s for s in self.backend.services(self.settings.job)}

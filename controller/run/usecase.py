@@ -27,10 +27,11 @@ from controller.run import identity, join, timings
 from controller.run import job_lease as lease
 from controller.run.chunks import ChunkRun, EventSink, Policy
 from controller.run.fold import Fold
-from controller.run.hooks import on_complete
+from controller.run.hooks import on_complete, results_link
 from controller.run.jobs import PreparedJob, SwarmFactory, open_run, owner, prepare, runner_settings, start_run
 from controller.run.report import Report, build_report
 from controller.run.rundir import Control, RunDir, Stage
+from controller.run.shares import Share
 from controller.run.supervisor import Supervisor
 from controller.swarm.backend import SwarmBackend, clear_containers
 
@@ -73,6 +74,7 @@ def run(
     sinks: Sequence[SinkFactory] = (),
     *,
     uncancel: bool = False,
+    share: Share | None = None,
 ) -> Report:
     """One prepared job start to report (`submit`, `serve`), continuing its run when the folder exists.
     The job's lease is held meanwhile: a job another controller runs is refused (exit 69). With
@@ -82,7 +84,7 @@ def run(
         on_event = fan_out([make(rundir, job) for make in sinks])
         if uncancel:
             _uncancel(rundir, on_event)
-        return supervise(config, backend, job, rundir, image, on_event)
+        return supervise(config, backend, job, rundir, image, on_event, share)
 
 
 def submit(
@@ -151,6 +153,7 @@ def supervise(
     rundir: RunDir,
     image: str,
     on_event: EventSink | None = None,
+    share: Share | None = None,
 ) -> Report:
     """The stages of a job whose run folder exists, each recorded in state.json as it starts."""
     plan = rundir.plan()
@@ -162,7 +165,7 @@ def supervise(
         if on_event:
             on_event(event, **fields)
 
-    sup, runs = _identity_and_chunks(config, backend, job, rundir, image, emit, started)
+    sup, runs = _identity_and_chunks(config, backend, job, rundir, image, emit, started, share)
     rundir.enter(Stage.VIDEOS)
     runs = join.finish(plan, rundir, job.spec, sup.run, runs, emit)  # redo bad segments, join videos
     rundir.enter(Stage.REPORT)
@@ -172,7 +175,8 @@ def supervise(
     hooks = job.spec.on_complete
     if hooks.webhook or hooks.hook:
         rundir.enter(Stage.HOOKS)
-        report = replace(report, hooks=on_complete(config.policy, hooks, report.to_dict(), path))
+        link = results_link(config.data_root, job.job_id, config.tenants, config.api) if hooks.webhook else {}
+        report = replace(report, hooks=on_complete(config.policy, hooks, report.to_dict(), path, link))
         rundir.write_report(report.to_dict())
     rundir.enter(Stage.ENDED)
     claims.release(rundir.data_root, rundir.job)  # its outputs are its own now: no live job holds them
@@ -187,6 +191,7 @@ def _identity_and_chunks(
     image: str,
     emit: EventSink,
     started: float,
+    share: Share | None = None,
 ) -> tuple[Supervisor, dict[str, ChunkRun]]:
     """The identity step (when its answer is still pending) beside the pending chunks, to their ends."""
     plan = rundir.plan()
@@ -195,6 +200,7 @@ def _identity_and_chunks(
         timeout=float(job.spec.timeout),
         schedule_timeout=float(config.schedule_timeout),
         engine_outage=float(config.engine_outage),
+        share=share,
     )
     settings = runner_settings(config, job, image)
     sizes = {c.id: len(c.items) for c in plan.chunks}

@@ -66,13 +66,20 @@ def tenants(workspace: Workspace) -> Iterator[Tenants]:
         shutil.rmtree(root / "tenants" / ".jobs" / name, ignore_errors=True)
 
 
-def _config(ws: Workspace, t: Tenants, secrets: Path) -> Path:
+@pytest.fixture
+def tenant_settings() -> dict[str, dict[str, Any]]:
+    """Each tenant's settings beyond its key (weight, quota), by name; a test module overrides it."""
+    return {}
+
+
+def _config(ws: Workspace, t: Tenants, secrets: Path, settings: dict[str, dict[str, Any]]) -> Path:
     """The dev config plus an API (signed links that expire soon) and the two tenants."""
     (secrets / "api").write_bytes(b"integration-signing-key-" + ws.job.encode())
     data = yaml.safe_load(CONFIG.read_text())
     data["api"] = {"signing_key_file": str(secrets / "api"), "link_ttl": LINK_TTL}
     data["tenants"] = {
-        name: {"api_keys_sha256": [hashlib.sha256(key.encode()).hexdigest()]} for name, key in t.keys.items()
+        name: {"api_keys_sha256": [hashlib.sha256(key.encode()).hexdigest()], **settings.get(name, {})}
+        for name, key in t.keys.items()
     }
     path = secrets / "ffswarm.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -80,8 +87,14 @@ def _config(ws: Workspace, t: Tenants, secrets: Path) -> Path:
 
 
 @pytest.fixture
-def api(workspace: Workspace, tenants: Tenants, tmp_path: Path, swarm: DockerSwarm) -> Iterator[Api]:
-    config = _config(workspace, tenants, tmp_path)
+def api(
+    workspace: Workspace,
+    tenants: Tenants,
+    tmp_path: Path,
+    swarm: DockerSwarm,
+    tenant_settings: dict[str, dict[str, Any]],
+) -> Iterator[Api]:
+    config = _config(workspace, tenants, tmp_path, tenant_settings)
     inbox = workspace.root / "inbox"
     serve = Serve(inbox, free_port())
     serve_log = tmp_path / "serve.log"
