@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import heapq
 import os
 import re
 import stat
@@ -75,6 +76,7 @@ class Inbox:
         self.max_bytes = max_bytes  # policy.limits.job_file (the server sets it)
         self.interval = interval  # lease renewal interval (the server's heartbeat)
         self.owner = Owner.me()
+        self._index: dict[str, tuple[int, float]] = {}  # waiting entries: name -> (inode, mtime) when first seen
 
     @property
     def running(self) -> Path:
@@ -97,21 +99,32 @@ class Inbox:
                 raise UsageError(f"{d} is not a folder (a symlink or file in its place is never followed)")
 
     # -- taking files ----------------------------------------------------------------------------------
-    def waiting(self, now: float) -> list[Path]:
+    def waiting(self, now: float, limit: int | None = None) -> list[Path]:
         """Entries named *.yaml/*.yml ready to look at, oldest first (by lstat: a symlink is never
-        followed); hidden and half-written ones are left alone, vanished ones skipped."""
-        found: list[tuple[float, str]] = []
+        followed); hidden and half-written ones are left alone, vanished ones skipped. At most
+        ``limit`` of them (the oldest), when given.
+
+        Indexed: each entry is stat'ed once, when first listed (or when its inode changes, or while
+        it is still settling); later polls read the folder's names and inode numbers only (getdents),
+        so 50,000 waiting requests cost one listing per poll, not 50,000 stat calls."""
+        index: dict[str, tuple[int, float]] = {}
         with os.scandir(self.path) as entries:
             for e in entries:
-                if e.name.startswith(".") or os.path.splitext(e.name)[1] not in JOB_SUFFIXES:
+                if e.name.startswith(".") or not e.name.endswith(JOB_SUFFIXES):
+                    continue
+                known = self._index.get(e.name)
+                if known is not None and known[0] == e.inode() and now - known[1] >= SETTLE_SECONDS:
+                    index[e.name] = known
                     continue
                 try:
-                    mtime = e.stat(follow_symlinks=False).st_mtime
+                    st = e.stat(follow_symlinks=False)
                 except FileNotFoundError:  # claimed by another controller since the listing
                     continue
-                if now - mtime >= SETTLE_SECONDS:
-                    found.append((mtime, e.name))
-        return [self.path / name for _, name in sorted(found)]
+                index[e.name] = (st.st_ino, st.st_mtime)
+        self._index = index
+        ready = ((mtime, name) for name, (_, mtime) in index.items() if now - mtime >= SETTLE_SECONDS)
+        oldest = sorted(ready) if limit is None else heapq.nsmallest(limit, ready)
+        return [self.path / name for _, name in oldest]
 
     def claim(self, path: Path) -> Path | None:
         """``running/<name>.<uuid>.yaml`` holding the checked bytes of ``path``, with this
@@ -123,6 +136,8 @@ class Inbox:
             return None
         except Refused as e:
             self.refuse(path, str(e))
+            return None
+        if time.time() - st.st_mtime < SETTLE_SECONDS:  # written again since it was listed: let it settle
             return None
         stem, suffix = os.path.splitext(path.name)
         claimed = self.running / f"{stem}.{uuid.uuid4().hex}{suffix}"

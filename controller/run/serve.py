@@ -275,7 +275,7 @@ class Server:
                 beat_due = time.monotonic() + self.heartbeat.interval
             self._active = {k: t for k, t in self._active.items() if t.is_alive()}
             free = self.concurrent_jobs - len(self._active)
-            for path in self.inbox.waiting(time.time()):
+            for path in self.inbox.waiting(time.time(), free) if free > 0 else ():  # a full server lists nothing
                 if free <= 0:
                     break
                 taken = self.inbox.claim(path)  # None: vanished, taken by another, or refused to failed/
