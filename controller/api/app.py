@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import time
 import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,18 +19,21 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from controller import log
-from controller.api import links, page, page_openapi, submit, uploads, views
+from controller.api import idempotency, links, ops, page, page_openapi, submit, uploads, views
+from controller.api import usage as api_usage
 from controller.api.area import Area, run_owner
 from controller.api.auth import Authenticator, JwtVerifier, read_key_file
 from controller.api.errors import ApiError, not_found
+from controller.api.metrics import ApiMetrics
 from controller.api.openapi import document
 from controller.api.settings import Tenant
+from controller.api.sweep import Staging, every, sweep_uploads
 from controller.config import Config
+from controller.errors import FfswarmError
 from controller.job import access
 
 Handler = Callable[[Request], Awaitable[Response]]
 MAX_JSON = 1024**2
-STALE_UPLOAD_SECONDS = 3600.0
 
 
 class Api:
@@ -53,14 +54,17 @@ class Api:
         return self.auth.tenant(request.headers.get("authorization"))
 
     def sweep(self) -> None:
-        """Uploads a killed API process left half-received (``uploads/.incoming-*``) are removed."""
+        """Uploads whose receiving process is gone (``uploads/.incoming-*`` with no live lock, any
+        replica's) are removed; at start and every minute (controller/api/sweep.py)."""
         for name in self.config.tenants:
-            folder = self.config.data_root / "tenants" / name / "uploads"
-            if not folder.is_dir() or folder.is_symlink():
+            try:
+                removed = sweep_uploads(self.config.data_root, name)
+            except (OSError, FfswarmError) as e:  # one tenant's odd folder must not stop the others
+                self.log.warning("api_upload_sweep_failed", tenant=name, error=type(e).__name__)
                 continue
-            for p in folder.iterdir():
-                if p.name.startswith(".incoming-") and time.time() - p.lstat().st_mtime > STALE_UPLOAD_SECONDS:
-                    shutil.rmtree(p, ignore_errors=True)
+            if removed:
+                self.log.info("api_uploads_swept", tenant=name, removed=len(removed))
+            idempotency.sweep(Area(self.config.data_root, name))  # key records past their 24 h
 
     def link_owner(self, job: str) -> Area:
         """The area of the tenant a signed link's job belongs to: the run folder's ``owner`` once
@@ -96,19 +100,14 @@ class Api:
             await asyncio.to_thread(submit.check_quota, self.config, tenant, area)
             name = "job"
             job = await asyncio.to_thread(submit.fresh_id, area, name)
-            (area.path / "uploads").mkdir(exist_ok=True)
-            staging = area.path / "uploads" / f".incoming-{job}"
-            up = await uploads.receive(
-                ctype, request.headers.get("content-length"), request.stream(), staging, tenant.quota.upload
-            )
-            try:
+            with Staging(self.config.data_root, tenant.name, job) as staging:  # locked until it is moved or gone
+                up = await uploads.receive(
+                    ctype, request.headers.get("content-length"), request.stream(), staging, tenant.quota.upload
+                )
                 opts = submit.options(up.job)
                 if "name" in opts:  # the id carries the name the caller chose
                     job = await asyncio.to_thread(submit.fresh_id, area, submit._name(opts))
-            except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
-            accepted = await asyncio.to_thread(submit.submit_upload, self.config, area, job, up, opts)
+                accepted = await asyncio.to_thread(submit.submit_upload, self.config, area, job, up, opts)
         base = f"/v1/jobs/{accepted.job}"
         body_out: dict[str, Any] = {"id": accepted.job, "status_url": base, "events_url": f"{base}/events"}
         if accepted.notes:
@@ -136,6 +135,27 @@ class Api:
     async def cancel(self, request: Request) -> Response:
         area = await asyncio.to_thread(self.area, self.tenant(request))
         return JSONResponse(await asyncio.to_thread(views.cancel, self.config, area, request.path_params["job"]))
+
+    async def post_job_once(self, request: Request) -> Response:
+        """POST /v1/jobs: with an Idempotency-Key, at most one job per tenant and key (idempotency.py)."""
+        if request.headers.get("idempotency-key") is None:
+            return await self.post_job(request)
+        tenant = self.tenant(request)
+        area = await asyncio.to_thread(self.area, tenant)
+        return await idempotency.post_job(request, area, self.post_job, MAX_JSON, tenant.quota.upload)
+
+    async def scale(self, request: Request) -> Response:
+        tenant = self.tenant(request)
+        area = await asyncio.to_thread(self.area, tenant)
+        n = ops.parse_scale(await idempotency.read_body(request, ops.MAX_BODY, "the body is at most {cap} bytes"))
+        job = request.path_params["job"]
+        return JSONResponse(await asyncio.to_thread(ops.scale, self.config, tenant, area, job, n))
+
+    async def retry(self, request: Request) -> Response:
+        tenant = self.tenant(request)
+        area = await asyncio.to_thread(self.area, tenant)
+        out = await asyncio.to_thread(ops.retry, self.config, tenant, area, request.path_params["job"])
+        return JSONResponse(out, status_code=202, headers={"Location": out["status_url"]})
 
     async def events(self, request: Request) -> Response:
         job = request.path_params["job"]
@@ -202,18 +222,25 @@ def make_app(config: Config) -> Starlette:
         return _guard(handler, api.log)
 
     routes = [
-        Route("/v1/jobs", g(api.post_job), methods=["POST"]),
+        Route("/v1/jobs", g(api.post_job_once), methods=["POST"]),
         Route("/v1/jobs", g(api.list_jobs), methods=["GET"]),
         Route("/v1/jobs/{job}", g(api.get_job), methods=["GET"]),
         Route("/v1/jobs/{job}/report", g(api.get_report), methods=["GET"]),
         Route("/v1/jobs/{job}/events", g(api.events), methods=["GET"]),
         Route("/v1/jobs/{job}/results.zip", g(api.results), methods=["GET"]),
         Route("/v1/jobs/{job}/cancel", g(api.cancel), methods=["POST"]),
-        Route("/openapi.json", g(api.openapi), methods=["GET"]),
+        Route("/v1/jobs/{job}/scale", g(api.scale), methods=["POST"]),
+        Route("/v1/jobs/{job}/retry", g(api.retry), methods=["POST"]),
+        Route("/openapi.json", g(api_usage.with_paths(api.openapi)), methods=["GET"]),
         Route("/healthz", g(api.healthz), methods=["GET"]),
     ]
     routes += page.routes(api, g)  # the web status page at / and its routes (controller/api/page.py)
-    return Starlette(routes=routes)
+    routes += api_usage.routes(api, g)  # GET /v1/usage (controller/api/usage.py)
+    meter = ApiMetrics(api.auth, config.api.metrics_token_sha256)  # GET /metrics (controller/api/metrics.py)
+    routes.append(meter.route(g))
+    swept = every(api.sweep, on_error=lambda e: api.log.warning("api_upload_sweep_failed", error=type(e).__name__))
+    metered = [meter.middleware()]  # requests by route template, code and latency
+    return Starlette(routes=routes, lifespan=swept, middleware=metered)  # the sweep again every minute while it serves
 
 
 def serve(config: Config, host: str, port: int) -> None:

@@ -20,6 +20,19 @@ _ERROR = {
         }
     },
 }
+_IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "the same key and body within 24 h answer the same job; another body is 422",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[\\x20-\\x7e]+$"},
+}
+_SCALE = {
+    "type": "object",
+    "required": ["max_concurrent"],
+    "properties": {"max_concurrent": {"type": "integer", "minimum": 1}},
+    "additionalProperties": False,
+}
 _JOB_ID = {"name": "job", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[a-z0-9-]{1,40}$"}}
 
 
@@ -85,7 +98,11 @@ def document() -> dict[str, Any]:
                             "multipart/form-data": {"schema": multipart},
                         },
                     },
-                    "responses": {"202": _json(accepted, "accepted"), **_errors(400, 401, 413, 415, 422, 429, 503)},
+                    "parameters": [_IDEMPOTENCY_KEY],
+                    "responses": {
+                        "202": _json(accepted, "accepted (or, with an Idempotency-Key seen before, accepted then)"),
+                        **_errors(400, 401, 409, 413, 415, 422, 429, 503),
+                    },
                 },
                 "get": {
                     "summary": "The tenant's jobs",
@@ -148,6 +165,48 @@ def document() -> dict[str, Any]:
                     "summary": "Cancel a job",
                     "parameters": [_JOB_ID],
                     "responses": {"200": _json({"type": "object"}), **_errors(401, 404, 409)},
+                }
+            },
+            "/v1/jobs/{job}/scale": {
+                "post": {
+                    "summary": "How many chunks of the job run at once (`ffswarm scale`); a queued job starts so",
+                    "parameters": [_JOB_ID],
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _SCALE}},
+                    },
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "required": ["job", "max_concurrent"],
+                                "properties": {"job": {"type": "string"}, "max_concurrent": {"type": "integer"}},
+                            }
+                        ),
+                        **_errors(400, 401, 404, 409, 413, 422),
+                    },
+                }
+            },
+            "/v1/jobs/{job}/retry": {
+                "post": {
+                    "summary": "Run a finished job's failed items again (`ffswarm retry`); committed ones are kept",
+                    "parameters": [_JOB_ID],
+                    "responses": {
+                        "202": _json(
+                            {
+                                "type": "object",
+                                "required": ["id", "status_url", "events_url", "items"],
+                                "properties": {
+                                    "id": {"type": "string"},
+                                    "status_url": {"type": "string"},
+                                    "events_url": {"type": "string"},
+                                    "items": {"type": "integer", "description": "items to run again"},
+                                },
+                            },
+                            "handed back to the controller",
+                        ),
+                        **_errors(401, 404, 409, 429, 503),
+                    },
                 }
             },
             "/healthz": {

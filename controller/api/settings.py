@@ -24,6 +24,7 @@ _LISTEN = re.compile(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(\d{1,5})")
 HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
 KEY_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512")
 DEFAULT_LISTEN = "127.0.0.1:8080"
+_PUBLIC_URL = re.compile(r"https?://[A-Za-z0-9.-]+(:\d{1,5})?(/[A-Za-z0-9._~/-]*)?")
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class ApiSettings:
     max_zip_entries: int = 10_000
     max_zip_bytes: int = 8 * 1024**3  # unpacked, per request
     max_zip_ratio: int = 200  # an entry may unpack to at most this many times its compressed size
+    public_url: str | None = None  # e.g. https://faces.example.com: webhooks carry absolute links
+    metrics_token_sha256: tuple[str, ...] = ()  # GET /metrics takes one of these tokens; none: /metrics is off
 
 
 def parse_size(value: object, f: str) -> int:
@@ -127,7 +130,8 @@ def parse_api(value: object) -> ApiSettings:
     """``api:`` → ApiSettings; a missing section is the defaults (links and JWTs off)."""
     if value is None:
         return ApiSettings()
-    known = ("listen", "signing_key_file", "link_ttl", "jwt", "max_zip_entries", "max_zip_bytes", "max_zip_ratio")
+    known = ("listen", "signing_key_file", "link_ttl", "jwt", "max_zip_entries", "max_zip_bytes", "max_zip_ratio",
+             "metrics_token_sha256", "public_url")  # fmt: skip
     data = _mapping(value, "api", known)
     listen = data.get("listen", DEFAULT_LISTEN)
     parse_listen(listen, "api.listen")
@@ -140,7 +144,26 @@ def parse_api(value: object) -> ApiSettings:
         max_zip_entries=check_int(data.get("max_zip_entries", 10_000), "api.max_zip_entries", minimum=1),
         max_zip_bytes=parse_size(data.get("max_zip_bytes", 8 * 1024**3), "api.max_zip_bytes"),
         max_zip_ratio=check_int(data.get("max_zip_ratio", 200), "api.max_zip_ratio", minimum=1),
+        metrics_token_sha256=_digests(data.get("metrics_token_sha256", []), "api.metrics_token_sha256"),
+        public_url=None if data.get("public_url") is None else parse_public_url(data["public_url"]),
     )
+
+
+def parse_public_url(value: object, f: str = "api.public_url") -> str:
+    """``https://faces.example.com`` (a path prefix allowed; no query, fragment or credentials) →
+    the same without a trailing slash: what the webhook's links are made absolute with."""
+    if not isinstance(value, str) or _PUBLIC_URL.fullmatch(value) is None:
+        raise FieldError(f, f"must be an http(s) URL like https://faces.example.com, got {show(value)}")
+    return value.rstrip("/")
+
+
+def _digests(value: object, f: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise FieldError(f, f"must be a list of sha256 hex digests, got {show(value)}")
+    for i, k in enumerate(value):
+        if not isinstance(k, str) or not _SHA256.fullmatch(k.lower()):
+            raise FieldError(f"{f}[{i}]", "must be 64 hex digits (sha256 of the token)")
+    return tuple(k.lower() for k in value)
 
 
 def _jwt(value: object) -> JwtSettings:

@@ -69,7 +69,7 @@ def check_quota(config: Config, tenant: Tenant, area: Area) -> None:
     """429 while the tenant has as many unfinished jobs as its quota, or its area is full."""
     queued = 0
     for job in area.jobs():
-        if not _ended(config, job):
+        if not _ended(config, job, area):
             queued += 1
             if queued >= tenant.quota.jobs_queued:  # enough said: the rest need not be looked at
                 break
@@ -85,8 +85,11 @@ def check_quota(config: Config, tenant: Tenant, area: Area) -> None:
         )  # fmt: skip
 
 
-def _ended(config: Config, job: str) -> bool:
+def _ended(config: Config, job: str, area: Area) -> bool:
     box = inbox(config)
+    if os.path.lexists(area.records / f"{job}.retry"):  # retried (controller/api/ops.py): until serve is done
+        lease = RunLayout.host(config.data_root, job).lease
+        return not (os.path.lexists(box / f"{job}.yaml") or os.path.lexists(lease))
     if any(os.path.lexists(box / d / f"{job}.yaml") for d in ("done", "failed")):
         return True
     # Its report exists: a stat, not a parse (reading every finished job's report made each submit

@@ -1,9 +1,11 @@
 """Multipart uploads, streamed to a staging folder inside the tenant's area with every byte counted.
 
 A request over the tenant's per-request cap is refused (413) as soon as it passes it (at once when
-Content-Length says so) and its staging folder removed: nothing half-made stays. Each file part is
-sniffed by its first bytes (never by name alone): a photo, a video or a ZIP, else 415. File names
-are reduced to one safe component; the extension follows what the content is.
+Content-Length says so) and its staging folder removed: nothing half-made stays; a process killed
+mid-upload leaves its folder unlocked, and the next sweep of any API replica removes it
+(controller/api/sweep.py). Each file part is sniffed by its first bytes (never by name alone): a
+photo, a video or a ZIP, else 415. File names are reduced to one safe component; the extension
+follows what the content is.
 """
 
 from __future__ import annotations
@@ -185,8 +187,9 @@ class _Receiver:
 
 
 async def receive(content_type: str, length: str | None, body: AsyncIterator[bytes], staging: Path, cap: int) -> Upload:
-    """Stream a multipart body into ``staging`` (which must not exist yet). On any refusal the
-    staging folder is removed before the error is raised."""
+    """Stream a multipart body into ``staging``: an empty folder this process holds
+    (controller/api/sweep.py ``Staging``: its lock proves the upload alive to other replicas' sweeps).
+    On any refusal the staging folder is removed before the error is raised."""
     ctype, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
     if ctype != b"multipart/form-data" or not boundary:
@@ -195,7 +198,6 @@ async def receive(content_type: str, length: str | None, body: AsyncIterator[byt
         raise ApiError(
             413, "too_large", f"the request is {int(length)} bytes; this tenant may upload {cap} per request"
         )
-    staging.mkdir(mode=0o755)
     rx = _Receiver(staging, cap)
     try:
         parser = MultipartParser(boundary, rx.callbacks())  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from controller.api.area import Area
 from controller.api.errors import ApiError, not_found
 from controller.config import Config
 from controller.errors import FfswarmError
-from controller.run import status
+from controller.run import status, usage
 from controller.run.fold import Fold
 from controller.run.rundir import Control, RunDir, read_nofollow
 from controller.volume import Volume
@@ -40,7 +40,9 @@ def job_view(config: Config, area: Area, job: str) -> dict[str, Any]:
             row = status.job_status(rundir)
         except FfswarmError:
             row = {"job": job, "phase": "unreadable"}
-        return {**row, "owner": area.tenant, "created": rec.created}
+        if os.path.lexists(config.data_root / "inbox" / f"{job}.yaml"):  # handed back by POST …/retry
+            row = {**row, "phase": "queued"}
+        return {**row, "owner": area.tenant, "created": rec.created, "usage": usage.of_rundir(rundir)}
     box = config.data_root / "inbox"
     reason = read_nofollow(box / "failed" / f"{job}.yaml.reason.txt", MAX_REASON)
     if reason is not None or os.path.lexists(box / "failed" / f"{job}.yaml"):
@@ -72,6 +74,11 @@ def cancel(config: Config, area: Area, job: str) -> dict[str, Any]:
         raise not_found(job)
     rundir = RunDir(config.data_root, job, None, config.controller_ids())
     if rundir.exists():
+        try:  # a retry serve has not claimed yet is withdrawn: the job stays as it had finished
+            os.unlink(config.data_root / "inbox" / f"{job}.yaml")
+            return {"job": job, "cancelled": True}
+        except FileNotFoundError:
+            pass
         if status.finished(rundir):
             raise ApiError(409, "finished", f"job {job!r} already finished: nothing to cancel")
         rundir.write_control(Control(rundir.control().max_concurrent, cancel=True))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import signal
 import sys
 from collections.abc import Callable
@@ -91,6 +92,15 @@ def job_services(
     "--metrics-port", type=click.IntRange(1, 65535), default=render_mod.DEFAULT_METRICS_PORT, show_default=True
 )
 @click.option("--inbox", default=None, help="Controller stack: inbox folder (default <data_root>/inbox).")
+@click.option(
+    "--api-port",
+    type=click.IntRange(1, 65535),
+    default=render_mod.DEFAULT_API_PORT,
+    show_default=True,
+    help="Controller stack with tenants: port the api service is published on.",
+)
+@click.option("--api-replicas", type=click.IntRange(min=1), default=render_mod.DEFAULT_API_REPLICAS, show_default=True)
+@click.option("--api-user", default=None, metavar="UID:GID", help="The api service's user (default: controller_user).")
 @click.pass_context
 def render(
     ctx: click.Context,
@@ -103,6 +113,9 @@ def render(
     concurrent_jobs: int,
     metrics_port: int,
     inbox: str | None,
+    api_port: int,
+    api_replicas: int,
+    api_user: str | None,
 ) -> None:
     """Compose file for `docker stack deploy`: JOB's chunk services (a job id or a job file), or --controller."""
     config = context.config(ctx)
@@ -125,8 +138,29 @@ def render(
         concurrent_jobs=concurrent_jobs,
         metrics_port=metrics_port,
         inbox=inbox,
+        api=_api_service(config, api_port, api_replicas, api_user),
     )
     _emit(render_mod.render_controller_stack(spec), output)
+
+
+def _api_service(config: Config, port: int, replicas: int, user: str | None) -> render_mod.ApiService | None:
+    """The controller stack's api service: only when the config has tenants (docs/api.md#config)."""
+    if not config.tenants:
+        return None
+    if user is not None and not re.fullmatch(r"[1-9]\d{0,9}:[1-9]\d{0,9}", user):
+        raise UsageError(f"--api-user {user!r}: a non-root UID:GID (neither 0)")
+    ids = tuple(map(int, user.split(":"))) if user else config.controller_user
+    if ids is None:
+        raise UsageError(
+            f"{config.path}: the api service runs as controller_user, never root: set controller_user "
+            "(docs/operations.md#controller-user) or give --api-user UID:GID"
+        )
+    jwt = config.api.jwt
+    keys = [p for p in (config.api.signing_key_file, jwt.key_file if jwt else None) if p is not None]
+    try:
+        return render_mod.ApiService((ids[0], ids[1]), port, replicas, render_mod.api_secrets(keys))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 # -- serve --------------------------------------------------------------------------------------------

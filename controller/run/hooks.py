@@ -9,7 +9,10 @@ Both kinds are bounded by the cluster's policy (controller/policy.py), never by 
 - ``webhook: URL`` is POSTed the report if its host is allowed; the resolved address is checked
   (loopback, link-local, private and metadata ranges refused unless allowed) and connected to as
   checked (no second lookup); redirects are never followed. Deliveries carry Standard Webhooks headers
-  signed with the policy's secret. The report records only delivered / not delivered.
+  signed with the policy's secret. The report records only delivered / not delivered. A tenant's
+  job (its run folder's ``owner``) adds ``results_url``: a signed link to its results.zip made with
+  the API's ``api.signing_key_file`` and ``link_ttl`` (absolute with ``api.public_url``), so the
+  receiver can fetch the results without a token (docs/api.md#results-and-signed-links).
 
 A failing hook is logged and recorded, never fatal to the job.
 """
@@ -29,14 +32,20 @@ import ssl
 import subprocess
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from contract.layout import RunLayout
 from controller import log
 from controller import redact as shown
+from controller.api import links
+from controller.api.settings import ApiSettings
+from controller.job.owners import TENANT
 from controller.job.spec import OnComplete
 from controller.policy import Hook, Policy, Webhooks
+from controller.run.rundir import read_nofollow
 
 HOOK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TAIL_CHARS = 200
@@ -198,11 +207,36 @@ def post_webhook(
     return NOT_DELIVERED, why
 
 
-def on_complete(policy: Policy, hooks: OnComplete, report: dict[str, Any], report_path: Path) -> dict[str, str]:
+def results_link(data_root: Path, job: str, tenants: Mapping[str, object], api: ApiSettings) -> dict[str, str]:
+    """``{"results_url": …}`` for a tenant's job when the API signs links; {} for a CLI job, without a
+    signing key, or when the key cannot be read (logged: the webhook still goes, without a link)."""
+    raw = read_nofollow(RunLayout.host(data_root, job).owner, 64)  # written by serve (serve.record_owner)
+    tenant = None if raw is None else raw.decode("ascii", "replace").strip()
+    if tenant is None or not TENANT.fullmatch(tenant) or tenant not in tenants or api.signing_key_file is None:
+        return {}
+    try:
+        key = links.read_key(api.signing_key_file)
+    except (OSError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+        log.get(job=job).warning("webhook_link_not_signed", key_file=str(api.signing_key_file), error=why)
+        return {}
+    link = links.sign(key, "GET", links.results_path(job), api.link_ttl)
+    return {"results_url": links.absolute(api.public_url, link)}
+
+
+def on_complete(
+    policy: Policy,
+    hooks: OnComplete,
+    report: dict[str, Any],
+    report_path: Path,
+    webhook_extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """``webhook_extra``: fields the webhook's body carries beside the report (``results_url``)."""
     logger = log.get(job=report["job"])
     outcome: dict[str, str] = {}
     if hooks.webhook:
-        outcome["webhook"], why = post_webhook(hooks.webhook, report, policy.webhooks)
+        body = {**report, **(webhook_extra or {})}
+        outcome["webhook"], why = post_webhook(hooks.webhook, body, policy.webhooks)
         # the URL as logs may show it: no credentials, no query (tokens often travel there)
         logger.info("hook_webhook", url=shown.url(hooks.webhook), outcome=outcome["webhook"], detail=shown.secrets(why))
     if hooks.hook:

@@ -6,10 +6,16 @@ they can never disagree with the run folder's report. Item counts and per-item s
 from the chunk's results file when the chunk ends (the runner's own timings). `prometheus_client`
 does the exposition: over HTTP under `ffswarm serve`, as a node_exporter textfile under `submit`.
 Each Metrics owns its registry (no process-global state), so tests and concurrent jobs stay apart.
+
+Usage by tenant (what a platform bills by) comes from report.json's ``usage`` (controller/run/usage.py)
+when a job finishes: what the report adds since the report the run started with, so a resumed job's
+earlier runs are not counted twice and the counters' increases add up to the reports. The tenant is
+the run folder's ``owner`` (`serve` writes it before this sink is made); a CLI job's is "".
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +24,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server, write_to_textfile
 
 from controller import log
+from controller.errors import FfswarmError
+from controller.run import usage
 from controller.run.fold import committed
 from controller.run.rundir import RunDir
 
 ITEM_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+TENANT = re.compile(r"[a-z0-9-]{1,40}")  # controller/api/settings.py TENANT_NAME
 
 
 @dataclass
@@ -54,6 +63,18 @@ class Metrics:
             "ffswarm_item_seconds", "Seconds the runner spent on one item", buckets=ITEM_SECONDS_BUCKETS, registry=r
         )
         self.jobs_finished = Counter("ffswarm_jobs_finished", "Jobs that wrote their report", ["result"], registry=r)
+        self.tenant_gpu_seconds = Counter(
+            "ffswarm_tenant_gpu_seconds",
+            "GPU-seconds of finished jobs' chunk attempts (runner wall seconds x GPUs reserved), by tenant",
+            ["tenant"],
+            registry=r,
+        )
+        self.tenant_items = Counter(
+            "ffswarm_tenant_items",
+            "Items of finished jobs by tenant and status (ok, no_face: newly done; failed: failed in that run)",
+            ["tenant", "status"],
+            registry=r,
+        )
         Gauge("ffswarm_jobs_running", "Jobs being supervised", registry=r).set_function(self._count_jobs)
         Gauge("ffswarm_chunks_queued", "Chunks waiting for a window slot or a retry", registry=r).set_function(
             lambda: self._sum(lambda j: j.queued)
@@ -98,6 +119,8 @@ class JobSink:
         self.m = metrics
         self.rundir = rundir
         self.state = _JobState(gpus_per_chunk=gpus_per_chunk)
+        self.tenant = ""
+        self.before: dict[str, Any] = usage.zero()  # the usage of the report this run started with
 
     def __call__(self, event: str, **fields: Any) -> None:
         chunk = str(fields.get("chunk", ""))
@@ -132,6 +155,30 @@ class JobSink:
         elif event == "job_finished":
             failed = int(fields.get("failed", 0)) or int(fields.get("chunks_failed", 0))
             self.m.jobs_finished.labels("failed_items" if failed else "ok").inc()
+            self._count_usage()
+        if event == "job_started":
+            self._start_usage()
+
+    def _start_usage(self) -> None:
+        try:
+            data = self.rundir.read_file(self.rundir.layout.owner, 64)
+        except FfswarmError:  # a link or a fifo where `serve` writes the owner: no tenant
+            data = None
+        name = data.decode("ascii", "replace").strip() if data is not None else ""
+        self.tenant = name if TENANT.fullmatch(name) else ""
+        self.before = usage.of_rundir(self.rundir) or usage.zero()
+
+    def _count_usage(self) -> None:
+        """What this run's report adds to the report it started with (never negative)."""
+        now = usage.of_rundir(self.rundir)
+        if now is None:
+            return
+        before, tenant = self.before, self.tenant
+        self.m.tenant_gpu_seconds.labels(tenant).inc(max(0.0, now["gpu_seconds"] - before["gpu_seconds"]))
+        for status in ("ok", "no_face"):
+            self.m.tenant_items.labels(tenant, status).inc(max(0, now["items"][status] - before["items"][status]))
+        self.m.tenant_items.labels(tenant, "failed").inc(now["items"]["failed"])
+        self.before = now
 
     def _count_items(self, chunk: str, attempt: int) -> None:
         """A chunk that ended: its items' latest results; an item without one failed with its chunk."""

@@ -18,7 +18,7 @@ from typing import Any
 from contract.paths import user_text
 from contract.results import ItemStatus
 from controller.job.plan import Plan
-from controller.run import history
+from controller.run import history, usage
 from controller.run.chunks import ChunkRun
 from controller.run.failures import ChunkState
 from controller.run.fold import Fold
@@ -93,6 +93,7 @@ class Report:
     timing: Mapping[str, Any] | None = None  # what the job's chunks cost (controller/run/timings.py)
     hooks: Mapping[str, str] | None = None  # on_complete outcomes
     dropped_lines: Mapping[str, int] | None = None  # chunk id -> runner result lines that did not parse
+    usage: Mapping[str, Any] | None = None  # what a platform bills by (controller/run/usage.py)
 
     def exit_code(self) -> int:
         """CLI: 0 every item ok (no_face per policy is not a failure) · 1 failed items or chunks."""
@@ -119,6 +120,8 @@ class Report:
             out["hooks"] = dict(self.hooks)
         if self.dropped_lines:
             out["dropped_result_lines"] = dict(self.dropped_lines)
+        if self.usage is not None:
+            out["usage"] = dict(self.usage)
         return out
 
     def to_json(self) -> str:
@@ -139,6 +142,7 @@ class Report:
             timing=dict(d["timing"]) if d.get("timing") is not None else None,
             hooks=dict(d["hooks"]) if d.get("hooks") is not None else None,
             dropped_lines=dict(d["dropped_result_lines"]) if d.get("dropped_result_lines") else None,
+            usage=dict(d["usage"]) if d.get("usage") is not None else None,
         )
 
 
@@ -254,7 +258,10 @@ def build_report(plan: Plan, rundir: RunDir, runs: dict[str, ChunkRun], image: s
         segments=len(segments),
     )
     dropped = dict(fold.dropped) or None  # a runner wrote lines no reader understood: said, not hidden
-    return Report(plan.job, image, started, time.time(), counts, failures, ordered, chunks, dropped_lines=dropped)
+    used = usage.measure(fold, rundir, vars(counts))
+    return Report(
+        plan.job, image, started, time.time(), counts, failures, ordered, chunks, dropped_lines=dropped, usage=used
+    )
 
 
 def report_items(fold: Fold, segments: dict[str, ItemEntry]) -> dict[str, ItemEntry]:

@@ -3,9 +3,9 @@
 Ops teams deploy checked-in compose files; ffswarm must produce the SAME services either way. So a
 runner stack is rendered from `ServiceSpec.as_dict()` (controller/swarm/servicespec.py), the value
 that controller/swarm/docker.py turns into API calls, never from a second description of a chunk
-service. The controller stack (`ffswarm serve` as a Swarm service) is rendered from the config's
-VolumeSpec so the controller sees the data volume exactly as runners do. Pure: no Docker, no disk
-writes.
+service. The controller stack (`ffswarm serve` as a Swarm service, and with tenants `ffswarm api`
+beside it) is rendered from the config's VolumeSpec so the controller sees the data volume exactly as
+runners do. Pure: no Docker, no disk writes.
 """
 
 from __future__ import annotations
@@ -29,9 +29,14 @@ VOLUME_KEY = "data"
 CONTROLLER_ENTRYPOINT = ("/opt/ffswarm/bin/ffswarm",)
 CONTAINER_CONFIG_PATH = "/etc/ffswarm/config.yaml"
 DEFAULT_METRICS_PORT = 9108
+DEFAULT_API_PORT = 8080  # published by the stack; the API listens on API_PORT inside its containers
+DEFAULT_API_REPLICAS = 2
+API_PORT = 8080
+SECRETS_DIR = "/run/secrets"
 DEFAULT_STACK = "ffs"  # short: stack deploy names services STACK_NAME, and Swarm allows 63 characters
 MAX_SERVICE_NAME = 63
 _SERVICE_NAME = re.compile(r"[a-z0-9-]+")
+_SECRET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def template_dirs() -> list[Path]:
@@ -95,6 +100,55 @@ def _volume_dict(volume: VolumeSpec) -> dict[str, object]:
 
 
 @dataclass(frozen=True)
+class ApiService:
+    """`ffswarm api` replicas in the controller stack: what differs from the controller service.
+
+    ``secrets``: names of external Swarm secrets (``docker secret create NAME FILE`` beforehand), each
+    mounted at /run/secrets/NAME, readable by ``user`` alone: the config's key files must name them
+    there (``api_secrets``)."""
+
+    user: tuple[int, int]  # never root: the API has no business with the Docker socket or root's files
+    publish_port: int = DEFAULT_API_PORT
+    replicas: int = DEFAULT_API_REPLICAS
+    secrets: tuple[str, ...] = ()
+    memory: str = "512M"
+    pids: int = 256
+
+    def __post_init__(self) -> None:
+        if 0 in self.user:
+            raise ValueError("the api service never runs as root (uid or gid 0): set controller_user")
+        if not 0 < self.publish_port < 65536:
+            raise ValueError(f"api publish port out of range: {self.publish_port}")
+        if self.replicas < 1:
+            raise ValueError("api replicas must be at least 1")
+        for name in self.secrets:
+            if not _SECRET_NAME.fullmatch(name):
+                raise ValueError(f"secret name {name!r}: letters, digits, _ . - only")
+
+    def command(self) -> list[str]:
+        return [*CONTROLLER_ENTRYPOINT, "--json-logs", "--config", CONTAINER_CONFIG_PATH, "api",
+                "--listen", f"0.0.0.0:{API_PORT}"]  # fmt: skip
+
+    def healthcheck(self) -> list[str]:
+        probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{API_PORT}/healthz', timeout=3)"
+        return ["CMD", str(Path(CONTROLLER_ENTRYPOINT[0]).with_name("python")), "-c", probe]
+
+
+def api_secrets(key_files: Sequence[Path]) -> tuple[str, ...]:
+    """The Swarm secrets that carry the API's key files: each must be ``/run/secrets/NAME`` in the
+    config, since the config travels to the containers as it is (ValueError naming the fix if not)."""
+    names = []
+    for path in key_files:
+        if str(path.parent) != SECRETS_DIR or not _SECRET_NAME.fullmatch(path.name):
+            raise ValueError(
+                f"{path}: in the controller stack the API reads its key files as Swarm secrets: name them "
+                f"{SECRETS_DIR}/NAME in the config and create each with `docker secret create NAME FILE`"
+            )
+        names.append(path.name)
+    return tuple(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
 class ControllerStack:
     """What the controller service needs; the config file itself travels as a Swarm config."""
 
@@ -107,6 +161,7 @@ class ControllerStack:
     metrics_port: int = DEFAULT_METRICS_PORT
     docker_socket: str = "/var/run/docker.sock"
     inbox: str | None = None  # default: <data_root>/inbox
+    api: ApiService | None = None  # the config has tenants: `ffswarm api` beside `serve`
 
     def __post_init__(self) -> None:
         if self.concurrent_jobs < 1:
@@ -141,6 +196,8 @@ def render_controller_stack(stack: ControllerStack) -> str:
         .render(
             s=stack,
             command=stack.command(),
+            api=stack.api,
+            api_port=API_PORT,
             config_target=CONTAINER_CONFIG_PATH,
             volume=_volume_dict(stack.volume),
             volume_key=VOLUME_KEY,

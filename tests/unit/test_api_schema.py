@@ -21,6 +21,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from controller.api import page_openapi
+from controller.api import usage as api_usage
 from controller.api.area import Area
 from controller.api.openapi import document
 from controller.job.plan import Chunk, Plan, PlannedItem
@@ -68,7 +69,7 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def operations() -> list[tuple[GenerationMode, str, str]]:
     """(mode, method, path) of every operation the document names (read here only to name the
     tests): valid requests for each, invalid ones for each that takes any input."""
-    doc = page_openapi.extend(document())
+    doc = api_usage.extend(page_openapi.extend(document()))  # as the live /openapi.json
     out = []
     for path, ops in doc["paths"].items():
         for method, op in ops.items():

@@ -85,6 +85,7 @@ def test_the_report_round_trips_through_report_json_in_the_same_shape(tmp_path: 
     data = report.to_dict()
     assert set(data) == {
         "job", "image", "started", "finished", "started_at", "finished_at", "counts", "failures", "items", "chunks",
+        "usage",
     }  # fmt: skip
     assert set(data["counts"]) == {
         "items", "ok", "no_face", "failed", "chunks", "chunks_done", "chunks_failed", "chunks_cancelled",

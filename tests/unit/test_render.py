@@ -8,7 +8,16 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.swarm.render import ControllerStack, render_controller_stack, render_runner_stack
+from controller.cli.ops import _api_service
+from controller.config import Config, parse_config
+from controller.errors import UsageError
+from controller.swarm.render import (
+    ApiService,
+    ControllerStack,
+    api_secrets,
+    render_controller_stack,
+    render_runner_stack,
+)
 from controller.swarm.servicespec import RunnerSettings, ServiceSpec, VolumeSpec, chunk_service
 
 IMAGE = "registry.example.internal/ffswarm/runner@sha256:" + "ab" * 32
@@ -156,3 +165,85 @@ def test_controller_stack() -> None:
     assert deploy["labels"]["prometheus.io/scrape"] == "true" and deploy["labels"]["prometheus.io/port"] == "9200"
     assert doc["configs"]["ffswarm_config"] == {"name": stack.config_name, "file": "/etc/ffswarm/ffswarm.yaml"}
     assert stack.config_name != ControllerStack(**{**stack.__dict__, "config_text": "other"}).config_name
+    assert set(doc["services"]) == {"controller"} and "secrets" not in doc  # no tenants: no api service
+
+
+def controller_stack(api: ApiService | None) -> ControllerStack:
+    return ControllerStack(
+        image=IMAGE,
+        config_file=Path("/etc/ffswarm/ffswarm.yaml"),
+        config_text="data_root: /srv/ffswarm\n",
+        data_root="/srv/ffswarm",
+        volume=NFS,
+        api=api,
+    )
+
+
+def test_controller_stack_with_tenants_runs_the_api_beside_serve_hardened_and_published() -> None:
+    api = ApiService((10000, 999), publish_port=8443, replicas=3, secrets=("ffswarm-api", "ffswarm-jwt"))
+    doc = yaml.safe_load(render_controller_stack(controller_stack(api)))
+    assert set(doc["services"]) == {"controller", "api"}
+    svc = doc["services"]["api"]
+    assert svc["image"] == IMAGE and svc["user"] == "10000:999"
+    assert svc["entrypoint"] == ["/opt/ffswarm/bin/ffswarm", "--json-logs", "--config", "/etc/ffswarm/config.yaml",
+                                 "api", "--listen", "0.0.0.0:8080"]  # fmt: skip
+    assert svc["read_only"] is True and svc["cap_drop"] == ["ALL"]
+    assert "/var/run/docker.sock" not in str(svc["volumes"])  # the API never gets the socket
+    data, tmp = svc["volumes"]
+    assert data == {"type": "volume", "source": "data", "target": "/srv/ffswarm"}  # the controller's own volume
+    assert tmp["target"] == "/tmp" and tmp["type"] == "tmpfs"
+    assert svc["configs"] == [{"source": "ffswarm_config", "target": "/etc/ffswarm/config.yaml", "mode": 0o444}]
+    assert svc["ports"] == [{"target": 8080, "published": 8443, "protocol": "tcp", "mode": "ingress"}]
+    assert svc["healthcheck"]["test"][:2] == ["CMD", "/opt/ffswarm/bin/python"]
+    assert "http://127.0.0.1:8080/healthz" in svc["healthcheck"]["test"][3]
+    assert "networks" not in svc  # the stack's own overlay (the routing mesh), not the controller's host network
+    deploy = svc["deploy"]
+    assert deploy["replicas"] == 3 and deploy["restart_policy"]["condition"] == "any"
+    assert deploy["resources"]["limits"] == {"memory": "512M", "pids": 256}
+    assert deploy["update_config"]["order"] == "start-first"
+    assert svc["secrets"] == [
+        {"source": "secret_ffswarm_api", "target": "ffswarm-api", "uid": "10000", "gid": "999", "mode": 0o400},
+        {"source": "secret_ffswarm_jwt", "target": "ffswarm-jwt", "uid": "10000", "gid": "999", "mode": 0o400},
+    ]
+    assert doc["secrets"] == {
+        "secret_ffswarm_api": {"external": True, "name": "ffswarm-api"},
+        "secret_ffswarm_jwt": {"external": True, "name": "ffswarm-jwt"},
+    }
+    no_keys = yaml.safe_load(render_controller_stack(controller_stack(ApiService((10000, 999)))))
+    assert (
+        no_keys["services"]["api"]["ports"][0]["published"] == 8080
+        and no_keys["services"]["api"]["deploy"]["replicas"] == 2
+    )
+    assert "secrets" not in no_keys and "secrets" not in no_keys["services"]["api"]
+
+
+def test_the_api_service_is_never_root_and_its_key_files_must_be_swarm_secrets() -> None:
+    with pytest.raises(ValueError, match="never runs as root"):
+        ApiService((0, 999))
+    with pytest.raises(ValueError, match="replicas"):
+        ApiService((10000, 999), replicas=0)
+    assert api_secrets([Path("/run/secrets/ffswarm-api"), Path("/run/secrets/ffswarm-api")]) == ("ffswarm-api",)
+    with pytest.raises(ValueError, match="docker secret create NAME FILE"):
+        api_secrets([Path("/etc/ffswarm/api.key")])
+
+
+def _config(tmp_path: Path, **extra: Any) -> Config:
+    data = {"data_root": str(tmp_path), "volume": {"type": "bind"}, **extra}
+    return parse_config(tmp_path / "ffswarm.yaml", data)
+
+
+def test_render_adds_the_api_only_for_tenants_as_controller_user_with_the_configs_key_secrets(tmp_path: Path) -> None:
+    assert _api_service(_config(tmp_path), 8080, 2, None) is None  # no tenants: no api service
+    tenants = {"acme": {"api_keys_sha256": ["0" * 64]}}
+    with pytest.raises(UsageError, match="controller_user"):
+        _api_service(_config(tmp_path, tenants=tenants), 8080, 2, None)
+    api = {"signing_key_file": "/run/secrets/ffswarm-api",
+           "jwt": {"algorithms": ["HS256"], "secret_file": "/run/secrets/ffswarm-jwt"}}  # fmt: skip
+    got = _api_service(_config(tmp_path, tenants=tenants, controller_user="10000:999", api=api), 9000, 4, None)
+    assert got == ApiService((10000, 999), 9000, 4, ("ffswarm-api", "ffswarm-jwt"))
+    assert _api_service(_config(tmp_path, tenants=tenants), 8080, 2, "10002:10002") == ApiService((10002, 10002))
+    with pytest.raises(UsageError, match="non-root"):
+        _api_service(_config(tmp_path, tenants=tenants), 8080, 2, "0:0")
+    elsewhere = {"signing_key_file": "/etc/ffswarm/api.key"}
+    with pytest.raises(UsageError, match="/run/secrets/NAME"):
+        _api_service(_config(tmp_path, tenants=tenants, controller_user="10000:999", api=elsewhere), 8080, 2, None)
