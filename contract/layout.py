@@ -8,6 +8,8 @@ spelled twice. Every file has one writer (docs/architecture.md, "The controller/
 ``job.yaml``, ``plan.json``           controller, at the first submit
 ``job.sha256``                        controller, at the first submit: the job file's digest
 ``owner``                             controller (`serve`), for API jobs: the tenant that owns it
+``packed``                            controller (`serve`): a packed job's pack (controller/run/packs.py)
+``members.json``                      controller (`serve`), in a pack's folder: its jobs and their items
 ``chunks/<chunk>.json``               controller: the chunk manifest (contract/manifest.py)
 ``control.json``                      ``ffswarm scale`` / ``cancel``
 ``image.json``                        controller, once: the image every attempt runs
@@ -55,6 +57,8 @@ SUBFOLDERS = (*CONTROLLER_FOLDERS, *RUNNER_FOLDERS)
 JOB_FILE = "job.yaml"
 JOB_SHA256 = "job.sha256"  # the sha256 of the job file that started the run (its identity)
 OWNER = "owner"  # API jobs: the tenant's name (controller-owned; CLI jobs have none)
+PACKED = "packed"  # a job run inside a pack: the pack's job id (controller-owned)
+MEMBERS = "members.json"  # a pack: each job it runs, its tenant, and its items' ids in the pack
 PLAN = "plan.json"  # written last: its presence means the run folder is complete
 CONTROL = "control.json"
 IMAGE = "image.json"
@@ -134,6 +138,14 @@ class RunLayout(Generic[P]):
     @property
     def owner(self) -> P:
         return self.dir / OWNER
+
+    @property
+    def packed(self) -> P:
+        return self.dir / PACKED
+
+    @property
+    def members(self) -> P:
+        return self.dir / MEMBERS
 
     @property
     def plan(self) -> P:

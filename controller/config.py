@@ -15,6 +15,7 @@ from controller.api.settings import ApiSettings, Tenant, parse_api, parse_tenant
 from controller.errors import ConfigError
 from controller.job.validate import FieldError, parse_duration
 from controller.policy import Policy, parse_policy
+from controller.run.packing_settings import PackingSettings, parse_packing
 from controller.swarm.servicespec import VolumeSpec
 
 DEFAULT_IMAGE = "ffswarm/runner:dev"
@@ -30,6 +31,7 @@ _KEYS = {
     "policy",
     "api",
     "tenants",
+    "packing",
 }
 _VOLUME_KEYS = {"type", "server", "export", "options"}
 
@@ -48,6 +50,9 @@ class Config:
     policy: Policy = field(default_factory=Policy)  # what a job file may ask for (controller/policy.py)
     api: ApiSettings = field(default_factory=ApiSettings)  # `ffswarm api` (controller/api/settings.py)
     tenants: Mapping[str, Tenant] = field(default_factory=dict)  # who may use the API (docs/api.md#config)
+    packing: PackingSettings = field(
+        default_factory=PackingSettings
+    )  # `serve` packs small jobs (controller/run/packing.py)
 
     def runner_uid_gid(self) -> str:
         """Runners run as the owner of the data root (a non-root runner must be able to write it)."""
@@ -141,6 +146,7 @@ def parse_config(path: Path, data: dict[str, Any]) -> Config:
     try:
         policy = parse_policy(data["policy"]) if "policy" in data else Policy()
         api, tenants = parse_api(data.get("api")), parse_tenants(data.get("tenants"))
+        packing = parse_packing(data.get("packing"))
     except FieldError as e:
         raise ConfigError(f"{path}: {e}") from None
     return Config(
@@ -156,4 +162,5 @@ def parse_config(path: Path, data: dict[str, Any]) -> Config:
         policy=policy,
         api=api,
         tenants=tenants,
+        packing=packing,
     )

@@ -24,146 +24,43 @@ their labels. A live controller's files are never taken over.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from contract.layout import RunLayout
 from controller import log
 from controller.config import Config
-from controller.errors import CapacityError, FfswarmError, JobFileError
-from controller.job import owners
-from controller.job.paths import relative_text
-from controller.redact import printable
-from controller.run import usecase
 from controller.run.handover import HEARTBEAT_SECONDS, HeartbeatFile
-from controller.run.inbox import JOB_SUFFIXES, SETTLE_SECONDS, Inbox, original_name
-from controller.run.jobs import PreparedJob
+from controller.run.inbox import JOB_SUFFIXES, SETTLE_SECONDS, Inbox
 from controller.run.metrics import Metrics
-from controller.run.report import summary
-from controller.run.rundir import RunDir, read_nofollow
-from controller.run.shares import Share, ShareBook
-from controller.run.usecase import SinkFactory
-from controller.swarm.docker import DockerSwarm
+from controller.run.packing import Member, Packer
+from controller.run.serve_jobs import (
+    Outcome,
+    Running,
+    SwarmGpus,
+    job_owner,
+    record_owner,
+    run_job_file,
+    run_pack,
+)
+from controller.run.shares import ShareBook
 
-__all__ = ["JOB_SUFFIXES", "SETTLE_SECONDS", "Inbox", "Outcome", "Server", "run_job_file"]
+__all__ = [
+    "JOB_SUFFIXES",
+    "SETTLE_SECONDS",
+    "Inbox",
+    "Outcome",
+    "Server",
+    "job_owner",
+    "record_owner",
+    "run_job_file",
+]
 
 MAX_STARTS = 3  # a file still in running/ after this many controller starts is moved to failed/
 RETRY_SECONDS = 30.0  # a job the swarm could not take (exit 69) waits this long in the inbox, then runs again
-MAX_REASON_CHARS = 20_000
-
-
-def kind(e: FfswarmError) -> str:
-    """The error's kind as reason files name it (one or many job-file errors are a JobFileError)."""
-    return "JobFileError" if isinstance(e, JobFileError) else type(e).__name__
-
-
-@dataclass(frozen=True)
-class Outcome:
-    ok: bool
-    reason: str | None
-    retry: bool = False  # the swarm could not take the job now (exit 69): try again later, not failed/
-
-
-def run_job_file(config: Config, path: Path, metrics: Metrics, book: ShareBook | None = None) -> Outcome:
-    """One job file, start to report, as `ffswarm submit FILE` would run it (continuing its run).
-    The reason names paths relative to the data root (inbox/running/NAME.yaml, hidden/in/a.jpg), as
-    whoever dropped the file knows them: neither this host's data root nor the container's /data.
-    ``book``: the GPU share book of the jobs this `serve` runs at once (controller/run/shares.py)."""
-    outcome = _run_job_file(config, path, metrics, book)
-    if outcome.reason is None:
-        return outcome
-    reason = printable(relative_text(outcome.reason, config.data_root), newlines=True)[:MAX_REASON_CHARS]
-    return dataclasses.replace(outcome, reason=reason)
-
-
-def job_owner(config: Config, claimed: Path) -> str | None:
-    """The tenant whose API job ``claimed`` is (its owner record names these very bytes), or None:
-    a CLI job."""
-    if not config.tenants:
-        return None
-    data = read_nofollow(claimed, config.policy.limits.job_file + 1)
-    if data is None:
-        return None
-    job = os.path.splitext(original_name(claimed.name))[0]
-    trusted = owners.trusted_uids(config.controller_ids()[0], int(config.runner_uid_gid().split(":")[0]))
-    return owners.owner_of(config.data_root, job, data, sorted(config.tenants), trusted)
-
-
-def record_owner(tenant: str) -> SinkFactory:
-    """Writes ``owner`` into the job's run folder (the controller's file) as soon as it exists."""
-
-    def make(rundir: RunDir, job: object) -> Callable[..., None]:
-        rundir.write_file(rundir.layout.owner, f"{tenant}\n".encode())
-        return lambda event, **fields: None
-
-    return make
-
-
-class SwarmGpus:
-    """The GPUs the swarm advertises on usable nodes, asked at most every ``every`` seconds; the last
-    answer while the engine does not answer (None before any: then only quotas limit)."""
-
-    def __init__(self, config: Config, every: float = 10.0) -> None:
-        self.config = config
-        self.every = every
-        self._at = -float("inf")
-        self._value: int | None = None
-        self._lock = threading.Lock()
-
-    def __call__(self) -> int | None:
-        with self._lock:
-            if time.monotonic() - self._at >= self.every:
-                self._at = time.monotonic()
-                try:
-                    nodes = DockerSwarm(self.config.docker_host).nodes()
-                    self._value = sum(n.gpus for n in nodes if n.usable)
-                except FfswarmError as e:
-                    log.get(component="serve").warning("gpus_not_counted", error=str(e))
-            return self._value
-
-
-def join_book(config: Config, book: ShareBook | None, job: PreparedJob, tenant: str | None) -> Share | None:
-    """The job's seat in the share book, when it reserves GPUs: its tenant's weight and quota.gpus."""
-    gpus = job.spec.resources.gpus
-    if book is None or gpus == 0:
-        return None
-    t = config.tenants.get(tenant) if tenant is not None else None
-    return book.join(job.job_id, tenant, t.weight if t else 1, t.quota.gpus if t else None, gpus)
-
-
-def _run_job_file(config: Config, path: Path, metrics: Metrics, book: ShareBook | None) -> Outcome:
-    share: Share | None = None
-    try:
-        tenant = job_owner(config, path)
-        # a bad file is refused before Docker is asked; a tenant's job is resolved inside its area
-        job = usecase.one_job(config, path) if tenant is None else usecase.one_job(config, path, tenant=tenant)
-        backend = DockerSwarm(config.docker_host)
-        backend.check_manager()
-        sinks: list[SinkFactory] = [lambda rundir, job: metrics.sink(rundir, job.spec.resources.gpus)]
-        if tenant is not None:
-            sinks.insert(0, record_owner(tenant))
-        share = join_book(config, book, job, tenant)
-        report = usecase.run(config, backend, job, sinks, share=share)
-    except CapacityError as e:
-        return Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}", retry=True)
-    except FfswarmError as e:
-        return Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}")
-    except Exception as e:  # one job's failure must not stop the controller or its other jobs
-        # the traceback goes to the controller's log, never into the reason file beside the job
-        log.get(component="serve", file=path.name).exception("job_file_internal_error")
-        return Outcome(False, f"internal error (exit 70): {type(e).__name__}; the controller's log has the details")
-    finally:
-        if share is not None:
-            share.leave()
-    if report.exit_code() == 0:
-        return Outcome(True, None)
-    return Outcome(False, "\n".join(summary(report, RunLayout.relative(report.job).report, max_failures=50)))
+PREPARE_AHEAD = 16  # with packing: files being read and planned at once (each then packed or run)
 
 
 class Server:
@@ -196,7 +93,12 @@ class Server:
         self.poll = poll
         # GPU slots shared between the jobs running at once, by tenant weight (controller/run/shares.py)
         self.book = ShareBook(SwarmGpus(config))
-        self.run = run or functools.partial(run_job_file, book=self.book)
+        # Small jobs packed into shared chunk services (controller/run/packing.py): then a job slot is
+        # taken by a job that runs alone or by a pack, and files are read ahead of the slots.
+        self.packer = Packer(config.packing, config.image) if config.packing.on else None
+        self.slots = threading.Semaphore(concurrent_jobs) if self.packer else None
+        running = Running(self.book, self.packer, self.slots)
+        self.run = run or functools.partial(run_job_file, running=running)
         self.retry_after = retry_after
         self.stop = threading.Event()
         self._active: dict[str, threading.Thread] = {}
@@ -217,11 +119,13 @@ class Server:
         def work() -> None:
             self.log.info("job_file_started", file=claimed.name)
             outcome = self.run(self.config, claimed, self.metrics)
+            if outcome.packed:  # the packer holds it now; its pack's thread ends it
+                self.log.info("job_file_packed", file=claimed.name)
+                return
             if outcome.retry:
-                self.inbox.put_back(claimed, self.retry_after)
-                self.log.warning(
-                    "job_file_deferred", file=claimed.name, reason=outcome.reason, seconds=self.retry_after
-                )
+                delay = self.retry_after if outcome.delay is None else outcome.delay
+                self.inbox.put_back(claimed, delay)
+                self.log.warning("job_file_deferred", file=claimed.name, reason=outcome.reason, seconds=delay)
                 return
             moved = self.inbox.finish(claimed, outcome.ok, outcome.reason)
             self.log.info("job_file_finished", file=claimed.name, ok=outcome.ok, moved_to=str(moved))
@@ -230,18 +134,46 @@ class Server:
         self._active[claimed.name] = thread
         thread.start()
 
+    def start_pack(self, members: list[Member]) -> None:
+        """A pack of held jobs in its own thread (it holds one job slot); each job's file is moved
+        to done/ or failed/ by its own outcome."""
+        assert self.slots is not None
+
+        def work() -> None:
+            try:
+                self.log.info("pack_started", jobs=len(members), files=[m.claimed.name for m in members])
+                outcomes = run_pack(self.config, members, self.metrics, self.book, self.inbox.path / "packs")
+            finally:
+                self.slots.release()  # type: ignore[union-attr]
+            for m in members:
+                outcome = outcomes[m.job.job_id]
+                if outcome.retry:
+                    self.inbox.put_back(m.claimed, self.retry_after)
+                    continue
+                moved = self.inbox.finish(m.claimed, outcome.ok, outcome.reason)
+                self.log.info("job_file_finished", file=m.claimed.name, ok=outcome.ok, moved_to=str(moved))
+
+        thread = threading.Thread(target=work, name=f"pack-{members[0].claimed.name}", daemon=True)
+        for m in members:
+            self._active[m.claimed.name] = thread
+        thread.start()
+
+    def _held(self) -> list[Path]:
+        """Files claimed and held: by a job or pack thread, or waiting in the packer."""
+        alive = [self.inbox.running / n for n, t in self._active.items() if t.is_alive()]
+        return alive + (self.packer.held() if self.packer else [])
+
     def _beat(self) -> None:
         """Tell `submit --detach` this inbox is served, and renew the lease of every file this
         controller runs; a failed write must not stop the controller."""
         try:
-            self.heartbeat.beat(sum(t.is_alive() for t in self._active.values()))
+            self.heartbeat.beat(len({id(t) for t in self._active.values() if t.is_alive()}))
         except OSError as e:
             self.log.warning("heartbeat_not_written", file=str(self.heartbeat.path), error=str(e))
-        for name, thread in list(self._active.items()):
-            if not thread.is_alive():
-                continue
+        for path in self._held():
+            name = path.name
             try:
-                if not self.inbox.renew(self.inbox.running / name):
+                if not self.inbox.renew(path):
                     self.log.error("job_file_lease_lost", file=name)
             except OSError as e:
                 self.log.warning("lease_not_renewed", file=name, error=e.strerror or type(e).__name__)
@@ -258,7 +190,8 @@ class Server:
     def _resume_expired(self) -> int:
         """Files in running/ whose controller is gone (lease expired): taken over and continued
         (beyond MAX_STARTS, once, to fail them); a live controller's are left alone."""
-        taken = [p for p in self.inbox.expired(time.time()) if p.name not in self._active]
+        held = {p.name for p in self._held()}
+        taken = [p for p in self.inbox.expired(time.time()) if p.name not in held]
         for claimed in taken:
             self.log.info("job_file_resumed", file=claimed.name)
             self.start_job(claimed)
@@ -274,7 +207,7 @@ class Server:
                 self._resume_expired()
                 beat_due = time.monotonic() + self.heartbeat.interval
             self._active = {k: t for k, t in self._active.items() if t.is_alive()}
-            free = self.concurrent_jobs - len(self._active)
+            free = self._launch_packs() if self.packer else self.concurrent_jobs - len(self._active)
             for path in self.inbox.waiting(time.time(), free) if free > 0 else ():  # a full server lists nothing
                 if free <= 0:
                     break
@@ -283,3 +216,16 @@ class Server:
                     self.start_job(taken)
                     free -= 1
             self.stop.wait(min(self.poll, max(beat_due - time.monotonic(), 0.05)))
+
+    def _launch_packs(self) -> int:
+        """Packs whose window has passed, each into a free job slot; then how many files to read
+        ahead (jobs being read and planned are not yet in a slot)."""
+        assert self.packer is not None and self.slots is not None
+        while self.slots.acquire(blocking=False):
+            due = self.packer.due(1)
+            if not due:
+                self.slots.release()
+                break
+            self.start_pack(due[0])
+        preparing = sum(1 for t in self._active.values() if t.name.startswith("job-") and t.is_alive())
+        return PREPARE_AHEAD - preparing

@@ -72,7 +72,15 @@ def tenant_settings() -> dict[str, dict[str, Any]]:
     return {}
 
 
-def _config(ws: Workspace, t: Tenants, secrets: Path, settings: dict[str, dict[str, Any]]) -> Path:
+@pytest.fixture
+def config_extra() -> dict[str, Any]:
+    """Cluster config keys beyond the dev config's (packing …); a test module overrides it."""
+    return {}
+
+
+def _config(
+    ws: Workspace, t: Tenants, secrets: Path, settings: dict[str, dict[str, Any]], extra: dict[str, Any]
+) -> Path:
     """The dev config plus an API (signed links that expire soon) and the two tenants."""
     (secrets / "api").write_bytes(b"integration-signing-key-" + ws.job.encode())
     data = yaml.safe_load(CONFIG.read_text())
@@ -81,6 +89,7 @@ def _config(ws: Workspace, t: Tenants, secrets: Path, settings: dict[str, dict[s
         name: {"api_keys_sha256": [hashlib.sha256(key.encode()).hexdigest()], **settings.get(name, {})}
         for name, key in t.keys.items()
     }
+    data.update(extra)
     path = secrets / "ffswarm.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -93,8 +102,9 @@ def api(
     tmp_path: Path,
     swarm: DockerSwarm,
     tenant_settings: dict[str, dict[str, Any]],
+    config_extra: dict[str, Any],
 ) -> Iterator[Api]:
-    config = _config(workspace, tenants, tmp_path, tenant_settings)
+    config = _config(workspace, tenants, tmp_path, tenant_settings, config_extra)
     inbox = workspace.root / "inbox"
     serve = Serve(inbox, free_port())
     serve_log = tmp_path / "serve.log"

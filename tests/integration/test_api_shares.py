@@ -21,6 +21,7 @@ from tests.fixtures import photos
 from tests.integration.conftest import Workspace
 from tests.integration.test_api import Api, Tenants
 from tests.integration.test_api import api as api  # noqa: F401  (the fixtures)
+from tests.integration.test_api import config_extra as config_extra  # noqa: F401
 from tests.integration.test_api import tenants as tenants  # noqa: F401
 
 pytestmark = pytest.mark.integration

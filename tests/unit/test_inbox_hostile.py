@@ -228,7 +228,7 @@ def test_serve_leaves_a_live_controllers_running_file_alone_and_fails_a_symlink(
 
 
 def test_serve_never_writes_a_traceback_into_a_reason(tmp_path: Path) -> None:
-    from controller.run import serve
+    from controller.run import serve, usecase
 
     inbox = _inbox(tmp_path)
     job = inbox.path / "a.yaml"
@@ -241,7 +241,7 @@ def test_serve_never_writes_a_traceback_into_a_reason(tmp_path: Path) -> None:
         raise RuntimeError(f"secret detail {SECRET}")
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(serve.usecase, "one_job", boom)
+    mp.setattr(usecase, "one_job", boom)
     try:
         outcome = serve.run_job_file(_config(tmp_path), claimed, Metrics())
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,8 @@ def _handed_over(tmp_path: Path, tenant: str = "acme") -> tuple[Config, str, Pat
     job = submit.submit_json(config, config.tenants[tenant], area, data).job
     inbox = Inbox(config.data_root / "inbox")
     inbox.ensure()
+    settled = time.time() - 10  # serve claims only a file that has settled
+    os.utime(inbox.path / f"{job}.yaml", (settled, settled))
     claimed = inbox.claim(inbox.path / f"{job}.yaml")
     assert claimed is not None
     return config, job, claimed

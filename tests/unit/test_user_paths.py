@@ -17,7 +17,7 @@ from controller.config import Config, parse_config
 from controller.errors import MissingInputError
 from controller.job.paths import relative_text
 from controller.job.plan import TargetRef, make_plan
-from controller.run import serve, usecase
+from controller.run import serve, serve_jobs, usecase
 from controller.run.chunks import ChunkRun
 from controller.run.failures import ChunkState, last_words
 from controller.run.metrics import Metrics
@@ -117,10 +117,10 @@ def test_a_serve_reason_file_names_paths_relative_to_the_data_root(
         def resolve_image(self, ref: str) -> str:
             return ref
 
-    job = SimpleNamespace(spec=SimpleNamespace(image="img", resources=SimpleNamespace(gpus=0)))
-    monkeypatch.setattr(serve, "DockerSwarm", Backend)
+    job = SimpleNamespace(job_id="j-new", spec=SimpleNamespace(image="img", resources=SimpleNamespace(gpus=0)))
+    monkeypatch.setattr(serve_jobs, "DockerSwarm", Backend)
     monkeypatch.setattr(usecase, "one_job", lambda config, path: job)
-    monkeypatch.setattr(usecase, "run", lambda *args: report)
+    monkeypatch.setattr(usecase, "run", lambda *args, **kwargs: report)
     outcome = serve.run_job_file(config, claimed, Metrics())
     assert not outcome.ok and outcome.reason is not None
     assert outcome.reason.splitlines() == [

@@ -1,0 +1,306 @@
+"""A pack: small jobs run together as one pairs job, each job still its own (controller/run/packing.py).
+
+The pack is an ordinary job with its own run folder (``runs/pack-<id>/``): a pairs job whose every
+target swaps in its own job's person and writes its own job's output, planned, retried and resumed
+like any other; its ``members.json`` says which job each of its items belongs to. Each packed job
+keeps a run folder of its own, created with its own plan and a ``packed`` file naming the pack. While
+the pack runs, each result line of the pack is copied into the packed job's results file under the
+job's own item id, so that everything that reads a job (status, the API's events, report, results.zip)
+reads the packed job exactly like one that ran alone. When the pack ends, each job gets its own
+report and on_complete, and `serve` moves each job's inbox file to done/ or failed/.
+
+A packed job cancelled while its pack runs ends at once as cancelled (its report says which items
+were not done); the pack goes on for the other jobs, and items of the cancelled job already in a
+running chunk may still be committed (as a cancelled job's committed outputs are kept anyway).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from contract.identity_table import identity_id
+from controller import log
+from controller.config import Config
+from controller.errors import FfswarmError
+from controller.job.files import parse_job_text
+from controller.job.plan import AUTO_MAX_CHUNK, Plan, TargetRef, item_id, make_plan
+from controller.job.resolve import ResolvedJob, Target
+from controller.run import job_lease, usecase
+from controller.run.chunks import ChunkRun
+from controller.run.failures import ChunkState
+from controller.run.fold import Fold
+from controller.run.hooks import on_complete, results_link
+from controller.run.jobs import PreparedJob, open_run, owner
+from controller.run.packing import Member
+from controller.run.report import Report, build_report
+from controller.run.rundir import Control, RunDir, Stage, read_nofollow
+from controller.run.shares import Share
+from controller.run.usecase import SinkFactory
+from controller.swarm.backend import SwarmBackend
+
+# Keys of a job file that are each job's own, never the pack's
+OWN_KEYS = {"name", "source", "targets", "pairs", "pairs_file", "output", "on_complete", "reference",
+            "retries", "timeout", "max_concurrent", "chunk_size"}  # fmt: skip
+CHUNK = "c0000"  # a packed job's one chunk, as its own run folder plans it
+TICK = 1.0  # seconds between copies of the pack's results into its jobs' folders
+MAX_MEMBERS_BYTES = 64 * 1024**2
+
+
+def new_pack_id() -> str:
+    return "pack-" + base64.b32encode(os.urandom(5)).decode().lower()
+
+
+def build(
+    config: Config, members: Sequence[Member], pack_id: str, folder: Path, parallel: int
+) -> tuple[PreparedJob, dict[str, Any]]:
+    """The pack as a prepared pairs job, written to ``folder/<pack_id>.yaml``, and its members record."""
+    people: dict[tuple[str, ...], int] = {}
+    identities: list[tuple[Path, ...]] = []
+    targets: list[Target] = []
+    refs: list[TargetRef] = []
+    pairs: list[dict[str, Any]] = []
+    record: dict[str, Any] = {}
+    for m in members:
+        r = m.job.resolved
+        assert r is not None
+        persons = r.identities or (r.sources,)
+        items: dict[str, str] = {}
+        for k, t in enumerate(r.targets):
+            person = persons[t.identity if r.identities and t.identity is not None else 0]
+            key = tuple(str(p) for p in person)
+            if key not in people:
+                people[key] = len(identities)
+                identities.append(person)
+            idx, n = people[key], len(targets)
+            targets.append(dataclasses.replace(t, index=n, identity=idx))
+            refs.append(TargetRef(t.rel, t.output_rel, t.kind.value, identity=identity_id(idx)))
+            items[item_id(n)] = m.job.plan.items[k].id
+            escaped = t.output_rel.replace("{", "{{").replace("}", "}}")
+            pairs.append({"source": [_rel(config, p) for p in person], "target": t.rel, "output": escaped})
+        record[m.job.job_id] = {"tenant": m.tenant, "items": items}
+    first = members[0].job
+    base = yaml.safe_load(first.file.read_bytes())
+    text = yaml.safe_dump(
+        {
+            **{k: v for k, v in (base if isinstance(base, dict) else {}).items() if k not in OWN_KEYS},
+            "name": pack_id,
+            "pairs": pairs,
+            "retries": max(m.job.spec.retries for m in members),
+            "timeout": max(m.job.spec.timeout for m in members),
+            "max_concurrent": max(m.job.spec.max_concurrent for m in members),
+        },
+        sort_keys=False,
+    )
+    folder.mkdir(mode=0o755, exist_ok=True)
+    file = folder / f"{pack_id}.yaml"
+    file.write_text(text)
+    spec = parse_job_text(text, str(file))
+    sources = tuple(dict.fromkeys(p for person in identities for p in person))
+    resolved = ResolvedJob(sources=sources, reference=None, targets=tuple(targets), identities=tuple(identities))
+    plan = make_plan(pack_id, refs, "auto", parallel, AUTO_MAX_CHUNK)
+    folders = tuple(sorted({f for m in members for f in m.job.folders}))
+    return PreparedJob(file, spec, resolved, plan, pack_id, folders), record
+
+
+def _rel(config: Config, p: Path) -> str:
+    return Path(p).relative_to(config.data_root).as_posix()
+
+
+def pack_of(rundir: RunDir) -> str | None:
+    """The pack a job's run folder says it runs in (None: it runs alone)."""
+    raw = read_nofollow(rundir.layout.packed, 256)
+    text = raw.decode("ascii", "replace").strip() if raw else ""
+    return text if text.startswith("pack-") and text.replace("-", "").isalnum() else None
+
+
+def read_members(rundir: RunDir) -> dict[str, Any]:
+    raw = rundir.read_file(rundir.layout.members, MAX_MEMBERS_BYTES)
+    data = json.loads(raw) if raw else None
+    if not isinstance(data, dict):
+        raise ValueError(f"{rundir.rel(rundir.layout.members)}: not a members record")
+    return data
+
+
+@dataclass
+class _Job:
+    """One packed job while its pack runs."""
+
+    rundir: RunDir
+    spec: Any
+    plan: Plan
+    items: dict[str, str]  # pack item -> this job's item
+    lease: job_lease.Lease | None = None
+    copied: int = -1  # result lines last written
+    report: Report | None = None
+
+
+class PackRun:
+    """Runs a pack (new or resumed) and keeps its jobs' folders up to date; ``outcomes`` maps each
+    job to its report once the pack has ended."""
+
+    def __init__(self, config: Config, backend: SwarmBackend, pack: RunDir, jobs: dict[str, _Job]) -> None:
+        self.config, self.backend, self.pack = config, backend, pack
+        self.jobs = jobs
+        self.log = log.get(job=pack.job, component="pack")
+        self._stop = threading.Event()
+        self._beat = 0.0
+        self.image = ""
+
+    # -- copying results ---------------------------------------------------------------------------
+    def tick(self, plan: Plan) -> None:
+        fold = Fold.read(plan, self.pack)
+        for job in self.jobs.values():
+            if job.report is not None:
+                continue
+            if job.rundir.control().cancel:
+                self.finish(job, plan, cancelled=True)
+                continue
+            lines = []
+            for pack_item, own in job.items.items():
+                r = fold.result(pack_item)
+                if r is not None:
+                    lines.append(dataclasses.replace(r, item=own, attempt=1).to_line())
+            if len(lines) != job.copied:
+                path = job.rundir.layout.results(CHUNK, 1)
+                job.rundir.write_file(path, "".join(line + "\n" for line in lines).encode())
+                job.copied = len(lines)
+        if time.monotonic() - self._beat >= job_lease.INTERVAL:
+            self._beat = time.monotonic()
+            for job in self.jobs.values():
+                if job.lease is not None and job.report is None:
+                    job.lease.renew()
+
+    def _copier(self, plan: Plan) -> None:
+        while not self._stop.wait(TICK):
+            try:
+                self.tick(plan)
+            except (OSError, ValueError, FfswarmError) as e:  # the next tick tries again
+                self.log.warning("pack_copy_failed", error=str(e))
+
+    # -- a job's end ---------------------------------------------------------------------------------
+    def finish(self, job: _Job, plan: Plan, cancelled: bool = False, chunks: dict[str, ChunkRun] | None = None) -> None:
+        fold = Fold.read(job.plan, job.rundir)
+        missing = [i for i in job.plan.items if fold.result(i.id) is None]
+        run = ChunkRun(CHUNK)
+        if not missing:
+            run.state = ChunkState.DONE
+        elif cancelled:
+            run.state = ChunkState.CANCELLED
+        else:
+            run.state, run.reason = ChunkState.FAILED, _why(job, plan, chunks or {}, {i.id for i in missing})
+        job.rundir.enter(Stage.REPORT)
+        started = job.lease.started if job.lease else time.time()
+        report = build_report(job.plan, job.rundir, {CHUNK: run}, self.image, started)
+        path = job.rundir.write_report(report.to_dict())
+        hooks = job.spec.on_complete
+        if hooks.webhook or hooks.hook:
+            job.rundir.enter(Stage.HOOKS)
+            link = results_link(self.config.data_root, job.rundir.job, self.config.tenants, self.config.api)
+            extra = link if hooks.webhook else {}
+            report = dataclasses.replace(
+                report, hooks=on_complete(self.config.policy, hooks, report.to_dict(), path, extra)
+            )
+            job.rundir.write_report(report.to_dict())
+        job.rundir.enter(Stage.ENDED)
+        job.report = report
+        if job.lease is not None:
+            job.lease.release()
+        self.log.info("packed_job_finished", packed=job.rundir.job, **vars(report.counts))
+
+    # -- the pack ------------------------------------------------------------------------------------
+    def run(self, start: Callable[[], Report]) -> dict[str, Report]:
+        plan = self.pack.plan()
+        self.image = self.pack.image()
+        for job in self.jobs.values():
+            job.lease = job_lease.Lease(job.rundir)
+            job.lease.acquire()
+            job.rundir.enter(Stage.CHUNKS)
+        copier = threading.Thread(target=self._copier, args=(plan,), name=f"copy-{self.pack.job}", daemon=True)
+        copier.start()
+        try:
+            report = start()
+        finally:
+            self._stop.set()
+            copier.join(TICK + 5)
+        chunks = _chunk_runs(self.pack)
+        self.tick(plan)
+        for job in self.jobs.values():
+            if job.report is None:
+                self.finish(job, plan, cancelled=report.counts.cancelled > 0, chunks=chunks)
+        return {name: job.report for name, job in self.jobs.items() if job.report is not None}
+
+
+def _chunk_runs(pack: RunDir) -> dict[str, ChunkRun]:
+    """The pack's chunks as its watch last recorded them (state and reason), for a job's failures."""
+    state = pack.state() or {}
+    out: dict[str, ChunkRun] = {}
+    for cid, c in (state.get("chunks") or {}).items():
+        if isinstance(c, dict) and isinstance(c.get("state"), str):
+            try:
+                out[cid] = ChunkRun(cid, state=ChunkState(c["state"]), reason=c.get("reason"))
+            except ValueError:
+                continue
+    return out
+
+
+def _why(job: _Job, plan: Plan, chunks: dict[str, ChunkRun], missing: set[str]) -> str:
+    mine = {p for p, own in job.items.items() if own in missing}
+    for chunk in plan.chunks:
+        run = chunks.get(chunk.id)
+        if mine & set(chunk.items) and run is not None and run.reason:
+            return f"{run.reason} (in pack {plan.job}, chunk {chunk.id})"
+    return f"no result recorded in pack {plan.job}"
+
+
+def start(
+    config: Config,
+    backend: SwarmBackend,
+    members: Sequence[Member],
+    folder: Path,
+    parallel: int,
+    sinks: Sequence[SinkFactory] = (),
+    share: Share | None = None,
+) -> dict[str, Report]:
+    """Make the pack and its jobs' folders, then run it to its end; each job's report."""
+    pack_id = new_pack_id()
+    prepared, record = build(config, members, pack_id, folder, parallel)
+    pack, _ = usecase.open_or_start(config, backend, prepared)
+    pack.write_file(pack.layout.members, json.dumps(record).encode())
+    image = pack.image()
+    jobs: dict[str, _Job] = {}
+    for m in members:
+        rundir = RunDir(config.data_root, m.job.job_id, owner(config), config.controller_ids())
+        rundir.write_file(rundir.layout.packed, f"{pack_id}\n".encode())  # first: the pack it belongs to
+        if m.tenant is not None:
+            rundir.write_file(rundir.layout.owner, f"{m.tenant}\n".encode())
+        if not rundir.exists():
+            rundir.create(m.job.file.read_bytes(), m.job.plan, {}, Control(m.job.spec.max_concurrent), image)
+        jobs[m.job.job_id] = _Job(rundir, m.job.spec, m.job.plan, record[m.job.job_id]["items"])
+    runner = PackRun(config, backend, pack, jobs)
+    return runner.run(lambda: usecase.run(config, backend, prepared, sinks, share=share))
+
+
+def resume(config: Config, backend: SwarmBackend, pack_id: str, sinks: Sequence[SinkFactory] = ()) -> dict[str, Report]:
+    """A pack whose controller stopped: continued from its run folder, its jobs' folders as they are."""
+    pack = RunDir(config.data_root, pack_id, owner(config), config.controller_ids())
+    record = read_members(pack)
+    jobs: dict[str, _Job] = {}
+    for name, entry in record.items():
+        rundir = RunDir(config.data_root, name, owner(config), config.controller_ids())
+        if rundir.report() is not None:  # ended with the earlier controller: nothing left to do
+            continue
+        prepared, _ = open_run(config, name)
+        jobs[name] = _Job(rundir, prepared.spec, prepared.plan, dict(entry["items"]))
+    runner = PackRun(config, backend, pack, jobs)
+    return runner.run(lambda: usecase.resume(config, backend, pack_id, sinks))

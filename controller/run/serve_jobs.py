@@ -1,0 +1,238 @@
+"""How `serve` runs one job file, or a pack of small ones (controller/run/serve.py is the inbox loop).
+
+A file the HTTP API handed over (controller/api/submit.py) is a tenant's job when the API's owner
+record claims it for exactly the bytes claimed (controller/job/owners.py): it is resolved inside
+that tenant's area alone, and its run folder records ``owner``. Any other file is a CLI job, whose
+outputs never enter ``tenants/``. Jobs share the swarm's GPUs by tenant weight (controller/run/shares.py);
+small ones may be packed together (controller/run/packing.py, packs.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from contract.layout import RunLayout
+from controller import log
+from controller.config import Config
+from controller.errors import CapacityError, FfswarmError, JobFileError
+from controller.job import owners
+from controller.job.paths import relative_text
+from controller.redact import printable
+from controller.run import packs, usecase
+from controller.run.inbox import original_name
+from controller.run.jobs import PreparedJob
+from controller.run.metrics import Metrics
+from controller.run.packing import Member, Packer
+from controller.run.report import Report, summary
+from controller.run.rundir import RunDir, read_nofollow
+from controller.run.shares import Share, ShareBook
+from controller.run.usecase import SinkFactory
+from controller.swarm.docker import DockerSwarm
+
+MAX_REASON_CHARS = 20_000
+
+
+def kind(e: FfswarmError) -> str:
+    """The error's kind as reason files name it (one or many job-file errors are a JobFileError)."""
+    return "JobFileError" if isinstance(e, JobFileError) else type(e).__name__
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    reason: str | None
+    retry: bool = False  # the swarm could not take the job now (exit 69): try again later, not failed/
+    packed: bool = False  # held for a pack: the packer has the file now (controller/run/packing.py)
+    delay: float | None = None  # with retry: seconds before it is looked at again (None: the server's)
+
+
+@dataclass(frozen=True)
+class Running:
+    """What `serve` lends a job file's run: the GPU share book, the packer (None: packing off) and
+    the job slots (a job that cannot pack takes one, or waits in the inbox)."""
+
+    book: ShareBook | None = None
+    packer: Packer | None = None
+    slots: threading.Semaphore | None = None
+
+
+SLOT_WAIT_SECONDS = 2.0  # a job that cannot pack, while every job slot is busy, waits this long
+
+
+def run_job_file(
+    config: Config, path: Path, metrics: Metrics, book: ShareBook | None = None, running: Running | None = None
+) -> Outcome:
+    """One job file, start to report, as `ffswarm submit FILE` would run it (continuing its run).
+    The reason names paths relative to the data root (inbox/running/NAME.yaml, hidden/in/a.jpg), as
+    whoever dropped the file knows them: neither this host's data root nor the container's /data.
+    ``book``: the GPU share book of the jobs this `serve` runs at once (controller/run/shares.py)."""
+    return _shown(config, _run_job_file(config, path, metrics, running or Running(book)))
+
+
+def _shown(config: Config, outcome: Outcome) -> Outcome:
+    if outcome.reason is None:
+        return outcome
+    reason = printable(relative_text(outcome.reason, config.data_root), newlines=True)[:MAX_REASON_CHARS]
+    return dataclasses.replace(outcome, reason=reason)
+
+
+def report_outcome(report: Report) -> Outcome:
+    if report.exit_code() == 0:
+        return Outcome(True, None)
+    return Outcome(False, "\n".join(summary(report, RunLayout.relative(report.job).report, max_failures=50)))
+
+
+def job_owner(config: Config, claimed: Path) -> str | None:
+    """The tenant whose API job ``claimed`` is (its owner record names these very bytes), or None:
+    a CLI job."""
+    if not config.tenants:
+        return None
+    data = read_nofollow(claimed, config.policy.limits.job_file + 1)
+    if data is None:
+        return None
+    job = os.path.splitext(original_name(claimed.name))[0]
+    trusted = owners.trusted_uids(config.controller_ids()[0], int(config.runner_uid_gid().split(":")[0]))
+    return owners.owner_of(config.data_root, job, data, sorted(config.tenants), trusted)
+
+
+def record_owner(tenant: str) -> SinkFactory:
+    """Writes ``owner`` into the job's run folder (the controller's file) as soon as it exists."""
+
+    def make(rundir: RunDir, job: object) -> Callable[..., None]:
+        rundir.write_file(rundir.layout.owner, f"{tenant}\n".encode())
+        return lambda event, **fields: None
+
+    return make
+
+
+class SwarmGpus:
+    """The GPUs the swarm advertises on usable nodes, asked at most every ``every`` seconds; the last
+    answer while the engine does not answer (None before any: then only quotas limit)."""
+
+    def __init__(self, config: Config, every: float = 10.0) -> None:
+        self.config = config
+        self.every = every
+        self._at = -float("inf")
+        self._value: int | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int | None:
+        with self._lock:
+            if time.monotonic() - self._at >= self.every:
+                self._at = time.monotonic()
+                try:
+                    nodes = DockerSwarm(self.config.docker_host).nodes()
+                    self._value = sum(n.gpus for n in nodes if n.usable)
+                except FfswarmError as e:
+                    log.get(component="serve").warning("gpus_not_counted", error=str(e))
+            return self._value
+
+
+def join_book(config: Config, book: ShareBook | None, job: PreparedJob, tenant: str | None) -> Share | None:
+    """The job's seat in the share book, when it reserves GPUs: its tenant's weight and quota.gpus."""
+    gpus = job.spec.resources.gpus
+    if book is None or gpus == 0:
+        return None
+    t = config.tenants.get(tenant) if tenant is not None else None
+    return book.join(job.job_id, tenant, t.weight if t else 1, t.quota.gpus if t else None, gpus)
+
+
+def _run_job_file(config: Config, path: Path, metrics: Metrics, running: Running) -> Outcome:
+    share: Share | None = None
+    slot = False
+    try:
+        tenant = job_owner(config, path)
+        # a bad file is refused before Docker is asked; a tenant's job is resolved inside its area
+        job = usecase.one_job(config, path) if tenant is None else usecase.one_job(config, path, tenant=tenant)
+        rundir = RunDir(config.data_root, job.job_id)
+        pack = packs.pack_of(rundir) if rundir.exists() else None
+        if pack is not None and RunDir(config.data_root, pack).exists():
+            return _packed_again(config, rundir, pack, metrics)
+        if running.packer is not None and not rundir.exists() and running.packer.offer(Member(path, job, tenant)):
+            return Outcome(True, None, packed=True)
+        if running.slots is not None:
+            if not running.slots.acquire(blocking=False):
+                return Outcome(False, "every job slot is busy", retry=True, delay=SLOT_WAIT_SECONDS)
+            slot = True
+        backend = DockerSwarm(config.docker_host)
+        backend.check_manager()
+        sinks: list[SinkFactory] = [lambda rundir, job: metrics.sink(rundir, job.spec.resources.gpus)]
+        if tenant is not None:
+            sinks.insert(0, record_owner(tenant))
+        share = join_book(config, running.book, job, tenant)
+        report = usecase.run(config, backend, job, sinks, share=share)
+    except CapacityError as e:
+        return Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}", retry=True)
+    except FfswarmError as e:
+        return Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}")
+    except Exception as e:  # one job's failure must not stop the controller or its other jobs
+        # the traceback goes to the controller's log, never into the reason file beside the job
+        log.get(component="serve", file=path.name).exception("job_file_internal_error")
+        return Outcome(False, f"internal error (exit 70): {type(e).__name__}; the controller's log has the details")
+    finally:
+        if share is not None:
+            share.leave()
+        if slot and running.slots is not None:
+            running.slots.release()
+    return report_outcome(report)
+
+
+def _packed_again(config: Config, rundir: RunDir, pack: str, metrics: Metrics) -> Outcome:
+    """A packed job's file claimed again (its controller stopped): the job ended with its pack, or
+    the pack is continued here (its other jobs end with it; their files find their reports)."""
+    done = rundir.report()
+    if done is None:
+        backend = DockerSwarm(config.docker_host)
+        backend.check_manager()
+        reports = packs.resume(config, backend, pack, [lambda r, j: metrics.sink(r, j.spec.resources.gpus)])
+        if rundir.job in reports:
+            return report_outcome(reports[rundir.job])
+        done = rundir.report()
+    counts = (done or {}).get("counts") or {}
+    if not any(counts.get(k) for k in ("failed", "cancelled", "chunks_failed", "chunks_cancelled")):
+        return Outcome(True, None)
+    return Outcome(
+        False, f"job {rundir.job} ended with failures (in {pack}): see {RunLayout.relative(rundir.job).report}"
+    )
+
+
+def run_pack(
+    config: Config, members: Sequence[Member], metrics: Metrics, book: ShareBook | None, folder: Path
+) -> dict[str, Outcome]:
+    """Small jobs as one pack, to its end: each job's outcome for its inbox file."""
+    share: Share | None = None
+    names = [m.job.job_id for m in members]
+    try:
+        backend = DockerSwarm(config.docker_host)
+        backend.check_manager()
+        first = members[0].job
+        gpus = first.spec.resources.gpus
+        total = book.total() if book is not None else None
+        slots = first.spec.max_concurrent if not gpus or total is None else max(1, total // gpus)
+        parallel = max(1, min(max(m.job.spec.max_concurrent for m in members), slots))
+        tenants = {m.tenant for m in members}
+        pack_tenant = tenants.pop() if len(tenants) == 1 else None
+        if book is not None and gpus:
+            t = config.tenants.get(pack_tenant) if pack_tenant is not None else None
+            share = book.join(f"pack:{names[0]}", pack_tenant, t.weight if t else 1, t.quota.gpus if t else None, gpus)
+        sink: SinkFactory = lambda rundir, job: metrics.sink(rundir, job.spec.resources.gpus)  # noqa: E731
+        reports = packs.start(config, backend, members, folder, parallel, [sink], share)
+    except CapacityError as e:
+        return {n: Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}", retry=True) for n in names}
+    except FfswarmError as e:
+        return {n: _shown(config, Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}")) for n in names}
+    except Exception as e:
+        log.get(component="serve", pack=names[0]).exception("pack_internal_error")
+        why = f"internal error (exit 70): {type(e).__name__}; the controller's log has the details"
+        return {n: Outcome(False, why) for n in names}
+    finally:
+        if share is not None:
+            share.leave()
+    missing = Outcome(False, "the pack ended without this job's report; the controller's log has the details")
+    return {n: _shown(config, report_outcome(reports[n])) if n in reports else missing for n in names}

@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""Many small requests end to end on the dev swarm: one-photo jobs offered through `ffswarm api` at a
+steady rate, run by `ffswarm serve`, side by side in one run:
+
+  ceiling  one job holding all N pairs (each its own source and target), posted at once;
+  packed   N one-photo requests at --rate per second, `serve` packing them (packing.max_items 50);
+  alone    M one-photo requests at the same rate, `serve` without packing: every request its own
+           identity step and chunk service (the path before packing; M is small because it is slow).
+
+For each: completed requests/s (requests / from the first post to the last report) and the p50/p99
+end-to-end latency (post → the job's report.json written). Every request has its own source photo
+(from a pool of 40 faces) and target photo.
+
+    scripts/dev-swarm.sh   # first: the dev swarm, its config (ffswarm.yaml) and data root
+    .venv/bin/python scripts/bench_small.py                       # N=1000 at 10/s, M=30
+    .venv/bin/python scripts/bench_small.py --requests 200 --alone 20
+
+Bounded and loopback only: its own tenant under the dev data root (removed at the end, with every
+run folder it made), an API on 127.0.0.1, at most 5,000 requests, a deadline per phase. Uses the
+Docker engine (run it alone: `flock -o /tmp/ffswarm-docker.lock …` beside tests). Results:
+benchmarks/RESULTS.md (B-small).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from scripts.bench_api import free_port  # noqa: E402
+from tests.fixtures import photos  # noqa: E402
+
+KEY = "bench-small-key"
+OPTIONS = {"providers": ["cpu"], "resources": {"gpus": 1, "gpu_kind": "GPU", "memory": "2g"}, "retries": 1}
+POOL = 40
+
+
+def pct(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+class Bench:
+    def __init__(self, tmp: Path, dev_config: Path) -> None:
+        base = yaml.safe_load(dev_config.read_text())
+        self.root = Path(base["data_root"])
+        self.tenant = "bench-" + os.urandom(3).hex()
+        self.area = self.root / "tenants" / self.tenant
+        tenants = {self.tenant: {"api_keys_sha256": [hashlib.sha256(KEY.encode()).hexdigest()],
+                                 "quota": {"jobs_queued": 100_000}}}  # fmt: skip
+        self.configs = {}
+        for name, packing in (("alone", None), ("packed", {"max_items": 50, "window": "1s"})):
+            data = {**base, "tenants": tenants, **({"packing": packing} if packing else {})}
+            self.configs[name] = tmp / f"{name}.yaml"
+            self.configs[name].write_text(yaml.safe_dump(data))
+        self.tmp = tmp
+        self.jobs: list[str] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: str, config: str = "alone") -> subprocess.Popen[bytes]:
+        cmd = [sys.executable, "-m", "controller.cli", "--config", str(self.configs[config]), *args]
+        log = open(self.tmp / f"{args[0]}-{config}.log", "ab")  # noqa: SIM115  (the child keeps it)
+        p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
+        self.procs.append(p)
+        return p
+
+    def photos(self) -> tuple[list[str], list[str]]:
+        faces = photos.face_photos(self.tmp / "faces", POOL * 2)
+        (self.area / "in").mkdir(parents=True, exist_ok=True)
+        for p in faces:
+            shutil.copy(p, self.area / "in" / p.name)
+        st = self.root.stat()  # the runner's uid:gid (dev-swarm.sh gives it the data root)
+        uid, gid = st.st_uid, st.st_gid
+        for f in [self.area / "in", *(self.area / "in").iterdir()]:
+            os.chown(f, uid, gid)
+        names = [f"in/{p.name}" for p in faces]
+        return names[:POOL], names[POOL:]
+
+    def finished(self, job: str) -> float | None:
+        try:
+            return (self.root / "runs" / job / "report.json").stat().st_mtime
+        except FileNotFoundError:
+            return None
+
+    async def offer(self, url: str, bodies: list[dict[str, Any]], rate: float) -> list[tuple[str, float]]:
+        """Each body posted at its time (rate per second); (job id, wall time of the post)."""
+        out: list[tuple[str, float]] = []
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as http:
+            t0 = time.monotonic()
+
+            async def one(n: int, body: dict[str, Any]) -> None:
+                await asyncio.sleep(max(0.0, t0 + n / rate - time.monotonic()))
+                posted = time.time()
+                r = await http.post("/v1/jobs", json=body)
+                if r.status_code != 202:
+                    raise SystemExit(f"post {n}: {r.status_code} {r.text[:300]}")
+                out.append((r.json()["id"], posted))
+
+            await asyncio.gather(*(one(n, b) for n, b in enumerate(bodies)))
+        return out
+
+    def wait(self, posted: list[tuple[str, float]], deadline: float) -> dict[str, float]:
+        done: dict[str, float] = {}
+        self.jobs += [j for j, _ in posted]
+        while len(done) < len(posted):
+            for job, _ in posted:
+                if job not in done and (t := self.finished(job)) is not None:
+                    done[job] = t
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{len(posted) - len(done)} of {len(posted)} requests unfinished at the deadline")
+            time.sleep(0.3)
+        return done
+
+    def phase(self, name: str, url: str, bodies: list[dict[str, Any]], rate: float, limit: float) -> dict[str, float]:
+        serve = self.start(
+            "serve", "--concurrent-jobs", "4", "--poll", "0.3", config=name if name != "ceiling" else "alone"
+        )
+        time.sleep(3)  # its heartbeat: the API hands jobs only to a live serve
+        try:
+            posted = asyncio.run(self.offer(url, bodies, rate))
+            done = self.wait(posted, time.monotonic() + limit)
+        finally:
+            serve.send_signal(signal.SIGTERM)
+            serve.wait(60)
+        first = min(t for _, t in posted)
+        lat = [done[j] - t for j, t in posted]
+        items = sum(len(b.get("pairs", [])) or 1 for b in bodies)
+        return {"items": items, "per_s": items / (max(done.values()) - first), "p50": pct(lat, 50), "p99": pct(lat, 99)}
+
+    def clean(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+        packs = {(self.root / "runs" / j / "packed").read_text().strip() for j in self.jobs
+                 if (self.root / "runs" / j / "packed").is_file()}  # fmt: skip
+        for job in [*self.jobs, *packs]:
+            shutil.rmtree(self.root / "runs" / job, ignore_errors=True)
+            (self.root / "inbox" / "packs" / f"{job}.yaml").unlink(missing_ok=True)
+            for sub in ("done", "failed"):
+                for p in (self.root / "inbox" / sub).glob(f"{job}.yaml*"):
+                    p.unlink(missing_ok=True)
+        shutil.rmtree(self.area, ignore_errors=True)
+        shutil.rmtree(self.root / "tenants" / ".jobs" / self.tenant, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--alone", type=int, default=30)
+    ap.add_argument("--rate", type=float, default=10.0)
+    ap.add_argument("--config", type=Path, default=REPO / "ffswarm.yaml")
+    a = ap.parse_args()
+    if not (1 <= a.requests <= 5000 and 1 <= a.alone <= 500 and 0.1 <= a.rate <= 200):
+        ap.error("--requests 1..5000, --alone 1..500, --rate 0.1..200")
+    with tempfile.TemporaryDirectory(prefix="ffswarm-bench-small-") as tmp:
+        bench = Bench(Path(tmp), a.config)
+        try:
+            port = free_port()
+            api = bench.start("api", "--listen", f"127.0.0.1:{port}")
+            url = f"http://127.0.0.1:{port}"
+            for _ in range(100):
+                try:
+                    if httpx.get(f"{url}/v1/jobs", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200:
+                        break  # up, and the tenant's area made
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.2)
+            assert api.poll() is None
+            sources, targets = bench.photos()
+
+            def one(n: int) -> dict[str, Any]:
+                return {**OPTIONS, "name": "s", "source": sources[n % POOL], "targets": [targets[(n * 7) % POOL]]}
+
+            pairs = [{"source": sources[n % POOL], "target": targets[(n * 7) % POOL],
+                      "output": f"out/ceiling/{n:05d}.jpg"} for n in range(a.requests)]  # fmt: skip
+            rows = {
+                "ceiling": bench.phase("ceiling", url, [{**OPTIONS, "name": "ceiling", "pairs": pairs}], 1.0, 1800),
+                "packed": bench.phase("packed", url, [one(n) for n in range(a.requests)], a.rate, 1800),
+                "alone": bench.phase("alone", url, [one(n) for n in range(a.alone)], a.rate, 1800),
+            }
+        finally:
+            bench.clean()
+    ceiling = rows["ceiling"]["per_s"]
+    print(f"one-photo requests on the dev swarm, offered at {a.rate:g}/s (ceiling: one job of all pairs)")
+    print(f"{'path':<10}{'requests':>9}{'done/s':>9}{'× ceiling':>11}{'× alone':>9}{'p50 s':>8}{'p99 s':>8}")
+    for name, r in rows.items():
+        print(f"{name:<10}{r['items']:>9}{r['per_s']:>9.2f}{r['per_s'] / ceiling:>10.2f}×"
+              f"{r['per_s'] / rows['alone']['per_s']:>8.1f}×{r['p50']:>8.1f}{r['p99']:>8.1f}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

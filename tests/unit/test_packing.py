@@ -1,0 +1,116 @@
+"""Packing small jobs (controller/run/packing.py, packs.py): which jobs pack together, when a pack is
+launched, and the pack a set of jobs becomes. The pack running on the swarm, each job keeping its own
+status, report and outputs: tests/integration/test_api_packing.py."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from controller.config import Config
+from controller.job.files import parse_job_text
+from controller.job.validate import FieldError
+from controller.run import packs, usecase
+from controller.run.jobs import PreparedJob
+from controller.run.packing import Member, Packer, pack_key
+from controller.run.packing_settings import PackingSettings, parse_packing
+from tests.unit.api_helpers import JPEG, make_config
+
+ON = PackingSettings(max_items=5, window=1.0)
+
+
+def _job(where: Path | Config, name: str, text: str, files: dict[str, bytes]) -> PreparedJob:
+    config = where if isinstance(where, Config) else make_config(where)[0]
+    for rel, data in files.items():
+        (config.data_root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (config.data_root / rel).write_bytes(data)
+    path = config.data_root / "inbox" / f"{name}.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(f"name: {name}\nproviders: [cpu]\n" + text)
+    return usecase.one_job(config, path)
+
+
+def test_packing_settings_are_checked_and_named() -> None:
+    assert parse_packing(None) == PackingSettings()
+    assert not PackingSettings().on
+    s = parse_packing({"max_items": 50, "window": "500ms"})
+    assert s.on and s.window == 0.5 and s.max_items == 50
+    assert parse_packing({"max_items": 1, "window": 2}).window == 2.0
+    for bad, where in (
+        ({"max_items": -1}, "packing.max_items"),
+        ({"max_items": 5, "window": "soon"}, "packing.window"),
+        ({"max_items": 5, "window": 600}, "packing.window"),
+        ({"max_items": 5, "linger": 1}, "packing"),
+        ({"max_items": 5, "pack_items": 0}, "packing.pack_items"),
+    ):
+        with pytest.raises(FieldError) as e:
+            parse_packing(bad)
+        assert e.value.field == where, bad
+
+
+def test_only_small_photo_jobs_that_agree_on_what_the_runner_loads_pack_together(tmp_path: Path) -> None:
+    files = {f"in/{n}.jpg": JPEG for n in range(8)} | {"faces/me.jpg": JPEG, "faces/you.jpg": JPEG}
+    one = _job(tmp_path, "one", "source: faces/me.jpg\ntargets: [in/0.jpg]\noutput: out/one/{name}\n", files)
+    other = _job(tmp_path / "b", "two", "source: faces/you.jpg\ntargets: [in/1.jpg]\noutput: o/{name}\n", files)
+    assert pack_key(one, ON, "img") is not None
+    assert pack_key(one, ON, "img") == pack_key(other, ON, "img")  # own person, output, name: still packs
+    assert pack_key(one, PackingSettings(), "img") is None  # packing off
+    big = _job(tmp_path / "c", "big", "source: faces/me.jpg\ntargets: ['in/*.jpg']\noutput: o/{name}\n", files)
+    assert pack_key(big, ON, "img") is None  # 8 photos: over max_items
+    for extra in ("no_face: skip\n", "faces: one\n", "models: other\n", "detector: {threshold: 0.6}\n"):
+        spec = parse_job_text(
+            f"name: x\nproviders: [cpu]\nsource: faces/me.jpg\ntargets: [in/0.jpg]\noutput: o/{{name}}\n{extra}", "x"
+        )
+        assert pack_key(dataclasses.replace(one, spec=spec), ON, "img") != pack_key(one, ON, "img"), extra
+
+
+def test_a_bucket_launches_after_its_window_and_a_burst_fills_fewer_bigger_packs(tmp_path: Path) -> None:
+    files = {"in/0.jpg": JPEG, "faces/me.jpg": JPEG}
+    job = _job(tmp_path, "one", "source: faces/me.jpg\ntargets: [in/0.jpg]\noutput: o/{name}\n", files)
+    now = [0.0]
+    packer = Packer(PackingSettings(max_items=5, window=1.0, pack_items=3), "img", clock=lambda: now[0])
+    members = [
+        Member(Path(f"/inbox/running/j{n}.yaml"), dataclasses.replace(job, job_id=f"j{n}"), None) for n in range(7)
+    ]
+    for m in members[:2]:
+        assert packer.offer(m)
+    assert packer.due(2) == []  # the window has not passed
+    now[0] = 1.5
+    assert packer.offer(members[2])
+    assert packer.due(0) == []  # no free slot: the bucket waits (and keeps taking jobs)
+    assert packer.offer(members[3])  # 4th item: over pack_items, a new bucket opens for it
+    assert packer.waiting() == 4 and len(packer.held()) == 4
+    launched = packer.due(2)
+    assert [len(p) for p in launched] == [3]  # the full bucket; the new one's window has not passed
+    now[0] = 3.0
+    assert [[m.job.job_id for m in p] for p in packer.due(2)] == [["j3"]]
+    assert packer.waiting() == 0
+
+
+def test_a_pack_is_a_pairs_job_whose_every_item_keeps_its_job_s_person_and_output(tmp_path: Path) -> None:
+    files = {"in/a.jpg": JPEG, "in/b{x}.jpg": JPEG, "faces/me.jpg": JPEG, "faces/you.jpg": JPEG}
+    config, _ = make_config(tmp_path)
+    jobs = []
+    for name, source, target in (("one", "me", "a"), ("two", "you", "b{x}"), ("three", "me", "b{x}")):
+        text = f"source: faces/{source}.jpg\ntargets: ['in/{target}.jpg']\noutput: 'out/{name}/{{name}}'\n"
+        jobs.append(_job(config, name, text, files))
+    members = [Member(j.file, j, None) for j in jobs]
+    prepared, record = packs.build(config, members, "pack-abcdefgh", config.data_root / "inbox" / "packs", 2)
+    assert prepared.job_id == "pack-abcdefgh" and prepared.spec.uses_pairs
+    assert [(i.input, i.output, i.identity) for i in prepared.plan.items] == [
+        ("in/a.jpg", "out/one/a.jpg", "s000000"),
+        ("in/b{x}.jpg", "out/two/b{x}.jpg", "s000001"),
+        ("in/b{x}.jpg", "out/three/b{x}.jpg", "s000000"),  # the same person as job one: embedded once
+    ]
+    assert prepared.resolved is not None and len(prepared.resolved.identities) == 2
+    assert record == {
+        "one": {"tenant": None, "items": {"i000000": "i000000"}},
+        "two": {"tenant": None, "items": {"i000001": "i000000"}},
+        "three": {"tenant": None, "items": {"i000002": "i000000"}},
+    }
+    # the frozen job file is a job file like any other: its pairs name the outputs literally
+    again = parse_job_text(prepared.file.read_text(), "pack")
+    assert [p.output for p in again.pairs] == ["out/one/a.jpg", "out/two/b{{x}}.jpg", "out/three/b{{x}}.jpg"]
+    assert again.providers == ("cpu",) and again.name == "pack-abcdefgh"
