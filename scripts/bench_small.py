@@ -80,7 +80,9 @@ class Bench:
         return p
 
     def photos(self) -> tuple[list[str], list[str]]:
-        faces = photos.face_photos(self.tmp / "faces", POOL * 2)
+        # one face each: the wide crops (every third round of seven variants) show two people
+        made = photos.face_photos(self.tmp / "faces", POOL * 3)
+        faces = [p for i, p in enumerate(made) if (i // 7) % 3 != 1][: POOL * 2]
         (self.area / "in").mkdir(parents=True, exist_ok=True)
         for p in faces:
             shutil.copy(p, self.area / "in" / p.name)
@@ -92,10 +94,13 @@ class Bench:
         return names[:POOL], names[POOL:]
 
     def finished(self, job: str) -> float | None:
-        try:
-            return (self.root / "runs" / job / "report.json").stat().st_mtime
-        except FileNotFoundError:
-            return None
+        """When the job's report was written (or serve refused its file); None while it runs."""
+        for path in (self.root / "runs" / job / "report.json", self.root / "inbox" / "failed" / f"{job}.yaml"):
+            try:
+                return path.stat().st_mtime
+            except FileNotFoundError:
+                continue
+        return None
 
     async def offer(self, url: str, bodies: list[dict[str, Any]], rate: float) -> list[tuple[str, float]]:
         """Each body posted at its time (rate per second); (job id, wall time of the post)."""

@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,6 @@ from controller.swarm.backend import SwarmBackend
 # Keys of a job file that are each job's own, never the pack's
 OWN_KEYS = {"name", "source", "targets", "pairs", "pairs_file", "output", "on_complete", "reference",
             "retries", "timeout", "max_concurrent", "chunk_size"}  # fmt: skip
-CHUNK = "c0000"  # a packed job's one chunk, as its own run folder plans it
 TICK = 1.0  # seconds between copies of the pack's results into its jobs' folders
 MAX_MEMBERS_BYTES = 64 * 1024**2
 
@@ -141,7 +140,7 @@ class _Job:
     plan: Plan
     items: dict[str, str]  # pack item -> this job's item
     lease: job_lease.Lease | None = None
-    copied: int = -1  # result lines last written
+    copied: dict[str, int] = field(default_factory=dict)  # result lines last written, by the job's chunk
     report: Report | None = None
 
 
@@ -166,15 +165,16 @@ class PackRun:
             if job.rundir.control().cancel:
                 self.finish(job, plan, cancelled=True)
                 continue
-            lines = []
-            for pack_item, own in job.items.items():
-                r = fold.result(pack_item)
-                if r is not None:
-                    lines.append(dataclasses.replace(r, item=own, attempt=1).to_line())
-            if len(lines) != job.copied:
-                path = job.rundir.layout.results(CHUNK, 1)
-                job.rundir.write_file(path, "".join(line + "\n" for line in lines).encode())
-                job.copied = len(lines)
+            mine = {own: pack_item for pack_item, own in job.items.items()}
+            for chunk in job.plan.chunks:  # each of the job's own chunks gets its items' lines
+                lines = [
+                    dataclasses.replace(r, item=own, attempt=1).to_line()
+                    for own in chunk.items
+                    if (r := fold.result(mine[own])) is not None
+                ]
+                if len(lines) != job.copied.get(chunk.id, -1):
+                    job.rundir.write_file(job.rundir.layout.results(chunk.id, 1), "".join(lines).encode())
+                    job.copied[chunk.id] = len(lines)
         if time.monotonic() - self._beat >= job_lease.INTERVAL:
             self._beat = time.monotonic()
             for job in self.jobs.values():
@@ -191,17 +191,19 @@ class PackRun:
     # -- a job's end ---------------------------------------------------------------------------------
     def finish(self, job: _Job, plan: Plan, cancelled: bool = False, chunks: dict[str, ChunkRun] | None = None) -> None:
         fold = Fold.read(job.plan, job.rundir)
-        missing = [i for i in job.plan.items if fold.result(i.id) is None]
-        run = ChunkRun(CHUNK)
-        if not missing:
-            run.state = ChunkState.DONE
-        elif cancelled:
-            run.state = ChunkState.CANCELLED
-        else:
-            run.state, run.reason = ChunkState.FAILED, _why(job, plan, chunks or {}, {i.id for i in missing})
+        runs: dict[str, ChunkRun] = {}
+        for chunk in job.plan.chunks:  # the job's own chunks, each as its items ended in the pack
+            run = runs[chunk.id] = ChunkRun(chunk.id)
+            missing = {i for i in chunk.items if fold.result(i) is None}
+            if not missing:
+                run.state = ChunkState.DONE
+            elif cancelled:
+                run.state = ChunkState.CANCELLED
+            else:
+                run.state, run.reason = ChunkState.FAILED, _why(job, plan, chunks or {}, missing)
         job.rundir.enter(Stage.REPORT)
         started = job.lease.started if job.lease else time.time()
-        report = build_report(job.plan, job.rundir, {CHUNK: run}, self.image, started)
+        report = build_report(job.plan, job.rundir, runs, self.image, started)
         path = job.rundir.write_report(report.to_dict())
         hooks = job.spec.on_complete
         if hooks.webhook or hooks.hook:
@@ -222,9 +224,18 @@ class PackRun:
     def run(self, start: Callable[[], Report]) -> dict[str, Report]:
         plan = self.pack.plan()
         self.image = self.pack.image()
+        try:  # every job's lease, or none: another controller may be continuing this pack
+            for job in self.jobs.values():
+                lease = job_lease.Lease(job.rundir)
+                lease.acquire()
+                job.lease = lease
+        except FfswarmError:
+            for job in self.jobs.values():
+                if job.lease is not None:
+                    job.lease.release()
+                    job.lease = None
+            raise
         for job in self.jobs.values():
-            job.lease = job_lease.Lease(job.rundir)
-            job.lease.acquire()
             job.rundir.enter(Stage.CHUNKS)
         copier = threading.Thread(target=self._copier, args=(plan,), name=f"copy-{self.pack.job}", daemon=True)
         copier.start()

@@ -24,7 +24,7 @@ from controller.errors import CapacityError, FfswarmError, JobFileError
 from controller.job import owners
 from controller.job.paths import relative_text
 from controller.redact import printable
-from controller.run import packs, usecase
+from controller.run import job_lease, packs, usecase
 from controller.run.inbox import original_name
 from controller.run.jobs import PreparedJob
 from controller.run.metrics import Metrics
@@ -188,9 +188,14 @@ def _packed_again(config: Config, rundir: RunDir, pack: str, metrics: Metrics) -
     the pack is continued here (its other jobs end with it; their files find their reports)."""
     done = rundir.report()
     if done is None:
+        if job_lease.holder(RunDir(config.data_root, pack)) is not None:  # another thread or controller has it
+            return Outcome(False, f"its pack {pack} is being continued", retry=True, delay=SLOT_WAIT_SECONDS)
         backend = DockerSwarm(config.docker_host)
         backend.check_manager()
-        reports = packs.resume(config, backend, pack, [lambda r, j: metrics.sink(r, j.spec.resources.gpus)])
+        try:
+            reports = packs.resume(config, backend, pack, [lambda r, j: metrics.sink(r, j.spec.resources.gpus)])
+        except job_lease.LeaseHeld:  # taken meanwhile by another of its jobs' files: it ends them all
+            return Outcome(False, f"its pack {pack} is being continued", retry=True, delay=SLOT_WAIT_SECONDS)
         if rundir.job in reports:
             return report_outcome(reports[rundir.job])
         done = rundir.report()
