@@ -185,6 +185,13 @@ class Api:
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"ok": True})
 
+    async def readyz(self, request: Request) -> Response:
+        """Whether this replica can serve (views.readiness); /healthz stays plain liveness."""
+        reasons = await asyncio.to_thread(views.readiness, self.config, self.signing_key)
+        if reasons:
+            return JSONResponse({"ready": False, "reasons": reasons}, status_code=503)
+        return JSONResponse({"ready": True})
+
 
 def _guard(handler: Handler, log_: Any) -> Handler:
     """The one translation point: ApiError → its JSON; anything else → a 500 that says nothing more."""
@@ -233,6 +240,7 @@ def make_app(config: Config) -> Starlette:
         Route("/v1/jobs/{job}/retry", g(api.retry), methods=["POST"]),
         Route("/openapi.json", g(api_usage.with_paths(api.openapi)), methods=["GET"]),
         Route("/healthz", g(api.healthz), methods=["GET"]),
+        Route("/readyz", g(api.readyz), methods=["GET"]),
     ]
     routes += page.routes(api, g)  # the web status page at / and its routes (controller/api/page.py)
     routes += api_usage.routes(api, g)  # GET /v1/usage (controller/api/usage.py)

@@ -33,6 +33,25 @@ _SCALE = {
     "properties": {"max_concurrent": {"type": "integer", "minimum": 1}},
     "additionalProperties": False,
 }
+_READY = {
+    "type": "object",
+    "required": ["ready"],
+    "properties": {"ready": {"type": "boolean"}, "reasons": {"type": "array", "items": {"type": "string"}}},
+}
+_EVENTS = """Looked at every 500 ms, from the run folder.
+
+- `chunk` — a chunk of the job changed state: `{"chunk", "state", "attempt", "items"?, "reason"?}`.
+  `state`: `started` (its service made, not yet on a node), `running` (on a node), `retrying` (an
+  attempt failed; it runs again after a pause), `done`, `failed`, `cancelled`; `attempt`: its latest
+  attempt's number (0: none of its own). `items` once it has ended: `{"total", "ok", "no_face",
+  "failed", "cancelled"}` of its work items (photos, or video segments; one with no result counts as
+  failed, or cancelled in a cancelled chunk, as in the report). `reason` for failed, retrying and
+  cancelled, as the report words it (paths relative to your area). On connecting, one for each chunk
+  that has left the queue, as it is now. A state shorter than a look may be skipped. A job packed
+  with others (serve's packing) shows only its one chunk `c0000`, once, when it ends.
+- `progress` — the job's status (as `GET /v1/jobs/{id}`) when it changed.
+- `end` — `{"job", "phase"}`: the job finished, was cancelled, refused or stopped; the stream closes.
+"""
 _JOB_ID = {"name": "job", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[a-z0-9-]{1,40}$"}}
 
 
@@ -87,7 +106,20 @@ def document() -> dict[str, Any]:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
         "security": [{"bearer": []}],
-        "paths": {
+        "paths": {  # liveness and readiness first: the schema test asks them while its heartbeat is fresh
+            "/healthz": {
+                "get": {"summary": "Liveness", "security": [], "responses": {"200": _json({"type": "object"})}}
+            },
+            "/readyz": {
+                "get": {
+                    "summary": "Readiness: the data root, the API's record folders, the signing key, a live `serve`",
+                    "security": [],
+                    "responses": {
+                        "200": _json(_READY, "ready"),
+                        "503": _json(_READY, "not ready: short reasons, no path outside the data root"),
+                    },
+                }
+            },
             "/v1/jobs": {
                 "post": {
                     "summary": "Submit a job (JSON job fields, or multipart uploads)",
@@ -141,7 +173,8 @@ def document() -> dict[str, Any]:
             },
             "/v1/jobs/{job}/events": {
                 "get": {
-                    "summary": "Server-sent events: progress (at most every 500 ms), end",
+                    "summary": "Server-sent events: chunk, progress (at most every 500 ms), end",
+                    "description": _EVENTS,
                     "parameters": [_JOB_ID],
                     "responses": {
                         "200": {"description": "event stream", "content": {"text/event-stream": {}}},
@@ -208,9 +241,6 @@ def document() -> dict[str, Any]:
                         **_errors(401, 404, 409, 429, 503),
                     },
                 }
-            },
-            "/healthz": {
-                "get": {"summary": "Liveness", "security": [], "responses": {"200": _json({"type": "object"})}}
             },
         },
     }

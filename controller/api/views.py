@@ -1,4 +1,5 @@
-"""What a tenant reads about its jobs: status, report, results as a streamed ZIP, events, cancel.
+"""What a tenant reads about its jobs: status, report, results as a streamed ZIP, events, cancel;
+and whether the API can serve at all (/readyz).
 
 All of it comes from the run folder and the inbox (the API keeps no state): a job not yet claimed
 by `serve` is ``queued``; one `serve` refused is ``refused`` with its reason. Results hold only
@@ -13,14 +14,17 @@ import os
 import stat
 import time
 import zipfile
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from contract.paths import user_text
 from controller.api.area import Area
 from controller.api.errors import ApiError, not_found
 from controller.config import Config
 from controller.errors import FfswarmError
-from controller.run import status, usage
+from controller.job.owners import RECORDS, TENANTS
+from controller.run import handover, history, status, usage
 from controller.run.fold import Fold
 from controller.run.rundir import Control, RunDir, read_nofollow
 from controller.volume import Volume
@@ -162,16 +166,151 @@ def results_zip(config: Config, area: Area, outputs: list[str]) -> Iterator[byte
     yield pipe.take()
 
 
+def _reason(config: Config, area: Area, text: str) -> str:
+    """A reason as the report words it for the tenant: paths relative to its area, none of this host's."""
+    return user_text(text, str(config.data_root)).replace(area.rel + "/", "")[:MAX_REASON]
+
+
+def _chunk_event(
+    config: Config, area: Area, cid: str, rec: dict[str, Any], fold: Fold, items: tuple[str, ...]
+) -> dict[str, Any] | None:
+    """One chunk as a ``chunk`` event says it; None while it waits for its first attempt."""
+    atts = rec["attempts"]
+    last = atts[-1] if atts else None
+    state, reason = rec["state"], rec["reason"]
+    if state == "queued":  # queued again after an attempt that failed: waiting for its retry
+        if last is None or last.get("outcome") in ("running", "done", None):
+            return None
+        state, reason = "retrying", last.get("reason")
+    elif state == "running":  # placed on a node once its task is scheduled
+        state = "running" if last is not None and last.get("node") else "started"
+    elif state == "unknown":  # a runner's attempt record with no ending yet (a rendered stack's chunk)
+        state = "running"
+    event: dict[str, Any] = {"chunk": cid, "state": state, "attempt": last["attempt"] if last else 0}
+    if state in ("done", "failed", "cancelled"):  # an item with no result: as the report counts it
+        unended = "cancelled" if state == "cancelled" else "error"
+        ended = Counter(r.status.value if r is not None else unended for r in (fold.result(i) for i in items))
+        event["items"] = {"total": len(items), "ok": ended["ok"], "no_face": ended["no_face"],
+                          "failed": ended["error"], "cancelled": ended["cancelled"]}  # fmt: skip
+    if reason and state in ("failed", "retrying", "cancelled"):
+        event["reason"] = _reason(config, area, reason)
+    return event
+
+
+def chunk_states(config: Config, area: Area, job: str) -> dict[str, dict[str, Any]]:
+    """Every chunk of the job that has left the queue, as its ``chunk`` event says it: from
+    state.json as `status` reads it (controller/run/history.py, every run's records), and for a
+    chunk no controller recorded there, the report's record of it (a packed job's one chunk,
+    whose pack ran it: it shows only at the end)."""
+    rundir = RunDir(config.data_root, job)
+    if not rundir.exists():
+        return {}
+    plan = rundir.plan()
+    fold = Fold.read(plan, rundir)
+    records = history.whole(rundir, fold)
+    reported = (rundir.report() or {}).get("chunks")
+    for cid, raw in (reported if isinstance(reported, dict) else {}).items():
+        rec = history.clean(raw)
+        if isinstance(cid, str) and cid not in records and rec is not None:
+            records[cid] = rec
+    out = {}
+    for chunk in plan.chunks:
+        rec = records.get(chunk.id)
+        event = _chunk_event(config, area, chunk.id, rec, fold, chunk.items) if rec is not None else None
+        if event is not None:
+            out[chunk.id] = event
+    return out
+
+
+def _stamp(path: os.PathLike[str]) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _look(config: Config, area: Area, job: str, before: object) -> tuple[dict[str, Any], object, Any]:
+    """The job's status row; its chunks again only when the row or state.json changed since ``before``
+    (None: unchanged, or unreadable now)."""
+    row = job_view(config, area, job)
+    mark = (json.dumps(row, sort_keys=True), _stamp(RunDir(config.data_root, job).layout.state))
+    if mark == before:
+        return row, mark, None
+    try:
+        return row, mark, chunk_states(config, area, job)
+    except FfswarmError:  # a run-folder file being replaced or odd: looked at again next time
+        return row, None, None
+
+
+def _sse(event: str, data: object) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, sort_keys=True)}\n\n".encode()
+
+
 async def events(config: Config, area: Area, job: str, poll: float = EVENT_INTERVAL) -> AsyncIterator[bytes]:
-    """Server-sent events: ``progress`` when the status changed (at most every 500 ms), then ``end``."""
+    """Server-sent events, looked at every 500 ms: ``chunk`` for each chunk whose state changed (on
+    connecting, every chunk that has left the queue, as it is), ``progress`` when the status changed,
+    then ``end``."""
     last = None
+    mark: object = None
+    seen: dict[str, dict[str, Any]] = {}
     while True:
-        row = await asyncio.to_thread(job_view, config, area, job)
+        row, mark, chunks = await asyncio.to_thread(_look, config, area, job, mark)
+        for cid, event in (chunks or {}).items():
+            if seen.get(cid) != event:
+                seen[cid] = event
+                yield _sse("chunk", event)
         text = json.dumps(row, sort_keys=True)
         if text != last:
             last = text
             yield f"event: progress\ndata: {text}\n\n".encode()
         if row["phase"] in ("finished", "cancelled", "refused", "stopped"):
-            yield f"event: end\ndata: {json.dumps({'job': job, 'phase': row['phase']})}\n\n".encode()
+            yield _sse("end", {"job": job, "phase": row["phase"]})
             return
         await asyncio.sleep(poll)
+
+
+# --- readiness ----------------------------------------------------------------------------------
+def _records_problem(config: Config, rel: str) -> str | None:
+    """Why the API's own record folder ``rel`` (under the data root) is not usable, as
+    controller/api/area.py ensure() would refuse it: "" when it is missing but can be made."""
+    path = config.data_root / rel
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "" if os.access(path.parent, os.W_OK | os.X_OK) else f"{rel} is missing and cannot be made"
+    except OSError:
+        return f"{rel} cannot be read"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{rel} is not a folder"
+    if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+        return f"{rel} is not the API's own (owner or mode)"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{rel} is not writable by the API"
+    return None
+
+
+def readiness(config: Config, signing_key: bytes | None) -> list[str]:
+    """Why this replica cannot serve now (empty: it can): the data root, the API's record folders,
+    the signing key, a live `serve` to hand jobs to. Short, and no path outside the data root."""
+    try:
+        reachable = stat.S_ISDIR(os.stat(config.data_root).st_mode)
+    except OSError:
+        reachable = False
+    if not reachable:
+        return ["the data root cannot be reached"]
+    reasons = []
+    for rel in (TENANTS, f"{TENANTS}/{RECORDS}"):
+        problem = _records_problem(config, rel)
+        if problem is not None:  # missing (made on first use) or bad: what lies below says nothing more
+            reasons += [problem] if problem else []
+            break
+    else:
+        for tenant in sorted(config.tenants):
+            problem = _records_problem(config, f"{TENANTS}/{RECORDS}/{tenant}")
+            reasons += [problem] if problem else []
+    if config.api.signing_key_file is not None and not signing_key:
+        reasons.append("the signing key was not read")
+    if not handover.serving(config.data_root / "inbox"):
+        reasons.append("no controller is serving the inbox (no live `ffswarm serve` heartbeat)")
+    return reasons

@@ -116,10 +116,13 @@ def _uncancel(rundir: RunDir, on_event: EventSink) -> None:
         on_event("job_uncancelled")
 
 
-def render_ready(config: Config, backend: SwarmBackend, path: Path) -> tuple[PreparedJob, RunDir, str]:
+def render_ready(
+    config: Config, backend: SwarmBackend, path: Path, tenant: str | None = None
+) -> tuple[PreparedJob, RunDir, str]:
     """`render JOB_FILE`: the run folder started (image pinned as for every run) and its identity
-    answered, so that the stack's runners find their manifests and the answer."""
-    job = one_job(config, path, lambda: backend)
+    answered, so that the stack's runners find their manifests and the answer. ``tenant``: the
+    owner of an API job's run folder, as `serve` resolved it (controller/cli/ops.py run_tenant)."""
+    job = one_job(config, path, lambda: backend, tenant=tenant)
     rundir, image = open_or_start(config, backend, job)
     ensure_identity(config, backend, job, rundir, image)
     return job, rundir, image

@@ -3,8 +3,9 @@
 The runner image carries the ffswarm package and the API's web stack, so the controller runs from it.
 The dev image may be older than this checkout, so the test derives a throwaway image from it with the
 checkout's contract/, controller/ and runner_image/ and the venv's prometheus_client and API stack
-(starlette, uvicorn, python-multipart, PyJWT) copied in: nothing is downloaded. With tenants in the config the stack also runs `ffswarm api`
-(two replicas, non-root, its signing key a Swarm secret), which must answer on its published port.
+(starlette, uvicorn, python-multipart, PyJWT) copied in: nothing is downloaded. With tenants in the
+config the stack also runs `ffswarm api` (two replicas, non-root, its signing key a Swarm secret),
+which must answer on its published port.
 Everything (image, stack, config, secret, inbox) carries the test's name and is removed in teardown.
 """
 
