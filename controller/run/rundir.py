@@ -112,6 +112,9 @@ class RunDir:
         self.volume = Volume(data_root)
         self.made_folders: list[str] = []  # output folders made for this job now (undone if it is refused)
         self.stage: Stage | None = None  # what this controller is doing with the job (written to state.json)
+        # False: files are written without fsyncs, the caller syncs once (hundreds of packed jobs'
+        # folders made or ended together: controller/run/packs.py)
+        self.durable = True
 
     def rel(self, path: Path) -> str:
         """How messages name a run-folder file: relative to the data root."""
@@ -196,7 +199,7 @@ class RunDir:
             raise UnsafePath(f"run folder of job {self.job}: {e}") from None
 
     def _write(self, path: Path, data: bytes, durable: bool = True) -> None:
-        self.volume.write_atomic(path, data, self.controller_owner(), durable=durable)
+        self.volume.write_atomic(path, data, self.controller_owner(), durable=durable and self.durable)
 
     def write_file(self, path: Path, data: bytes) -> None:
         """Any other file of the run folder (``path``: one of self.layout's; atomic). The controller's
@@ -204,7 +207,7 @@ class RunDir:
         self._mkdir(self.path, self.controller_owner(), DIR_MODE)
         if path.parent in self.layout.runner_folders():
             self._mkdir(path.parent, self.runner_owner(), SHARED_DIR_MODE)
-            self.volume.write_atomic(path, data, self.runner_owner())
+            self.volume.write_atomic(path, data, self.runner_owner(), durable=self.durable)
         else:
             self._write(path, data)
 
