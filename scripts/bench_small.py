@@ -81,7 +81,7 @@ class Bench:
 
     def photos(self) -> tuple[list[str], list[str]]:
         # one face each: the wide crops (every third round of seven variants) show two people
-        made = photos.face_photos(self.tmp / "faces", POOL * 3)
+        made = photos.face_photos(self.tmp / "faces", POOL * 4)
         faces = [p for i, p in enumerate(made) if (i // 7) % 3 != 1][: POOL * 2]
         (self.area / "in").mkdir(parents=True, exist_ok=True)
         for p in faces:
