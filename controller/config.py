@@ -16,6 +16,7 @@ from controller.errors import ConfigError
 from controller.job.validate import FieldError, parse_duration
 from controller.policy import Policy, parse_policy
 from controller.run.packing_settings import PackingSettings, parse_packing
+from controller.storage.settings import StorageSettings, parse_storage
 from controller.swarm.servicespec import VolumeSpec
 
 DEFAULT_IMAGE = "ffswarm/runner:dev"
@@ -32,6 +33,7 @@ _KEYS = {
     "api",
     "tenants",
     "packing",
+    "storage",
 }
 _VOLUME_KEYS = {"type", "server", "export", "options"}
 
@@ -53,6 +55,7 @@ class Config:
     packing: PackingSettings = field(
         default_factory=PackingSettings
     )  # `serve` packs small jobs (controller/run/packing.py)
+    storage: StorageSettings = field(default_factory=StorageSettings)  # s3:// inputs and outputs (docs/storage.md)
 
     def runner_uid_gid(self) -> str:
         """Runners run as the owner of the data root (a non-root runner must be able to write it)."""
@@ -147,6 +150,7 @@ def parse_config(path: Path, data: dict[str, Any]) -> Config:
         policy = parse_policy(data["policy"]) if "policy" in data else Policy()
         api, tenants = parse_api(data.get("api")), parse_tenants(data.get("tenants"))
         packing = parse_packing(data.get("packing"))
+        storage = parse_storage(data.get("storage"))
     except FieldError as e:
         raise ConfigError(f"{path}: {e}") from None
     return Config(
@@ -163,4 +167,5 @@ def parse_config(path: Path, data: dict[str, Any]) -> Config:
         api=api,
         tenants=tenants,
         packing=packing,
+        storage=storage,
     )
