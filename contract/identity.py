@@ -20,10 +20,10 @@ from contract.manifest import (
     SCHEMA_VERSION,
     SCHEMA_VERSIONS,
     Limits,
-    number_field,
-    text_field,
 )
+from contract.manifest_fields import number_field, text_field
 from contract.paths import require_container_path
+from contract.s3 import StorageAccess, is_s3, require_location
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,8 @@ class IdentityRequest:
     # Schema 2 (job-file ``pairs``): every distinct person, id → photos; ``sources`` is then empty
     # and the answer holds one embedding (or one error) per id.
     identities: dict[str, Identity] = field(default_factory=dict, hash=False)
+    # How to reach the store when a photo is s3:// (required then; contract/s3.py).
+    storage: StorageAccess | None = None
 
     def __post_init__(self) -> None:
         if self.schema not in SCHEMA_VERSIONS:
@@ -61,11 +63,17 @@ class IdentityRequest:
             if p not in PROVIDERS:
                 raise ManifestError(f"unknown provider {p!r}")
         for s in self.sources:
-            require_container_path(s, "source")
+            require_location(s, "source")
         require_container_path(self.pack_dir, "pack_dir")
         require_container_path(self.output, "output")
         if self.reference is not None:
-            require_container_path(self.reference, "reference")
+            require_location(self.reference, "reference")
+        if self.storage is not None and not isinstance(self.storage, StorageAccess):
+            raise ManifestError("storage: not a StorageAccess")
+        photos = [*self.sources, *([self.reference] if self.reference else []),
+                  *(p for person in self.identities.values() for p in person.sources)]  # fmt: skip
+        if self.storage is None and any(is_s3(p) for p in photos):
+            raise ManifestError("identity request: an s3:// photo needs the request's storage block")
         if not 0.0 <= self.detector_threshold <= 1.0:
             raise ManifestError(f"detector_threshold must be in [0, 1], got {self.detector_threshold!r}")
         if self.detector_size % 32 or not 160 <= self.detector_size <= 2048:
@@ -77,6 +85,8 @@ class IdentityRequest:
         data["limits"] = asdict(self.limits)
         if self.identities:
             data["identities"] = table_dict(self.identities)
+        if self.storage is not None:
+            data["storage"] = self.storage.to_dict()
         return json.dumps(data, indent=1, sort_keys=True)
 
     @classmethod
@@ -105,6 +115,7 @@ class IdentityRequest:
                 limits=Limits(**data.get("limits", {})),
                 schema=int(data["schema"]),
                 identities=read_table(data.get("identities", {})),
+                storage=None if data.get("storage") is None else StorageAccess.from_dict(data["storage"]),
             )
         except ManifestError:
             raise

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract.errors import ManifestError
-from contract.paths import require_container_path
+from contract.s3 import require_location
 
 IDENTITY_ID = re.compile(r"s[0-9]{6,9}")  # s000042: the 43rd distinct source of a job
 MAX_IDENTITIES = 1_000_000  # far above the policy's targets maximum
@@ -33,7 +33,7 @@ def identity_id(index: int) -> str:
 
 @dataclass(frozen=True)
 class Identity:
-    """One person: container paths of their photos, and their embedding when it is known here
+    """One person: container paths (or s3:// objects) of their photos, and their embedding when it is known here
     (else the job's identity.json has it under the same id). ``error``: why it has none (no face,
     several faces, an unreadable photo), naming the photo as the user wrote it."""
 
@@ -45,7 +45,7 @@ class Identity:
         if not isinstance(self.sources, tuple) or not 1 <= len(self.sources) <= MAX_PHOTOS:
             raise ManifestError(f"an identity needs 1 to {MAX_PHOTOS} source photos")
         for s in self.sources:
-            require_container_path(s, "identity source")
+            require_location(s, "identity source")
         if self.embedding is not None:
             check_embedding(self.embedding, "identity embedding")
         if self.error is not None and (not isinstance(self.error, str) or len(self.error) > MAX_ERROR):

@@ -2,7 +2,9 @@
 
 The controller writes one per chunk (``chunks/<chunk>.json``, contract/layout.py); the runner reads
 it. Every path in a manifest is a *container* path (under ``/data``, contract/paths.py), never a
-host path, so a manifest means the same thing on every node. A manifest never changes once written:
+host path, so a manifest means the same thing on every node; or, for inputs, image outputs and
+photos, one object ``s3://bucket/key`` (contract/s3.py), with the ``storage`` block saying how to
+reach the store (never a credential: the path of the Swarm secret's file). A manifest never changes once written:
 retries of a chunk read the same file, and the attempt number arrives through ``FFSWARM_ATTEMPT``.
 """
 
@@ -20,7 +22,9 @@ from contract import processors
 from contract.errors import ManifestError
 from contract.identity_table import Identity, check_id, check_people, read_table, table_dict
 from contract.layout import RunLayout
+from contract.manifest_fields import optional_fields, text_field
 from contract.paths import require_container_path
+from contract.s3 import StorageAccess, is_s3, require_location
 
 SCHEMA_VERSION = 1  # a job with one source for every target
 SCHEMA_IDENTITIES = 2  # a job with ``pairs``: an identity table, each item names its identity
@@ -108,15 +112,16 @@ class Segment:
 @dataclass(frozen=True)
 class Item:
     id: str  # stable across attempts, e.g. "i000042"
-    input: str  # container path of the target
-    output: str  # container path of the output file
+    input: str  # container path of the target, or an object s3://bucket/key (Manifest.storage)
+    output: str  # container path of the output file, or s3://bucket/key (not for a video's segment)
     kind: str = "image"  # image | video (a segment of a video target; ``segment`` says which)
     segment: Segment | None = None
     identity: str | None = None  # schema 2: the id of its person in the manifest's identity table
 
     def __post_init__(self) -> None:
-        for name in ("input", "output"):
-            require_container_path(getattr(self, name), f"item {self.id}: {name}")
+        require_location(self.input, f"item {self.id}: input")
+        # A video's segments are joined by the controller in the run folder: only its input may be s3://.
+        require_location(self.output, f"item {self.id}: output", allow_s3=self.kind != "video")
         if not self.id:
             raise ManifestError("item id is empty")
         if self.identity is not None:
@@ -150,7 +155,7 @@ class Manifest:
     chunk: str  # "c0007"
     run_dir: str  # container path of runs/<job>
     pack_dir: str  # container path of models/<pack>
-    source: tuple[str, ...]  # container paths of source photos (one person)
+    source: tuple[str, ...]  # container paths (or s3:// objects) of source photos (one person)
     items: tuple[Item, ...]
     processors: tuple[str, ...] = ("face_swapper",)
     providers: tuple[str, ...] = ("cuda", "cpu")
@@ -179,6 +184,8 @@ class Manifest:
     # Schema 2 (job-file ``pairs``): id → the person items swap in (contract/identity_table.py);
     # ``source`` is then empty and every item names its identity.
     identities: dict[str, Identity] = field(default_factory=dict, hash=False)
+    # How to reach the store when any item, source or identity photo is s3:// (required then).
+    storage: StorageAccess | None = None
 
     def __post_init__(self) -> None:
         if self.schema not in SCHEMA_VERSIONS:
@@ -196,12 +203,22 @@ class Manifest:
         for name in ("run_dir", "pack_dir"):
             require_container_path(getattr(self, name), name)
         for s in self.source:
-            require_container_path(s, "source")
+            require_location(s, "source")
         if self.identity is not None:
             require_container_path(self.identity, "identity")
+        if self.storage is not None and not isinstance(self.storage, StorageAccess):
+            raise ManifestError("storage: not a StorageAccess")
+        if self.storage is None and self.s3_urls():
+            raise ManifestError(f"{self.s3_urls()[0]}: an s3:// object needs the manifest's storage block")
         ids = [i.id for i in self.items]
         if len(set(ids)) != len(ids):
             raise ManifestError("duplicate item ids")
+
+    def s3_urls(self) -> list[str]:
+        """Every s3:// input, output and photo this manifest names."""
+        photos = [p for person in self.identities.values() for p in person.sources]
+        texts = [*self.source, *photos, *(t for i in self.items for t in (i.input, i.output))]
+        return [t for t in texts if is_s3(t)]
 
     @property
     def layout(self) -> RunLayout[PurePosixPath]:
@@ -228,6 +245,10 @@ class Manifest:
             data["identities"] = table_dict(self.identities)
         else:
             del data["identities"]  # a version 1 manifest, as older runners know it
+        if self.storage is not None:
+            data["storage"] = self.storage.to_dict()
+        else:
+            del data["storage"]  # no s3:// object: as older runners know manifests
         for name in _OPTIONAL:  # left out at their defaults: older runners read the file unchanged
             if data[name] == _FIELDS[name].default:
                 del data[name]
@@ -265,7 +286,7 @@ class Manifest:
                 limits=Limits(**data.get("limits", {})),
                 schema=int(data["schema"]),
                 identities=identities or {},
-                **_optional_fields(data),
+                **optional_fields(data),
             )
         except ManifestError:
             raise
@@ -290,47 +311,6 @@ _OPTIONAL = (
     "enhancer_blend",
     "overwrite",
 )
-
-
-def _optional_fields(data: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name in ("source_embedding", "reference_embedding"):
-        if data.get(name) is not None:
-            out[name] = embedding_field(data[name], name)
-    if data.get("identity") is not None:
-        out["identity"] = text_field(data, "identity")
-    for name in (
-        "reference_distance",
-        "detector_threshold",
-        "mask_feather",
-        "mask_padding",
-        "enhancer_blend",
-        "identity_timeout",
-    ):
-        if name in data:
-            out[name] = number_field(data[name], name)
-    if "overwrite" in data:
-        if not isinstance(data["overwrite"], bool):
-            raise ManifestError(f"overwrite must be true or false, got {data['overwrite']!r}")
-        out["overwrite"] = data["overwrite"]
-    if "detector_size" in data:
-        value = data["detector_size"]
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ManifestError(f"detector_size must be an integer, got {value!r}")
-        out["detector_size"] = value
-    return out
-
-
-def number_field(value: Any, name: str) -> float:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-        raise ManifestError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
-
-
-def embedding_field(value: Any, name: str) -> tuple[float, ...]:
-    if not isinstance(value, list | tuple) or not value:
-        raise ManifestError(f"{name} must be a non-empty list of numbers")
-    return tuple(number_field(v, name) for v in value)
 
 
 def _check_tuning(m: Manifest) -> None:
@@ -378,10 +358,3 @@ def _segment_dict(segment: Segment) -> dict[str, Any]:
     if data["demuxer"] is None:  # as older runners know segments
         del data["demuxer"]
     return data
-
-
-def text_field(data: dict[str, Any], key: str) -> str:
-    value = data[key]
-    if not isinstance(value, str) or not value:
-        raise ManifestError(f"manifest field {key!r} must be a non-empty string")
-    return value

@@ -14,8 +14,13 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import posixpath
 import re
 from dataclasses import dataclass
+from typing import Any
+
+from contract.errors import ManifestError
+from contract.paths import require_container_path
 
 SCHEME = "s3://"
 # An object committed by a runner carries these (x-amz-meta-…): whose commit it is, and its digest.
@@ -25,6 +30,11 @@ _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _BAD_BUCKET_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
 _BAD_BUCKET_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
 _GLOB_CHARS = "*?"
+
+
+def is_s3(text: object) -> bool:
+    """Whether a manifest's path is an object in the store rather than a container path."""
+    return isinstance(text, str) and text.startswith(SCHEME)
 
 
 @dataclass(frozen=True)
@@ -189,3 +199,76 @@ def _unquote(value: str) -> str:
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
         return value[1:-1]
     return value
+
+
+# -- how a runner reaches the store (a manifest's ``storage`` block) ----------------------------------
+SECRETS_DIR = "/run/secrets/"
+ADDRESSING = ("path", "virtual")
+_ENDPOINT = re.compile(r"https?://[A-Za-z0-9.-]{1,253}(?::[0-9]{1,5})?/?")
+_REGION = re.compile(r"[a-z0-9-]{1,32}")
+_STORAGE_KEYS = ("endpoint_url", "region", "addressing", "credentials_file")
+
+
+@dataclass(frozen=True)
+class StorageAccess:
+    """The store as a manifest names it: where it is and which file (the Swarm secret, mounted in
+    the runner) holds the credentials. Never a key or a secret itself. Checked as hostile when built;
+    a refusal is a ManifestError naming the field (``storage.addressing``)."""
+
+    endpoint_url: str | None = None  # None: AWS S3 itself
+    region: str = "us-east-1"
+    addressing: str = "path"  # path | virtual
+    credentials_file: str = "/run/secrets/ffswarm-s3"
+
+    def __post_init__(self) -> None:
+        e = self.endpoint_url
+        if e is not None and (not isinstance(e, str) or not _ENDPOINT.fullmatch(e)):
+            raise ManifestError("storage.endpoint_url: must be http(s)://host[:port] (no path, query or user)")
+        if not isinstance(self.region, str) or not _REGION.fullmatch(self.region):
+            raise ManifestError("storage.region: must be 1 to 32 characters of a-z, 0-9 and '-'")
+        if self.addressing not in ADDRESSING:
+            raise ManifestError(f"storage.addressing: must be one of {', '.join(ADDRESSING)}")
+        f = self.credentials_file
+        if (
+            not isinstance(f, str)
+            or not f.startswith(SECRETS_DIR)
+            or len(f) > 255
+            or posixpath.normpath(f) != f
+            or not re.fullmatch(r"[A-Za-z0-9._/-]+", f)
+            or f == SECRETS_DIR.rstrip("/")
+        ):
+            raise ManifestError(f"storage.credentials_file: must be a normalised file path under {SECRETS_DIR}")
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {k: getattr(self, k) for k in _STORAGE_KEYS}
+        if self.endpoint_url is None:
+            del data["endpoint_url"]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any) -> StorageAccess:
+        if not isinstance(data, dict):
+            raise ManifestError("storage: must be an object")
+        unknown = sorted(str(k)[:40] for k in data if k not in _STORAGE_KEYS)
+        if unknown:
+            raise ManifestError(f"storage.{unknown[0]}: unknown field (known: {', '.join(_STORAGE_KEYS)})")
+        for key in _STORAGE_KEYS:
+            if key in data and not isinstance(data[key], str) and not (key == "endpoint_url" and data[key] is None):
+                raise ManifestError(f"storage.{key}: must be a string")
+        return cls(**data)
+
+
+def require_location(text: object, what: str, allow_s3: bool = True) -> None:
+    """A manifest's input, output or photo: a container path under /data, or (``allow_s3``) one
+    object ``s3://bucket/key`` (no glob: the controller lists globs at plan time)."""
+    if allow_s3 and is_s3(text):
+        try:
+            url = S3Url.parse(text)
+        except ValueError as e:
+            raise ManifestError(f"{what}: {e}") from None
+        if url.is_glob:
+            raise ManifestError(f"{what}: {text!r} is a glob; a manifest names single objects")
+        if url.key.endswith("/"):
+            raise ManifestError(f"{what}: {text!r} names a folder, not an object")
+        return
+    require_container_path(text, what)  # type: ignore[arg-type]  # it refuses a non-string itself

@@ -24,10 +24,11 @@ from contract.identity_table import MAX_ERROR, Identity
 from contract.layout import RunLayout
 from contract.manifest import FaceSelection, Limits
 from contract.paths import user_path
+from contract.s3 import is_s3
 
-from . import align, faces, log, media, models
+from . import align, faces, log, media, models, objects
 from .errors import BadManifest, ItemError, MissingInput, Temporary
-from .volume import DataRoot, is_volume_error
+from .volume import DataRoot
 
 IDENTITY_ROLES = ("detector", "recognizer")
 
@@ -50,28 +51,26 @@ def read_request(root: DataRoot, given: str) -> IdentityRequest:
     return IdentityRequest.from_json(text)
 
 
-def _photo_faces(root: DataRoot, limits: Limits, loaded: models.Models, path: str) -> tuple[Any, list[Any]]:
-    try:
-        with root.fd() as root_fd:
-            decoded = media.read_target(root_fd, path, limits)
-    except OSError as e:
-        if is_volume_error(e):
-            raise Temporary(f"{user_path(path)}: {e.strerror or e}") from e
-        raise ItemError(e.strerror or str(e)) from e
+def _photo_faces(
+    root: DataRoot, limits: Limits, loaded: models.Models, path: str, store: objects.Objects | None = None
+) -> tuple[Any, list[Any]]:
+    decoded = objects.read_photo(root, store, path, limits)
     return decoded.image, faces.detect(loaded.detector, decoded.image)
 
 
-def compute(root: DataRoot, req: IdentityRequest, loaded: models.Models, logger: Any) -> IdentityResult:
+def compute(
+    root: DataRoot, req: IdentityRequest, loaded: models.Models, logger: Any, store: objects.Objects | None = None
+) -> IdentityResult:
     """Embed every source (exactly one face each) and the reference (its largest face). ``error``
     names each photo as the user wrote it (contract/paths.py user_path): it is the job file's error."""
     errors: list[str] = []
     embeddings: list[np.ndarray] = []
     counts: list[SourceFaces] = []
-    people = compute_people(root, req.limits, req.identities, loaded) if req.identities else {}
+    people = compute_people(root, req.limits, req.identities, loaded, store) if req.identities else {}
     for src in req.sources:
         shown = user_path(src)
         try:
-            image, found = _photo_faces(root, req.limits, loaded, src)
+            image, found = _photo_faces(root, req.limits, loaded, src, store)
         except ItemError as e:
             errors.append(f"source photo {shown}: {e}")
             counts.append(SourceFaces(path=src, faces=0))
@@ -86,7 +85,7 @@ def compute(root: DataRoot, req: IdentityRequest, loaded: models.Models, logger:
     reference: tuple[float, ...] | None = None
     if req.reference is not None:
         try:
-            image, found = _photo_faces(root, req.limits, loaded, req.reference)
+            image, found = _photo_faces(root, req.limits, loaded, req.reference, store)
             if not found:
                 errors.append(f"reference photo {user_path(req.reference)}: no face detected")
             else:
@@ -116,7 +115,11 @@ EMBED_BATCH = 32  # face crops per recognizer run
 
 
 def compute_people(
-    root: DataRoot, limits: Limits, table: Mapping[str, Identity], loaded: models.Models
+    root: DataRoot,
+    limits: Limits,
+    table: Mapping[str, Identity],
+    loaded: models.Models,
+    store: objects.Objects | None = None,
 ) -> dict[str, Identity]:
     """Each person's embedding (a job with ``pairs``): every distinct photo read and detected once,
     the crops of all of them embedded in batches, each person's photos averaged as for one job's
@@ -128,7 +131,7 @@ def compute_people(
     for path in sorted({p for person in table.values() for p in person.sources}):
         shown = user_path(path)
         try:
-            image, found = _photo_faces(root, limits, loaded, path)
+            image, found = _photo_faces(root, limits, loaded, path, store)
         except ItemError as e:
             problems[path] = f"source photo {shown}: {e}"
             continue
@@ -179,7 +182,13 @@ def run_identity(root: DataRoot, given: str, sink: log.TeeSink) -> RunnerExit:
     loaded = models.load_models(
         pack, req.providers, det_size=req.detector_size, det_thresh=req.detector_threshold, roles=IDENTITY_ROLES
     )
-    result = compute(root, req, loaded, logger)
+    photos = [*req.sources, *([req.reference] if req.reference else [])]
+    photos += [p for person in req.identities.values() for p in person.sources]
+    try:
+        store = objects.connect(root, req.storage, [p for p in photos if is_s3(p)], req.job)
+        result = compute(root, req, loaded, logger, store)
+    except MissingInput as e:  # the store refused the credentials or a bucket: the job's error, answered
+        result = IdentityResult(error=str(e), provider=loaded.provider)
     try:
         media.atomic_write(out, result.to_json().encode("utf-8"))
     except OSError as e:

@@ -10,7 +10,8 @@ already holds.
 
 Results are appended by the calling thread only, in completion order, each after its output is
 committed (runner_image/safefs.py: no symlink followed on the way in or out; an existing file is
-replaced only with the job's ``overwrite``), with the committed file's size and sha256. A
+replaced only with the job's ``overwrite``; an ``s3://`` output by a PUT, objects.py and s3io.py),
+with the committed file's size and sha256. A
 chunk-level error (volume gone: Temporary; a bug; SIGTERM) stops new items from starting, lets the
 running ones end (their outputs are atomic either way) and is re-raised.
 """
@@ -28,9 +29,11 @@ import numpy as np
 from contract.manifest import FaceSelection, Item, Manifest, NoFacePolicy
 from contract.paths import user_path
 from contract.results import ItemResult, ItemStatus
+from contract.s3 import is_s3
 
 from . import faces, media, safefs, video
 from .errors import ItemError, Temporary
+from .objects import Objects
 from .processors import Processor
 from .volume import DataRoot, Intent, is_volume_error
 
@@ -55,6 +58,7 @@ class Engine:
     # and why a person has none (no face in a source photo …): their items fail with that reason.
     people: Mapping[str, tuple[Processor, ...]] = field(default_factory=dict)
     refused: Mapping[str, str] = field(default_factory=dict)
+    objects: Objects | None = None  # the store, when the manifest names s3:// objects (objects.py)
 
     def outputs(self) -> safefs.Writer:
         return self.writer or safefs.Writer(self.manifest.job, self.manifest.chunk, self.attempt)
@@ -103,7 +107,8 @@ class _ItemRun:
         try:
             outcome = self._process()
         except ItemError as e:
-            reason = f"{user_path(self._concerned())}: {e}"
+            shown = user_path(self._concerned())
+            reason = str(e) if shown in str(e) else f"{shown}: {e}"  # an object's errors name its URL
         except OSError as e:
             if is_volume_error(e):
                 raise Temporary(f"{user_path(self._concerned())}: shared volume error: {e.strerror or e}") from e
@@ -139,7 +144,12 @@ class _ItemRun:
         self.current = "prepare"
         if item.kind == "video":  # a segment of a video target: the same steps on every frame
             steps = video.FrameSteps(eng.detector, self._select, chain, self.timed, self.add)
-            status, output, count, digest = video.process_segment(item, eng.root, steps, eng.outputs())
+            if not is_s3(item.input):
+                status, output, count, digest = video.process_segment(item, eng.root, steps, eng.outputs())
+                return Outcome(status, output, count, digest)
+            self.current = "fetch"  # a failure names the input
+            with self._store().seekable(item.input) as copy:
+                status, output, count, digest = video.process_segment(item, eng.root, steps, eng.outputs(), copy)
             return Outcome(status, output, count, digest)
         ext = media.check_output_format(item.output)
         with eng.root.fd() as root_fd:
@@ -148,7 +158,10 @@ class _ItemRun:
     def _image(self, root_fd: int, ext: str, chain: tuple[Processor, ...]) -> Outcome:
         eng, item, m = self.engine, self.item, self.engine.manifest
         with self.timed("decode"):
-            decoded = media.read_target(root_fd, item.input, m.limits)
+            if is_s3(item.input):
+                decoded = media.decode_image(self._store().read(item.input, m.limits.max_file_bytes), m.limits)
+            else:
+                decoded = media.read_target(root_fd, item.input, m.limits)
         with self.timed("detect"):
             found = faces.detect(eng.detector, decoded.image)
         chosen = self._select(decoded.image, found) if found else []
@@ -158,9 +171,7 @@ class _ItemRun:
             if m.no_face is NoFacePolicy.SKIP:
                 return Outcome(ItemStatus.NO_FACE, None, 0)
             with self.timed("write"):
-                digest = eng.outputs().write(
-                    root_fd, item.output, decoded.data, m.overwrite, self._journal(ItemStatus.NO_FACE, 0)
-                )
+                digest = self._write(root_fd, decoded.data, ItemStatus.NO_FACE, 0)
             return Outcome(ItemStatus.NO_FACE, item.output, 0, digest)
         frame = decoded.image
         self.current = "swap"
@@ -169,10 +180,21 @@ class _ItemRun:
         with self.timed("encode"):
             data, note = media.encode_output(frame, decoded, ext)
         with self.timed("write"):
-            digest = eng.outputs().write(
-                root_fd, item.output, data, m.overwrite, self._journal(ItemStatus.OK, len(chosen))
-            )
+            digest = self._write(root_fd, data, ItemStatus.OK, len(chosen))
         return Outcome(ItemStatus.OK, item.output, len(chosen), digest, note)
+
+    def _store(self) -> Objects:
+        if self.engine.objects is None:  # connect() makes one whenever the manifest names an object
+            raise ItemError("the store is not configured for this job")
+        return self.engine.objects
+
+    def _write(self, root_fd: int, data: bytes, status: ItemStatus, count: int) -> safefs.Digest:
+        """Commit the output: a rename on the data volume, a PUT in the store (s3io.py)."""
+        eng, item = self.engine, self.item
+        journal, overwrite = self._journal(status, count), eng.manifest.overwrite
+        if is_s3(item.output):
+            return self._store().commit(item.output, data, item.id, eng.attempt, overwrite, journal)
+        return eng.outputs().write(root_fd, item.output, data, overwrite, journal)
 
     def _journal(self, status: ItemStatus, count: int) -> Callable[[safefs.Digest], None] | None:
         """What the commit tells the engine's journal just before the rename (None: no journal)."""

@@ -27,6 +27,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
@@ -57,16 +58,17 @@ class FrameSteps:
 
 
 def process_segment(
-    item: Item, root: DataRoot, steps: FrameSteps, writer: safefs.Writer | None = None
+    item: Item, root: DataRoot, steps: FrameSteps, writer: safefs.Writer | None = None, copy: Path | None = None
 ) -> tuple[ItemStatus, str | None, int, safefs.Digest]:
     """Swap faces in the item's frame range; returns (status, output, faces swapped in total, what
-    was committed). A segment belongs to the job's own run folder, so it replaces what is there."""
+    was committed). A segment belongs to the job's own run folder, so it replaces what is there.
+    ``copy``: the input as a file on the tmpfs (an s3:// video, objects.py), read instead of the volume."""
     seg = item.segment
     if seg is None:
         raise ItemError("video item without a segment")
     writer = writer or safefs.Writer("local", "c", 1)
     with root.fd() as rfd:
-        src, _ = safefs.open_input(rfd, item.input)
+        src = os.open(copy, safefs.INPUT_FLAGS) if copy is not None else safefs.open_input(rfd, item.input)[0]
         try:
             with writer.temp(rfd, item.output, replace=True) as tmp:
                 src_path = f"/proc/self/fd/{src}"

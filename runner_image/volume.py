@@ -29,6 +29,7 @@ from . import safefs
 from .errors import BadManifest, MissingInput, Temporary
 
 ENV_DATA_ROOT = "FFSWARM_DATA_ROOT"
+ENV_SECRETS_ROOT = "FFSWARM_SECRETS_ROOT"  # a local folder standing in for /run/secrets (tests, local runs)
 
 # errno values that mean "the volume itself is in trouble", not "this one file is bad".
 VOLUME_ERRNOS = frozenset(
@@ -46,10 +47,11 @@ class DataRoot:
     """Where the container's ``/data`` lives on this machine (``/data`` itself in production)."""
 
     local: Path
+    secrets: str | None = None  # where /run/secrets is, when not there (tests: the store's credentials)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], override: str | None = None) -> DataRoot:
-        return cls(Path(override or env.get(ENV_DATA_ROOT) or CONTAINER_DATA_ROOT))
+        return cls(Path(override or env.get(ENV_DATA_ROOT) or CONTAINER_DATA_ROOT), env.get(ENV_SECRETS_ROOT) or None)
 
     def path(self, container_path: str) -> Path:
         """Translate a manifest path; the manifest already guarantees it is normalised under /data."""

@@ -33,12 +33,11 @@ from contract.manifest import ENV_GPU, FaceSelection, Item, Manifest
 from contract.paths import user_path
 from contract.results import ItemResult, ItemStatus
 
-from . import faces, identity, log, media, models, pipeline, processors, safefs
+from . import faces, identity, log, models, objects, pipeline, processors, reuse, safefs
 from .errors import ItemError, MissingInput, Temporary
 from .record import AttemptRecorder
 from .volume import (
     DataRoot,
-    Intent,
     ResultsLog,
     committed,
     is_volume_error,
@@ -91,6 +90,9 @@ def run_attempt(inv: Invocation, sink: log.TeeSink, recorder: AttemptRecorder | 
         providers=list(manifest.providers),
     )
 
+    store = objects.connect(inv.root, manifest.storage, manifest.s3_urls(), manifest.job)
+    if store is not None:  # a missing or forbidden output bucket ends the chunk now (66), before any work
+        store.check_buckets(i.output for i in manifest.items)
     earlier = previous_results(inv.root.path(str(manifest.layout.results_dir)), manifest.chunk)
     if earlier.dropped:
         logger.warning("unreadable result lines of earlier attempts ignored", dropped=earlier.dropped)
@@ -100,88 +102,33 @@ def run_attempt(inv: Invocation, sink: log.TeeSink, recorder: AttemptRecorder | 
         pending: list[Item] = []
         refused: list[str] = []
         for item in manifest.items:
-            recorded = _reusable(root_fd, item, done.get(item.id))
-            # A commit only the journal knows of (its attempt was killed before its result line) is
-            # recorded now for the first time: that line is the item's commit, not a cached one.
-            prior = recorded or _journaled(root_fd, item, intents.get(item.id, []))
-            if prior is None and _not_ours(root_fd, manifest, item):
-                now = time.time()
+            prior = reuse.decide(root_fd, store, manifest, item, done.get(item.id), intents.get(item.id, []))
+            now = time.time()
+            if prior.refused:
                 refusal = f"{user_path(item.output)}: {safefs.EXISTS}"
                 results.append(ItemResult(item.id, ItemStatus.ERROR, inv.attempt, item.input, None, refusal,
                                           gpu=inv.gpu, started=now, finished=now))  # fmt: skip
                 recorder.count(failed=True)
                 refused.append(item.id)
-            elif prior is None:
+            elif prior.result is None:
                 pending.append(item)
             else:
-                now = time.time()
-                results.append(
-                    ItemResult(
-                        item=item.id,
-                        status=prior.status,
-                        attempt=inv.attempt,
-                        input=item.input,
-                        output=prior.output,
-                        reason=prior.reason,
-                        faces=prior.faces,
-                        cached=recorded is not None,
-                        gpu=inv.gpu,
-                        provider=prior.provider,
-                        started=now,
-                        finished=now,
-                        size=prior.size,
-                        sha256=prior.sha256,
-                        note=prior.note,
-                    )
-                )
+                # A commit only the journal knows of (its attempt was killed before its result line) is
+                # recorded now for the first time: that line is the item's commit, not a cached one.
+                p = prior.result
+                results.append(ItemResult(item.id, p.status, inv.attempt, item.input, p.output, p.reason, p.faces,
+                                          cached=prior.cached, gpu=inv.gpu, provider=p.provider, started=now,
+                                          finished=now, size=p.size, sha256=p.sha256, note=p.note))  # fmt: skip
         cached = len(manifest.items) - len(pending) - len(refused)
         if cached:
             logger.info("items already done by an earlier attempt", cached=cached)
         if refused:
             logger.warning("outputs exist that this job did not write", items=len(refused))
         recorder.count(done=cached)
-        failed = _run_pending(inv, manifest, pending, results, logger, recorder) if pending else 0
+        failed = _run_pending(inv, manifest, pending, results, logger, recorder, store) if pending else 0
     failed += len(refused)
     logger.info("attempt finished", items=len(manifest.items), failed=failed, cached=cached)
     return RunnerExit.ITEMS_FAILED if failed else RunnerExit.OK
-
-
-def _reusable(root_fd: int, item: Item, prior: ItemResult | None) -> ItemResult | None:
-    """The earlier commit of ``item`` if it still stands: a no_face without output, or an output
-    that still is the file the line records (size and sha256; a line of an older runner without
-    them: a regular file, no symlink, at the output's name)."""
-    if prior is None:
-        return None
-    if prior.output is None:
-        return prior if prior.status is ItemStatus.NO_FACE else None
-    if prior.output != item.output:
-        return None
-    found = safefs.digest_of(root_fd, item.output)
-    if found is None:
-        return None
-    if prior.sha256 is not None and (found.size, found.sha256) != (prior.size, prior.sha256):
-        return None
-    return prior
-
-
-def _journaled(root_fd: int, item: Item, intents: list[Intent]) -> ItemResult | None:
-    """An output an earlier attempt renamed into place but was killed before its result line: the
-    journal recorded it just before the rename, and the file is still exactly that."""
-    matching = [i for i in intents if i.output == item.output]
-    if not matching:
-        return None
-    found = safefs.digest_of(root_fd, item.output)
-    for intent in reversed(matching):
-        if found is not None and (found.size, found.sha256) == (intent.size, intent.sha256):
-            return ItemResult(item.id, intent.status, 0, item.input, item.output, faces=intent.faces,
-                              size=intent.size, sha256=intent.sha256)  # fmt: skip
-    return None
-
-
-def _not_ours(root_fd: int, manifest: Manifest, item: Item) -> bool:
-    """Whether an image item's output name is taken by something this job did not commit and may
-    not replace. A video segment's output is in the job's own run folder: always its own."""
-    return not manifest.overwrite and item.kind == "image" and safefs.exists(root_fd, item.output)
 
 
 def _run_pending(
@@ -191,6 +138,7 @@ def _run_pending(
     results: ResultsLog,
     logger: Any,
     recorder: AttemptRecorder,
+    store: objects.Objects | None = None,
 ) -> int:
     t0 = time.perf_counter()
     pack = models.verify_pack(inv.root.path(manifest.pack_dir), manifest.processors, user_path(manifest.pack_dir))
@@ -220,10 +168,11 @@ def _run_pending(
     )
     recorder.models_loaded(loaded.provider, loaded.threads, cold_start, logger)
     manifest = await_identity(inv.root, manifest, logger)
-    people, refused = people_processors(inv.root, manifest, loaded, logger)
+    people, refused = people_processors(inv.root, manifest, loaded, logger, store)
     chain: tuple[processors.Processor, ...] = ()
     if not manifest.identities:  # version 1: one person for every item
-        chain = tuple(processors.build(manifest, loaded, source_identity(inv.root, manifest, loaded, logger)))
+        vector = source_identity(inv.root, manifest, loaded, logger, store)
+        chain = tuple(processors.build(manifest, loaded, vector))
     journal = ResultsLog(inv.root.path(str(manifest.layout.commits(manifest.chunk, inv.attempt))))
     engine = pipeline.Engine(
         root=inv.root,
@@ -238,6 +187,7 @@ def _run_pending(
         provider=loaded.provider,
         writer=safefs.Writer(manifest.job, manifest.chunk, inv.attempt),
         journal=lambda intent: journal.append_line(intent.to_line()),
+        objects=store,
     )
     failed = 0
 
@@ -337,7 +287,7 @@ def with_answers(manifest: Manifest, result: IdentityResult) -> Manifest:
 
 
 def people_processors(
-    root: DataRoot, manifest: Manifest, loaded: models.Models, logger: Any
+    root: DataRoot, manifest: Manifest, loaded: models.Models, logger: Any, store: objects.Objects | None = None
 ) -> tuple[dict[str, tuple[processors.Processor, ...]], dict[str, str]]:
     """A version 2 manifest: the processors bound to each person's identity, and why a person has
     none (their items fail, naming the photo). People without an answer (a manifest made without
@@ -347,7 +297,7 @@ def people_processors(
     table = dict(manifest.identities)
     missing = {k: v for k, v in table.items() if not (v.embedding or v.error)}
     if missing:
-        table.update(identity.compute_people(root, manifest.limits, missing, loaded))
+        table.update(identity.compute_people(root, manifest.limits, missing, loaded, store))
     refused = {k: v.error for k, v in table.items() if v.error}
     if refused:
         logger.warning("people without an identity: their items fail", people=len(refused))
@@ -359,7 +309,9 @@ def people_processors(
     return people, refused
 
 
-def source_identity(root: DataRoot, manifest: Manifest, loaded: models.Models, logger: Any) -> np.ndarray:
+def source_identity(
+    root: DataRoot, manifest: Manifest, loaded: models.Models, logger: Any, store: objects.Objects | None = None
+) -> np.ndarray:
     """The source identity: from the manifest when the controller computed it at submit (the
     identity subcommand), else embedded here once: the largest face of each photo, averaged."""
     if manifest.source_embedding is not None:
@@ -369,14 +321,9 @@ def source_identity(root: DataRoot, manifest: Manifest, loaded: models.Models, l
     for src in manifest.source:
         shown = user_path(src)
         try:
-            with root.fd() as root_fd:
-                decoded = media.read_target(root_fd, src, manifest.limits)
+            decoded = objects.read_photo(root, store, src, manifest.limits)
         except ItemError as e:
             raise MissingInput(f"source photo {shown}: {e}") from e
-        except OSError as e:
-            if is_volume_error(e):
-                raise Temporary(f"source photo {shown}: {e.strerror or e}") from e
-            raise MissingInput(f"source photo {shown}: {e.strerror or e}") from e
         found = faces.detect(loaded.detector, decoded.image)
         if not found:
             raise MissingInput(f"source photo {shown}: no face detected")

@@ -30,6 +30,7 @@ from controller.api.unzip import Unpacked, ZipLimits, unpack
 from controller.api.uploads import Upload
 from controller.config import Config
 from controller.errors import FfswarmError, JobFileError
+from controller.job import remote
 from controller.job.files import JobFileErrors, parse_job, parse_job_text
 from controller.job.resolve import resolve_job
 from controller.run import handover
@@ -126,6 +127,7 @@ def validate(config: Config, area: Area, data: dict[str, Any], job: str) -> str:
     """The job checked inside the area; returns the inbox job file's text (paths from the data root)."""
     try:
         spec = parse_job(data, "job")
+        remote.check_allowed(spec, "job", configured=False, tenant=area.tenant)  # a tenant has its area only
         admission.check_job(config.policy, spec, "job")
         resolved = resolve_job(spec, area.path, "job", job_id=job)
         admission.check_counts(config.policy, "job", len(resolved.targets), 0)

@@ -19,6 +19,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from contract.s3 import is_s3
 from controller.config import Config
 from controller.errors import MissingInputError
 from controller.job.plan import Plan
@@ -167,9 +168,10 @@ def check(config: Config, inputs: Iterable[str], output_folders: Iterable[str], 
 def check_job(config: Config, job: ResolvedJob, file: str) -> tuple[str, ...]:
     """At submit: sources, reference and targets are read; every target's output folder written."""
     root = Path(os.path.realpath(config.data_root))
-    inputs = [p.relative_to(root).as_posix() for p in (*job.sources, *([job.reference] if job.reference else []))]
-    inputs += [t.rel for t in job.targets]
-    return check(config, inputs, (posixpath.dirname(t.output_rel) for t in job.targets), file)
+    photos = [p for p in (*job.sources, *([job.reference] if job.reference else [])) if isinstance(p, Path)]
+    inputs = [p.relative_to(root).as_posix() for p in photos] + [t.rel for t in job.targets if not is_s3(t.rel)]
+    folders = (posixpath.dirname(t.output_rel) for t in job.targets if not is_s3(t.output_rel))  # objects: none
+    return check(config, inputs, folders, file)
 
 
 def check_plan(config: Config, plan: Plan, chunks: Iterable[str], file: str) -> tuple[str, ...]:
@@ -177,9 +179,9 @@ def check_plan(config: Config, plan: Plan, chunks: Iterable[str], file: str) -> 
     every video (joined by the controller once its segments are in)."""
     todo = set(chunks)
     items = [plan.item(i) for c in plan.chunks if c.id in todo for i in c.items]
-    outputs = [posixpath.dirname(i.output) for i in items if i.kind != "segment"]
+    outputs = [posixpath.dirname(i.output) for i in items if i.kind != "segment" and not is_s3(i.output)]
     outputs += [posixpath.dirname(v.output) for v in plan.videos]
-    return check(config, dict.fromkeys(i.input for i in items), outputs, file)
+    return check(config, dict.fromkeys(i.input for i in items if not is_s3(i.input)), outputs, file)
 
 
 def make_folders(root: Path, folders: Iterable[str], owner: Ids | None) -> list[str]:

@@ -13,9 +13,38 @@ import glob
 import os
 import posixpath
 from pathlib import Path
+from typing import Any
 
 from contract.layout import RUNS
 from contract.paths import CONTAINER_DATA_ROOT, user_text
+from contract.s3 import S3Url, is_s3
+
+
+def check_rel_path(path: Any, what: str) -> str:
+    """A path relative to the data root that stays in it: not absolute, no ``..`` or ``.`` parts,
+    no empty parts, no control characters (ValueError naming ``what``)."""
+    if not isinstance(path, str) or not path or len(path) > 4096:
+        raise ValueError(f"{what}: not a path")
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+        raise ValueError(f"{what}: a path with control characters")
+    if path.startswith("/"):
+        raise ValueError(f"{what}: an absolute path ({path!r}); paths are relative to the data root")
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        raise ValueError(f"{what}: {path!r} leads out of the data root or is not normalised")
+    return path
+
+
+def check_location(path: Any, what: str) -> str:
+    """``check_rel_path``, or one object's ``s3://bucket/key`` URL (no glob, not a folder)."""
+    if not is_s3(path):
+        return check_rel_path(path, what)
+    try:
+        url = S3Url.parse(path)
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
+    if url.is_glob or url.key.endswith("/") or str(url) != path:
+        raise ValueError(f"{what}: {path!r} is not one object")
+    return str(url)
 
 
 def check_relative(rel: str, *, what: str) -> str:

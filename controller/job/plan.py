@@ -35,6 +35,8 @@ from contract.manifest import (
     Segment,
 )
 from contract.paths import CONTAINER_DATA_ROOT
+from contract.s3 import StorageAccess, is_s3
+from controller.job.paths import check_location, check_rel_path
 
 ID = re.compile(r"[a-z0-9-]+")  # job, chunk and item ids
 
@@ -42,8 +44,8 @@ ID = re.compile(r"[a-z0-9-]+")  # job, chunk and item ids
 @dataclass(frozen=True)
 class PlannedItem:
     id: str  # i000042: stable across attempts and resubmits
-    input: str  # path relative to the data root
-    output: str  # path relative to the data root
+    input: str  # path relative to the data root, or an object's s3:// URL
+    output: str  # path relative to the data root, or an object's s3:// URL (images only)
     kind: str  # image | segment (of a video: see Plan.videos)
     parent: str | None = None  # segment: the video's item id
     segment: Segment | None = None
@@ -130,20 +132,6 @@ _ITEM_KEYS = {"id", "input", "output", "kind", "parent", "segment", "identity"}
 _VIDEO_KEYS = {"id", "input", "output", "segments", "error", "info"}
 
 
-def check_rel_path(path: Any, what: str) -> str:
-    """A path relative to the data root that stays in it: not absolute, no ``..`` or ``.`` parts,
-    no empty parts, no control characters (ValueError naming ``what``)."""
-    if not isinstance(path, str) or not path or len(path) > 4096:
-        raise ValueError(f"{what}: not a path")
-    if any(ord(c) < 32 or ord(c) == 127 for c in path):
-        raise ValueError(f"{what}: a path with control characters")
-    if path.startswith("/"):
-        raise ValueError(f"{what}: an absolute path ({path!r}); paths are relative to the data root")
-    if any(part in ("", ".", "..") for part in path.split("/")):
-        raise ValueError(f"{what}: {path!r} leads out of the data root or is not normalised")
-    return path
-
-
 def _id(value: Any) -> str:
     if not isinstance(value, str) or not ID.fullmatch(value) or len(value) > 200:
         raise ValueError(f"plan.json holds an id that is not a-z, 0-9 and - only: {value!r}")
@@ -180,8 +168,8 @@ def _item(data: Any, job: str) -> PlannedItem:
             raise ValueError(f"plan.json: item {iid}: bad segment ({type(e).__name__})") from None
     item = PlannedItem(
         id=iid,
-        input=check_rel_path(data["input"], f"plan.json: item {iid}: input"),
-        output=check_rel_path(data["output"], f"plan.json: item {iid}: output"),
+        input=check_location(data["input"], f"plan.json: item {iid}: input"),
+        output=check_location(data["output"], f"plan.json: item {iid}: output"),
         kind=kind,
         parent=None if parent is None else _id(parent),
         segment=segment,
@@ -345,10 +333,14 @@ class ManifestSettings:
     # A pairs job: id → that person's photos (relative to the data root); ``sources`` is then empty
     # and the manifests are schema version 2, each with the identities its items use.
     identities: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # How runners reach the object store (the credentials file: the Swarm secret mounted in them);
+    # given when the job names any s3:// object, and then in every manifest of the job.
+    storage: StorageAccess | None = None
 
 
 def _c(rel: str) -> str:
-    return f"{CONTAINER_DATA_ROOT}/{rel}"
+    """A path relative to the data root as the runner sees it; an s3:// URL as it is."""
+    return rel if is_s3(rel) else f"{CONTAINER_DATA_ROOT}/{rel}"
 
 
 def _manifest_item(i: PlannedItem) -> Item:
@@ -393,6 +385,7 @@ def chunk_manifests(plan: Plan, settings: ManifestSettings) -> dict[str, Manifes
             overwrite=settings.overwrite,
             schema=schema,
             identities=_table(members[c.id], settings) if settings.identities else {},
+            storage=settings.storage,
         )
         for c in plan.chunks
     }

@@ -7,11 +7,13 @@ import os
 import string
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from contract.layout import RunLayout
 from contract.manifest import FaceSelection
+from contract.s3 import S3Url, is_s3
 from controller.errors import FfswarmError, JobFileError, MissingInputError
-from controller.job import claims, fence, owners, pairs
+from controller.job import claims, fence, owners, pairs, remote
 from controller.job.files import raise_all
 from controller.job.paths import Resolver, resolve_inside
 from controller.job.spec import (
@@ -26,10 +28,16 @@ from controller.job.spec import (
     target_kind,
 )
 
+if TYPE_CHECKING:
+    from controller.storage.s3 import S3Store
+
+Photo = Path | S3Url  # a source photo: a real file under the data root, or an object (checked with HEAD)
+
 
 @dataclass(frozen=True)
 class Target:
-    """One matched input and where its output goes; host paths are real (symlink-free). Kept as
+    """One matched input and where its output goes; host paths are real (symlink-free); an object in
+    the store is its ``s3://`` URL in both the host and the relative field. Kept as
     strings (a Path per target costs ~1 s per 100,000 targets); ``input``/``output`` give Paths."""
 
     index: int  # 0-based, in the order of the globs, sorted within each
@@ -51,10 +59,17 @@ class Target:
 
 @dataclass(frozen=True)
 class ResolvedJob:
-    sources: tuple[Path, ...]  # every source photo (a pairs job: of every person, each once)
+    sources: tuple[Photo, ...]  # every source photo (a pairs job: of every person, each once)
     reference: Path | None
     targets: tuple[Target, ...]
-    identities: tuple[tuple[Path, ...], ...] = ()  # a pairs job: each distinct person's photos
+    identities: tuple[tuple[Photo, ...], ...] = ()  # a pairs job: each distinct person's photos
+
+    @property
+    def uses_s3(self) -> bool:
+        """Whether a runner of this job reads or writes the object store."""
+        return any(isinstance(s, S3Url) for s in self.sources) or any(
+            is_s3(t.rel) or is_s3(t.output_rel) for t in self.targets
+        )
 
 
 Match = tuple[str, TargetKind, str, int | None]  # real path, kind, output template, identity
@@ -68,34 +83,40 @@ def resolve_job(
     job_id: str | None = None,
     tenant: str | None = None,
     max_pairs: int | None = None,
+    store: S3Store | None = None,
 ) -> ResolvedJob:
     """Expand globs and outputs under ``data_root``; refuse escapes, collisions and missing inputs.
 
     ``job_id`` fills ``{job}`` (default: the job's name; ``--new`` gives ``name-2`` …). ``tenant``:
     the owner of an API job (controller/job/owners.py); its inputs and outputs must then all lie,
     symlinks resolved, in ``tenants/<tenant>/`` (controller/job/fence.py). ``max_pairs``: the
-    policy's targets maximum, which bounds reading a ``pairs_file``.
+    policy's targets maximum, which bounds reading a ``pairs_file`` and listing an ``s3://`` glob.
+    ``store``: the object store (``storage.s3``); without one an ``s3://`` path is refused.
     """
+    remote.check_allowed(spec, file, configured=store is not None, tenant=tenant)
     root = Path(os.path.abspath(data_root))
     area = owners.area_rel(tenant) if tenant is not None else None
     resolver = Resolver(root, listings=True)  # one folder read per folder, not 2 stats per path
-    identities: tuple[tuple[Path, ...], ...] = ()
+    identities: tuple[tuple[Photo, ...], ...] = ()
     matches: list[Match] = []
     n = len(spec.source)  # 0 for pairs: their photos are checked pair by pair
     if spec.uses_pairs:
-        identities, matches = _resolve_pairs(spec, root, file, resolver, area, max_pairs)
+        identities, matches = _resolve_pairs(spec, root, file, resolver, area, max_pairs, store)
         sources = tuple(dict.fromkeys(p for photos in identities for p in photos))
     else:
-        sources = tuple(_existing(root, s, item_field("source", i, n), file) for i, s in enumerate(spec.source))
+        sources = tuple(_source(root, store, s, item_field("source", i, n), file) for i, s in enumerate(spec.source))
     reference = None  # unused, so not looked for, unless faces: reference
     if spec.faces is FaceSelection.REFERENCE and spec.reference is not None:
         reference = _existing(root, spec.reference, "reference", file)
     for i, source in enumerate(sources[:n]):
+        if isinstance(source, S3Url):
+            continue
         fence.check_input_area(resolver.relative(str(source)), item_field("source", i, n), file, area)
     if reference is not None:
         fence.check_input_area(resolver.relative(str(reference)), "reference", file, area)
     if not spec.uses_pairs:
-        matches = [(p, kind, spec.output, None) for p, kind in _match_targets(spec, file, resolver)]
+        found = _match_targets(spec, file, resolver, store, max_pairs)
+        matches = [(p, kind, spec.output, None) for p, kind in found]
         names = {name for _, name, _, _ in string.Formatter().parse(spec.output) if name}
         if len(matches) > 1 and not names & set(DISTINCT_PLACEHOLDERS):
             reason = f"{spec.output!r} needs {{stem}}, {{name}} or {{index}}: the targets match {len(matches)} files"
@@ -106,13 +127,26 @@ def resolve_job(
     targets: list[Target] = []
     job = job_id or spec.name
     for index, (path, kind, template, person) in enumerate(matches):
-        rel = resolver.relative(path)
-        fence.check_input_area(rel, "targets", file, area)
+        rel = path if is_s3(path) else resolver.relative(path)
+        if not is_s3(path):
+            fence.check_input_area(rel, "targets", file, area)
         try:
             out_text = expand_output(template, rel, index=index, job=job)
-            out = resolver.inside_str(out_text, what="output")
+            out = out_text if is_s3(out_text) else resolver.inside_str(out_text, what="output")
         except ValueError as e:
             raise JobFileError(file, "output", f"for {rel!r}: {e}") from None
+        if is_s3(out):  # an object: no folder to check, claimed by its URL
+            if out in written:
+                raise JobFileError(file, "output", f"{written[out]!r} and {rel!r} would both write {out}")
+            if out in inputs:
+                raise JobFileError(file, "output", f"{rel!r} would be written to {out}, an input of this job")
+            if kind is not TargetKind.IMAGE:  # the controller joins a video's segments on the volume
+                raise JobFileError(file, "output", f"{rel!r} is a video: its output cannot be an object yet ({out})")
+            if target_kind(out) is not kind:
+                raise JobFileError(file, "output", f"{rel!r} is a {kind.value} but its output {out} is not")
+            written[out] = rel
+            targets.append(Target(index, path, rel, out, out, kind, person))
+            continue
         out_rel = resolver.relative(out)
         fence.check_area(out_rel, rel, file, area)
         if out in inputs:
@@ -129,7 +163,8 @@ def resolve_job(
     outputs = [t.output_rel for t in targets]
     if not (root / RunLayout.relative(job).plan).is_file():  # a new run, not the continuation of one
         if not spec.overwrite:
-            fence.check_overwrite(outputs, lambda r: resolver.isfile(written_real[r]), file)
+            files = [r for r in outputs if not is_s3(r)]  # an object's owner is in its metadata: the runner's check
+            fence.check_overwrite(files, lambda r: resolver.isfile(written_real[r]), file)
         taken = claims.conflict(root, job, outputs)
         if taken is not None:
             raise JobFileError(file, "output", claims.refusal(*taken))
@@ -137,8 +172,14 @@ def resolve_job(
 
 
 def _resolve_pairs(
-    spec: JobSpec, root: Path, file: str, resolver: Resolver, area: str | None, max_pairs: int | None
-) -> tuple[tuple[tuple[Path, ...], ...], list[Match]]:
+    spec: JobSpec,
+    root: Path,
+    file: str,
+    resolver: Resolver,
+    area: str | None,
+    max_pairs: int | None,
+    store: S3Store | None,
+) -> tuple[tuple[tuple[Photo, ...], ...], list[Match]]:
     """Each pair's photos and target found under the root (no glob), its output template, and its
     person: pairs whose photos are the same files share one. Every pair's problem is collected
     (up to pairs.SHOWN_ERRORS), each naming the pair (``pairs[3].source``, or the file's line)."""
@@ -160,15 +201,22 @@ def _resolve_pairs(
         return ("pairs_file", f"{shown} line {lines[i]}: {key}: ") if lines else (f"pairs[{i}].{key}", "")
 
     errors: list[FfswarmError] = []
-    photos: dict[str, Path] = {}
-    people: dict[tuple[Path, ...], int] = {}
+    photos: dict[str, Photo] = {}
+    people: dict[tuple[Photo, ...], int] = {}
     matches: list[Match] = []
     for i, pair in enumerate(listed):
         if len(errors) > pairs.SHOWN_ERRORS:
             break
         try:
-            person = tuple(_photo(root, resolver, photos, s, *where(i, "source"), file, area) for s in pair.source)
-            path, kind = _pair_target(resolver, pair.target, *where(i, "target"), file, area)
+            if lines and any(is_s3(x) for x in (*pair.source, pair.target, pair.output or "")):
+                remote.refuse(where(i, "source")[0], file, configured=store is not None, tenant=area)
+            source = where(i, "source")
+            person = tuple(_photo(root, resolver, photos, s, *source, file, area, store) for s in pair.source)
+            if is_s3(pair.target):
+                assert store is not None  # remote.check_allowed / refuse
+                path, kind = remote.list_targets(store, pair.target, *where(i, "target")[:1], file, 1)[0]
+            else:
+                path, kind = _pair_target(resolver, pair.target, *where(i, "target"), file, area)
         except (JobFileError, MissingInputError) as e:
             errors.append(e)
             continue
@@ -178,8 +226,19 @@ def _resolve_pairs(
 
 
 def _photo(
-    root: Path, resolver: Resolver, seen: dict[str, Path], rel: str, f: str, prefix: str, file: str, area: str | None
-) -> Path:
+    root: Path,
+    resolver: Resolver,
+    seen: dict[str, Photo],
+    rel: str,
+    f: str,
+    prefix: str,
+    file: str,
+    area: str | None,
+    store: S3Store | None = None,
+) -> Photo:
+    if rel not in seen and is_s3(rel):
+        assert store is not None  # remote.check_allowed / refuse
+        seen[rel] = remote.head(store, rel, f, file, prefix)
     if rel not in seen:
         try:
             path = _existing(root, rel, f, file)
@@ -218,6 +277,13 @@ def _pair_target(
     return real, kind
 
 
+def _source(root: Path, store: S3Store | None, rel: str, f: str, file: str) -> Photo:
+    if is_s3(rel):
+        assert store is not None  # remote.check_allowed
+        return remote.head(store, rel, f, file)
+    return _existing(root, rel, f, file)
+
+
 def _existing(root: Path, rel: str, f: str, file: str) -> Path:
     try:
         path = resolve_inside(root, rel, what=f)
@@ -230,11 +296,19 @@ def _existing(root: Path, rel: str, f: str, file: str) -> Path:
     return path
 
 
-def _match_targets(spec: JobSpec, file: str, resolver: Resolver) -> list[tuple[str, TargetKind]]:
+def _match_targets(
+    spec: JobSpec, file: str, resolver: Resolver, store: S3Store | None, limit: int | None
+) -> list[tuple[str, TargetKind]]:
     seen: set[str] = set()
     matches: list[tuple[str, TargetKind]] = []
     for i, pattern in enumerate(spec.targets):
         f = item_field("targets", i, len(spec.targets))
+        if is_s3(pattern):
+            assert store is not None  # remote.check_allowed
+            bound = 100_000 if limit is None else limit
+            matches += [(u, k) for u, k in remote.list_targets(store, pattern, f, file, bound) if u not in seen]
+            seen.update(u for u, _ in matches)
+            continue
         try:
             found = resolver.glob(pattern)
         except ValueError as e:

@@ -26,6 +26,7 @@ from contract.manifest import (
     FaceSelection,
     NoFacePolicy,
 )
+from contract.s3 import S3Url, is_s3
 from controller.job.paths import check_relative
 from controller.job.validate import (
     FieldError,
@@ -164,8 +165,8 @@ class Pair:
     def __post_init__(self) -> None:
         for i, photo in enumerate(_items(self.source, "source", "photo")):
             _check_photo(photo, item_field("source", i, len(self.source)))
-        target = _relative(check_str(self.target, "target"), "target")
-        if any(c in target for c in _GLOB_CHARS):
+        target = _location(check_str(self.target, "target"), "target")
+        if S3Url.parse(target).is_glob if is_s3(target) else any(c in target for c in _GLOB_CHARS):
             raise FieldError("target", f"{target!r} is a glob; a pair names one file (use targets: for globs)")
         if target_kind(target) is None:
             supported = " ".join(IMAGE_EXTENSIONS + VIDEO_EXTENSIONS)
@@ -222,7 +223,7 @@ class JobSpec:
                 _check_photo(photo, item_field("source", i, len(self.source)))
             for i, pattern in enumerate(_items(self.targets, "targets", "glob")):
                 f = item_field("targets", i, len(self.targets))
-                _relative(check_str(pattern, f), f)
+                _location(check_str(pattern, f), f)
             _check_output(self.output, self.name)
         for i, p in enumerate(_items(self.processors, "processors", "processor")):
             check_choice(p, f"processors[{i}]", PROCESSORS, "processor")
@@ -305,8 +306,23 @@ def _relative(rel: str, f: str) -> str:
         raise FieldError(f, str(e)) from None
 
 
+def _location(text: str, f: str) -> str:
+    """A path relative to the data root, or an ``s3://bucket/key`` URL (a key glob allowed), checked."""
+    if not is_s3(text):
+        return _relative(text, f)
+    try:
+        S3Url.parse(text)
+    except ValueError as e:
+        raise FieldError(f, str(e)) from None
+    return text
+
+
 def _check_photo(value: object, f: str) -> None:
-    _relative(check_str(value, f), f)
+    if f == "reference" and is_s3(value):
+        raise FieldError(f, "must be a file under the data root: an s3:// reference is not supported yet")
+    _location(check_str(value, f), f)
+    if is_s3(value) and S3Url.parse(value).is_glob:
+        raise FieldError(f, f"{value!r} is a glob; a source names photos, not globs")
     if target_kind(str(value)) is not TargetKind.IMAGE:
         raise FieldError(f, f"{value!r} is not an image ({' '.join(IMAGE_EXTENSIONS)})")
 
@@ -331,13 +347,27 @@ def _check_output(template: object, job: str) -> None:
             raise FieldError("output", f"unknown placeholder {{{name}}} in {template!r} (known: {known})")
         if conversion:
             raise FieldError("output", f"conversions like !{conversion} are not supported in {template!r}")
-    _relative(template, "output")
+    if is_s3(template):
+        _check_s3_output(template)
+    else:
+        _relative(template, "output")
     if template.endswith("/"):
         raise FieldError("output", f"{template!r} names a folder, not a file")
     try:
         expand_output(template, PurePosixPath("d/x.jpg"), index=0, job=job)
     except (ValueError, TypeError, KeyError, IndexError) as e:
         raise FieldError("output", f"{template!r} cannot be expanded: {e}") from None
+
+
+def _check_s3_output(template: str) -> None:
+    """``s3://bucket/key-template``: the bucket is literal, the key template has no glob."""
+    bucket, _, key = template[len("s3://") :].partition("/")
+    if "{" in bucket or "}" in bucket or any(c in key for c in "*?"):
+        raise FieldError("output", f"{template!r}: write the bucket out, and no glob (one object per target)")
+    try:
+        S3Url.parse(f"s3://{bucket}/{key or 'x'}")
+    except ValueError as e:
+        raise FieldError("output", str(e)) from None
 
 
 _SLASHES = re.compile("/+")
@@ -350,8 +380,17 @@ def expand_output(template: str, rel: str | PurePosixPath, *, index: int, job: s
     functions, not PurePath objects: this runs once per target, 100,000 times for a big job.
     """
     rel = str(rel)
+    if is_s3(rel):  # an object's {dir} is its key's folder (without the bucket)
+        rel = S3Url.parse(rel).key
     folder, name = posixpath.split(rel)
     stem, ext = posixpath.splitext(name)
+    if is_s3(template):
+        bucket, _, key = template[len("s3://") :].partition("/")
+        text = _SLASHES.sub("/", key.format(stem=stem, ext=ext, name=name, index=index, job=job, dir=folder))
+        try:
+            return str(S3Url(bucket, text.lstrip("/")))
+        except ValueError as e:
+            raise ValueError(f"{template!r} gives no valid object for {str(rel)!r}: {e}") from None
     text = template.format(stem=stem, ext=ext, name=name, index=index, job=job, dir=folder)
     if text.endswith("/"):
         raise ValueError(f"{template!r} gives a folder for {str(rel)!r}")

@@ -28,6 +28,7 @@ from contract.identity_table import Identity, identity_id
 from contract.layout import RunLayout
 from contract.manifest import SCHEMA_IDENTITIES, SCHEMA_VERSION
 from contract.paths import CONTAINER_DATA_ROOT, user_path, user_text
+from contract.s3 import S3Url
 from controller.config import Config
 from controller.errors import CapacityError, FfswarmError, JobFileError, MissingInputError
 from controller.job.resolve import ResolvedJob
@@ -44,7 +45,9 @@ STEP_ATTEMPTS = 3  # a step ended by its node (drained, rejected) or a temporary
 RETRY_STATES = {"shutdown", "orphaned", "rejected"}
 
 
-def _c(root: Path, p: Path) -> str:
+def _c(root: Path, p: Path | S3Url) -> str:
+    if isinstance(p, S3Url):
+        return str(p)
     return f"{CONTAINER_DATA_ROOT}/{p.resolve().relative_to(root).as_posix()}"
 
 
@@ -74,6 +77,7 @@ def request_for(config: Config, spec: JobSpec, resolved: ResolvedJob, job_id: st
         reference=_c(root, resolved.reference) if resolved.reference else None,
         detector_threshold=spec.detector.threshold,
         detector_size=spec.detector.size,
+        storage=config.storage.s3.access() if config.storage.s3 and resolved.uses_s3 else None,
     )
 
 

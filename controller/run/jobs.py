@@ -18,10 +18,11 @@ from contract.errors import PackError
 from contract.identity import IdentityResult
 from contract.identity_table import identity_id
 from contract.pack import missing_roles
+from contract.s3 import S3Url, is_s3
 from controller import policy as admission
 from controller.config import Config
 from controller.errors import FfswarmError, JobFileError, MissingInputError, UsageError
-from controller.job import access, claims, video
+from controller.job import access, claims, remote, video
 from controller.job.files import parse_job_text, raise_all, read_jobs
 from controller.job.plan import AUTO_MAX_CHUNK, ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
 from controller.job.resolve import ResolvedJob, resolve_job
@@ -31,7 +32,7 @@ from controller.models import read_spec
 from controller.run import identity, status, timings
 from controller.run.rundir import Control, RunDir, next_job_id
 from controller.swarm.backend import SwarmBackend
-from controller.swarm.servicespec import RunnerSettings, chunk_service
+from controller.swarm.servicespec import RunnerSettings, SecretMount, chunk_service
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,9 @@ def _prepare_one(
     job_id = next_job_id(config.data_root, spec.name, new)
     check_same_job(config, job_id, file)
     limit = config.policy.limits.targets
-    resolved = resolve_job(spec, config.data_root, str(file), job_id=job_id, tenant=tenant, max_pairs=limit)
+    resolved = resolve_job(
+        spec, config.data_root, str(file), job_id=job_id, tenant=tenant, max_pairs=limit, store=store_for(config, spec)
+    )
     admission.check_counts(config.policy, str(file), len(resolved.targets), 0)
     check_pack(config, spec, file)
     folders = access.check_job(config, resolved, str(file))  # the runner can read and write it all
@@ -116,6 +119,44 @@ def _prepare_one(
     admission.check_counts(config.policy, str(file), len(targets), sum(len(t.segments) for t in targets))
     plan = make_plan(job_id, targets, spec.chunk_size, parallel(spec), chunk_cap(config, spec, targets))
     return PreparedJob(file, spec, resolved, plan, job_id, folders)
+
+
+def store_for(config: Config, spec: JobSpec) -> Any:
+    """The object store, made (its credentials file read) only for a job that may name s3:// objects."""
+    s3 = config.storage.s3
+    if s3 is None or not (remote.s3_fields(spec) or spec.pairs_file is not None):
+        return None
+    from controller.storage.s3 import S3Store  # boto3: imported only by jobs that use it
+
+    return S3Store.from_settings(s3)
+
+
+def output_links(config: Config) -> Callable[[str], str | None] | None:
+    """For report.json: an s3:// output's presigned GET link (signed here, valid storage.s3.link_ttl);
+    None when no link can be made (the credentials file unreadable: said in the log, not the report)."""
+    s3 = config.storage.s3
+    if s3 is None:
+        return None
+    made: list[Any] = []
+
+    def link(url: str) -> str | None:
+        from controller.storage.s3 import S3Store
+
+        try:
+            if not made:
+                made.append(S3Store.from_settings(s3))
+            return str(made[0].presign_get(S3Url.parse(url)))
+        except (FfswarmError, ValueError):
+            return None
+
+    return link
+
+
+def uses_s3(job: PreparedJob) -> bool:
+    """Whether the job's runners read or write the object store."""
+    if job.resolved is not None:
+        return job.resolved.uses_s3
+    return bool(remote.s3_fields(job.spec)) or any(is_s3(i.input) or is_s3(i.output) for i in job.plan.items)
 
 
 def check_same_job(config: Config, job_id: str, file: Path) -> None:
@@ -153,7 +194,9 @@ def check_pack(config: Config, spec: JobSpec, file: Path) -> None:
         raise MissingInputError(f"{file}: models: {e}") from None
 
 
-def _rel(config: Config, p: Path) -> str:
+def _rel(config: Config, p: Path | S3Url) -> str:
+    if isinstance(p, S3Url):
+        return str(p)
     return p.resolve().relative_to(config.data_root).as_posix()
 
 
@@ -179,6 +222,7 @@ def manifest_settings(config: Config, job: PreparedJob, ident: IdentityResult | 
         mask_padding=job.spec.mask.padding,
         enhancer_blend=job.spec.face_enhancer.blend,
         overwrite=job.spec.overwrite,
+        storage=config.storage.s3.access() if config.storage.s3 and job.resolved.uses_s3 else None,
     )
 
 
@@ -194,7 +238,19 @@ def runner_settings(config: Config, job: PreparedJob, image: str) -> RunnerSetti
         memory_bytes=res.memory,
         volume=config.volume,
         user=config.runner_uid_gid(),
+        **_storage_mounts(config, job),
     )
+
+
+def _storage_mounts(config: Config, job: PreparedJob) -> dict[str, Any]:
+    """A job that uses s3://: the credentials secret (mode 0400, the runner's own) and the operator's
+    network to the store (docs/storage.md#network)."""
+    s3 = config.storage.s3
+    if s3 is None or not uses_s3(job):
+        return {}
+    uid, gid = config.runner_uid_gid().split(":")
+    mount = SecretMount(s3.credentials_secret, uid, gid)
+    return {"secrets": (mount,), "storage_networks": (s3.network,) if s3.network else ()}
 
 
 def dry_run(config: Config, jobs: list[PreparedJob], image_of: Callable[[str], str]) -> dict[str, Any]:

@@ -30,12 +30,13 @@ from typing import Any
 import yaml
 
 from contract.identity_table import identity_id
+from contract.s3 import S3Url
 from controller import log
 from controller.config import Config
 from controller.errors import FfswarmError
 from controller.job.files import parse_job_text
 from controller.job.plan import AUTO_MAX_CHUNK, Plan, TargetRef, item_id, make_plan
-from controller.job.resolve import ResolvedJob, Target
+from controller.job.resolve import Photo, ResolvedJob, Target
 from controller.run import job_lease, usecase
 from controller.run.chunks import ChunkRun
 from controller.run.failures import ChunkState
@@ -65,7 +66,7 @@ def build(
 ) -> tuple[PreparedJob, dict[str, Any]]:
     """The pack as a prepared pairs job, written to ``folder/<pack_id>.yaml``, and its members record."""
     people: dict[tuple[str, ...], int] = {}
-    identities: list[tuple[Path, ...]] = []
+    identities: list[tuple[Photo, ...]] = []
     targets: list[Target] = []
     refs: list[TargetRef] = []
     pairs: list[dict[str, Any]] = []
@@ -112,7 +113,9 @@ def build(
     return PreparedJob(file, spec, resolved, plan, pack_id, folders), record
 
 
-def _rel(config: Config, p: Path) -> str:
+def _rel(config: Config, p: Photo) -> str:
+    if isinstance(p, S3Url):  # never: a tenant's job names no s3:// object (controller/job/remote.py)
+        return str(p)
     return Path(p).relative_to(config.data_root).as_posix()
 
 

@@ -7,16 +7,18 @@ inbox's reason file. Per-item states come from the one fold of the run folder (c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
 from contract.paths import user_text
 from contract.results import ItemStatus
+from contract.s3 import is_s3
 from controller.job.plan import Plan
 from controller.run import history, usage
 from controller.run.chunks import ChunkRun
@@ -39,6 +41,7 @@ class ItemEntry:
     chunk: str | None
     segments: int | None = None  # set for a video
     info: Mapping[str, Any] | None = None  # a video's probe facts
+    output_url: str | None = None  # an s3:// output: a presigned GET link (storage.s3.link_ttl)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -47,6 +50,8 @@ class ItemEntry:
         }  # fmt: skip
         if self.segments is not None:
             out.update(kind="video", segments=self.segments, info=dict(self.info or {}))
+        if self.output_url is not None:
+            out["output_url"] = self.output_url
         return out
 
     @classmethod
@@ -55,6 +60,7 @@ class ItemEntry:
         return cls(
             str(d["input"]), d.get("output"), str(d["status"]), d.get("reason"), d.get("chunk"),
             int(d["segments"]) if video else None, dict(d.get("info") or {}) if video else None,
+            d.get("output_url") if isinstance(d.get("output_url"), str) else None,
         )  # fmt: skip
 
 
@@ -213,10 +219,16 @@ def failure_lines(failures: tuple[Failure, ...], max_groups: int | None = None) 
     return lines
 
 
-def build_report(plan: Plan, rundir: RunDir, runs: dict[str, ChunkRun], image: str, started: float) -> Report:
+Links = Callable[[str], "str | None"]  # an s3:// output → its presigned GET link (None: none)
+
+
+def build_report(
+    plan: Plan, rundir: RunDir, runs: dict[str, ChunkRun], image: str, started: float, links: Links | None = None
+) -> Report:
     """Every path in it is relative to the data root, as the job file names them: items' input and
     output come from the plan, and reasons name files that way (a runner writes them so; a result
-    line of an older runner is rewritten here)."""
+    line of an older runner is rewritten here). An s3:// output written gets ``output_url`` from
+    ``links``, signed now; a file output never does."""
     fold = Fold.read(plan, rundir)
     items: dict[str, ItemEntry] = {}
     segments: dict[str, ItemEntry] = {}  # a video's segments are reported as the video
@@ -237,6 +249,10 @@ def build_report(plan: Plan, rundir: RunDir, runs: dict[str, ChunkRun], image: s
             (segments if planned.kind == "segment" else items)[item_id] = entry
     items.update(report_items(fold, segments))
     ordered = dict(sorted(items.items()))
+    if links is not None:
+        for k, e in ordered.items():
+            if e.output is not None and is_s3(e.output):
+                ordered[k] = dataclasses.replace(e, output_url=links(e.output))
     failures = tuple(
         Failure(item_id, e.input, e.reason, e.chunk)
         for item_id, e in ordered.items()

@@ -29,6 +29,7 @@ from controller.run.chunks import ChunkRun, EventSink, Policy
 from controller.run.fold import Fold
 from controller.run.hooks import on_complete, results_link
 from controller.run.jobs import PreparedJob, SwarmFactory, open_run, owner, prepare, runner_settings, start_run
+from controller.run.jobs import output_links as jobs_links
 from controller.run.report import Report, build_report
 from controller.run.rundir import Control, RunDir, Stage
 from controller.run.shares import Share
@@ -172,7 +173,9 @@ def supervise(
     rundir.enter(Stage.VIDEOS)
     runs = join.finish(plan, rundir, job.spec, sup.run, runs, emit)  # redo bad segments, join videos
     rundir.enter(Stage.REPORT)
-    report = _record_timing(config, job, rundir, plan, build_report(plan, rundir, runs, image, started), logger)
+    report = _record_timing(
+        config, job, rundir, plan, build_report(plan, rundir, runs, image, started, jobs_links(config)), logger
+    )
     path = rundir.write_report(report.to_dict())
     emit("job_finished", report=str(path), **vars(report.counts))
     hooks = job.spec.on_complete

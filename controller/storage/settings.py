@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from contract.s3 import MAX_CREDENTIALS_BYTES, Credentials, parse_credentials
+from contract.s3 import MAX_CREDENTIALS_BYTES, SECRETS_DIR, Credentials, StorageAccess, parse_credentials
 from controller.api.settings import parse_ttl
 from controller.errors import ConfigError
 from controller.job.validate import FieldError, check_choice, check_keys, check_str, show
@@ -23,6 +23,7 @@ MAX_LINK_TTL = 7 * 86400  # SigV4 presigned URLs live at most 7 days
 SECRET_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"  # a Docker secret name
 _ENDPOINT = re.compile(r"https?://[A-Za-z0-9.-]+(:\d{1,5})?/?|https?://\[[0-9a-fA-F:]+\](:\d{1,5})?/?")
 _REGION = r"[a-z0-9-]{1,32}"
+NETWORK_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,14 @@ class S3Settings:
     region: str = "us-east-1"
     addressing: Addressing = "path"
     link_ttl: int = 7 * 86400  # seconds a presigned result link lives
+    # An attachable overlay network the operator made that reaches the store; runners of jobs that
+    # use s3:// join it beside their internal one (docs/storage.md#network). None: none is joined.
+    network: str | None = None
+
+    def access(self) -> StorageAccess:
+        """The store as manifests name it: the credentials are the Swarm secret mounted in the runner."""
+        secret = f"{SECRETS_DIR}{self.credentials_secret}"
+        return StorageAccess(self.endpoint_url, self.region, self.addressing, credentials_file=secret)
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,7 @@ def parse_s3(value: object) -> S3Settings:
         raise FieldError(f, f"must be a mapping, got {show(value)}")
     data: dict[str, Any] = value
     check_keys(data, ("endpoint_url", "region", "addressing", "credentials_secret", "credentials_file",
-                      "link_ttl"), parent=f)  # fmt: skip
+                      "link_ttl", "network"), parent=f)  # fmt: skip
     if "credentials_secret" not in data:
         raise FieldError(f"{f}.credentials_secret", "is required: the Swarm secret that holds the access key")
     secret = check_str(data["credentials_secret"], f"{f}.credentials_secret", pattern=SECRET_NAME,
@@ -75,6 +84,10 @@ def parse_s3(value: object) -> S3Settings:
         raise FieldError(f"{f}.link_ttl", f"S3 presigned links live at most 7d, got {show(data['link_ttl'])}")
     style = check_choice(data.get("addressing", "path"), f"{f}.addressing", ("path", "virtual"), "addressing style")
     addressing: Addressing = "virtual" if style == "virtual" else "path"
+    network = data.get("network")
+    if network is not None:
+        network = check_str(network, f"{f}.network", pattern=NETWORK_NAME,
+                            hint="the name of an attachable overlay network (docker network create)")  # fmt: skip
     return S3Settings(
         credentials_secret=secret,
         credentials_file=Path(cred_file),
@@ -84,6 +97,7 @@ def parse_s3(value: object) -> S3Settings:
         ),
         addressing=addressing,
         link_ttl=ttl,
+        network=network,
     )
 
 

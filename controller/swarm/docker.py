@@ -19,7 +19,7 @@ import docker.errors
 import requests.exceptions
 from docker import types as dt
 
-from controller.errors import CapacityError, EngineUnavailable, FfswarmError, MissingInputError
+from controller.errors import CapacityError, ConfigError, EngineUnavailable, FfswarmError, MissingInputError
 from controller.swarm import network
 from controller.swarm.backend import NodeInfo, NodeState, ServiceState, TaskState
 from controller.swarm.servicespec import LABEL_JOB, ServiceSpec, service_prefix
@@ -239,6 +239,7 @@ class DockerSwarm:
             dt.Mount(target=path, source=None, type="tmpfs", tmpfs_size=size) for path, size in spec.tmpfs.items()
         ]
         container = dt.ContainerSpec(
+            secrets=self.secret_references(spec) or None,
             image=spec.image,
             command=list(spec.command),
             env=dict(spec.env),
@@ -260,7 +261,7 @@ class DockerSwarm:
         template = dt.TaskTemplate(
             container_spec=container,
             resources=resources,
-            networks=list(spec.networks) or None,
+            networks=[*spec.networks, *spec.storage_networks] or None,  # the operator's network: never made here
             restart_policy=dt.RestartPolicy(condition=spec.restart_condition, max_attempts=0),
             placement=dt.Placement(constraints=list(spec.constraints)),
             log_driver=dt.DriverConfig("json-file", dict(spec.log_options)),
@@ -270,6 +271,21 @@ class DockerSwarm:
                 template, name=spec.name, labels=dict(spec.labels), mode=dt.ServiceMode("replicated", replicas=1)
             )
         return str(result["ID"])
+
+    def secret_references(self, spec: ServiceSpec) -> list[dt.SecretReference]:
+        """The spec's secrets by ID (the engine's), never by value: a missing one is the operator's
+        to create (``docker secret create``), named with the config key."""
+        if not spec.secrets:
+            return []
+        with translated("looking up the storage credentials secret"):
+            found = {s.get("Spec", {}).get("Name"): s.get("ID") for s in self._client.api.secrets()}
+        missing = [m.name for m in spec.secrets if not found.get(m.name)]
+        if missing:
+            raise ConfigError(
+                f"the Swarm secret {missing[0]!r} (storage.s3.credentials_secret) does not exist: "
+                f"create it with `docker secret create {missing[0]} FILE` (docs/storage.md#config)"
+            )
+        return secret_references(spec, {m.name: str(found[m.name]) for m in spec.secrets})
 
     def services(self, job: str) -> list[ServiceState]:
         with translated(f"listing services of job {job}"):
@@ -351,6 +367,14 @@ class DockerSwarm:
         """The engine's own record of a service (tests inspect what was really created)."""
         with translated(f"inspecting service {name}"):
             return dict(self._client.api.inspect_service(name))
+
+
+def secret_references(spec: ServiceSpec, ids: Mapping[str, str]) -> list[dt.SecretReference]:
+    """docker-py's references for the spec's secrets (``ids``: name → the engine's secret ID)."""
+    return [
+        dt.SecretReference(ids[m.name], m.name, filename=m.name, uid=m.uid, gid=m.gid, mode=m.mode)
+        for m in spec.secrets
+    ]
 
 
 def node_info(raw: Mapping[str, Any]) -> NodeInfo:

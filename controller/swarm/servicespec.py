@@ -75,6 +75,27 @@ class VolumeSpec:
         return cls(MappingProxyType({"type": "none", "o": "bind", "device": host_dir}))
 
 
+SECRETS_DIR = "/run/secrets"
+
+
+@dataclass(frozen=True)
+class SecretMount:
+    """A Swarm secret the runner reads as a file, ``/run/secrets/<name>``, readable by its user only
+    (mode 0400). Only the secret's name is here; its value never is (docker.py looks up its ID)."""
+
+    name: str
+    uid: str
+    gid: str
+    mode: int = 0o400
+
+    @property
+    def path(self) -> str:
+        return f"{SECRETS_DIR}/{self.name}"
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.name, "file": self.path, "uid": self.uid, "gid": self.gid, "mode": oct(self.mode)}
+
+
 @dataclass(frozen=True)
 class ServiceSpec:
     """One chunk attempt as a one-shot service: replicated × 1 with restart condition `none`.
@@ -105,6 +126,10 @@ class ServiceSpec:
     pids_limit: int = PIDS_LIMIT
     nano_cpus: int = RUNNER_NANO_CPUS
     networks: tuple[str, ...] = (RUNNER_NETWORK,)  # no egress: runners need no network
+    # A job that uses object storage: the operator's network that reaches the store (never made by
+    # ffswarm: docs/storage.md#network) and the credentials secret.
+    storage_networks: tuple[str, ...] = ()
+    secrets: tuple[SecretMount, ...] = ()
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:
@@ -147,6 +172,8 @@ class ServiceSpec:
             "pids_limit": self.pids_limit,
             "nano_cpus": self.nano_cpus,
             "networks": list(self.networks),
+            **({"storage_networks": list(self.storage_networks)} if self.storage_networks else {}),
+            **({"secrets": [m.as_dict() for m in self.secrets]} if self.secrets else {}),
         }
 
 
@@ -164,6 +191,8 @@ class RunnerSettings:
     user: str
     command: tuple[str, ...] = RUNNER_COMMAND
     nano_cpus: int = RUNNER_NANO_CPUS  # policy.limits.cpus
+    storage_networks: tuple[str, ...] = ()  # storage.s3.network, for a job that uses s3://
+    secrets: tuple[SecretMount, ...] = ()  # storage.s3.credentials_secret, likewise
 
 
 def chunk_service(
@@ -196,4 +225,6 @@ def chunk_service(
         volume=settings.volume,
         user=settings.user,
         nano_cpus=settings.nano_cpus,
+        storage_networks=settings.storage_networks,
+        secrets=settings.secrets,
     )
