@@ -57,7 +57,12 @@ def report_of(ws: Workspace) -> dict[str, Any]:
 
 def popen_submit(ws: Workspace, *args: str) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "controller.cli", "--json-logs", "--config", str(CONFIG), *args]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as a terminal sends it: a suite started in the background (`scripts/test.sh &`) has SIGINT
+    # ignored, which every child inherits, and Python then never raises KeyboardInterrupt
+    return subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
 
 
 def wait_for(cond: Any, timeout: float, what: str) -> None:
