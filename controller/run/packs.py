@@ -41,7 +41,6 @@ from controller.run import job_lease, usecase
 from controller.run.chunks import ChunkRun
 from controller.run.failures import ChunkState
 from controller.run.fold import Fold
-from controller.run.hooks import on_complete, results_link
 from controller.run.jobs import PreparedJob, open_run, owner
 from controller.run.packing import Member
 from controller.run.report import Report, build_report
@@ -208,15 +207,7 @@ class PackRun:
         started = job.lease.started if job.lease else time.time()
         report = build_report(job.plan, job.rundir, runs, self.image, started)
         path = job.rundir.write_report(report.to_dict())
-        hooks = job.spec.on_complete
-        if hooks.webhook or hooks.hook:
-            job.rundir.enter(Stage.HOOKS)
-            link = results_link(self.config.data_root, job.rundir.job, self.config.tenants, self.config.api)
-            extra = link if hooks.webhook else {}
-            report = dataclasses.replace(
-                report, hooks=on_complete(self.config.policy, hooks, report.to_dict(), path, extra)
-            )
-            job.rundir.write_report(report.to_dict())
+        report = usecase.call_hooks(self.config, job.spec.on_complete, job.rundir, report, path)
         job.rundir.enter(Stage.ENDED)
         job.report = report
         if job.lease is not None:

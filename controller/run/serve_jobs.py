@@ -26,7 +26,6 @@ from controller.job.paths import relative_text
 from controller.redact import printable
 from controller.run import job_lease, packs, usecase
 from controller.run.inbox import original_name
-from controller.run.jobs import PreparedJob
 from controller.run.metrics import Metrics
 from controller.run.packing import Member, Packer
 from controller.run.report import Report, summary
@@ -134,13 +133,12 @@ class SwarmGpus:
             return self._value
 
 
-def join_book(config: Config, book: ShareBook | None, job: PreparedJob, tenant: str | None) -> Share | None:
-    """The job's seat in the share book, when it reserves GPUs: its tenant's weight and quota.gpus."""
-    gpus = job.spec.resources.gpus
+def join_book(config: Config, book: ShareBook | None, key: str, tenant: str | None, gpus: int) -> Share | None:
+    """A job's (or a pack's) seat in the share book, when it reserves GPUs: its tenant's weight and quota.gpus."""
     if book is None or gpus == 0:
         return None
     t = config.tenants.get(tenant) if tenant is not None else None
-    return book.join(job.job_id, tenant, t.weight if t else 1, t.quota.gpus if t else None, gpus)
+    return book.join(key, tenant, t.weight if t else 1, t.quota.gpus if t else None, gpus)
 
 
 def _run_job_file(config: Config, path: Path, metrics: Metrics, running: Running) -> Outcome:
@@ -165,7 +163,7 @@ def _run_job_file(config: Config, path: Path, metrics: Metrics, running: Running
         sinks: list[SinkFactory] = [lambda rundir, job: metrics.sink(rundir, job.spec.resources.gpus)]
         if tenant is not None:
             sinks.insert(0, record_owner(tenant))
-        share = join_book(config, running.book, job, tenant)
+        share = join_book(config, running.book, job.job_id, tenant, job.spec.resources.gpus)
         report = usecase.run(config, backend, job, sinks, share=share)
     except CapacityError as e:
         return Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}", retry=True)
@@ -223,9 +221,7 @@ def run_pack(
         parallel = max(1, min(max(m.job.spec.max_concurrent for m in members), slots))
         tenants = {m.tenant for m in members}
         pack_tenant = tenants.pop() if len(tenants) == 1 else None
-        if book is not None and gpus:
-            t = config.tenants.get(pack_tenant) if pack_tenant is not None else None
-            share = book.join(f"pack:{names[0]}", pack_tenant, t.weight if t else 1, t.quota.gpus if t else None, gpus)
+        share = join_book(config, book, f"pack:{names[0]}", pack_tenant, gpus)
         sink: SinkFactory = lambda rundir, job: metrics.sink(rundir, job.spec.resources.gpus)  # noqa: E731
         reports = packs.start(config, backend, members, folder, parallel, [sink], share)
     except CapacityError as e:

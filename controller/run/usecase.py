@@ -23,6 +23,7 @@ from controller.config import Config
 from controller.errors import EngineUnavailable, FfswarmError, JobFileError
 from controller.job import access, claims
 from controller.job.plan import Plan
+from controller.job.spec import OnComplete
 from controller.run import identity, join, timings
 from controller.run import job_lease as lease
 from controller.run.chunks import ChunkRun, EventSink, Policy
@@ -178,14 +179,21 @@ def supervise(
     )
     path = rundir.write_report(report.to_dict())
     emit("job_finished", report=str(path), **vars(report.counts))
-    hooks = job.spec.on_complete
-    if hooks.webhook or hooks.hook:
-        rundir.enter(Stage.HOOKS)
-        link = results_link(config.data_root, job.job_id, config.tenants, config.api) if hooks.webhook else {}
-        report = replace(report, hooks=on_complete(config.policy, hooks, report.to_dict(), path, link))
-        rundir.write_report(report.to_dict())
+    report = call_hooks(config, job.spec.on_complete, rundir, report, path)
     rundir.enter(Stage.ENDED)
     claims.release(rundir.data_root, rundir.job)  # its outputs are its own now: no live job holds them
+    return report
+
+
+def call_hooks(config: Config, hooks: OnComplete, rundir: RunDir, report: Report, path: Path) -> Report:
+    """The job's on_complete (webhook with a signed results link for a tenant's job, hook), recorded
+    in its report; the report unchanged when it has none."""
+    if not (hooks.webhook or hooks.hook):
+        return report
+    rundir.enter(Stage.HOOKS)
+    link = results_link(config.data_root, rundir.job, config.tenants, config.api) if hooks.webhook else {}
+    report = replace(report, hooks=on_complete(config.policy, hooks, report.to_dict(), path, link))
+    rundir.write_report(report.to_dict())
     return report
 
 
