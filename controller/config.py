@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from controller.api.settings import ApiSettings, Tenant, parse_api, parse_tenants
+from controller.api.settings import ApiSettings, Tenant, check_tenant_storage, parse_api, parse_tenants
 from controller.errors import ConfigError
 from controller.job.validate import FieldError, parse_duration
 from controller.policy import Policy, parse_policy
@@ -151,6 +151,7 @@ def parse_config(path: Path, data: dict[str, Any]) -> Config:
         api, tenants = parse_api(data.get("api")), parse_tenants(data.get("tenants"))
         packing = parse_packing(data.get("packing"))
         storage = parse_storage(data.get("storage"))
+        check_tenant_storage(tenants, storage.s3 is not None)
     except FieldError as e:
         raise ConfigError(f"{path}: {e}") from None
     return Config(

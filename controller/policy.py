@@ -47,6 +47,7 @@ class Limits:
     job_file: int = 1024**2
     video_pixels: int = 8_847_360  # 4096×2160
     video_frames: int = 1_000_000
+    video_bytes: int = 8 * 1024**3  # an s3:// video target, fetched at plan time to be probed
     cpus: int = 2  # CPU limit of each runner container (a node refuses one above its own CPU count)
 
     def __post_init__(self) -> None:
@@ -166,7 +167,7 @@ def _limits(value: object) -> Limits:
     data = _mapping(value, "limits", tuple(f.name for f in fields(Limits)))
     out: dict[str, int] = {}
     for k, v in data.items():
-        if k in ("memory", "job_file"):
+        if k in ("memory", "job_file", "video_bytes"):
             out[k] = parse_memory(v.lower().removesuffix("ib") if isinstance(v, str) else v, f"limits.{k}")
         elif k == "timeout":
             out[k] = parse_duration(v, "limits.timeout")

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from controller import log
-from controller.api import idempotency, links, ops, page, page_openapi, submit, uploads, views
+from controller.api import idempotency, links, objects, ops, page, page_openapi, results, submit, uploads, views
 from controller.api import usage as api_usage
 from controller.api.area import Area, run_owner
 from controller.api.auth import Authenticator, JwtVerifier, read_key_file
@@ -43,10 +43,11 @@ class Api:
         self.auth = Authenticator(config.tenants, JwtVerifier.load(jwt_settings) if jwt_settings else None)
         key = config.api.signing_key_file
         self.signing_key = read_key_file(key, "api.signing_key_file").strip() if key else None
+        self.objects = objects.Objects(config.storage.s3)  # the store, for tenants with an s3 area
         self.log = log.get(component="api")
 
     def area(self, tenant: Tenant) -> Area:
-        area = Area(self.config.data_root, tenant.name)
+        area = Area(self.config.data_root, tenant.name, tenant.s3)
         area.ensure(access.parse_ids(self.config.runner_uid_gid()))
         return area
 
@@ -74,7 +75,7 @@ class Api:
         names = [recorded] if recorded is not None else list(self.config.tenants)
         for name in names:
             if name in self.config.tenants and Area(root, name).owns(job) is not None:
-                return Area(root, name)
+                return Area(root, name, self.config.tenants[name].s3)
         raise not_found(job)
 
     def links(self, job: str) -> dict[str, Any]:
@@ -95,7 +96,7 @@ class Api:
                 data = json.loads(body)
             except ValueError:
                 raise ApiError(400, "bad_request", "the body is not JSON") from None
-            accepted = await asyncio.to_thread(submit.submit_json, self.config, tenant, area, data)
+            accepted = await asyncio.to_thread(submit.submit_json, self.config, tenant, area, data, self.objects)
         else:
             await asyncio.to_thread(submit.check_quota, self.config, tenant, area)
             name = "job"
@@ -107,7 +108,9 @@ class Api:
                 opts = submit.options(up.job)
                 if "name" in opts:  # the id carries the name the caller chose
                     job = await asyncio.to_thread(submit.fresh_id, area, submit._name(opts))
-                accepted = await asyncio.to_thread(submit.submit_upload, self.config, area, job, up, opts)
+                accepted = await asyncio.to_thread(
+                    submit.submit_upload, self.config, area, job, up, opts, self.objects
+                )
         base = f"/v1/jobs/{accepted.job}"
         body_out: dict[str, Any] = {"id": accepted.job, "status_url": base, "events_url": f"{base}/events"}
         if accepted.notes:
@@ -126,11 +129,15 @@ class Api:
         area = await asyncio.to_thread(self.area, self.tenant(request))
         job = request.path_params["job"]
         row = await asyncio.to_thread(views.job_view, self.config, area, job)
-        return JSONResponse({**row, **self.links(job)})
+        outputs = await asyncio.to_thread(objects.job_links, self.config, area, job, self.objects)
+        return JSONResponse({**row, **self.links(job), **outputs})
 
     async def get_report(self, request: Request) -> Response:
         area = await asyncio.to_thread(self.area, self.tenant(request))
-        return JSONResponse(await asyncio.to_thread(views.report, self.config, area, request.path_params["job"]))
+        data = await asyncio.to_thread(views.report, self.config, area, request.path_params["job"])
+        # links signed now (valid storage.s3.link_ttl from this answer), and only into the caller's area
+        data = await asyncio.to_thread(objects.fresh_links, data, area, self.objects)
+        return JSONResponse(data)
 
     async def cancel(self, request: Request) -> Response:
         area = await asyncio.to_thread(self.area, self.tenant(request))
@@ -172,9 +179,9 @@ class Api:
             area = await asyncio.to_thread(self.link_owner, job)
         else:
             area = await asyncio.to_thread(self.area, self.tenant(request))
-        outputs = await asyncio.to_thread(views.committed_outputs, self.config, area, job)
+        files, objs = await asyncio.to_thread(results.committed, self.config, area, job)
         return StreamingResponse(
-            views.results_zip(self.config, area, outputs),
+            results.results_zip(self.config, area, job, files, objs, self.objects),
             media_type="application/zip",
             headers={"Content-Disposition": f'attachment; filename="{job}.zip"'},
         )

@@ -26,6 +26,7 @@ from pathlib import Path
 from contract.layout import RUNS, RunLayout
 from controller.job.owners import JOB_ID, MAX_RECORD, RECORDS, TENANT, TENANTS, JobRecord
 from controller.run.rundir import read_nofollow, write_atomic
+from controller.storage.area import StorageArea
 
 __all__ = ["JOB_ID", "TENANTS", "Area", "JobRecord", "new_job_id", "run_owner"]
 
@@ -51,9 +52,10 @@ def run_owner(data_root: Path, job: str) -> str | None:
 class Area:
     """One tenant's area and records under a data root."""
 
-    def __init__(self, data_root: Path, tenant: str) -> None:
+    def __init__(self, data_root: Path, tenant: str, s3: StorageArea | None = None) -> None:
         self.root = data_root
         self.tenant = tenant
+        self.s3 = s3  # its part of the object store (tenants.<t>.s3), or None
         self.rel = f"{TENANTS}/{tenant}"  # as the data root names it
         self.path = data_root / TENANTS / tenant
         self.records = data_root / TENANTS / RECORDS / tenant

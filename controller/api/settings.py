@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.job.validate import FieldError, check_int, check_keys, check_str, show
+from controller.storage.area import StorageArea, parse_area
 
 TENANT_NAME = r"[a-z0-9-]{1,40}"  # a folder under tenants/: no dots, so never a hidden name
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -44,6 +45,7 @@ class Tenant:
     api_keys_sha256: tuple[str, ...] = ()
     quota: Quota = field(default_factory=Quota)
     weight: int = 1
+    s3: StorageArea | None = None  # its part of the object store; None: its jobs name no s3:// object
 
 
 @dataclass(frozen=True)
@@ -204,7 +206,7 @@ def parse_tenants(value: object) -> Mapping[str, Tenant]:
         if not isinstance(name, str) or not re.fullmatch(TENANT_NAME, name):
             raise FieldError("tenants", f"tenant name {show(name)} must be 1 to 40 characters of a-z, 0-9 and -")
         f = f"tenants.{name}"
-        data = _mapping(body if body is not None else {}, f, ("api_keys_sha256", "quota", "weight"))
+        data = _mapping(body if body is not None else {}, f, ("api_keys_sha256", "quota", "weight", "s3"))
         keys = data.get("api_keys_sha256", [])
         if not isinstance(keys, list):
             raise FieldError(f"{f}.api_keys_sha256", f"must be a list of sha256 hex digests, got {show(keys)}")
@@ -219,8 +221,25 @@ def parse_tenants(value: object) -> Mapping[str, Tenant]:
             api_keys_sha256=tuple(k.lower() for k in keys),
             quota=_quota(data.get("quota"), f"{f}.quota"),
             weight=check_int(data.get("weight", 1), f"{f}.weight", minimum=1, maximum=1000),
+            s3=None if data.get("s3") is None else parse_area(data["s3"], name, f"{f}.s3"),
         )
     return out
+
+
+def check_tenant_storage(tenants: Mapping[str, Tenant], storage_configured: bool) -> None:
+    """A tenant's ``s3:`` area needs ``storage.s3`` (the endpoint and credentials) in the same config."""
+    seen: list[StorageArea] = []
+    for name, tenant in tenants.items():
+        if tenant.s3 is None:
+            continue
+        if not storage_configured:
+            raise FieldError(
+                f"tenants.{name}.s3", "needs object storage: storage.s3 is not configured (docs/storage.md)"
+            )
+        for other in seen:  # one tenant's area inside another's would let either read the other's objects
+            if str(tenant.s3).startswith(str(other)) or str(other).startswith(str(tenant.s3)):
+                raise FieldError(f"tenants.{name}.s3", f"{tenant.s3} overlaps tenant {other.tenant}'s area {other}")
+        seen.append(tenant.s3)
 
 
 def _quota(value: object, f: str) -> Quota:

@@ -17,14 +17,16 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from contract.layout import RunLayout
+from contract.s3 import is_s3
 from controller import policy as admission
 from controller.api.area import Area, new_job_id
 from controller.api.errors import ApiError
+from controller.api.objects import Objects
 from controller.api.settings import Tenant
 from controller.api.unzip import Unpacked, ZipLimits, unpack
 from controller.api.uploads import Upload
@@ -33,8 +35,13 @@ from controller.errors import FfswarmError, JobFileError
 from controller.job import remote
 from controller.job.files import JobFileErrors, parse_job, parse_job_text
 from controller.job.resolve import resolve_job
+from controller.job.spec import JobSpec
 from controller.run import handover
 from controller.run.jobs import check_pack
+from controller.storage.errors import StorageTemporaryError
+
+if TYPE_CHECKING:
+    from controller.storage.s3 import S3Store
 
 _NAME = re.compile(r"[a-z0-9-]{1,31}")
 _PATH_FIELDS = ("source", "targets", "output", "reference", "pairs")
@@ -99,10 +106,11 @@ def _ended(config: Config, job: str, area: Area) -> bool:
 
 
 def _to_root(value: Any, prefix: str) -> Any:
+    """A path field as the data root names it; an ``s3://`` URL is the same everywhere."""
     if isinstance(value, str):
-        return prefix + value
+        return value if is_s3(value) else prefix + value
     if isinstance(value, list):
-        return [prefix + v if isinstance(v, str) else _to_root(v, prefix) for v in value]
+        return [_to_root(v, prefix) for v in value]
     if isinstance(value, dict):  # one of `pairs` (issue 18): its source, target and output
         return {k: _to_root(v, prefix) if k in ("source", "target", "output") else v for k, v in value.items()}
     return value
@@ -123,17 +131,30 @@ def tenant_text(text: str, area: Area) -> str:
     return text.replace(str(area.root) + "/", "").replace(str(area.root), "the data root")
 
 
-def validate(config: Config, area: Area, data: dict[str, Any], job: str) -> str:
-    """The job checked inside the area; returns the inbox job file's text (paths from the data root)."""
+def _store(config: Config, area: Area, spec: JobSpec, objects: Objects | None) -> S3Store | None:
+    """The store bound to the tenant's area, for a job that may name objects; None without an area
+    (then any s3:// path is refused, remote.check_allowed)."""
+    if area.s3 is None or config.storage.s3 is None or not (remote.s3_fields(spec) or spec.pairs_file):
+        return None
+    return (objects or Objects(config.storage.s3)).store(area.s3)
+
+
+def validate(config: Config, area: Area, data: dict[str, Any], job: str, objects: Objects | None = None) -> str:
+    """The job checked inside the area (and the tenant's part of the store); returns the inbox job
+    file's text (paths from the data root)."""
     try:
         spec = parse_job(data, "job")
-        remote.check_allowed(spec, "job", configured=False, tenant=area.tenant)  # a tenant has its area only
+        store = _store(config, area, spec, objects)
+        remote.check_allowed(spec, "job", store=store, tenant=area.tenant)  # a tenant has its areas only
         admission.check_job(config.policy, spec, "job")
-        resolved = resolve_job(spec, area.path, "job", job_id=job)
+        limit = config.policy.limits.targets
+        resolved = resolve_job(spec, area.path, "job", job_id=job, max_pairs=limit, store=store)
         admission.check_counts(config.policy, "job", len(resolved.targets), 0)
         check_pack(config, spec, Path("job"))
     except JobFileError as e:
         raise _errors(e, area) from None
+    except StorageTemporaryError as e:  # the store did not answer: nothing was accepted, try again
+        raise ApiError(503, "storage_unavailable", e.reason, headers={"Retry-After": RETRY_AFTER}) from None
     except FfswarmError as e:  # a missing input or pack: the CLI's words, paths as the tenant knows them
         raise ApiError(422, "invalid_job", tenant_text(str(e), area)) from None
     root_data = {k: (_to_root(v, area.rel + "/") if k in _PATH_FIELDS else v) for k, v in data.items()}
@@ -160,14 +181,29 @@ def hand_over(config: Config, area: Area, job: str, text: str, uploads: bool) ->
         raise
 
 
-def submit_json(config: Config, tenant: Tenant, area: Area, data: object) -> Accepted:
+def default_output(area: Area, data: Mapping[str, Any], job: str) -> str:
+    """``out/<job>/{stem}{ext}`` in the tenant's area; in its part of the store (``<s3 area>out/<job>/…``)
+    when every target it names is an object there (``targets``, or every inline pair's ``target``)."""
+    rel = f"out/{job}/{{stem}}{{ext}}"
+    targets = data.get("targets", [])
+    targets = [targets] if isinstance(targets, str) else targets
+    pairs = data.get("pairs")
+    if isinstance(pairs, list) and pairs:
+        targets = [p.get("target") if isinstance(p, dict) else None for p in pairs]
+    in_store = isinstance(targets, list) and targets and all(isinstance(t, str) and is_s3(t) for t in targets)
+    return area.s3.url(rel) if area.s3 is not None and in_store else rel
+
+
+def submit_json(
+    config: Config, tenant: Tenant, area: Area, data: object, objects: Objects | None = None
+) -> Accepted:
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_job", "the body must be a JSON object of job fields")
     check_quota(config, tenant, area)
     job = fresh_id(area, _name(data))
     fields = {**data, "name": job}
-    fields.setdefault("output", f"out/{job}/{{stem}}{{ext}}")
-    hand_over(config, area, job, validate(config, area, fields, job), uploads=False)
+    fields.setdefault("output", default_output(area, data, job))
+    hand_over(config, area, job, validate(config, area, fields, job, objects), uploads=False)
     return Accepted(job)
 
 
@@ -186,7 +222,9 @@ def options(raw: bytes | None) -> dict[str, Any]:
     return data
 
 
-def submit_upload(config: Config, area: Area, job: str, up: Upload, data: dict[str, Any]) -> Accepted:
+def submit_upload(
+    config: Config, area: Area, job: str, up: Upload, data: dict[str, Any], objects: Objects | None = None
+) -> Accepted:
     """Uploaded files (staged in ``up.staging``) into ``uploads/<job>/``, then validated and handed over.
     Whatever fails, nothing of the job stays in the area."""
     final = area.path / "uploads" / job
@@ -219,7 +257,7 @@ def submit_upload(config: Config, area: Area, job: str, up: Upload, data: dict[s
             "targets": targets,
         }
         fields.setdefault("output", f"out/{job}/{template}")
-        hand_over(config, area, job, validate(config, area, fields, job), uploads=True)
+        hand_over(config, area, job, validate(config, area, fields, job, objects), uploads=True)
         return Accepted(job, tuple(notes))
     except BaseException:
         shutil.rmtree(up.staging, ignore_errors=True)

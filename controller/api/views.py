@@ -1,9 +1,9 @@
-"""What a tenant reads about its jobs: status, report, results as a streamed ZIP, events, cancel;
+"""What a tenant reads about its jobs: status, report, events, cancel;
 and whether the API can serve at all (/readyz).
 
 All of it comes from the run folder and the inbox (the API keeps no state): a job not yet claimed
-by `serve` is ``queued``; one `serve` refused is ``refused`` with its reason. Results hold only
-committed outputs inside the tenant's area, opened without following links, streamed in pieces.
+by `serve` is ``queued``; one `serve` refused is ``refused`` with its reason. results.zip is
+controller/api/results.py.
 """
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ import asyncio
 import json
 import os
 import stat
-import time
-import zipfile
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from contract.paths import user_text
@@ -27,10 +25,8 @@ from controller.job.owners import RECORDS, TENANTS
 from controller.run import handover, history, status, usage
 from controller.run.fold import Fold
 from controller.run.rundir import Control, RunDir, read_nofollow
-from controller.volume import Volume
 
 MAX_REASON = 4096
-PIECE = 256 * 1024
 EVENT_INTERVAL = 0.5  # progress at most every 500 ms
 
 
@@ -93,77 +89,6 @@ def cancel(config: Config, area: Area, job: str) -> dict[str, Any]:
         raise ApiError(409, "not_cancellable", f"job {job!r} is being started; try again in a moment") from None
     area.mark_cancelled(job)
     return {"job": job, "cancelled": True}
-
-
-def committed_outputs(config: Config, area: Area, job: str) -> list[str]:
-    """Outputs (relative to the data root) of every committed item, inside the tenant's area."""
-    if area.owns(job) is None:
-        raise not_found(job)
-    rundir = RunDir(config.data_root, job)
-    if not rundir.exists():
-        return []
-    fold = Fold.read(rundir.plan(), rundir)
-    outs = []
-    for item in fold.plan.items:
-        if item.kind == "image" and fold.committed(item.id):
-            r = fold.result(item.id)
-            if r is not None and r.output is not None:
-                outs.append(item.output)
-    for video in fold.plan.videos:
-        s = fold.video_status(video)
-        if s is not None and not s.is_failure():
-            outs.append(video.output)
-    prefix = area.rel + "/"
-    return sorted({o for o in outs if o.startswith(prefix)})
-
-
-class _Pipe:
-    """A file-like sink that zipfile writes into; the generator takes what has piled up."""
-
-    def __init__(self) -> None:
-        self.buf = bytearray()
-        self.pos = 0
-
-    def write(self, b: bytes) -> int:
-        self.buf += b
-        self.pos += len(b)
-        return len(b)
-
-    def tell(self) -> int:
-        return self.pos
-
-    def flush(self) -> None:
-        pass
-
-    def take(self) -> bytes:
-        out = bytes(self.buf)
-        self.buf.clear()
-        return out
-
-
-def results_zip(config: Config, area: Area, outputs: list[str]) -> Iterator[bytes]:
-    """A ZIP of ``outputs`` built while it is sent: each file read in pieces through a descriptor
-    opened without following links; a file that is not a regular file any more is left out."""
-    vol = Volume(config.data_root)
-    pipe = _Pipe()
-    with zipfile.ZipFile(pipe, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:  # type: ignore[call-overload]
-        for rel in outputs:
-            try:
-                fd = vol.open(rel, os.O_RDONLY | os.O_NONBLOCK)
-            except (OSError, FfswarmError):
-                continue
-            with os.fdopen(fd, "rb") as src:
-                st = os.fstat(src.fileno())
-                if not stat.S_ISREG(st.st_mode):
-                    continue
-                info = zipfile.ZipInfo(rel[len(area.rel) + 1 :], time.localtime(st.st_mtime)[:6])
-                info.file_size = st.st_size
-                with zf.open(info, "w", force_zip64=st.st_size > 2**31) as dst:
-                    while piece := src.read(PIECE):
-                        dst.write(piece)
-                        yield pipe.take()
-            yield pipe.take()
-    yield pipe.take()
 
 
 def _reason(config: Config, area: Area, text: str) -> str:

@@ -180,7 +180,7 @@ def check_plan(config: Config, plan: Plan, chunks: Iterable[str], file: str) -> 
     todo = set(chunks)
     items = [plan.item(i) for c in plan.chunks if c.id in todo for i in c.items]
     outputs = [posixpath.dirname(i.output) for i in items if i.kind != "segment" and not is_s3(i.output)]
-    outputs += [posixpath.dirname(v.output) for v in plan.videos]
+    outputs += [posixpath.dirname(v.output) for v in plan.videos if not is_s3(v.output)]
     return check(config, dict.fromkeys(i.input for i in items if not is_s3(i.input)), outputs, file)
 
 

@@ -36,7 +36,7 @@ from contract.manifest import (
 )
 from contract.paths import CONTAINER_DATA_ROOT
 from contract.s3 import StorageAccess, is_s3
-from controller.job.paths import check_location, check_rel_path
+from controller.job.paths import check_location
 
 ID = re.compile(r"[a-z0-9-]+")  # job, chunk and item ids
 
@@ -45,7 +45,7 @@ ID = re.compile(r"[a-z0-9-]+")  # job, chunk and item ids
 class PlannedItem:
     id: str  # i000042: stable across attempts and resubmits
     input: str  # path relative to the data root, or an object's s3:// URL
-    output: str  # path relative to the data root, or an object's s3:// URL (images only)
+    output: str  # path relative to the data root, or an object's s3:// URL
     kind: str  # image | segment (of a video: see Plan.videos)
     parent: str | None = None  # segment: the video's item id
     segment: Segment | None = None
@@ -199,8 +199,8 @@ def _video(data: Any, items: dict[str, PlannedItem]) -> PlannedVideo:
         raise ValueError(f"plan.json: video {vid}: error must be text, info an object")
     return PlannedVideo(
         vid,
-        check_rel_path(data["input"], f"plan.json: video {vid}: input"),
-        check_rel_path(data["output"], f"plan.json: video {vid}: output"),
+        check_location(data["input"], f"plan.json: video {vid}: input"),
+        check_location(data["output"], f"plan.json: video {vid}: output"),
         tuple(segments),
         error,
         info,

@@ -93,7 +93,7 @@ def resolve_job(
     policy's targets maximum, which bounds reading a ``pairs_file`` and listing an ``s3://`` glob.
     ``store``: the object store (``storage.s3``); without one an ``s3://`` path is refused.
     """
-    remote.check_allowed(spec, file, configured=store is not None, tenant=tenant)
+    remote.check_allowed(spec, file, store=store, tenant=tenant)
     root = Path(os.path.abspath(data_root))
     area = owners.area_rel(tenant) if tenant is not None else None
     resolver = Resolver(root, listings=True)  # one folder read per folder, not 2 stats per path
@@ -140,8 +140,6 @@ def resolve_job(
                 raise JobFileError(file, "output", f"{written[out]!r} and {rel!r} would both write {out}")
             if out in inputs:
                 raise JobFileError(file, "output", f"{rel!r} would be written to {out}, an input of this job")
-            if kind is not TargetKind.IMAGE:  # the controller joins a video's segments on the volume
-                raise JobFileError(file, "output", f"{rel!r} is a video: its output cannot be an object yet ({out})")
             if target_kind(out) is not kind:
                 raise JobFileError(file, "output", f"{rel!r} is a {kind.value} but its output {out} is not")
             written[out] = rel
@@ -208,8 +206,8 @@ def _resolve_pairs(
         if len(errors) > pairs.SHOWN_ERRORS:
             break
         try:
-            if lines and any(is_s3(x) for x in (*pair.source, pair.target, pair.output or "")):
-                remote.refuse(where(i, "source")[0], file, configured=store is not None, tenant=area)
+            if lines:
+                remote.check_pair(pair, where, i, file, store=store, tenant=area)
             source = where(i, "source")
             person = tuple(_photo(root, resolver, photos, s, *source, file, area, store) for s in pair.source)
             if is_s3(pair.target):

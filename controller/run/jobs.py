@@ -102,15 +102,16 @@ def _prepare_one(
     job_id = next_job_id(config.data_root, spec.name, new)
     check_same_job(config, job_id, file)
     limit = config.policy.limits.targets
+    store = store_for(config, spec, tenant)
     resolved = resolve_job(
-        spec, config.data_root, str(file), job_id=job_id, tenant=tenant, max_pairs=limit, store=store_for(config, spec)
+        spec, config.data_root, str(file), job_id=job_id, tenant=tenant, max_pairs=limit, store=store
     )
     admission.check_counts(config.policy, str(file), len(resolved.targets), 0)
     check_pack(config, spec, file)
     folders = access.check_job(config, resolved, str(file))  # the runner can read and write it all
     try:  # videos probed and cut into segments
         run_as = video.probe_user(config.runner_uid_gid())  # ffprobe as the runner, never as root
-        targets = video.target_refs(resolved.targets, spec, config.policy.limits, run_as)
+        targets = video.target_refs(resolved.targets, spec, config.policy.limits, run_as, store)
     except FieldError as e:
         raise JobFileError(str(file), e.field, e.reason) from None
     if resolved.identities:  # a pairs job: each item swaps in its own person
@@ -121,14 +122,19 @@ def _prepare_one(
     return PreparedJob(file, spec, resolved, plan, job_id, folders)
 
 
-def store_for(config: Config, spec: JobSpec) -> Any:
-    """The object store, made (its credentials file read) only for a job that may name s3:// objects."""
+def store_for(config: Config, spec: JobSpec, tenant: str | None = None) -> Any:
+    """The object store, made (its credentials file read) only for a job that may name s3:// objects;
+    for a tenant's job, bound to its area (tenants.<t>.s3), or none when it has no area."""
     s3 = config.storage.s3
     if s3 is None or not (remote.s3_fields(spec) or spec.pairs_file is not None):
         return None
-    from controller.storage.s3 import S3Store  # boto3: imported only by jobs that use it
+    from controller.storage.s3 import S3Store, make_client  # boto3: imported only by jobs that use it
+    from controller.storage.tenant import TenantStore
 
-    return S3Store.from_settings(s3)
+    if tenant is None:
+        return S3Store.from_settings(s3)
+    area = config.tenants[tenant].s3 if tenant in config.tenants else None
+    return None if area is None else TenantStore(s3, make_client(s3), area)
 
 
 def output_links(config: Config) -> Callable[[str], str | None] | None:

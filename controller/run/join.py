@@ -17,19 +17,25 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contract import ffmpeg
 from contract.manifest import NoFacePolicy, Segment
 from contract.results import ItemResult, ItemStatus, read_results
+from contract.s3 import S3Url, is_s3
 from controller.errors import MissingInputError
 from controller.job import access
 from controller.job.plan import Plan, PlannedVideo, segment_output
 from controller.job.spec import JobSpec
-from controller.job.video import ProbeError, _reason, _run, probe
+from controller.job.video import ProbeError, _reason, _run, fetched, probe
 from controller.run.chunks import ChunkRun
 from controller.run.rundir import RunDir
+from controller.storage.errors import ObjectMissing, StorageAccessError, StorageTemporaryError
+from controller.storage.transfer import ObjectChanged, ObjectExists, ObjectTooLarge
 from controller.volume import Owner, UnsafePath, Volume, create_temp, masked, own, proc_path
+
+if TYPE_CHECKING:
+    from controller.storage.s3 import S3Store
 
 JOIN_TIMEOUT = 1800.0
 OUTPUT_MODE = 0o644  # the user's output, as the runner writes its others (umask-narrowed)
@@ -98,14 +104,16 @@ def finish(
     rerun: Callable[[list[str]], dict[str, ChunkRun]],
     runs: dict[str, ChunkRun],
     emit: Callable[..., None],
+    store: S3Store | None = None,
 ) -> dict[str, ChunkRun]:
     """After the chunks: redo missing/corrupt committed segments once (their chunks only), then join
-    every video whose segments are all committed. Returns the chunk runs, redone ones updated."""
+    every video whose segments are all committed. Returns the chunk runs, redone ones updated.
+    ``store``: the object store, for a video whose original or output is an ``s3://`` object."""
     if not plan.videos or rundir.control().cancel:
         return runs
     redo: dict[str, list[str]] = {}
     for sid, (chunk, result) in _segment_results(plan, rundir).items():
-        if not _committed(result) or _joined(rundir, plan.item(sid).parent or ""):
+        if not _committed(result) or _joined(rundir, plan.item(sid).parent or "", store):
             continue
         seg = plan.item(sid).segment
         assert seg is not None
@@ -119,10 +127,10 @@ def finish(
         runs = {**runs, **rerun(sorted(redo))}
     segs = _segment_results(plan, rundir)
     for video in plan.videos:
-        if video.error is None and not _joined(rundir, video.id):
+        if video.error is None and not _joined(rundir, video.id, store):
             results = [segs[s][1] for s in video.segments]
             if all(_committed(r) for r in results):
-                result = join_video(video, plan, rundir, spec, [r for r in results if r is not None])
+                result = join_video(video, plan, rundir, spec, [r for r in results if r is not None], store)
                 _append(rundir, result)
                 emit("video_joined", item=video.id, status=result.status.value, reason=result.reason)
     return runs
@@ -139,12 +147,18 @@ def joins(rundir: RunDir) -> dict[str, ItemResult]:
     return {r.item: r for r in read_results(data.decode("utf-8", errors="replace"))}
 
 
-def _joined(rundir: RunDir, video_id: str) -> bool:
+def _joined(rundir: RunDir, video_id: str, store: S3Store | None = None) -> bool:
     r = joins(rundir).get(video_id)
     if r is None or not _committed(r):
         return False
     if r.output is None:
         return True
+    if is_s3(r.output):  # still this job's commit of the video, with the bytes its join recorded
+        try:
+            found = None if store is None else store.probe(S3Url.parse(r.output))
+        except (ValueError, StorageAccessError, StorageTemporaryError):
+            return False
+        return found is not None and found.committed_by(rundir.job, video_id) and found.sha256 == r.sha256
     try:
         fd = rundir.volume.open(r.output, os.O_RDONLY | os.O_NONBLOCK)
     except (OSError, UnsafePath):
@@ -160,19 +174,28 @@ def _append(rundir: RunDir, result: ItemResult) -> None:
 
 
 def join_video(
-    video: PlannedVideo, plan: Plan, rundir: RunDir, spec: JobSpec, segments: list[ItemResult]
+    video: PlannedVideo,
+    plan: Plan,
+    rundir: RunDir,
+    spec: JobSpec,
+    segments: list[ItemResult],
+    store: S3Store | None = None,
 ) -> ItemResult:
-    """Concatenate the segments (no re-encode), restore the audio, check, rename into place."""
+    """Concatenate the segments (no re-encode), restore the audio, check, rename into place; or, for
+    an ``s3://`` output, commit it by PUT (the runner's rule: this job's object is kept, another's
+    is refused without ``overwrite``). An ``s3://`` original is fetched once (its planned ETag)."""
     started = time.time()
     root = rundir.data_root
     faces = sum(r.faces for r in segments)
     no_face = all(r.status is ItemStatus.NO_FACE for r in segments)
 
-    def result(status: ItemStatus, output: str | None, reason: str | None = None) -> ItemResult:
+    def result(
+        status: ItemStatus, output: str | None, reason: str | None = None, sha: tuple[int, str] | None = None
+    ) -> ItemResult:
         now = time.time()
         return ItemResult(
             video.id, status, 1, video.input, output, reason, faces, started=started, finished=now,
-            timings={"join": round(now - started, 4)},
+            timings={"join": round(now - started, 4)}, size=sha[0] if sha else None, sha256=sha[1] if sha else None,
         )  # fmt: skip
 
     if no_face and spec.no_face is NoFacePolicy.FAIL:
@@ -184,74 +207,128 @@ def join_video(
     names = [video.input, *parts]  # how errors name them: relative to the data root
     demuxer = video.info.get("demuxer") if video.info.get("demuxer") in ffmpeg.INPUT_FORMATS else None
     volume = rundir.volume
+    status = ItemStatus.NO_FACE if no_face else ItemStatus.OK
     try:
-        access.make_folders(root, [posixpath.dirname(video.output)], rundir.owner)  # the runner's, as at submit
-        with _opened(volume, [video.input, *parts]) as (original, *segment_fds):
-            _join(volume, video.output, original, segment_fds, audio, rundir.runner_owner(), names, demuxer)
-    except (JoinError, MissingInputError) as e:
+        if (is_s3(video.input) or is_s3(video.output)) and store is None:
+            raise JoinError("the object store is not configured (storage.s3)")
+        with _original(volume, video, store, bool(audio)) as original, _opened(volume, parts) as segment_fds:
+            ffmpeg_join = _Join(original, segment_fds, audio, names, demuxer, video.output)
+            if is_s3(video.output):
+                assert store is not None
+                with tempfile.TemporaryDirectory(prefix="ffswarm-join-out-") as scratch:
+                    out = Path(scratch) / f"joined{PurePosixPath(video.output).suffix}"
+                    with open(out, "w+b") as f:
+                        ffmpeg_join.into(f.fileno())
+                        got = store.commit_file(S3Url.parse(video.output), f, plan.job, video.id, 1, spec.overwrite)
+                return result(status, video.output, sha=(got.size, got.sha256))
+            access.make_folders(root, [posixpath.dirname(video.output)], rundir.owner)  # the runner's, as at submit
+            ffmpeg_join.onto(volume, rundir.runner_owner())
+    except (JoinError, MissingInputError, ObjectExists, ObjectChanged, ObjectMissing, ObjectTooLarge) as e:
+        return result(ItemStatus.ERROR, None, f"{video.output}: {e}")
+    except (StorageAccessError, StorageTemporaryError) as e:  # the store: named, the job's other items go on
         return result(ItemStatus.ERROR, None, f"{video.output}: {e}")
     except OSError as e:
         return result(ItemStatus.ERROR, None, f"{video.output}: {e.strerror}")
-    return result(ItemStatus.NO_FACE if no_face else ItemStatus.OK, video.output)
+    return result(status, video.output)
 
 
 class JoinError(Exception):
     pass
 
 
-def _join(
-    volume: Volume,
-    out: str,
-    original: int,
-    parts: list[int],
-    audio: list[dict[str, Any]],
-    owner: Owner | None,
-    names: list[str],
-    demuxer: str | None = None,
-) -> None:
-    """``out``: relative to the data root; ``original`` and ``parts``: open descriptors (``names``:
-    how errors name them, original first). ffmpeg writes into a unique temporary file made O_EXCL in
-    the output folder's descriptor and reaches every file by descriptor; the result is checked,
-    fsynced, handed to ``owner``, renamed into place in that descriptor, and the folder fsynced."""
-    muxer = ffmpeg.MUXERS[PurePosixPath(out).suffix.lower()]
-    codecs = {ffmpeg.audio_codec(muxer, str(a["codec"])) for a in audio}
-    first = None if not audio else ("copy" if codecs == {"copy"} else (codecs - {"copy"}).pop())
-    tries: list[str | None] = [first]
-    if first == "copy":
-        tries.append(ffmpeg.AUDIO_REENCODE.get(muxer, ffmpeg.AUDIO_REENCODE_DEFAULT))
-    part_paths = [proc_path(fd) for fd in parts]
-    shown = dict(zip([proc_path(original), *part_paths], names, strict=True))
-    with volume.parent(out, "write") as (dfd, name), tempfile.TemporaryDirectory(prefix="ffswarm-join-") as scratch:
-        listing = Path(scratch) / "segments.ffconcat"
-        listing.write_text(ffmpeg.concat_list(part_paths))
-        fd, tmp_name = create_temp(dfd, name)
-        tmp = proc_path(fd)
-        shown = {**shown, tmp: out, str(listing): listing.name}
+@contextlib.contextmanager
+def _original(volume: Volume, video: PlannedVideo, store: S3Store | None, needed: bool) -> Iterator[int]:
+    """The original video (its audio) as an open descriptor: opened beneath the data root, or an
+    object fetched into a private temporary file with the ETag it had when planned (-1: no audio
+    is restored, nothing is read)."""
+    if not needed:
+        yield -1
+        return
+    if not is_s3(video.input):
+        with _opened(volume, [video.input]) as (fd,):
+            yield fd
+        return
+    assert store is not None
+    cap = int(video.info.get("bytes") or 0) or None
+    etag = video.info.get("etag") if isinstance(video.info.get("etag"), str) else None
+    with fetched(store, S3Url.parse(video.input), cap or 2**63, None, etag) as (path, _):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         try:
+            yield fd
+        finally:
+            os.close(fd)
+
+
+class _Join:
+    """One join's ffmpeg runs, into a descriptor: ``original`` and ``parts`` are open descriptors
+    (``names``: how errors name them, original first); ``out``: how errors name the output."""
+
+    def __init__(
+        self,
+        original: int,
+        parts: list[int],
+        audio: list[dict[str, Any]],
+        names: list[str],
+        demuxer: str | None,
+        out: str,
+    ) -> None:
+        self.original, self.parts, self.audio, self.names, self.demuxer, self.out = (
+            original,
+            parts,
+            audio,
+            names,
+            demuxer,
+            out,
+        )
+
+    def into(self, fd: int) -> None:
+        """Join into the open, empty file ``fd``, check it and fsync it (JoinError when it fails)."""
+        muxer = ffmpeg.MUXERS[PurePosixPath(self.out).suffix.lower()]
+        codecs = {ffmpeg.audio_codec(muxer, str(a["codec"])) for a in self.audio}
+        first = None if not self.audio else ("copy" if codecs == {"copy"} else (codecs - {"copy"}).pop())
+        tries: list[str | None] = [first]
+        if first == "copy":
+            tries.append(ffmpeg.AUDIO_REENCODE.get(muxer, ffmpeg.AUDIO_REENCODE_DEFAULT))
+        part_paths = [proc_path(p) for p in self.parts]
+        original = proc_path(self.original) if self.original >= 0 else ""
+        tmp = proc_path(fd)
+        with tempfile.TemporaryDirectory(prefix="ffswarm-join-") as scratch:
+            listing = Path(scratch) / "segments.ffconcat"
+            listing.write_text(ffmpeg.concat_list(part_paths))
+            shown = dict(zip([original or "-", *part_paths], self.names, strict=True))
+            shown = {**shown, tmp: self.out, str(listing): listing.name}
             errors = []
             for codec in tries:
-                cmd = ffmpeg.join_cmd(str(listing), proc_path(original), tmp, muxer, codec, demuxer)
-                proc = _run(cmd, JOIN_TIMEOUT)
+                proc = _run(ffmpeg.join_cmd(str(listing), original, tmp, muxer, codec, self.demuxer), JOIN_TIMEOUT)
                 if proc.returncode == 0:
                     break
                 errors.append(f"{codec}: {_reason(proc.stderr, Path(tmp), shown)}")
             else:
-                if audio:  # tell a failed audio restore from a failed join
+                if self.audio:  # tell a failed audio restore from a failed join
                     video_only = _run(ffmpeg.join_cmd(str(listing), "", tmp, muxer, None), JOIN_TIMEOUT)
                     if video_only.returncode == 0:
                         raise JoinError(f"audio restore failed ({'; '.join(errors)})")
                 raise JoinError(f"joining segments failed: {'; '.join(errors)}")
-            _verify(Path(tmp), [Path(p) for p in part_paths], bool(audio))
-            os.fsync(fd)
-            own(fd, owner, masked(OUTPUT_MODE), out)
-            os.rename(tmp_name, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            tmp_name = ""
-            os.fsync(dfd)
-        finally:
-            os.close(fd)
-            if tmp_name:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp_name, dir_fd=dfd)
+            _verify(Path(tmp), [Path(p) for p in part_paths], bool(self.audio))
+        os.fsync(fd)
+
+    def onto(self, volume: Volume, owner: Owner | None) -> None:
+        """Join into a unique temporary file made O_EXCL in the output folder's descriptor (relative to
+        the data root, reached without following links), hand it to ``owner``, rename it into place
+        in that descriptor, and fsync the folder."""
+        with volume.parent(self.out, "write") as (dfd, name):
+            fd, tmp_name = create_temp(dfd, name)
+            try:
+                self.into(fd)
+                own(fd, owner, masked(OUTPUT_MODE), self.out)
+                os.rename(tmp_name, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                tmp_name = ""
+                os.fsync(dfd)
+            finally:
+                os.close(fd)
+                if tmp_name:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp_name, dir_fd=dfd)
 
 
 def _verify(joined: Path, parts: list[Path], audio: bool) -> None:

@@ -39,6 +39,8 @@ def pack_key(job: PreparedJob, settings: PackingSettings, default_image: str) ->
         return None
     if not job.plan.items or spec.reference is not None or spec.faces is FaceSelection.REFERENCE:
         return None
+    if job.resolved.uses_s3:  # runs alone: a pack writes its members' reports without presigned links
+        return None
     same = (
         spec.image or default_image,
         spec.models,

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from contract.s3 import is_s3
 from controller import log
 from controller.config import Config
 from controller.errors import EngineUnavailable, FfswarmError, JobFileError
@@ -172,7 +173,8 @@ def supervise(
 
     sup, runs = _identity_and_chunks(config, backend, job, rundir, image, emit, started, share)
     rundir.enter(Stage.VIDEOS)
-    runs = join.finish(plan, rundir, job.spec, sup.run, runs, emit)  # redo bad segments, join videos
+    store = video_store(config, plan)
+    runs = join.finish(plan, rundir, job.spec, sup.run, runs, emit, store)  # redo bad segments, join videos
     rundir.enter(Stage.REPORT)
     report = _record_timing(
         config, job, rundir, plan, build_report(plan, rundir, runs, image, started, jobs_links(config)), logger
@@ -183,6 +185,16 @@ def supervise(
     rundir.enter(Stage.ENDED)
     claims.release(rundir.data_root, rundir.job)  # its outputs are its own now: no live job holds them
     return report
+
+
+def video_store(config: Config, plan: Plan) -> Any:
+    """The object store, for a plan with a video whose original or output is an ``s3://`` object
+    (the join reads and writes it); None otherwise (boto3 never imported)."""
+    if config.storage.s3 is None or not any(is_s3(v.input) or is_s3(v.output) for v in plan.videos):
+        return None
+    from controller.storage.s3 import S3Store
+
+    return S3Store.from_settings(config.storage.s3)
 
 
 def call_hooks(config: Config, hooks: OnComplete, rundir: RunDir, report: Report, path: Path) -> Report:

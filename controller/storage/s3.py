@@ -1,17 +1,21 @@
 """The one module that talks to S3 (boto3), and the one place its errors become ours.
 
 At plan time the controller lists globs (paginated, bounded by the policy's targets maximum), checks
-single objects with HEAD, and signs result links; it never reads or writes object bodies (the runners
-do, runner_image/s3io.py). The client is made from the config and the credentials file, with botocore's
-'standard' retries (throttling, 5xx and connection errors, with backoff) and timeouts; after those
-retries the error is ours: StorageTemporaryError (75), StorageAccessError (66), ObjectMissing (item).
+single objects with HEAD, and signs result links. It reads and writes bodies for videos only: a video
+target is fetched once (streamed, capped) to be probed, and a joined video is committed by PUT like a
+runner's output (runner_image/s3io.py does the same for the runners' own). The client is made from
+the config and the credentials file, with botocore's 'standard' retries (throttling, 5xx and
+connection errors, with backoff) and timeouts; after those retries the error is ours:
+StorageTemporaryError (75), StorageAccessError (66), ObjectMissing (item).
 """
 
 from __future__ import annotations
 
+import mimetypes
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 import boto3  # type: ignore[import-untyped]
 from botocore.config import Config as BotoConfig  # type: ignore[import-untyped]
@@ -22,12 +26,33 @@ from botocore.exceptions import (  # type: ignore[import-untyped]
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from contract.s3 import Credentials, S3Url
+from contract.s3 import META_ATTEMPT, META_ITEM, META_JOB, META_SHA256, Credentials, S3Url
 from controller.errors import FfswarmError, InternalError
 from controller.storage.errors import ObjectMissing, StorageAccessError, StorageTemporaryError, TooManyObjects
 from controller.storage.settings import MAX_LINK_TTL, S3Settings, read_credentials
+from controller.storage.transfer import (
+    BLOCK,
+    MULTIPART_THRESHOLD,
+    PART_SIZE,
+    Committed,
+    ObjectChanged,
+    ObjectExists,
+    ObjectTooLarge,
+    digest,
+    multipart,
+)
 
-__all__ = ["S3Object", "S3Store", "S3Url", "make_client"]
+__all__ = [
+    "Committed",
+    "ObjectChanged",
+    "ObjectExists",
+    "ObjectTooLarge",
+    "S3Object",
+    "S3Settings",
+    "S3Store",
+    "S3Url",
+    "make_client",
+]
 
 CONNECT_TIMEOUT = 10  # seconds to open a connection to the endpoint
 READ_TIMEOUT = 60  # seconds to wait for bytes of an answer
@@ -48,6 +73,17 @@ class S3Object:
     size: int
     etag: str
     metadata: Mapping[str, str] = field(default_factory=dict)  # x-amz-meta-*, from HEAD only
+
+    def committed_by(self, job: str, item: str) -> bool:
+        """Whether its metadata says it is ``job``'s commit of ``item`` (hostile: a malformed digest is not)."""
+        meta = {k.lower(): v for k, v in self.metadata.items()}
+        sha = meta.get(META_SHA256, "")
+        mine = meta.get(META_JOB) == job and meta.get(META_ITEM) == item
+        return mine and re.fullmatch(r"[0-9a-f]{64}", sha) is not None
+
+    @property
+    def sha256(self) -> str | None:
+        return {k.lower(): v for k, v in self.metadata.items()}.get(META_SHA256)
 
 
 def make_client(
@@ -157,6 +193,85 @@ class S3Store:
         except (ClientError, BotoCoreError) as e:
             raise translate(e, url, "sign a link for") from None
         return link
+
+    def probe(self, url: S3Url) -> S3Object | None:
+        """What is at ``url`` now (HEAD), or None; a missing bucket is StorageAccessError."""
+        try:
+            return self.head(url)
+        except ObjectMissing:
+            return None
+
+    def download(self, url: S3Url, out: IO[bytes], cap: int, *, if_match: str | None = None) -> S3Object:
+        """The object streamed into ``out``, at most ``cap`` bytes: an answer whose length is over the
+        cap is refused before a byte is read, one that sends more than it said is cut at the cap
+        (ObjectTooLarge either way). ``if_match``: the ETag it must still have (ObjectChanged)."""
+        extra = {"IfMatch": if_match} if if_match else {}
+        try:
+            answer = self._client.get_object(Bucket=url.bucket, Key=url.key, **extra)
+        except (ClientError, BotoCoreError) as e:
+            if _code(e) in ("PreconditionFailed", "412"):
+                raise ObjectChanged(url) from None
+            if _code(e) in ("404", "NoSuchKey", "NotFound"):
+                self._check_bucket(url)
+                raise ObjectMissing(url) from None
+            raise translate(e, url, "read") from None
+        body = answer["Body"]
+        total = 0
+        try:
+            size = int(answer.get("ContentLength") or 0)
+            if size > cap:
+                raise ObjectTooLarge(url, size, cap)
+            while block := body.read(BLOCK):
+                total += len(block)
+                if total > cap:
+                    raise ObjectTooLarge(url, None, cap)
+                out.write(block)
+        except (ClientError, BotoCoreError) as e:
+            raise translate(e, url, "read") from None
+        finally:
+            body.close()
+        self._buckets_seen.add(url.bucket)
+        return S3Object(url, total, str(answer.get("ETag", "")), dict(answer.get("Metadata") or {}))
+
+    def commit_file(self, url: S3Url, f: IO[bytes], job: str, item: str, attempt: int, overwrite: bool) -> Committed:
+        """``f`` (a finished file, read from its start) as the object at ``url``, by the runner's rule:
+        this job's commit of ``item`` with the same bytes is kept (cached); another job's object is
+        ObjectExists unless ``overwrite``. The PUT carries its SHA-256 and the job's metadata and is
+        conditional (If-None-Match: * for a new key, If-Match for a replaced one), so an object written
+        meanwhile is never replaced; large files go up in parts, aborted on any error: the object
+        appears whole or not at all."""
+        size, sha, b64 = digest(f)
+        found = self.probe(url)
+        if found is None:
+            condition = {"IfNoneMatch": "*"}
+        elif found.committed_by(job, item):
+            if (found.size, found.sha256) == (size, sha):
+                return Committed(size, sha, cached=True)
+            condition = {"IfMatch": found.etag}  # an earlier join of ours: replaced
+        elif not overwrite:
+            raise ObjectExists(url)
+        else:
+            condition = {"IfMatch": found.etag}
+        meta = {META_JOB: job, META_ITEM: item, META_ATTEMPT: str(attempt), META_SHA256: sha}
+        kind = mimetypes.guess_type(url.key)[0] or "application/octet-stream"
+        try:
+            f.seek(0)
+            if size <= self.multipart_threshold:
+                self._client.put_object(
+                    Bucket=url.bucket, Key=url.key, Body=f, ContentLength=size, ContentType=kind, Metadata=meta,
+                    ChecksumAlgorithm="SHA256", ChecksumSHA256=b64, **condition,
+                )  # fmt: skip
+            else:
+                multipart(self._client, url, f, size, meta, kind, condition, self.part_size)
+        except (ClientError, BotoCoreError) as e:
+            if _code(e) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                raise ObjectExists(url) from None
+            raise translate(e, url, "write") from None
+        self._buckets_seen.add(url.bucket)
+        return Committed(size, sha, cached=False)
+
+    multipart_threshold = MULTIPART_THRESHOLD  # per store: tests make them small
+    part_size = PART_SIZE
 
     def _check_bucket(self, url: S3Url) -> None:
         if url.bucket in self._buckets_seen:
