@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -140,10 +142,34 @@ def test_colliding_s3_outputs_are_refused(tmp_path: Path, moto: Moto) -> None:
     assert e.value.field == "output"
 
 
-def test_videos_in_the_store_are_refused_for_now(tmp_path: Path, moto: Moto) -> None:
+def _clip(tmp_path: Path) -> bytes:
+    out = tmp_path / "clip.mp4"
+    subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-y", "-f", "lavfi", "-i", "testsrc=size=64x64:rate=10",
+                    "-t", "2", "-pix_fmt", "yuv420p", str(out)], check=True)  # fmt: skip
+    return out.read_bytes()
+
+
+def test_a_video_in_the_store_is_probed_and_cut_into_segments(tmp_path: Path, moto: Moto) -> None:
+    store = moto.store()
+    store._client.put_object(Bucket="media", Key="clips/a.mp4", Body=_clip(tmp_path))
+    cfg = config(tmp_path, moto)
+    text = "segment_seconds: 1\nname: v\nsource: faces/star.jpg\ntargets: ['s3://media/clips/*.mp4']\n"
+    (tmp_path / "v.yaml").write_text(text + "output: 's3://media/out/{stem}{ext}'\nresources: {gpus: 0}\n")
+    [prepared] = prepare(cfg, [tmp_path / "v.yaml"], new=False)
+    [video] = prepared.plan.videos
+    assert (video.input, video.output) == ("s3://media/clips/a.mp4", "s3://media/out/a.mp4")
+    assert len(video.segments) == 2 and video.info["frames"] == 20 and video.info["etag"]
+    assert not list(Path(tempfile.gettempdir()).glob("ffswarm-object-*"))  # the probe's copy is gone
+
+
+def test_a_video_in_the_store_over_the_video_bytes_limit_is_refused_naming_it(tmp_path: Path, moto: Moto) -> None:
+    store = moto.store()
+    store._client.put_object(Bucket="media", Key="clips/b.mp4", Body=_clip(tmp_path))
+    cfg = config(tmp_path, moto, policy={"limits": {"video_bytes": "1KiB"}})
     with pytest.raises(JobFileError) as e:
-        prepare(config(tmp_path, moto), [job(tmp_path, targets="s3://media/clips/*.mp4")], new=False)
-    assert e.value.field == "targets[0]"
+        prepare(cfg, [job(tmp_path, targets="s3://media/clips/b.mp4", output="s3://media/out/{stem}{ext}")], new=False)
+    assert e.value.field == "targets" and "s3://media/clips/b.mp4" in str(e.value)
+    assert "policy.limits.video_bytes" in str(e.value)
 
 
 def test_runner_services_get_the_secret_by_reference_and_the_operators_network(tmp_path: Path, moto: Moto) -> None:
