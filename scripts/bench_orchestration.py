@@ -13,6 +13,7 @@ Efficiency = ideal ÷ wall, ideal = items × per-item time ÷ K GPU slots.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import resource
@@ -75,10 +76,22 @@ class Bench:
         return f"{d.relative_to(self.root).as_posix()}/*.jpg"
 
     def run(
-        self, name: str, targets: str, chunk_size: int, image: str, gpus: int = 1, max_concurrent: int | None = None
+        self,
+        name: str,
+        targets: str,
+        chunk_size: int,
+        image: str,
+        gpus: int = 1,
+        max_concurrent: int | None = None,
+        config: Config | None = None,
+        output: str | None = None,
     ) -> dict[str, Any]:
+        """One job; ``config`` and ``output`` (a folder or an s3:// prefix) in place of the dev config's
+        and the bench folder's."""
+        config = config or self.config
         job_id = f"bench-{name}-{uuid.uuid4().hex[:4]}"
         out = self.dir / "out" / job_id
+        where = f"{output}/{job_id}" if output else out.relative_to(self.root).as_posix()
         f = self.dir / f"{job_id}.yaml"
         f.write_text(
             json.dumps(
@@ -86,7 +99,7 @@ class Bench:
                     "name": job_id,
                     "source": self.star.relative_to(self.root).as_posix(),
                     "targets": [targets],
-                    "output": f"{out.relative_to(self.root).as_posix()}/{{stem}}{{ext}}",
+                    "output": f"{where}/{{stem}}{{ext}}",
                     "chunk_size": chunk_size,
                     **({"max_concurrent": max_concurrent} if max_concurrent else {}),
                     "providers": list(self.providers),
@@ -102,9 +115,9 @@ class Bench:
             events.append((time.perf_counter(), event, fields))
 
         cpu0, t0, wall0 = cpu_seconds(), time.perf_counter(), time.time()
-        prepared = jobs.prepare(self.config, [f], new=False)
-        backend = DockerSwarm(self.config.docker_host)
-        done = usecase.submit(self.config, backend, prepared, [lambda rundir, job: record])
+        prepared = jobs.prepare(config, [f], new=False)
+        backend = DockerSwarm(config.docker_host)
+        done = usecase.submit(config, backend, prepared, [lambda rundir, job: record])
         code, reports = max(r.exit_code() for r in done), [r.to_dict() for r in done]
         wall = time.perf_counter() - t0
         cpu = cpu_seconds() - cpu0
@@ -144,6 +157,52 @@ class Bench:
             "results": results,
             "cold_s": [c[1] for c in loaded if c is not None],  # the runner's process age at models loaded
         }
+
+
+SIM_IMAGE = "ffswarm/runner-sim:bench"
+
+
+def bench_config(**extra: Any) -> Config:
+    """The dev config, its policy.images allowing the simulated runner's tag, plus ``extra`` keys."""
+    import tempfile
+
+    import yaml
+
+    data = yaml.safe_load((ROOT / "ffswarm.yaml").read_text())
+    policy = data.setdefault("policy", {})
+    policy["images"] = [*policy.get("images", []), SIM_IMAGE]
+    data.update(extra)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(yaml.safe_dump(data))
+    atexit.register(os.unlink, f.name)  # kept while the run lasts: the config's path is its own
+    return load_config(f.name)
+
+
+def b5_s3(b: Bench, targets: str, chunk_size: Any, image: str) -> dict[str, Any]:
+    """B5's whole path again with the same photos as objects: targets and outputs on moto's S3 server
+    (a container on the runners' storage network, tests/fixtures/s3_server.py), the source on the
+    volume. The upload of the inputs is not timed."""
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.fixtures import s3_server
+
+    files = sorted((b.root / targets).parent.glob("*.jpg"))
+    with (
+        tempfile.TemporaryDirectory() as secrets,
+        s3_server.running(b.swarm.client, b.config.image, Path(secrets)) as s3,
+    ):
+        c = s3.client()
+        with ThreadPoolExecutor(8) as pool:
+            put = lambda f: c.put_object(Bucket=s3_server.BUCKET, Key=f"b5/in/{f.name}", Body=f.read_bytes())  # noqa: E731
+            list(pool.map(put, files))
+        cfg = bench_config(storage=s3.storage())
+        r = b.run("b5s3", f"s3://{s3_server.BUCKET}/b5/in/*.jpg", chunk_size, image, config=cfg,
+                  output=f"s3://{s3_server.BUCKET}/b5/out")  # fmt: skip
+    r.pop("results", None)
+    r.pop("cold_s", None)
+    r["items_per_s"] = round(r["items"] / r["wall_s"], 2)
+    return r
 
 
 def calibrate(b: Bench, image: str, n: int = 48) -> dict[str, float]:
@@ -220,12 +279,13 @@ def main() -> None:
     ap.add_argument("--b4-chunks", type=int, default=0, help="first run one job of this many one-item chunks (no GPU)")
     ap.add_argument("--b5-items", type=int, default=500, help="real photos for B5 (the real runner, both ways)")
     ap.add_argument("--providers", default="cpu", help="of every job and of B5's in-process runner, e.g. cuda,cpu")
+    ap.add_argument("--b5-s3", action="store_true", help="B5 also with targets and outputs on an S3 server (moto)")
     ap.add_argument("--skip", default="", help="comma list of b1,sweep,b2,b5,b4 to skip")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
     args = ap.parse_args()
     skip = set(args.skip.split(","))
-    config = load_config(str(ROOT / "ffswarm.yaml"))
+    config = bench_config()
     swarm = DockerSwarm(config.docker_host)
     swarm.check_manager()
     from controller.job.spec import JobSpec
@@ -234,7 +294,7 @@ def main() -> None:
     b = Bench(config, swarm, tuple(args.providers.split(",")))
     out: dict[str, Any] = {"machine": "2-core VM, dev swarm (single node), fake GPUs", "slots": b.slots}
     try:
-        real = swarm.resolve_image(config.image)
+        real = config.image  # by the tag policy.images allows; submit pins it to the image's ID
         cal = calibrate(b, real)
         out["calibration"] = cal
         print(
@@ -245,10 +305,10 @@ def main() -> None:
         image, _ = swarm.client.images.build(
             path=str(ROOT / "scripts" / "bench_sim"),
             buildargs={"RUNNER_IMAGE": real},
-            tag="ffswarm/runner-sim:bench",
+            tag=SIM_IMAGE,
             rm=True,
         )
-        sim = str(image.id)
+        sim = SIM_IMAGE
 
         def line(tag: str, r: dict[str, Any]) -> dict[str, Any]:
             r.pop("results", None)
@@ -310,6 +370,16 @@ def main() -> None:
                 f"{share * 100:.1f} %\n    profile (s from submit): first item {path['first_item_s']:.2f}, "
                 f"last item {path['last_item_s']:.2f}, end {path['wall_s']:.2f}"
             )
+            if args.b5_s3:
+                objs = b5_s3(b, targets, default_cs, real)
+                ratio = objs["items_per_s"] / path["items_per_s"]
+                out["b5"]["s3"] = {**objs, "ratio_to_volume": round(ratio, 3)}
+                print(
+                    f"B5 with S3 (moto in a container, same photos): whole path {objs['items_per_s']:.1f} items/s "
+                    f"(wall {objs['wall_s']:.1f} s, {objs['ok']} ok) vs the data volume {path['items_per_s']:.1f} "
+                    f"items/s → S3 ÷ volume {ratio:.2f}\n    profile (s from submit): first item "
+                    f"{objs['first_item_s']:.2f}, last item {objs['last_item_s']:.2f}, end {objs['wall_s']:.2f}"
+                )
         if "b4" not in skip:
             if args.b4_chunks:
                 big = line("B4 job", b.run("b4", b.inputs(args.b4_chunks), 1, sim, gpus=0, max_concurrent=12))

@@ -1,13 +1,8 @@
 """Object storage on the real single-node swarm (issue 19, docs/storage.md): runners read targets from
 and commit outputs to an S3 server, the controller lists, probes, joins and signs.
 
-The S3 server is moto's standalone server (no real one installs here: FIELD-NOTES), run by this
-module as a container from the runner image (moto from the test venv, mounted read-only) on an
-attachable overlay network that the job's runners join (``storage.s3.network``). Its port is
-published on the engine's docker_gwbridge address, so the controller on the host and the runners on
-that network reach it by one endpoint URL, as they would a MinIO on the operator's network. moto's
-IAM authentication is on: requests signed with a wrong secret are refused. The credentials reach the
-runners only as a Swarm secret.
+The S3 server is moto's standalone server in a container on an attachable overlay network that the
+job's runners join (``storage.s3.network``), its authentication on: tests/fixtures/s3_server.py.
 
 What moto does not prove (docs/storage.md): presigned signatures (moto accepts tampered ones and,
 with authentication on, answers 500 to any presigned request, so downloads through links turn it
@@ -18,38 +13,30 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sysconfig
-import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import boto3
 import cv2
 import httpx
 import numpy as np
 import pytest
 import yaml
-from botocore.config import Config as BotoConfig
 
 from contract.results import ItemStatus
 from contract.s3 import META_ATTEMPT, META_JOB, META_SHA256
 from controller.config import Config
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.servicespec import LABEL_JOB
-from tests.fixtures import photos
+from tests.fixtures import photos, s3_server
+from tests.fixtures.s3_server import BUCKET, WRONG_SECRET, S3Server
 from tests.integration.conftest import CONFIG, ServiceWatch, Workspace, chown_tree, results_of
 from tests.integration.test_video import panned_clip, streams
-from tests.polling import Polling, remove_container
+from tests.polling import Polling
 
 pytestmark = pytest.mark.integration
 
-LABEL = "io.ffswarm.test"
-BUCKET = "media"
-REGION = "us-east-1"
-POLICY = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
 COMMON = """providers: [cpu]
 resources: {gpus: 1, gpu_kind: GPU, memory: 2g}
 placement: [node.labels.ffswarm.gpu==true]
@@ -57,98 +44,19 @@ timeout: 10m
 """
 
 
-@dataclass
-class S3Server:
-    endpoint: str
-    network: str
-    secret_name: str
-    key_id: str
-    secret_key: str
-    cred_file: Path
-    wrong_file: Path
-    container: Any = field(repr=False)
-
-    def client(self) -> Any:
-        return boto3.client(
-            "s3", endpoint_url=self.endpoint, region_name=REGION, aws_access_key_id=self.key_id,
-            aws_secret_access_key=self.secret_key, config=BotoConfig(s3={"addressing_style": "path"}),
-        )  # fmt: skip
-
-    def auth(self, on: bool) -> None:
-        httpx.post(f"{self.endpoint}/moto-api/reset-auth", content=b"0" if on else b"inf").raise_for_status()
-
-    def config(self, ws: Workspace, wrong: bool = False) -> Path:
-        """The dev config with ``storage.s3`` pointing at this server, for this test alone."""
-        data = yaml.safe_load(CONFIG.read_text())
-        data["storage"] = {"s3": {
-            "endpoint_url": self.endpoint, "credentials_secret": self.secret_name,
-            "credentials_file": str(self.wrong_file if wrong else self.cred_file), "link_ttl": "1h",
-            "network": self.network,
-        }}  # fmt: skip
-        path = ws.dir / "ffswarm-s3.yaml"
-        path.write_text(yaml.safe_dump(data))
-        return path
-
-
-def _gateway(swarm: DockerSwarm) -> str:
-    net = swarm.client.networks.get("docker_gwbridge")
-    return str(net.attrs["IPAM"]["Config"][0]["Gateway"])
-
-
 @pytest.fixture(scope="module")
 def s3(swarm: DockerSwarm, config: Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    tag = uuid.uuid4().hex[:8]
-    labels = {LABEL: f"s3-{tag}"}
-    client = swarm.client
-    network = client.networks.create(f"ffswarm-s3-test-{tag}", driver="overlay", attachable=True, labels=labels)
-    site = sysconfig.get_paths()["purelib"]  # moto and its libraries, from the test venv (same CPython)
-    gateway = _gateway(swarm)
-    container = client.containers.run(
-        config.image, entrypoint=["/opt/ffswarm/bin/python", "-m", "moto.server", "-H", "0.0.0.0", "-p", "5000"],
-        detach=True, network=network.name, ports={"5000/tcp": (gateway, None)}, labels=labels,
-        volumes={site: {"bind": "/opt/moto-site", "mode": "ro"}}, environment={"PYTHONPATH": "/opt/moto-site"},
-        user="65534:65534", read_only=True, tmpfs={"/tmp": "size=64m"}, name=f"ffswarm-s3-test-{tag}",
-    )  # fmt: skip
-    secret = None
-    try:
-        container.reload()
-        port = container.attrs["NetworkSettings"]["Ports"]["5000/tcp"][0]["HostPort"]
-        endpoint = f"http://{gateway}:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(f"{endpoint}/moto-api/", timeout=2).raise_for_status()
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"moto's server did not answer at {endpoint}: {container.logs()[-2000:]!r}")
-                time.sleep(0.3)
-        admin = {"endpoint_url": endpoint, "region_name": REGION, "aws_access_key_id": "admin",
-                 "aws_secret_access_key": "admin"}  # fmt: skip
-        iam = boto3.client("iam", **admin)
-        iam.create_user(UserName="ffswarm")
-        key = iam.create_access_key(UserName="ffswarm")["AccessKey"]
-        iam.put_user_policy(UserName="ffswarm", PolicyName="s3", PolicyDocument=json.dumps(POLICY))
-        boto3.client("s3", **admin).create_bucket(Bucket=BUCKET)
-        folder = tmp_path_factory.mktemp("s3-secrets")
-        text = f"AWS_ACCESS_KEY_ID={key['AccessKeyId']}\nAWS_SECRET_ACCESS_KEY={key['SecretAccessKey']}\n"
-        (folder / "good").write_text(text)
-        (folder / "wrong").write_text(f"AWS_ACCESS_KEY_ID={key['AccessKeyId']}\nAWS_SECRET_ACCESS_KEY=not-the-secret\n")
-        secret = client.secrets.create(name=f"ffswarm-s3-test-{tag}", data=text.encode(), labels=labels)
-        server = S3Server(endpoint, network.name, f"ffswarm-s3-test-{tag}", key["AccessKeyId"],
-                          key["SecretAccessKey"], folder / "good", folder / "wrong", container)  # fmt: skip
-        server.auth(True)
+    with s3_server.running(swarm.client, config.image, tmp_path_factory.mktemp("s3-secrets")) as server:
         yield server
-    finally:
-        remove_container(container)
-        if secret is not None:
-            secret.remove()
-        for _ in range(30):  # the job's services are gone (workspace teardown); their tasks may linger a moment
-            try:
-                network.remove()
-                break
-            except Exception:  # noqa: BLE001  (still in use by a task being removed)
-                time.sleep(1)
+
+
+def config_with_s3(s3: S3Server, ws: Workspace, wrong: bool = False) -> Path:
+    """The dev config with ``storage.s3`` pointing at the server, for this test alone."""
+    data = yaml.safe_load(CONFIG.read_text())
+    data["storage"] = s3.storage(wrong)
+    path = ws.dir / "ffswarm-s3.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
 
 
 def put_inputs(s3: S3Server, prefix: str, files: list[Path]) -> None:
@@ -186,7 +94,7 @@ def test_photos_and_a_video_in_the_store_run_end_to_end(workspace: Workspace, sw
         f"max_concurrent: 2\nretries: 1\n{COMMON}"
     )
     with ServiceWatch(swarm, ws.job) as watch:
-        proc = ws.ffswarm("submit", str(job_file), config=s3.config(ws))
+        proc = ws.ffswarm("submit", str(job_file), config=config_with_s3(s3, ws))
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     out = objects(s3, f"{ws.job}/out")
@@ -238,10 +146,10 @@ def test_wrong_credentials_exit_66_naming_the_bucket(workspace: Workspace, s3: S
         f"name: {ws.job}\nsource: {ws.rel(star)}\ntargets: ['s3://{BUCKET}/{ws.job}/in/*.jpg']\n"
         f"output: 's3://{BUCKET}/{ws.job}/out/{{stem}}{{ext}}'\nretries: 0\n{COMMON}"
     )
-    proc = ws.ffswarm("submit", str(job_file), config=s3.config(ws, wrong=True))
+    proc = ws.ffswarm("submit", str(job_file), config=config_with_s3(s3, ws, wrong=True))
     assert proc.returncode == 66, proc.stderr[-3000:]
     assert f"bucket '{BUCKET}'" in proc.stderr and "credentials" in proc.stderr
-    assert "not-the-secret" not in proc.stderr + proc.stdout and s3.secret_key not in proc.stderr + proc.stdout
+    assert WRONG_SECRET not in proc.stderr + proc.stdout and s3.secret_key not in proc.stderr + proc.stdout
 
 
 @dataclass
@@ -284,7 +192,7 @@ def test_a_runner_killed_mid_chunk_leaves_whole_objects_and_the_retry_skips_them
         f"output: 's3://{BUCKET}/{ws.job}/out/{{stem}}{{ext}}'\nchunk_size: 24\nretries: 2\n{COMMON}"
     )
     with KillAfterCommits(swarm, s3, ws.job, after=3) as killer:
-        proc = ws.ffswarm("submit", str(job_file), config=s3.config(ws))
+        proc = ws.ffswarm("submit", str(job_file), config=config_with_s3(s3, ws))
     assert killer.killed, "the runner finished before it could be killed: more photos are needed"
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert killer.seen_after_kill and all(whole(o) for o in killer.seen_after_kill.values())
