@@ -12,7 +12,6 @@ signature checking of links.
 from __future__ import annotations
 
 import http.server
-import json
 import socket
 import threading
 import traceback
@@ -21,10 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import boto3
 import httpx
 import pytest
-from botocore.config import Config as BotoConfig
 from moto.server import ThreadedMotoServer
 
 from contract.s3 import Credentials, S3Url
@@ -35,6 +32,7 @@ from controller.storage.errors import ObjectMissing, StorageAccessError, Storage
 from controller.storage.s3 import S3Store, make_client
 from controller.storage.settings import S3Settings, parse_storage, read_credentials
 from controller.storage.url import parse_url
+from tests.fixtures.s3_server import make_user
 
 REGION = "us-east-1"
 MANY = 60  # listed 7 a page (MaxKeys): nine pages
@@ -76,18 +74,13 @@ class Moto:
 
 @pytest.fixture(scope="module")
 def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Moto]:
+    from moto.moto_api._internal.models import moto_api_backend
+
+    moto_api_backend.reset()  # moto's state is process-wide: another module's server made this user already
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{server._server.server_port}"
-    admin = {"endpoint_url": endpoint, "region_name": REGION, "aws_access_key_id": "admin",
-             "aws_secret_access_key": "admin"}  # fmt: skip
-    iam = boto3.client("iam", **admin)
-    iam.create_user(UserName="ffswarm")
-    key = iam.create_access_key(UserName="ffswarm")["AccessKey"]
-    iam.put_user_policy(UserName="ffswarm", PolicyName="s3", PolicyDocument=json.dumps(POLICY))
-    s3 = boto3.client("s3", **admin, config=BotoConfig(s3={"addressing_style": "path"}))
-    for bucket in ("media", "forbidden", "bulk"):
-        s3.create_bucket(Bucket=bucket)
+    key, s3 = make_user(endpoint, POLICY, ["media", "forbidden", "bulk"])
     for k in KEYS:
         s3.put_object(Bucket="media", Key=k, Body=k.encode())
     s3.put_object(Bucket="media", Key="meta/x.jpg", Body=b"photo", Metadata={"ffswarm-job": "j1"})
