@@ -1,8 +1,10 @@
 """The model pack's rules: pack.yaml's shape, the roles a job's processors need, the checksums.
 
 A pack is ``<root>/models/<name>/pack.yaml`` plus model files; pack.yaml names each file's role and
-sha256. Every file is hashed before use: a truncated copy on NFS or a swapped file must fail with
-exit 66 naming the file, not produce silently different faces.
+sha256, and may record its licence as its publisher states it (``licence: {name, commercial}``). Every
+file is hashed before use: a truncated copy on NFS or a swapped file must fail with exit 66 naming the
+file, not produce silently different faces. A job that says ``licence: commercial`` is refused at
+submit when a model its processors load is not marked ``commercial: true`` (``not_commercial``).
 
 The runner (before loading anything) and the controller (``ffswarm models verify|fetch``, the
 submit-time pack check) apply the very same rules. YAML is not the standard library's, so each side
@@ -24,6 +26,20 @@ from contract.processors import needs, users
 
 PACK_FILE = "pack.yaml"
 ROLES = registry.ROLES  # what each processor needs: the registry (contract/processors.py)
+LICENCE_KEYS = ("name", "commercial")
+MAX_LICENCE_NAME = 200  # characters: a licence as its publisher states it, not the licence's text
+
+
+@dataclass(frozen=True)
+class Licence:
+    """A model's licence as pack.yaml records it: ``name`` as the publisher states it, and whether
+    it allows commercial use."""
+
+    name: str
+    commercial: bool
+
+    def describe(self) -> str:
+        return f"{self.name} (commercial use: {'yes' if self.commercial else 'no'})"
 
 
 @dataclass(frozen=True)
@@ -65,7 +81,7 @@ def not_yaml(named: str, error: Exception) -> PackError:
 
 
 def check_spec(spec: Any, named: str) -> dict[str, Any]:
-    """Parsed pack.yaml as a mapping with a ``files`` mapping of name -> {role, sha256}."""
+    """Parsed pack.yaml as a mapping with a ``files`` mapping of name -> {role, sha256, licence?}."""
     if not isinstance(spec, dict) or not isinstance(spec.get("files"), dict):
         raise PackError(f"{named}: {PACK_FILE} has no 'files' mapping")
     for name, entry in spec["files"].items():
@@ -73,7 +89,34 @@ def check_spec(spec: Any, named: str) -> dict[str, Any]:
             raise PackError(f"{named}: {PACK_FILE} entry {name!r} needs role and sha256")
         if not isinstance(name, str) or "/" in name or "\\" in name or name in ("", ".", "..") or name == PACK_FILE:
             raise PackError(f"{named}: {PACK_FILE} names an invalid file {name!r}")
+        if "licence" in entry:
+            parse_licence(entry["licence"], f"{named}: {PACK_FILE} entry {name!r}: licence")
     return spec
+
+
+def parse_licence(value: Any, named: str) -> Licence:
+    """One entry's ``licence: {name: …, commercial: true|false}``, strictly (pack.yaml may be hostile:
+    its name is printed, so no control characters); ``named`` starts each refusal."""
+    if not isinstance(value, dict):
+        raise PackError(f"{named} must be a mapping {{name: …, commercial: true|false}}")
+    unknown = [k for k in value if k not in LICENCE_KEYS]
+    if unknown:
+        raise PackError(f"{named}: unknown key {str(unknown[0])[:40]!r} (known: {', '.join(LICENCE_KEYS)})")
+    text = value.get("name")
+    if not isinstance(text, str) or not text.strip():
+        raise PackError(f"{named}: name must be a non-empty string (the licence as its publisher states it)")
+    if len(text) > MAX_LICENCE_NAME or not text.isprintable():
+        raise PackError(f"{named}: name must be at most {MAX_LICENCE_NAME} printable characters on one line")
+    commercial = value.get("commercial")
+    if not isinstance(commercial, bool):
+        raise PackError(f"{named}: commercial must be true or false")
+    return Licence(text.strip(), commercial)
+
+
+def licence_of(entry: dict[str, Any]) -> Licence | None:
+    """The licence of a checked entry (check_spec's); None: pack.yaml records none (unknown)."""
+    value = entry.get("licence")
+    return None if value is None else parse_licence(value, "licence")
 
 
 def check_file(pack_dir: Path, name: str, expected: str, shown: str | None = None) -> Path:
@@ -127,3 +170,18 @@ def verify(
     files = {role: checked[name] for role, name in roles_of(spec).items()}
     name, standin = str(spec.get("name", pack_dir.name)), bool(spec.get("standin"))
     return Pack(dir=pack_dir, name=name, standin=standin, files=files, shown=str(pack_dir) if shown is None else shown)
+
+
+def not_commercial(spec: dict[str, Any], processors: Iterable[str]) -> list[tuple[str, str, Licence | None]]:
+    """(role, file, licence) of each model the processors load (detector and recogniser too) whose
+    licence pack.yaml does not mark ``commercial: true`` (None: no licence recorded)."""
+    have = roles_of(spec)
+    out: list[tuple[str, str, Licence | None]] = []
+    for role in registry.roles(processors):
+        name = have.get(role)
+        if name is None:
+            continue  # missing_roles names it
+        licence = licence_of(spec["files"][name])
+        if licence is None or not licence.commercial:
+            out.append((role, name, licence))
+    return out

@@ -46,12 +46,33 @@ CONTRACTS: dict[str, tuple[int, int | None, set[int] | None]] = {
 }
 
 
+def contract_text(role: str) -> str:
+    """What a graph for ``role`` must look like (CONTRACTS), in words, for ``models verify``."""
+    if role not in CONTRACTS:
+        return f"none known for role {role!r} (roles: {', '.join(CONTRACTS)})"
+    n_in, side, n_out = CONTRACTS[role]
+    text = f"{n_in} input{'s' if n_in != 1 else ''}"
+    text += f", the first N×3×{side}×{side}" if side is not None else ", any input size"
+    if n_out is not None:
+        counts = "/".join(str(n) for n in sorted(n_out))
+        text += f", {counts} output{'s' if n_out != {1} else ''}"
+    return text
+
+
+def licence_text(entry: dict[str, Any]) -> str:
+    """An entry's licence as pack.yaml records it, or that it records none."""
+    licence = pack.licence_of(entry)
+    return licence.describe() if licence else "unknown (pack.yaml records none)"
+
+
 @dataclass
 class FileReport:
     name: str
     role: str
     ok: bool
     notes: list[str] = field(default_factory=list)
+    contract: str = ""
+    licence: str = ""
 
 
 @dataclass
@@ -66,7 +87,10 @@ class PackReport:
 
     def lines(self) -> list[str]:
         out = [f"pack {self.pack}: {'OK' if self.ok else 'BROKEN'}"]
-        out += [f"  {'ok ' if f.ok else 'BAD'} {f.name} ({f.role}): {'; '.join(f.notes)}" for f in self.files]
+        for f in self.files:
+            out.append(f"  {'ok ' if f.ok else 'BAD'} {f.name} ({f.role}): {'; '.join(f.notes)}")
+            out += [f"        contract: {f.contract}"] if f.contract else []
+            out += [f"        licence: {f.licence}"] if f.licence else []
         out += [f"  problem: {p}" for p in self.problems]
         return out
 
@@ -117,7 +141,8 @@ def signature(path: Path, role: str) -> tuple[bool, str]:
 
 
 def verify(pack_dir: Path) -> PackReport:
-    """Every listed file: present, sha256 as pack.yaml says, I/O signature fit for its role."""
+    """Every listed file: present, sha256 as pack.yaml says, I/O signature fit for its role; with
+    its role's contract and its licence as pack.yaml records it."""
     try:
         spec = read_spec(pack_dir)
     except PackError as e:
@@ -125,7 +150,7 @@ def verify(pack_dir: Path) -> PackReport:
     files: list[FileReport] = []
     for name, entry in spec["files"].items():
         role = str(entry.get("role"))
-        report = FileReport(name, role, True)
+        report = FileReport(name, role, True, contract=contract_text(role), licence=licence_text(entry))
         try:
             check_file(pack_dir, name, entry["sha256"])
             report.notes.append(f"sha256 ok, {(pack_dir / name).stat().st_size} bytes")

@@ -12,7 +12,7 @@ import posixpath
 import re
 import string
 from dataclasses import dataclass, field
-from enum import Enum, StrEnum
+from enum import StrEnum
 from pathlib import Path, PurePosixPath
 
 from contract.manifest import (
@@ -207,6 +207,7 @@ class JobSpec:
     mask: MaskSettings = field(default_factory=MaskSettings)
     face_enhancer: EnhancerSettings = field(default_factory=EnhancerSettings)
     overwrite: bool = False  # true: outputs may replace files that exist before the job's first run
+    licence: str = "any"  # commercial: every model the job loads must allow commercial use (checked at submit)
     pairs: tuple[Pair, ...] = ()
     pairs_file: str | None = None  # CSV or JSONL of pairs under the data root (controller/job/pairs.py)
 
@@ -231,8 +232,7 @@ class JobSpec:
         for i, p in enumerate(_items(self.providers, "providers", "provider")):
             check_choice(p, f"providers[{i}]", PROVIDERS, "provider")
         check_unique(self.providers, "providers")
-        _check_enum(self.faces, FaceSelection, "faces")
-        _check_enum(self.no_face, NoFacePolicy, "no_face")
+        _check_kinds(self, (("faces", FaceSelection), ("no_face", NoFacePolicy)))
         if self.faces is FaceSelection.REFERENCE and self.reference is None:
             raise FieldError("reference", "is required with faces: reference")
         if self.reference is not None:  # allowed, and unused, with other face selections
@@ -245,6 +245,7 @@ class JobSpec:
         object.__setattr__(self, "segment_seconds", check_number(self.segment_seconds, "segment_seconds", above=0))
         check_bool(self.skip_audio, "skip_audio")
         check_bool(self.overwrite, "overwrite")
+        check_choice(self.licence, "licence", ("any", "commercial"), "licence requirement")
         check_int(self.max_concurrent, "max_concurrent", minimum=1)
         for i, c in enumerate(_items(self.placement, "placement", "constraint", minimum=0)):
             check_str(c, f"placement[{i}]", pattern=_CONSTRAINT, hint="a constraint like node.labels.ffswarm.gpu==true")
@@ -261,9 +262,7 @@ class JobSpec:
             ("mask", MaskSettings),
             ("face_enhancer", EnhancerSettings),
         )
-        for name, kind in nested:
-            if not isinstance(getattr(self, name), kind):
-                raise FieldError(name, f"must be a {kind.__name__}, got {show(getattr(self, name))}")
+        _check_kinds(self, nested)
 
     def _check_pairs(self) -> None:
         for name in ("source", "targets"):
@@ -327,9 +326,10 @@ def _check_photo(value: object, f: str) -> None:
         raise FieldError(f, f"{value!r} is not an image ({' '.join(IMAGE_EXTENSIONS)})")
 
 
-def _check_enum(value: object, kind: type[Enum], f: str) -> None:
-    if not isinstance(value, kind):
-        raise FieldError(f, f"must be a {kind.__name__}, got {show(value)}")
+def _check_kinds(spec: object, kinds: tuple[tuple[str, type], ...]) -> None:
+    for name, kind in kinds:
+        if not isinstance(getattr(spec, name), kind):
+            raise FieldError(name, f"must be a {kind.__name__}, got {show(getattr(spec, name))}")
 
 
 def _check_output(template: object, job: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from contract.errors import PackError
 from contract.identity import IdentityResult
 from contract.identity_table import identity_id
-from contract.pack import missing_roles
+from contract.pack import missing_roles, not_commercial
 from contract.s3 import S3Url, is_s3
 from controller import policy as admission
 from controller.config import Config
@@ -185,8 +185,9 @@ def chunk_cap(config: Config, spec: JobSpec, targets: Sequence[TargetRef]) -> in
 
 
 def check_pack(config: Config, spec: JobSpec, file: Path) -> None:
-    """The pack exists and has a file for every role the job's processors need (no hashing here:
-    the identity step verifies every checksum on a GPU node, where the files are read anyway)."""
+    """The pack exists and has a file for every role the job's processors need, each of whose
+    licences allows commercial use when the job says ``licence: commercial`` (no hashing here: the
+    identity step verifies every checksum on a GPU node, where the files are read anyway)."""
     shown = f"models/{spec.models}"  # reasons name paths relative to the data root, as users know them
     pack_dir = config.data_root / shown
     if not (pack_dir / "pack.yaml").is_file():
@@ -195,9 +196,30 @@ def check_pack(config: Config, spec: JobSpec, file: Path) -> None:
             f"(install one with `ffswarm models fetch` or see docs/operations.md#models)"
         )
     try:
-        missing_roles(pack_dir, read_spec(pack_dir, shown), spec.processors, shown)
+        pack_spec = read_spec(pack_dir, shown)
+        missing_roles(pack_dir, pack_spec, spec.processors, shown)
     except PackError as e:
         raise MissingInputError(f"{file}: models: {e}") from None
+    if spec.licence == "commercial":
+        check_commercial(pack_spec, spec, file, shown)
+
+
+def check_commercial(pack_spec: dict[str, Any], spec: JobSpec, file: Path, shown: str) -> None:
+    """``licence: commercial``: every model the job's processors load (detector and recogniser too)
+    must be marked ``commercial: true`` in pack.yaml; a refusal names each other one (exit 65)."""
+    refused = not_commercial(pack_spec, spec.processors)
+    if not refused:
+        return
+    each = "; ".join(
+        f"{name} ({role}): " + (f"licence {lic.name!r}, not for commercial use" if lic else "licence unknown")
+        for role, name, lic in refused
+    )
+    raise JobFileError(
+        str(file),
+        "licence",
+        f"commercial use needs every model to allow it, and model pack {shown} has {each} "
+        f"(pack.yaml's licence entries: docs/operations.md#models)",
+    )
 
 
 def _rel(config: Config, p: Path | S3Url) -> str:
