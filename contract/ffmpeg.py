@@ -131,8 +131,9 @@ def decode_cmd(path: str, seg: Segment) -> list[str]:
     ]
 
 
-def encode_cmd(path: str, seg: Segment) -> list[str]:
-    """Raw BGR frames on stdin → one video-only segment file (mp4) at ``path``."""
+def encode_cmd(path: str, seg: Segment, scale: int = 1) -> list[str]:
+    """Raw BGR frames on stdin → one video-only segment file (mp4) at ``path``; ``scale``: the frames
+    are that many times the segment's size (a frame enhancer's)."""
     return [
         FFMPEG,
         *QUIET,
@@ -141,7 +142,7 @@ def encode_cmd(path: str, seg: Segment) -> list[str]:
         "-pix_fmt",
         "bgr24",
         "-s",
-        f"{seg.width}x{seg.height}",
+        f"{seg.width * scale}x{seg.height * scale}",
         "-framerate",
         seg.fps,
         "-protocol_whitelist",

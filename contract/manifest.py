@@ -44,6 +44,7 @@ DETECTOR_SIZE = 640
 MASK_FEATHER = 0.05
 MASK_PADDING = 0.1
 ENHANCER_BLEND = 0.8
+FRAME_ENHANCER_BLEND = 1.0
 REFERENCE_DISTANCE = 0.6
 DEMUXERS = ("mov", "matroska", "avi")  # the only input demuxers ffmpeg is let use (contract/ffmpeg.py)
 IDENTITY_TIMEOUT = 960.0  # seconds a runner waits for the identity step (the controller sets it per job)
@@ -177,6 +178,9 @@ class Manifest:
     mask_feather: float = MASK_FEATHER  # blend-edge blur half-width, fraction of the face size
     mask_padding: float = MASK_PADDING  # how far the blend edge is pulled in, fraction of the face size
     enhancer_blend: float = ENHANCER_BLEND  # 0: enhancer has no effect, 1: enhanced face only
+    # processors ``frame_enhancer``: the whole frame upscaled after the face steps; 0: a plain resize
+    # to the model's scale, 1: the model's output only (runner_image/frame_enhancer.py)
+    frame_enhancer_blend: float = FRAME_ENHANCER_BLEND
     # True: an output may replace an existing file this job did not write (job file ``overwrite``).
     # False: such an item fails, naming the file; a file this job committed is recognised by its
     # result line (size and sha256), not by existing.
@@ -197,6 +201,8 @@ class Manifest:
         for p in self.processors:
             if p not in PROCESSORS:
                 raise ManifestError(f"unknown processor {p!r}")
+        if (wrong := processors.check_order(self.processors)) is not None:
+            raise ManifestError(f"processors: {wrong}")
         for p in self.providers:
             if p not in PROVIDERS:
                 raise ManifestError(f"unknown provider {p!r}")
@@ -309,6 +315,7 @@ _OPTIONAL = (
     "mask_feather",
     "mask_padding",
     "enhancer_blend",
+    "frame_enhancer_blend",
     "overwrite",
 )
 
@@ -334,6 +341,7 @@ def _check_tuning(m: Manifest) -> None:
         ("mask_feather", m.mask_feather, 0.0, 0.5),
         ("mask_padding", m.mask_padding, 0.0, 0.5),
         ("enhancer_blend", m.enhancer_blend, 0.0, 1.0),
+        ("frame_enhancer_blend", m.frame_enhancer_blend, 0.0, 1.0),
     )
     for name, value, lo, hi in checks:
         if not lo <= value <= hi:

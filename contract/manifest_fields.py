@@ -23,6 +23,7 @@ def optional_fields(data: dict[str, Any]) -> dict[str, Any]:
         "mask_feather",
         "mask_padding",
         "enhancer_blend",
+        "frame_enhancer_blend",
         "identity_timeout",
     ):
         if name in data:

@@ -31,6 +31,9 @@ class ProcessorInfo:
     name: str
     needs: tuple[ModelNeed, ...]  # pack roles beyond the detector and recogniser every job loads
     job_keys: tuple[str, ...]  # job-file sections that tune it (docs/job-file.md)
+    # "face": changes the selected faces of a frame in place; "frame": makes a new frame from the
+    # whole one (another size), so it runs after every face step (check_order)
+    kind: str = "face"
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -68,6 +71,19 @@ REGISTRY: Mapping[str, ProcessorInfo] = MappingProxyType(
                 ),
                 job_keys=("face_enhancer", "mask"),
             ),
+            ProcessorInfo(
+                "frame_enhancer",
+                needs=(
+                    ModelNeed(
+                        "frame_enhancer",
+                        "real_esrgan_x2.onnx or real_esrgan_x4.onnx (fp16 exports too)",
+                        "xinntao's Real-ESRGAN x2plus/x4plus (BSD-3-Clause) exported to ONNX, e.g. FaceFusion's "
+                        "models release",
+                    ),
+                ),
+                job_keys=("frame_enhancer",),
+                kind="frame",
+            ),
         )
     }
 )
@@ -89,6 +105,18 @@ def needs(processors: Iterable[str]) -> tuple[ModelNeed, ...]:
 def roles(processors: Iterable[str]) -> tuple[str, ...]:
     """Which models to load for a manifest: detector and recogniser, plus what the processors need."""
     return tuple(n.role for n in needs(processors))
+
+
+def check_order(processors: Iterable[str]) -> str | None:
+    """Why the list cannot run in this order (None: it can): a frame processor changes the frame's
+    size, so no face processor may come after it, and each name is listed once."""
+    names = list(processors)
+    if len(set(names)) != len(names):
+        return "each processor may be listed once"
+    kinds = [REGISTRY[p].kind for p in names if p in REGISTRY]
+    if "frame" in kinds and "face" in kinds[kinds.index("frame") :]:
+        return "frame_enhancer works on the whole frame after the face steps: list it last"
+    return None
 
 
 def users(need: ModelNeed) -> list[str]:

@@ -25,6 +25,7 @@ import onnxruntime as ort
 from contract.pack import ROLES, Pack, sha256_file
 
 from .errors import MissingInput, Temporary
+from .frame_enhancer import FrameEnhancer
 from .insightface_lite import model_zoo
 from .pack import verify_pack
 
@@ -34,6 +35,7 @@ ORT_NAMES = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
 DET_SIZE = (640, 640)
 DET_THRESH = 0.5
 INSIGHTFACE_ROLES = ("detector", "recognizer", "swapper")  # loaded through insightface's model_zoo
+BARE_ROLES = ("enhancer", "frame_enhancer")  # plain onnxruntime sessions
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ class Models:
     threads: int
     notes: list[str] = field(default_factory=list)  # fallbacks worth a warning line
     enhancer: Any = None  # a bare onnxruntime session (GFPGAN contract), when the job enhances
+    frame_enhancer: Any = None  # a FrameEnhancer (Real-ESRGAN contract, its scale read once), when asked for
 
 
 def load_models(
@@ -137,7 +140,7 @@ def load_models(
     with contextlib.redirect_stdout(sys.stderr):
         for role in roles:
             try:
-                if role == "enhancer":  # insightface has no class for it: a plain session
+                if role in BARE_ROLES:  # insightface has no class for these: plain sessions
                     model = _Bare(
                         ort.InferenceSession(
                             str(pack.files[role]),
@@ -170,7 +173,15 @@ def load_models(
     _check_roles(pack, loaded)
     loaded["detector"].prepare(0, input_size=(det_size, det_size), det_thresh=det_thresh)
     enhancer = loaded["enhancer"].session if "enhancer" in loaded else None
-    return Models(loaded["detector"], loaded["recognizer"], loaded.get("swapper"), provider, threads, notes, enhancer)
+    frame = None
+    if "frame_enhancer" in loaded:  # its contract checked now, naming the file, before any item
+        try:
+            frame = FrameEnhancer(loaded["frame_enhancer"].session)
+        except MissingInput as e:
+            raise MissingInput(f"model pack {pack.shown}: {pack.files['frame_enhancer'].name}: {e}") from None
+    return Models(
+        loaded["detector"], loaded["recognizer"], loaded.get("swapper"), provider, threads, notes, enhancer, frame
+    )
 
 
 @dataclass(frozen=True)

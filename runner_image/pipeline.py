@@ -31,7 +31,7 @@ from contract.paths import user_path
 from contract.results import ItemResult, ItemStatus
 from contract.s3 import is_s3
 
-from . import faces, media, safefs, video
+from . import faces, media, processors, safefs, video
 from .errors import ItemError, Temporary
 from .objects import Objects
 from .processors import Processor
@@ -170,13 +170,19 @@ class _ItemRun:
                 raise ItemError("no face detected" if not found else "no face matches the reference")
             if m.no_face is NoFacePolicy.SKIP:
                 return Outcome(ItemStatus.NO_FACE, None, 0)
-            with self.timed("write"):
-                digest = self._write(root_fd, decoded.data, ItemStatus.NO_FACE, 0)
-            return Outcome(ItemStatus.NO_FACE, item.output, 0, digest)
+            if processors.scale(chain) == 1:  # kept as it is, byte for byte
+                with self.timed("write"):
+                    digest = self._write(root_fd, decoded.data, ItemStatus.NO_FACE, 0)
+                return Outcome(ItemStatus.NO_FACE, item.output, 0, digest)
         frame = decoded.image
         self.current = "swap"
-        for processor in chain:
-            processor.apply(frame, chosen, self.add)
+        frame = processors.run(chain, frame, chosen, self.add)  # a frame enhancer: a new, larger frame
+        if not chosen:  # (kept, but enhanced to the size every output of the job has)
+            with self.timed("encode"):
+                data, note = media.encode_output(frame, decoded, ext)
+            with self.timed("write"):
+                digest = self._write(root_fd, data, ItemStatus.NO_FACE, 0)
+            return Outcome(ItemStatus.NO_FACE, item.output, 0, digest, note)
         with self.timed("encode"):
             data, note = media.encode_output(frame, decoded, ext)
         with self.timed("write"):

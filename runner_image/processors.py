@@ -11,11 +11,12 @@ sessions are; all other state is per call).
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import cv2
 import numpy as np
@@ -25,6 +26,7 @@ from contract.manifest import Manifest
 from . import swap
 from .errors import MissingInput
 from .faces import Face
+from .frame_enhancer import FrameEnhancer
 
 # FFHQ 512 alignment template (five landmarks, fraction of the side): what GFPGAN was trained on.
 FFHQ_512 = np.array(
@@ -117,8 +119,38 @@ def _face_enhancer(manifest: Manifest, models: Any, identity: np.ndarray) -> Pro
     return FaceEnhancer(models.enhancer, manifest.enhancer_blend, manifest.mask_feather, manifest.mask_padding)
 
 
+def _frame_enhancer(manifest: Manifest, models: Any, identity: np.ndarray) -> Processor:
+    if models.frame_enhancer is None:  # the pack check requires the role; this guards a manifest by hand
+        raise MissingInput("frame_enhancer: the model pack's frame_enhancer model is not loaded")
+    step = copy.copy(models.frame_enhancer)  # its scale read once at load; the job's blend
+    step.blend = manifest.frame_enhancer_blend
+    return cast(Processor, step)
+
+
 # One factory per name of the registry (contract/processors.py); test_runner_processors keeps them in step.
-FACTORIES: Mapping[str, Factory] = MappingProxyType({"face_swapper": _face_swapper, "face_enhancer": _face_enhancer})
+FACTORIES: Mapping[str, Factory] = MappingProxyType(
+    {"face_swapper": _face_swapper, "face_enhancer": _face_enhancer, "frame_enhancer": _frame_enhancer}
+)
+
+
+def run(chain: Sequence[Processor], frame: np.ndarray, faces: Sequence[Face], timer: Timer) -> np.ndarray:
+    """The chain in order on one frame: face steps change the faces in place (none without faces), a
+    frame step (the frame enhancer, always last) returns a new, larger frame. Returns the frame."""
+    for step in chain:
+        if isinstance(step, FrameEnhancer):
+            frame = step.enhance(frame, timer)
+        elif faces:
+            step.apply(frame, faces, timer)
+    return frame
+
+
+def scale(chain: Sequence[Processor]) -> int:
+    """How many times larger than its input the chain's output frame is."""
+    out = 1
+    for step in chain:
+        if isinstance(step, FrameEnhancer):
+            out *= step.scale
+    return out
 
 
 def build(manifest: Manifest, models: Any, identity: np.ndarray) -> list[Processor]:

@@ -37,7 +37,7 @@ from contract.manifest import Item, Segment
 from contract.paths import user_path
 from contract.results import ItemStatus
 
-from . import faces, safefs
+from . import faces, processors, safefs
 from .errors import ItemError
 from .processors import Processor, Timer
 from .volume import DataRoot
@@ -73,7 +73,8 @@ def process_segment(
             with writer.temp(rfd, item.output, replace=True) as tmp:
                 src_path = f"/proc/self/fd/{src}"
                 names = {tmp.path: user_path(item.output), src_path: user_path(item.input)}  # in ffmpeg's words
-                with _pipes(src_path, tmp.path, seg, (src, tmp.fd)) as (decoder, encoder, messages):
+                scale = processors.scale(steps.processors)  # a frame enhancer's: every frame that much larger
+                with _pipes(src_path, tmp.path, seg, (src, tmp.fd), scale) as (decoder, encoder, messages):
                     frames, swapped = _frames(decoder, encoder, seg, steps)
                     with steps.stage("encode"):
                         _close(encoder, messages[1], "encoder", names)
@@ -91,7 +92,7 @@ def process_segment(
 
 @contextlib.contextmanager
 def _pipes(
-    src: str, tmp: str, seg: Segment, fds: tuple[int, int]
+    src: str, tmp: str, seg: Segment, fds: tuple[int, int], scale: int = 1
 ) -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], tuple[IO[bytes], IO[bytes]]]]:
     """Decoder and encoder processes; both are killed on any way out (errors, SIGTERM)."""
     with tempfile.TemporaryFile() as dec_err, tempfile.TemporaryFile() as enc_err:
@@ -109,7 +110,7 @@ def _pipes(
                 )
                 procs.append(
                     subprocess.Popen(
-                        encode_cmd(tmp, seg),
+                        encode_cmd(tmp, seg, scale),
                         stdin=subprocess.PIPE,
                         stdout=subprocess.DEVNULL,
                         stderr=enc_err,
@@ -148,7 +149,8 @@ def _frames(
         if len(data) != size:
             raise ItemError(f"decoder gave a partial frame ({len(data)} of {size} bytes) at frame {frames}")
         frame = np.frombuffer(data, np.uint8).reshape(seg.height, seg.width, 3).copy()
-        swapped += swap_frame(frame, steps)
+        frame, count = swap_frame(frame, steps)
+        swapped += count
         with steps.stage("encode"):
             try:
                 encoder.stdin.write(frame.tobytes())
@@ -157,16 +159,15 @@ def _frames(
         frames += 1
 
 
-def swap_frame(frame: np.ndarray, steps: FrameSteps) -> int:
-    """Detect, select, run the job's processors in order, in place; returns the faces changed."""
+def swap_frame(frame: np.ndarray, steps: FrameSteps) -> tuple[np.ndarray, int]:
+    """Detect, select, run the job's processors in order; returns the frame (a new, larger one after
+    a frame enhancer, which also enhances frames without faces) and the faces changed."""
     with steps.stage("detect"):
         found = faces.detect(steps.detector, frame)
     chosen = steps.select(frame, found) if found else []
-    if not chosen:
-        return 0
-    for processor in steps.processors:
-        processor.apply(frame, chosen, steps.timer)
-    return len(chosen)
+    if not chosen and processors.scale(steps.processors) == 1:
+        return frame, 0
+    return processors.run(steps.processors, frame, chosen, steps.timer), len(chosen)
 
 
 def _close(proc: subprocess.Popen[bytes], messages: IO[bytes], what: str, names: dict[str, str]) -> None:

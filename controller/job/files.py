@@ -20,6 +20,7 @@ from controller.job import pairs
 from controller.job.spec import (
     DetectorSettings,
     EnhancerSettings,
+    FrameEnhancerSettings,
     JobSpec,
     MaskSettings,
     OnComplete,
@@ -58,6 +59,7 @@ _READERS: dict[str, Reader] = {
     "detector": as_nested(DetectorSettings, {}),
     "mask": as_nested(MaskSettings, {}),
     "face_enhancer": as_nested(EnhancerSettings, {}),
+    "frame_enhancer": as_nested(FrameEnhancerSettings, {}),
 }
 
 

@@ -22,6 +22,7 @@ from contract.manifest import (
     DETECTOR_SIZE,
     DETECTOR_THRESHOLD,
     ENHANCER_BLEND,
+    FRAME_ENHANCER_BLEND,
     IDENTITY_TIMEOUT,
     MASK_FEATHER,
     MASK_PADDING,
@@ -329,6 +330,7 @@ class ManifestSettings:
     mask_feather: float = MASK_FEATHER
     mask_padding: float = MASK_PADDING
     enhancer_blend: float = ENHANCER_BLEND
+    frame_enhancer_blend: float = FRAME_ENHANCER_BLEND
     overwrite: bool = False  # the job file's: outputs may replace files this job did not write
     # A pairs job: id → that person's photos (relative to the data root); ``sources`` is then empty
     # and the manifests are schema version 2, each with the identities its items use.
@@ -382,6 +384,7 @@ def chunk_manifests(plan: Plan, settings: ManifestSettings) -> dict[str, Manifes
             mask_feather=settings.mask_feather,
             mask_padding=settings.mask_padding,
             enhancer_blend=settings.enhancer_blend,
+            frame_enhancer_blend=settings.frame_enhancer_blend,
             overwrite=settings.overwrite,
             schema=schema,
             identities=_table(members[c.id], settings) if settings.identities else {},

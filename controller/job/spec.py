@@ -15,19 +15,19 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
 
-from contract.manifest import (
-    DETECTOR_SIZE,
-    DETECTOR_THRESHOLD,
-    ENHANCER_BLEND,
-    MASK_FEATHER,
-    MASK_PADDING,
-    PROCESSORS,
-    PROVIDERS,
-    FaceSelection,
-    NoFacePolicy,
-)
+from contract.manifest import PROCESSORS, PROVIDERS, FaceSelection, NoFacePolicy
+from contract.processors import check_order
 from contract.s3 import S3Url, is_s3
 from controller.job.paths import check_relative
+from controller.job.settings import (
+    DetectorSettings,
+    EnhancerSettings,
+    FrameEnhancerSettings,
+    MaskSettings,
+    OnComplete,
+    Resources,
+    VideoSettings,
+)
 from controller.job.validate import (
     FieldError,
     check_bool,
@@ -39,15 +39,36 @@ from controller.job.validate import (
     show,
 )
 
+# the job file's sections live in controller/job/settings.py; callers name them here
+__all__ = [
+    "DISTINCT_PLACEHOLDERS",
+    "DetectorSettings",
+    "EnhancerSettings",
+    "FrameEnhancerSettings",
+    "IMAGE_EXTENSIONS",
+    "JobSpec",
+    "MaskSettings",
+    "OnComplete",
+    "PAIRS_FILE_EXTENSIONS",
+    "PLACEHOLDERS",
+    "Pair",
+    "Resources",
+    "TargetKind",
+    "VIDEO_EXTENSIONS",
+    "VideoSettings",
+    "expand_output",
+    "item_field",
+    "target_kind",
+]
+
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
 VIDEO_EXTENSIONS = (".mp4", ".mov", ".mkv", ".webm", ".avi")
 PLACEHOLDERS = ("stem", "ext", "name", "index", "job", "dir")
 DISTINCT_PLACEHOLDERS = ("stem", "name", "index")  # placeholders that tell targets apart
 _NAME = r"[a-z0-9-]{1,40}"
 # GPU kinds: no hyphen, `sh` drops DOCKER_RESOURCE_X-Y (docs/architecture.md#engine-2010-facts-the-code-relies-on)
-_GPU_KIND = r"[A-Za-z0-9_]+"
 _PACK = r"(?!\.)[A-Za-z0-9._-]+"  # a folder under models/: no '.', '..' or hidden names
-_TOKEN = r"[A-Za-z0-9_.-]+"  # codec and preset reach ffmpeg's argv
 _CONSTRAINT = r"\s*[A-Za-z0-9_.-]+\s*(==|!=)\s*[^\s=!]+\s*"
 
 
@@ -64,89 +85,6 @@ def target_kind(path: str | PurePosixPath | Path) -> TargetKind | None:
     if suffix in VIDEO_EXTENSIONS:
         return TargetKind.VIDEO
     return None
-
-
-@dataclass(frozen=True)
-class VideoSettings:
-    """How video segments are encoded."""
-
-    codec: str = "libx264"
-    crf: int = 18
-    preset: str = "medium"
-
-    def __post_init__(self) -> None:
-        check_str(self.codec, "codec", pattern=_TOKEN, hint="an encoder name like libx264")
-        check_int(self.crf, "crf", minimum=0, maximum=51)
-        check_str(self.preset, "preset", pattern=_TOKEN, hint="a preset name like medium")
-
-
-@dataclass(frozen=True)
-class DetectorSettings:
-    """Face detector: score threshold and square input size (a multiple of 32)."""
-
-    threshold: float = DETECTOR_THRESHOLD
-    size: int = DETECTOR_SIZE
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "threshold", check_number(self.threshold, "threshold", above=0, at_most=1))
-        check_int(self.size, "size", minimum=160, maximum=2048)
-        if self.size % 32:
-            raise FieldError("size", f"must be a multiple of 32, got {show(self.size)}")
-
-
-@dataclass(frozen=True)
-class MaskSettings:
-    """Paste-back mask, as fractions of the face size: ``feather`` blurs the edge, ``padding`` pulls
-    it in. The defaults reproduce insightface's own paste-back."""
-
-    feather: float = MASK_FEATHER
-    padding: float = MASK_PADDING
-
-    def __post_init__(self) -> None:
-        for name in ("feather", "padding"):
-            value = getattr(self, name)
-            ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 0.5
-            if not ok:  # 0 is allowed: a hard edge / no pull-in
-                raise FieldError(name, f"must be a number in [0, 0.5], got {show(value)}")
-            object.__setattr__(self, name, float(value))
-
-
-@dataclass(frozen=True)
-class EnhancerSettings:
-    """face_enhancer: how much of the enhanced face is blended in (0 … 1)."""
-
-    blend: float = ENHANCER_BLEND
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "blend", check_number(self.blend, "blend", above=0, at_most=1))
-
-
-@dataclass(frozen=True)
-class Resources:
-    """What one chunk service reserves; ``memory`` is in bytes (the file may say ``6g``)."""
-
-    gpus: int = 1
-    gpu_kind: str = "GPU"
-    memory: int = 6 * 1024**3
-
-    def __post_init__(self) -> None:
-        check_int(self.gpus, "gpus", minimum=0)
-        check_str(self.gpu_kind, "gpu_kind", pattern=_GPU_KIND, hint="letters, digits and _ only (no -)")
-        check_int(self.memory, "memory", minimum=1)
-
-
-@dataclass(frozen=True)
-class OnComplete:
-    """``hook`` names a program the cluster's policy defines; a job file never names a program."""
-
-    webhook: str | None = None
-    hook: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.webhook is not None:
-            check_str(self.webhook, "webhook", pattern=r"https?://\S+", hint="an http:// or https:// URL")
-        if self.hook is not None:
-            check_str(self.hook, "hook", pattern=_NAME, hint="the name of a hook in the cluster's policy")
 
 
 PAIRS_FILE_EXTENSIONS = (".csv", ".jsonl")
@@ -206,6 +144,7 @@ class JobSpec:
     detector: DetectorSettings = field(default_factory=DetectorSettings)
     mask: MaskSettings = field(default_factory=MaskSettings)
     face_enhancer: EnhancerSettings = field(default_factory=EnhancerSettings)
+    frame_enhancer: FrameEnhancerSettings = field(default_factory=FrameEnhancerSettings)
     overwrite: bool = False  # true: outputs may replace files that exist before the job's first run
     licence: str = "any"  # commercial: every model the job loads must allow commercial use (checked at submit)
     pairs: tuple[Pair, ...] = ()
@@ -229,6 +168,8 @@ class JobSpec:
         for i, p in enumerate(_items(self.processors, "processors", "processor")):
             check_choice(p, f"processors[{i}]", PROCESSORS, "processor")
         check_unique(self.processors, "processors")
+        if (wrong := check_order(self.processors)) is not None:
+            raise FieldError("processors", wrong)
         for i, p in enumerate(_items(self.providers, "providers", "provider")):
             check_choice(p, f"providers[{i}]", PROVIDERS, "provider")
         check_unique(self.providers, "providers")
@@ -261,6 +202,7 @@ class JobSpec:
             ("detector", DetectorSettings),
             ("mask", MaskSettings),
             ("face_enhancer", EnhancerSettings),
+            ("frame_enhancer", FrameEnhancerSettings),
         )
         _check_kinds(self, nested)
 

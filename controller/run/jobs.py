@@ -249,6 +249,7 @@ def manifest_settings(config: Config, job: PreparedJob, ident: IdentityResult | 
         mask_feather=job.spec.mask.feather,
         mask_padding=job.spec.mask.padding,
         enhancer_blend=job.spec.face_enhancer.blend,
+        frame_enhancer_blend=job.spec.frame_enhancer.blend,
         overwrite=job.spec.overwrite,
         storage=config.storage.s3.access() if config.storage.s3 and job.resolved.uses_s3 else None,
     )

@@ -51,6 +51,7 @@ def pack_key(job: PreparedJob, settings: PackingSettings, default_image: str) ->
         spec.detector,
         spec.mask,
         spec.face_enhancer,
+        spec.frame_enhancer,
         spec.resources,
         spec.placement,
         spec.overwrite,

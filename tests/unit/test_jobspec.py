@@ -236,7 +236,7 @@ def test_memory_sizes(memory: object, size: int) -> None:
         (
             {"processors": ["face_morpher"]},
             "processors[0]",
-            "unknown processor 'face_morpher' (choose from face_swapper, face_enhancer)",
+            "unknown processor 'face_morpher' (choose from face_swapper, face_enhancer, frame_enhancer)",
         ),
         ({"processors": ["face_swapper", "face_swapper"]}, "processors[1]", "'face_swapper' is listed twice"),
         ({"providers": []}, "providers", "must list at least 1 provider"),

@@ -15,8 +15,8 @@ def test_every_registered_processor_has_a_factory_and_every_factory_a_registrati
 
 
 def test_the_manifest_and_the_pack_rules_derive_from_the_registry() -> None:
-    assert manifest.PROCESSORS == tuple(processors.REGISTRY) == ("face_swapper", "face_enhancer")
-    assert pack.ROLES == ("detector", "recognizer", "swapper", "enhancer")
+    assert manifest.PROCESSORS == tuple(processors.REGISTRY) == ("face_swapper", "face_enhancer", "frame_enhancer")
+    assert pack.ROLES == ("detector", "recognizer", "swapper", "enhancer", "frame_enhancer")
     for name, info in processors.REGISTRY.items():
         assert info.name == name
         assert set(info.roles) <= set(pack.ROLES)
@@ -26,6 +26,14 @@ def test_roles_to_load_follow_the_listed_processors() -> None:
     assert processors.roles(["face_swapper"]) == ("detector", "recognizer", "swapper")
     assert processors.roles(["face_swapper", "face_enhancer"]) == ("detector", "recognizer", "swapper", "enhancer")
     assert processors.roles(["face_enhancer"]) == ("detector", "recognizer", "enhancer")
+    assert processors.roles(["face_swapper", "frame_enhancer"])[-1] == "frame_enhancer"
+
+
+def test_a_frame_step_must_come_after_every_face_step() -> None:
+    assert processors.check_order(["face_swapper", "face_enhancer", "frame_enhancer"]) is None
+    assert processors.check_order(["frame_enhancer"]) is None
+    assert "list it last" in (processors.check_order(["face_swapper", "frame_enhancer", "face_enhancer"]) or "")
+    assert "once" in (processors.check_order(["face_swapper", "face_swapper"]) or "")
 
 
 def test_each_processors_job_keys_are_job_file_keys() -> None:

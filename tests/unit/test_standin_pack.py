@@ -149,6 +149,7 @@ def test_pack_yaml_lists_files_with_their_sha256(pack_dir: pathlib.Path) -> None
         RECOGNIZER_FILE: "recognizer",
         SWAPPER_FILE: "swapper",
         ENHANCER_FILE: "enhancer",
+        "real_esrgan_x2.onnx": "frame_enhancer",
     }
     for name, entry in manifest["files"].items():
         assert entry["sha256"] == hashlib.sha256((pack_dir / name).read_bytes()).hexdigest()
