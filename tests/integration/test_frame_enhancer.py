@@ -48,7 +48,7 @@ output: {ws.rel(out)}/{{stem}}{{ext}}
 models: {pack}
 processors: [face_swapper, frame_enhancer]
 frame_enhancer: {{blend: 1.0}}
-no_face: keep
+no_face: copy
 segment_seconds: 1
 providers: [cpu]
 resources: {{gpus: 1, gpu_kind: GPU, memory: 2g}}
@@ -62,7 +62,8 @@ timeout: 10m
         before, after = cv2.imread(str(f)), cv2.imread(str(out / f.name))
         assert after is not None and after.shape == (before.shape[0] * 2, before.shape[1] * 2, 3), f.name
         plain = cv2.resize(before, after.shape[1::-1], interpolation=cv2.INTER_LINEAR)
-        assert np.abs(after.astype(np.int16) - plain.astype(np.int16)).mean() < 12, f.name  # the photo, larger
+        # the photo, larger: most pixels (all but the swapped face) as a plain resize has them
+        assert np.median(np.abs(after.astype(np.int16) - plain.astype(np.int16))) <= 3, f.name
     swapped = cv2.resize(cv2.imread(str(made[0])), (0, 0), fx=2, fy=2)
     assert np.abs(cv2.imread(str(out / made[0].name)).astype(np.int16) - swapped.astype(np.int16)).max() > 20
 
