@@ -15,6 +15,7 @@ PackError whose message names the pack and the file.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from contract.processors import needs, users
 PACK_FILE = "pack.yaml"
 ROLES = registry.ROLES  # what each processor needs: the registry (contract/processors.py)
 LICENCE_KEYS = ("name", "commercial")
+MODEL_NAME = r"[a-z0-9][a-z0-9_.-]{0,63}"  # pack.yaml ``model:``: the publisher's model as FaceFusion names it
 MAX_LICENCE_NAME = 200  # characters: a licence as its publisher states it, not the licence's text
 
 
@@ -91,7 +93,19 @@ def check_spec(spec: Any, named: str) -> dict[str, Any]:
             raise PackError(f"{named}: {PACK_FILE} names an invalid file {name!r}")
         if "licence" in entry:
             parse_licence(entry["licence"], f"{named}: {PACK_FILE} entry {name!r}: licence")
+        model = entry.get("model")
+        if model is not None and (not isinstance(model, str) or re.fullmatch(MODEL_NAME, model) is None):
+            raise PackError(f"{named}: {PACK_FILE} entry {name!r}: model must be a model name like real_esrgan_x4")
     return spec
+
+
+def model_of(spec: dict[str, Any], role: str) -> tuple[str, str | None] | None:
+    """(file, its recorded ``model:`` name or None) of a checked pack's file for ``role``; None: no file."""
+    for name, entry in spec["files"].items():
+        if entry.get("role") == role:
+            model = entry.get("model")
+            return name, model if isinstance(model, str) else None
+    return None
 
 
 def parse_licence(value: Any, named: str) -> Licence:

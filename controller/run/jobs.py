@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from contract.errors import PackError
 from contract.identity import IdentityResult
 from contract.identity_table import identity_id
-from contract.pack import missing_roles, not_commercial
+from contract.pack import missing_roles, model_of, not_commercial
 from contract.s3 import S3Url, is_s3
 from controller import policy as admission
 from controller.config import Config
@@ -202,6 +202,13 @@ def check_pack(config: Config, spec: JobSpec, file: Path) -> None:
         raise MissingInputError(f"{file}: models: {e}") from None
     if spec.licence == "commercial":
         check_commercial(pack_spec, spec, file, shown)
+    wanted = spec.frame_enhancer.model
+    found = model_of(pack_spec, "frame_enhancer") if wanted and "frame_enhancer" in spec.processors else None
+    if found is not None and found[1] is not None and found[1] != wanted:
+        raise JobFileError(
+            str(file), "frame_enhancer.model",
+            f"the pack's frame_enhancer is {found[0]} ({found[1]} in {shown}/pack.yaml), not {wanted}",
+        )  # fmt: skip
 
 
 def check_commercial(pack_spec: dict[str, Any], spec: JobSpec, file: Path, shown: str) -> None:

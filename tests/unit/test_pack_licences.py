@@ -221,3 +221,35 @@ def test_verify_refuses_a_malformed_licence_naming_the_entry(tmp_path: Path) -> 
     report = models_mod.verify(pack)
     assert not report.ok
     assert "entry 'inswapper_128.onnx': licence: commercial must be true or false" in report.problems[0]
+
+
+# --- frame_enhancer.model against the pack's model: ---------------------------------------------------
+
+
+def frame_pack(model: object = "real_esrgan_x2") -> dict[str, Any]:
+    files = pack_files()
+    files["real_esrgan_x2.onnx"] = {"role": "frame_enhancer", "sha256": "0" * 64, "model": model}
+    return files
+
+
+def test_a_frame_enhancer_model_other_than_the_packs_is_refused_naming_both(tmp_path: Path) -> None:
+    extra = "processors: [face_swapper, frame_enhancer]\nframe_enhancer: {model: real_esrgan_x4}\n"
+    with pytest.raises(JobFileError) as e:
+        submit(tmp_path, frame_pack(), extra)
+    assert e.value.field == "frame_enhancer.model"
+    assert "real_esrgan_x2.onnx (real_esrgan_x2 in models/default/pack.yaml), not real_esrgan_x4" in e.value.reason
+
+
+def test_the_packs_own_frame_enhancer_model_or_none_named_is_accepted(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    named = "processors: [face_swapper, frame_enhancer]\nframe_enhancer: {model: real_esrgan_x2}\n"
+    assert submit(tmp_path / "a", frame_pack(), named) == 1
+    assert submit(tmp_path / "b", frame_pack(), "processors: [face_swapper, frame_enhancer]\n") == 1
+
+
+@pytest.mark.parametrize("model", [3, "Real ESRGAN", "", "x" * 70])
+def test_a_bad_model_name_in_pack_yaml_is_refused_naming_the_entry(model: object) -> None:
+    with pytest.raises(PackError) as e:
+        check_spec({"files": frame_pack(model)}, "model pack models/p")
+    assert "entry 'real_esrgan_x2.onnx': model must be a model name" in str(e.value)
