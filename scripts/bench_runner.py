@@ -1,6 +1,7 @@
 """Runner benchmark (not a test): a plain insightface loop vs the ffswarm runner, same images/models.
 
     .venv/bin/python scripts/bench_runner.py [--json PATH] [--small-n 24] [--big-n 2] [--no-big]
+    .venv/bin/python scripts/bench_runner.py --per-processor [--small-n 24] [--providers cuda,cpu]
 
 (a) insightface's own FaceAnalysis (detector + recogniser only, as benchmarks/RESULTS.md says) +
 INSwapper.get with paste_back=True, with cv2.imread/imwrite around it; (b) ``python -m runner_image``
@@ -13,6 +14,13 @@ reconstructed layout and size (138.6M parameters, benchmarks/RESULTS.md; random 
 a temp folder at run time and never kept). Photo sets: one face (astronaut variants), several faces
 (t1.jpg variants). Stage times are per item summed; with several items in flight the runner's stage
 sums can exceed its wall time, which is the point ("inference s per wall s" > 1: calls overlapped).
+
+``--per-processor``: the runner alone on the stand-in pack (every processor's stand-in) and the
+one-face photos, once per processor chain — the swapper alone, with the face enhancer, with the frame
+enhancer — side by side in one run, each as images/s and as a ratio to the swapper alone. The
+stand-ins have the real models' I/O contracts but not their cost: the figures say what the runner's
+own work per processor is (alignment, tiling, paste-back, encoding larger frames), not what the real
+models cost; on a GPU (``--providers cuda,cpu``) with real files in a pack they would.
 """
 
 from __future__ import annotations
@@ -197,25 +205,30 @@ def side_runner(pack: Path, images: list[Path], source: Path, out: Path, spawned
 
     root = out / "data"
     (root / "in").mkdir(parents=True)
-    os.symlink(pack, root / "models")
+    shutil.copytree(pack, root / "models")  # real files: the runner follows no link on the volume
     for p in [*images, source]:
-        os.symlink(p, root / "in" / p.name)
+        shutil.copyfile(p, root / "in" / p.name)
     items = tuple(Item(f"i{i:06d}", f"/data/in/{p.name}", f"/data/out/{p.name}") for i, p in enumerate(images))
+    chain = tuple(os.environ.get("BENCH_PROCESSORS", "face_swapper").split(","))
+    providers = tuple(os.environ.get("BENCH_PROVIDERS", "cpu").split(","))
     m = Manifest(
         job="bench", chunk="c0000", run_dir=str(RunLayout.container("bench").dir), pack_dir="/data/models",
-        source=(f"/data/in/{source.name}",), items=items, providers=("cpu",),
+        source=(f"/data/in/{source.name}",), items=items, providers=providers, processors=chain,
     )  # fmt: skip
     layout = RunLayout.host(root, "bench")
     layout.chunks_dir.mkdir(parents=True)
     layout.manifest("c0000").write_text(m.to_json())
     t0 = time.perf_counter()
     start = time.time()
-    with open(os.devnull, "w") as devnull:
-        old, sys.stdout = sys.stdout, devnull
+    log = out / "runner.log"
+    with open(log, "w") as sink:
+        old, sys.stdout = sys.stdout, sink
         try:
             code = main(["--manifest", str(m.layout.manifest("c0000")), "--data-root", str(root)], env={})
         finally:
             sys.stdout = old
+    if code != 0:
+        raise SystemExit(f"runner exit {code}: {log.read_text()[-2000:]}")
     wall_all = time.perf_counter() - t0
     results = read_results(layout.results("c0000", 1).read_text())
     assert code == 0 and len(results) == len(images), (code, len(results))
@@ -236,12 +249,15 @@ def side_runner(pack: Path, images: list[Path], source: Path, out: Path, spawned
     }
 
 
-def run_side(side: str, pack: Path, images: list[Path], source: Path, work: Path) -> dict[str, Any]:
+def run_side(
+    side: str, pack: Path, images: list[Path], source: Path, work: Path, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     out = work / f"{side}-{time.monotonic_ns()}"
     out.mkdir()
     args = [sys.executable, __file__, "--side", side, str(pack), str(source), str(out), *map(str, images)]
     spawned = time.time()
-    proc = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "BENCH_SPAWNED": str(spawned)})
+    env = {**os.environ, **(env or {}), "BENCH_SPAWNED": str(spawned)}
+    proc = subprocess.run(args, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"{side} failed:\n{proc.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -262,9 +278,13 @@ def main() -> int:
     ap.add_argument("--small-n", type=int, default=24)
     ap.add_argument("--big-n", type=int, default=2)
     ap.add_argument("--no-big", action="store_true")
+    ap.add_argument("--per-processor", action="store_true", help="the runner per processor chain, side by side")
+    ap.add_argument("--providers", default="cpu", help="the runner's, with --per-processor (e.g. cuda,cpu)")
     ap.add_argument("--side")
     ap.add_argument("rest", nargs="*")
     a = ap.parse_args()
+    if a.per_processor and not a.side:
+        return per_processor(a.small_n, a.providers, a.json)
     if a.side:
         pack, source, out, *imgs = (Path(x) for x in a.rest)
         spawned = float(os.environ["BENCH_SPAWNED"])
@@ -294,6 +314,39 @@ def main() -> int:
                 print_row(row)
     if a.json:
         a.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+CHAINS = (
+    ("face_swapper",),
+    ("face_swapper", "face_enhancer"),
+    ("face_swapper", "frame_enhancer"),
+    ("face_swapper", "face_enhancer", "frame_enhancer"),
+)
+
+
+def per_processor(n: int, providers: str, json_path: Path | None) -> int:
+    """The runner on the same one-face photos once per chain of CHAINS, printed side by side."""
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="ffswarm-bench-") as tmp:
+        work = Path(tmp)
+        pack = build_pack(work / "pack").parent  # every processor's stand-in
+        photos.face_photos(work / "source", 2)
+        source = work / "source" / "face_01.jpg"
+        images = make_photos(work / "one", "one", n)
+        for chain in CHAINS:
+            env = {"BENCH_PROCESSORS": ",".join(chain), "BENCH_PROVIDERS": providers}
+            r = summarise(run_side("runner", pack, images, source, work, env))
+            rows.append({"processors": list(chain), **r})
+    base = rows[0]["images_per_s"]
+    print(f"\nrunner in-process, stand-in pack, {n} one-face photos, providers {providers}")
+    print(f"{'processors':52}{'images/s':>10}{'× swapper':>11}{'cold s':>9}")
+    for r in rows:
+        r["ratio_to_swapper"] = round(r["images_per_s"] / base, 3)
+        name = " + ".join(r["processors"])
+        print(f"{name:52}{r['images_per_s']:>10.2f}{r['ratio_to_swapper']:>11.2f}{r['cold']:>9.2f}")
+    if json_path:
+        json_path.write_text(json.dumps(rows, indent=1))
     return 0
 
 
