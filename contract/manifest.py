@@ -25,6 +25,7 @@ from contract.layout import RunLayout
 from contract.manifest_fields import optional_fields, text_field
 from contract.paths import require_container_path
 from contract.s3 import StorageAccess, is_s3, require_location
+from contract.selector import AGE_LIMITS, DEFAULT_ORDER, Selector
 
 SCHEMA_VERSION = 1  # a job with one source for every target
 SCHEMA_IDENTITIES = 2  # a job with ``pairs``: an identity table, each item names its identity
@@ -44,6 +45,8 @@ DETECTOR_SIZE = 640
 MASK_FEATHER = 0.05
 MASK_PADDING = 0.1
 ENHANCER_BLEND = 0.8
+ENHANCER_MODEL = "gfpgan_1.4"  # face_enhancer.model (processors.FACE_ENHANCER_MODELS)
+ENHANCER_WEIGHT = 0.5  # face_enhancer.weight: codeformer's fidelity (0: most restored, 1: most faithful)
 FRAME_ENHANCER_BLEND = 1.0
 REFERENCE_DISTANCE = 0.6
 DEMUXERS = ("mov", "matroska", "avi")  # the only input demuxers ffmpeg is let use (contract/ffmpeg.py)
@@ -178,6 +181,8 @@ class Manifest:
     mask_feather: float = MASK_FEATHER  # blend-edge blur half-width, fraction of the face size
     mask_padding: float = MASK_PADDING  # how far the blend edge is pulled in, fraction of the face size
     enhancer_blend: float = ENHANCER_BLEND  # 0: enhancer has no effect, 1: enhanced face only
+    enhancer_model: str = ENHANCER_MODEL  # which face enhancer the job expects (runner_image/face_enhancers.py)
+    enhancer_weight: float = ENHANCER_WEIGHT  # codeformer's ``weight`` input; other models have none
     # processors ``frame_enhancer``: the whole frame upscaled after the face steps; 0: a plain resize
     # to the model's scale, 1: the model's output only (runner_image/frame_enhancer.py)
     frame_enhancer_blend: float = FRAME_ENHANCER_BLEND
@@ -185,6 +190,10 @@ class Manifest:
     # False: such an item fails, naming the file; a file this job committed is recognised by its
     # result line (size and sha256), not by existing.
     overwrite: bool = False
+    # The face selector (job file ``selector``, contract/selector.py): order and gender/age filters
+    selector_order: str = DEFAULT_ORDER
+    selector_gender: str = "any"
+    selector_age: tuple[int, int] = AGE_LIMITS
     # Schema 2 (job-file ``pairs``): id → the person items swap in (contract/identity_table.py);
     # ``source`` is then empty and every item names its identity.
     identities: dict[str, Identity] = field(default_factory=dict, hash=False)
@@ -317,6 +326,11 @@ _OPTIONAL = (
     "enhancer_blend",
     "frame_enhancer_blend",
     "overwrite",
+    "selector_order",
+    "selector_gender",
+    "selector_age",
+    "enhancer_model",
+    "enhancer_weight",
 )
 
 
@@ -333,6 +347,7 @@ def _check_tuning(m: Manifest) -> None:
         raise ManifestError("faces: reference needs reference_embedding or identity (computed at submit)")
     if not isinstance(m.overwrite, bool):
         raise ManifestError(f"overwrite must be true or false, got {m.overwrite!r}")
+    object.__setattr__(m, "selector_age", Selector(m.selector_order, m.selector_gender, m.selector_age).age)
     if not 0 < m.identity_timeout <= 86400:
         raise ManifestError(f"identity_timeout must be in (0, 86400] seconds, got {m.identity_timeout!r}")
     checks = (
@@ -341,11 +356,15 @@ def _check_tuning(m: Manifest) -> None:
         ("mask_feather", m.mask_feather, 0.0, 0.5),
         ("mask_padding", m.mask_padding, 0.0, 0.5),
         ("enhancer_blend", m.enhancer_blend, 0.0, 1.0),
+        ("enhancer_weight", m.enhancer_weight, 0.0, 1.0),
         ("frame_enhancer_blend", m.frame_enhancer_blend, 0.0, 1.0),
     )
     for name, value, lo, hi in checks:
         if not lo <= value <= hi:
             raise ManifestError(f"{name} must be in [{lo:g}, {hi:g}], got {value!r}")
+    if m.enhancer_model not in processors.FACE_ENHANCER_MODELS:
+        choices = ", ".join(processors.FACE_ENHANCER_MODELS)
+        raise ManifestError(f"enhancer_model must be one of {choices}, got {m.enhancer_model!r}")
     if m.detector_size % 32 or not 160 <= m.detector_size <= 2048:
         raise ManifestError(f"detector_size must be a multiple of 32 from 160 to 2048, got {m.detector_size!r}")
 

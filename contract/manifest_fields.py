@@ -8,6 +8,7 @@ from typing import Any
 
 from contract.errors import ManifestError
 from contract.s3 import StorageAccess
+from contract.selector import read_fields as selector_fields
 
 
 def optional_fields(data: dict[str, Any]) -> dict[str, Any]:
@@ -23,17 +24,21 @@ def optional_fields(data: dict[str, Any]) -> dict[str, Any]:
         "mask_feather",
         "mask_padding",
         "enhancer_blend",
+        "enhancer_weight",
         "frame_enhancer_blend",
         "identity_timeout",
     ):
         if name in data:
             out[name] = number_field(data[name], name)
+    if "enhancer_model" in data:
+        out["enhancer_model"] = text_field(data, "enhancer_model")
     if "overwrite" in data:
         if not isinstance(data["overwrite"], bool):
             raise ManifestError(f"overwrite must be true or false, got {data['overwrite']!r}")
         out["overwrite"] = data["overwrite"]
     if data.get("storage") is not None:
         out["storage"] = StorageAccess.from_dict(data["storage"])
+    out.update(selector_fields(data))  # selector_order, selector_gender, selector_age
     if "detector_size" in data:
         value = data["detector_size"]
         if not isinstance(value, int) or isinstance(value, bool):

@@ -108,6 +108,16 @@ def model_of(spec: dict[str, Any], role: str) -> tuple[str, str | None] | None:
     return None
 
 
+def wrong_model(spec: dict[str, Any], role: str, wanted: str | None, shown: str) -> str | None:
+    """Why a job that expects model ``wanted`` for ``role`` cannot use this checked pack (None: it
+    can — no file for the role, no ``model:`` recorded, the same model, or nothing expected). Both
+    names are in the reason; ``shown`` is the pack's folder as users know it (``models/<pack>``)."""
+    found = model_of(spec, role) if wanted else None
+    if found is None or found[1] is None or found[1] == wanted:
+        return None
+    return f"the pack's {role} is {found[0]} ({found[1]} in {shown}/{PACK_FILE}), not {wanted}"
+
+
 def parse_licence(value: Any, named: str) -> Licence:
     """One entry's ``licence: {name: …, commercial: true|false}``, strictly (pack.yaml may be hostile:
     its name is printed, so no control characters); ``named`` starts each refusal."""
@@ -162,10 +172,13 @@ def roles_of(spec: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def missing_roles(pack_dir: Path, spec: dict[str, Any], processors: Iterable[str], shown: str | None = None) -> None:
-    """PackError naming the first role the processors need that pack.yaml lacks, and its source."""
+def missing_roles(
+    pack_dir: Path, spec: dict[str, Any], processors: Iterable[str], shown: str | None = None, *, filters: bool = False
+) -> None:
+    """PackError naming the first role the processors (and, with ``filters``, the selector's gender/age
+    filters) need that pack.yaml lacks, and its source."""
     have = roles_of(spec)
-    for need in needs(processors):
+    for need in needs(processors, filters=filters):
         if need.role not in have:
             users_ = users(need) or ["every job"]
             raise PackError(
@@ -175,23 +188,32 @@ def missing_roles(pack_dir: Path, spec: dict[str, Any], processors: Iterable[str
 
 
 def verify(
-    pack_dir: Path, spec: dict[str, Any], processors: Iterable[str] = ("face_swapper",), shown: str | None = None
+    pack_dir: Path,
+    spec: dict[str, Any],
+    processors: Iterable[str] = ("face_swapper",),
+    shown: str | None = None,
+    *,
+    filters: bool = False,
 ) -> Pack:
-    """Check the roles the processors need and every listed file's sha256 (``spec``: check_spec's)."""
+    """Check the roles the processors (and the selector's ``filters``) need and every listed file's
+    sha256 (``spec``: check_spec's)."""
     processors = tuple(processors)
-    missing_roles(pack_dir, spec, processors, shown)
+    missing_roles(pack_dir, spec, processors, shown, filters=filters)
     checked = {name: check_file(pack_dir, name, entry["sha256"], shown) for name, entry in spec["files"].items()}
     files = {role: checked[name] for role, name in roles_of(spec).items()}
     name, standin = str(spec.get("name", pack_dir.name)), bool(spec.get("standin"))
     return Pack(dir=pack_dir, name=name, standin=standin, files=files, shown=str(pack_dir) if shown is None else shown)
 
 
-def not_commercial(spec: dict[str, Any], processors: Iterable[str]) -> list[tuple[str, str, Licence | None]]:
-    """(role, file, licence) of each model the processors load (detector and recogniser too) whose
-    licence pack.yaml does not mark ``commercial: true`` (None: no licence recorded)."""
+def not_commercial(
+    spec: dict[str, Any], processors: Iterable[str], *, filters: bool = False
+) -> list[tuple[str, str, Licence | None]]:
+    """(role, file, licence) of each model the processors load (detector and recogniser too, and
+    genderage with the selector's ``filters``) whose licence pack.yaml does not mark
+    ``commercial: true`` (None: no licence recorded)."""
     have = roles_of(spec)
     out: list[tuple[str, str, Licence | None]] = []
-    for role in registry.roles(processors):
+    for role in registry.roles(processors, filters=filters):
         name = have.get(role)
         if name is None:
             continue  # missing_roles names it

@@ -65,8 +65,9 @@ REGISTRY: Mapping[str, ProcessorInfo] = MappingProxyType(
                 needs=(
                     ModelNeed(
                         "enhancer",
-                        "gfpgan_1.4.onnx",
-                        "GFPGAN v1.4 (TencentARC) exported to ONNX, e.g. FaceFusion's models release",
+                        "gfpgan_1.4.onnx, codeformer.onnx, gpen_bfr_512.onnx or restoreformer_plus_plus.onnx",
+                        "GFPGAN v1.4 (TencentARC), CodeFormer, GPEN-BFR-512 or RestoreFormer++ exported to ONNX, "
+                        "e.g. FaceFusion's models release",
                     ),
                 ),
                 job_keys=("face_enhancer", "mask"),
@@ -88,23 +89,50 @@ REGISTRY: Mapping[str, ProcessorInfo] = MappingProxyType(
     }
 )
 
+# face_enhancer's models (FaceFusion's names; docs/job-file.md#face_enhancer-models): each FFHQ-512
+# aligned, one [1, 3, 512, 512] image in −1…1; codeformer's graph also takes its fidelity ``weight``
+FACE_ENHANCER_MODELS = ("gfpgan_1.4", "codeformer", "gpen_bfr_512", "restoreformer_plus_plus")
+WEIGHTED_FACE_ENHANCERS = ("codeformer",)  # the models whose graph has a ``weight`` input
+
+# The face selector's gender/age filters (contract/selector.py): needed only by a job that filters
+SELECTOR_NEEDS = (
+    ModelNeed(
+        "genderage",
+        "genderage.onnx",
+        "insightface's buffalo_l release (its gender and age model; non-commercial, like the rest of buffalo_l)",
+    ),
+)
+SELECTOR_USER = "selector.gender/selector.age"  # how a missing role names what needs it
+
 PROCESSORS = tuple(REGISTRY)  # the names a job file and a manifest may list
-ROLES = tuple(dict.fromkeys([*(n.role for n in BASE_NEEDS), *(r for p in REGISTRY.values() for r in p.roles)]))
+ROLES = tuple(
+    dict.fromkeys(
+        [
+            *(n.role for n in BASE_NEEDS),
+            *(r for p in REGISTRY.values() for r in p.roles),
+            *(n.role for n in SELECTOR_NEEDS),
+        ]
+    )
+)
 
 
-def needs(processors: Iterable[str]) -> tuple[ModelNeed, ...]:
+def needs(processors: Iterable[str], *, filters: bool = False) -> tuple[ModelNeed, ...]:
     """Every model the detector/recogniser base and the listed processors require, in order
-    (names not in the registry add nothing: the manifest and the job file refuse them)."""
+    (names not in the registry add nothing: the manifest and the job file refuse them); with
+    ``filters`` (the selector drops faces by gender or age) the genderage model last."""
     out = list(BASE_NEEDS)
     for p in processors:
         info = REGISTRY.get(p)
         out.extend(info.needs if info is not None else ())
+    if filters:
+        out.extend(SELECTOR_NEEDS)
     return tuple(out)
 
 
-def roles(processors: Iterable[str]) -> tuple[str, ...]:
-    """Which models to load for a manifest: detector and recogniser, plus what the processors need."""
-    return tuple(n.role for n in needs(processors))
+def roles(processors: Iterable[str], *, filters: bool = False) -> tuple[str, ...]:
+    """Which models to load for a manifest: detector and recogniser, plus what the processors need
+    (and genderage when the selector ``filters``)."""
+    return tuple(n.role for n in needs(processors, filters=filters))
 
 
 def check_order(processors: Iterable[str]) -> str | None:
@@ -120,5 +148,7 @@ def check_order(processors: Iterable[str]) -> str | None:
 
 
 def users(need: ModelNeed) -> list[str]:
-    """The processors that need ``need`` (none: every job does)."""
+    """The processors that need ``need`` (none: every job does; the selector's filters for genderage)."""
+    if need in SELECTOR_NEEDS:
+        return [SELECTOR_USER]
     return [name for name, info in REGISTRY.items() if need in info.needs]

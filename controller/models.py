@@ -43,7 +43,10 @@ CONTRACTS: dict[str, tuple[int, int | None, set[int] | None]] = {
     "recognizer": (1, 112, {1}),
     "swapper": (2, 128, {1}),
     "enhancer": (1, 512, {1}),
+    "genderage": (1, 96, {1}),  # insightface's Attribute model: the selector's gender/age filters
 }
+# An input a role's graph may take besides the counted ones: CodeFormer's fidelity (face_enhancer.weight)
+EXTRA_INPUTS = {"enhancer": "weight"}
 
 
 def contract_text(role: str) -> str:
@@ -53,6 +56,7 @@ def contract_text(role: str) -> str:
     n_in, side, n_out = CONTRACTS[role]
     text = f"{n_in} input{'s' if n_in != 1 else ''}"
     text += f", the first N×3×{side}×{side}" if side is not None else ", any input size"
+    text += f" (and {EXTRA_INPUTS[role]!r} for codeformer)" if role in EXTRA_INPUTS else ""
     if n_out is not None:
         counts = "/".join(str(n) for n in sorted(n_out))
         text += f", {counts} output{'s' if n_out != {1} else ''}"
@@ -132,9 +136,10 @@ def signature(path: Path, role: str) -> tuple[bool, str]:
     outs = list(model.graph.output)
     text = "in " + ", ".join(f"{i.name}{dims(i)}:{dtype(i)}" for i in ins)
     text += " → out " + ", ".join(f"{o.name}{dims(o)}:{dtype(o)}" for o in outs)
-    n_in, side, n_out = CONTRACTS.get(role, (len(ins), None, None))
-    shape = dims(ins[0]) if ins else []
-    fits = len(ins) == n_in and (n_out is None or len(outs) in n_out)
+    counted = [i for i in ins if i.name != EXTRA_INPUTS.get(role)]
+    n_in, side, n_out = CONTRACTS.get(role, (len(counted), None, None))
+    shape = dims(counted[0]) if counted else []
+    fits = len(counted) == n_in and (n_out is None or len(outs) in n_out)
     if side is not None and (len(shape) != 4 or shape[2:] != [side, side]):
         fits = False
     return fits, text if fits else f"{text} — does not fit a {role}"

@@ -24,6 +24,7 @@ import onnxruntime as ort
 
 from contract.pack import ROLES, Pack, sha256_file
 
+from . import genderage
 from .errors import MissingInput, Temporary
 from .frame_enhancer import FrameEnhancer
 from .insightface_lite import model_zoo
@@ -35,7 +36,7 @@ ORT_NAMES = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
 DET_SIZE = (640, 640)
 DET_THRESH = 0.5
 INSIGHTFACE_ROLES = ("detector", "recognizer", "swapper")  # loaded through insightface's model_zoo
-BARE_ROLES = ("enhancer", "frame_enhancer")  # plain onnxruntime sessions
+BARE_ROLES = ("enhancer", "frame_enhancer", "genderage")  # plain onnxruntime sessions
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class Models:
     notes: list[str] = field(default_factory=list)  # fallbacks worth a warning line
     enhancer: Any = None  # a bare onnxruntime session (GFPGAN contract), when the job enhances
     frame_enhancer: Any = None  # a FrameEnhancer (Real-ESRGAN contract, its scale read once), when asked for
+    genderage: Any = None  # a genderage.GenderAge, when the manifest's selector filters by gender or age
 
 
 def load_models(
@@ -179,9 +181,15 @@ def load_models(
             frame = FrameEnhancer(loaded["frame_enhancer"].session)
         except MissingInput as e:
             raise MissingInput(f"model pack {pack.shown}: {pack.files['frame_enhancer'].name}: {e}") from None
-    return Models(
+    models = Models(
         loaded["detector"], loaded["recognizer"], loaded.get("swapper"), provider, threads, notes, enhancer, frame
     )
+    if "genderage" in loaded:  # its contract checked now, naming the file, before any item
+        try:
+            models.genderage = genderage.load(loaded["genderage"].session, pack.files["genderage"])
+        except MissingInput as e:
+            raise MissingInput(f"model pack {pack.shown}: {pack.files['genderage'].name}: {e}") from None
+    return models
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,13 @@ def read_spec(pack_dir: Path, shown: str | None = None) -> dict[str, Any]:
     return pack.check_spec(data, named)
 
 
-def verify_pack(pack_dir: Path, processors: Iterable[str] = ("face_swapper",), shown: str | None = None) -> Pack:
-    """Check pack.yaml, the roles the processors need, and every listed file's sha256. ``shown``: how
-    reasons name the folder (the runner passes its data-root-relative path)."""
+def verify_pack(
+    pack_dir: Path, processors: Iterable[str] = ("face_swapper",), shown: str | None = None, *, filters: bool = False
+) -> Pack:
+    """Check pack.yaml, the roles the processors (and the selector's ``filters``: genderage) need, and
+    every listed file's sha256. ``shown``: how reasons name the folder (the runner passes its
+    data-root-relative path)."""
     try:
-        return pack.verify(pack_dir, read_spec(pack_dir, shown), processors, shown)
+        return pack.verify(pack_dir, read_spec(pack_dir, shown), processors, shown, filters=filters)
     except PackError as e:
         raise MissingInput(str(e)) from e

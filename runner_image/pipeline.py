@@ -20,19 +20,20 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
-from contract.manifest import FaceSelection, Item, Manifest, NoFacePolicy
+from contract.manifest import Item, Manifest, NoFacePolicy
 from contract.paths import user_path
 from contract.results import ItemResult, ItemStatus
 from contract.s3 import is_s3
 
-from . import faces, media, processors, safefs, video
+from . import faces, media, processors, safefs, selector, video
 from .errors import ItemError, Temporary
+from .genderage import GenderAge
 from .objects import Objects
 from .processors import Processor
 from .volume import DataRoot, Intent, is_volume_error
@@ -59,6 +60,7 @@ class Engine:
     people: Mapping[str, tuple[Processor, ...]] = field(default_factory=dict)
     refused: Mapping[str, str] = field(default_factory=dict)
     objects: Objects | None = None  # the store, when the manifest names s3:// objects (objects.py)
+    genderage: GenderAge | None = None  # loaded when the manifest's selector filters by gender or age
 
     def outputs(self) -> safefs.Writer:
         return self.writer or safefs.Writer(self.manifest.job, self.manifest.chunk, self.attempt)
@@ -167,7 +169,7 @@ class _ItemRun:
         chosen = self._select(decoded.image, found) if found else []
         if not chosen:  # no face, or (faces: reference) none of the reference person
             if m.no_face is NoFacePolicy.FAIL:
-                raise ItemError("no face detected" if not found else "no face matches the reference")
+                raise ItemError(selector.why_none(m, found))
             if m.no_face is NoFacePolicy.SKIP:
                 return Outcome(ItemStatus.NO_FACE, None, 0)
             if processors.scale(chain) == 1:  # copied as it is, byte for byte
@@ -210,13 +212,20 @@ class _ItemRun:
         return lambda d: journal(Intent(item.id, item.output, status, count, d.size, d.sha256))
 
     def _select(self, image: np.ndarray, found: list[faces.Face]) -> list[faces.Face]:
-        m = self.engine.manifest
-        if m.faces is not FaceSelection.REFERENCE:
-            return faces.select(found, m.faces)
-        assert m.reference_embedding is not None  # the manifest refuses reference without it
-        with self.timed("embed"):
-            embeddings = faces.embed(self.engine.recognizer, image, found)
-        return faces.by_reference(found, embeddings, np.asarray(m.reference_embedding), m.reference_distance)
+        """The job's faces and selector (selector.py), for a photo and for each frame of a video."""
+
+        model = self.engine.genderage
+
+        def embed(img: np.ndarray, kept: Sequence[faces.Face]) -> np.ndarray:
+            with self.timed("embed"):
+                return faces.embed(self.engine.recognizer, img, kept)
+
+        def judge(img: np.ndarray, kept: Sequence[faces.Face]) -> list[tuple[int, int]]:
+            assert model is not None  # selector.matching asks only when it is loaded
+            with self.timed("detect"):  # judging gender and age is part of finding the faces to change
+                return model.judge(img, kept)
+
+        return selector.choose(image, found, self.engine.manifest, judge if model else None, embed)
 
 
 @dataclass

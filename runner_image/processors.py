@@ -6,7 +6,8 @@ registry in contract/processors.py, which also says the pack roles it needs, che
 loads), and changes the selected faces of one frame in place. Processors run in the order the job
 lists them, each on the previous one's output, so ``[face_swapper, face_enhancer]`` enhances the
 swapped face. ``apply`` must be thread-safe: the pipeline runs several items at once (onnxruntime
-sessions are; all other state is per call).
+sessions are; all other state is per call). The face enhancer's models (GFPGAN, CodeFormer …) are
+runner_image/face_enhancers.py's.
 """
 
 from __future__ import annotations
@@ -18,28 +19,15 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol, cast
 
-import cv2
 import numpy as np
 
 from contract.manifest import Manifest
 
 from . import swap
 from .errors import MissingInput
+from .face_enhancers import FaceEnhancer
 from .faces import Face
 from .frame_enhancer import FrameEnhancer
-
-# FFHQ 512 alignment template (five landmarks, fraction of the side): what GFPGAN was trained on.
-FFHQ_512 = np.array(
-    [
-        [0.37691676, 0.46864664],
-        [0.62285697, 0.46912813],
-        [0.50123859, 0.61331904],
-        [0.39308822, 0.72541100],
-        [0.61150205, 0.72490465],
-    ],
-    dtype=np.float32,
-)
-ENHANCER_SIZE = 512
 
 Timer = Callable[[str, float], None]  # (stage, seconds): the pipeline's per-item timings
 
@@ -70,44 +58,6 @@ class FaceSwapper:
         timer("paste", time.perf_counter() - t1)
 
 
-@dataclass
-class FaceEnhancer:
-    """GFPGAN 1.4 ONNX contract: FFHQ-aligned 512x512 RGB crop scaled to −1…1 in, the same out."""
-
-    session: Any
-    blend: float
-    feather: float
-    padding: float
-    name: str = "face_enhancer"
-
-    def __post_init__(self) -> None:
-        inputs = self.session.get_inputs()
-        shape = list(inputs[0].shape) if len(inputs) == 1 else []
-        if len(shape) != 4 or shape[1:] != [3, ENHANCER_SIZE, ENHANCER_SIZE]:
-            raise MissingInput(f"enhancer model takes {shape or len(inputs)} inputs, not one [1, 3, 512, 512] image")
-        self._input = inputs[0].name
-        self._dtype = np.float16 if inputs[0].type == "tensor(float16)" else np.float32
-        self._output = self.session.get_outputs()[0].name
-
-    def enhance(self, frame: np.ndarray, face: Face) -> swap.Swapped:
-        matrix = cv2.estimateAffinePartial2D(face.kps, FFHQ_512 * ENHANCER_SIZE, method=cv2.LMEDS)[0]
-        crop = cv2.warpAffine(frame, matrix, (ENHANCER_SIZE, ENHANCER_SIZE), borderMode=cv2.BORDER_REPLICATE)
-        blob = cv2.dnn.blobFromImage(crop, 1.0 / 127.5, (ENHANCER_SIZE, ENHANCER_SIZE), (127.5,) * 3, swapRB=True)
-        pred = np.asarray(self.session.run([self._output], {self._input: blob.astype(self._dtype)})[0], np.float32)
-        rgb = (np.clip(pred[0], -1.0, 1.0) + 1.0) * 127.5
-        out = np.rint(rgb.transpose(1, 2, 0)[:, :, ::-1]).astype(np.uint8)
-        return swap.Swapped(crop=np.ascontiguousarray(out), matrix=np.asarray(matrix, dtype=np.float64))
-
-    def apply(self, frame: np.ndarray, faces: Sequence[Face], timer: Timer) -> None:
-        t = time.perf_counter()
-        enhanced = [self.enhance(frame, f) for f in faces]
-        t1 = time.perf_counter()
-        for e in enhanced:
-            swap.paste_back(frame, e, feather=self.feather, padding=self.padding, blend=self.blend)
-        timer("swap", t1 - t)
-        timer("paste", time.perf_counter() - t1)
-
-
 Factory = Callable[[Manifest, Any, np.ndarray], Processor]  # (manifest, loaded models, identity)
 
 
@@ -116,7 +66,14 @@ def _face_swapper(manifest: Manifest, models: Any, identity: np.ndarray) -> Proc
 
 
 def _face_enhancer(manifest: Manifest, models: Any, identity: np.ndarray) -> Processor:
-    return FaceEnhancer(models.enhancer, manifest.enhancer_blend, manifest.mask_feather, manifest.mask_padding)
+    return FaceEnhancer(
+        models.enhancer,
+        manifest.enhancer_blend,
+        manifest.mask_feather,
+        manifest.mask_padding,
+        weight=manifest.enhancer_weight,
+        model=manifest.enhancer_model,
+    )
 
 
 def _frame_enhancer(manifest: Manifest, models: Any, identity: np.ndarray) -> Processor:

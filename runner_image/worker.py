@@ -33,7 +33,7 @@ from contract.manifest import ENV_GPU, FaceSelection, Item, Manifest
 from contract.paths import user_path
 from contract.results import ItemResult, ItemStatus
 
-from . import faces, identity, log, models, objects, pipeline, processors, reuse, safefs
+from . import faces, identity, log, models, objects, pipeline, processors, reuse, safefs, selector
 from .errors import ItemError, MissingInput, Temporary
 from .record import AttemptRecorder
 from .volume import (
@@ -141,14 +141,16 @@ def _run_pending(
     store: objects.Objects | None = None,
 ) -> int:
     t0 = time.perf_counter()
-    pack = models.verify_pack(inv.root.path(manifest.pack_dir), manifest.processors, user_path(manifest.pack_dir))
+    filters = selector.of(manifest).filters  # gender/age: the genderage model too
+    pack_dir, shown = inv.root.path(manifest.pack_dir), user_path(manifest.pack_dir)
+    pack = models.verify_pack(pack_dir, manifest.processors, shown, filters=filters)
     t_verify = time.perf_counter() - t0
     loaded = models.load_models(
         pack,
         manifest.providers,
         det_size=manifest.detector_size,
         det_thresh=manifest.detector_threshold,
-        roles=registry.roles(manifest.processors),
+        roles=registry.roles(manifest.processors, filters=filters),
     )
     cv2.setNumThreads(loaded.threads)
     log.bind(provider=loaded.provider)
@@ -188,6 +190,7 @@ def _run_pending(
         writer=safefs.Writer(manifest.job, manifest.chunk, inv.attempt),
         journal=lambda intent: journal.append_line(intent.to_line()),
         objects=store,
+        genderage=loaded.genderage,
     )
     failed = 0
 

@@ -26,6 +26,7 @@ from controller.job.spec import (
     OnComplete,
     Pair,
     Resources,
+    SelectorSettings,
     VideoSettings,
 )
 from controller.job.validate import (
@@ -60,6 +61,7 @@ _READERS: dict[str, Reader] = {
     "mask": as_nested(MaskSettings, {}),
     "face_enhancer": as_nested(EnhancerSettings, {}),
     "frame_enhancer": as_nested(FrameEnhancerSettings, {}),
+    "selector": as_nested(SelectorSettings, {}),
 }
 
 

@@ -22,6 +22,8 @@ from contract.manifest import (
     DETECTOR_SIZE,
     DETECTOR_THRESHOLD,
     ENHANCER_BLEND,
+    ENHANCER_MODEL,
+    ENHANCER_WEIGHT,
     FRAME_ENHANCER_BLEND,
     IDENTITY_TIMEOUT,
     MASK_FEATHER,
@@ -37,6 +39,9 @@ from contract.manifest import (
 )
 from contract.paths import CONTAINER_DATA_ROOT
 from contract.s3 import StorageAccess, is_s3
+from contract.selector import Selector
+from controller.job.chunk_size import AUTO_MAX_CHUNK as AUTO_MAX_CHUNK  # re-exported: callers name plan
+from controller.job.chunk_size import auto_chunk_size as auto_chunk_size
 from controller.job.paths import check_location
 
 ID = re.compile(r"[a-z0-9-]+")  # job, chunk and item ids
@@ -260,27 +265,6 @@ def segment_output(job: str, segment_id: str) -> str:
     return str(RunLayout.relative(job).segment(segment_id, SEGMENT_EXT))
 
 
-AUTO_MAX_CHUNK = 1000
-
-
-def auto_chunk_size(items: int, parallel: int, max_chunk: int = AUTO_MAX_CHUNK) -> int:
-    """`chunk_size: auto`: as few equal waves of chunks across the job's parallel GPU slots as keep
-    every chunk at most `max_chunk` items (AUTO_MAX_CHUNK, or what the measured cold start and
-    per-item time of earlier jobs call for: controller/run/timings.py).
-
-    Each chunk service pays a fixed cost before its first item (container start ≈ 1.2 s, the
-    runner's imports and model load ≈ 1.3 s on the dev swarm) that its items amortise;
-    scripts/bench_orchestration.py shows efficiency climbing with chunk size until the slots run
-    out of chunks (benchmarks/RESULTS.md, "Orchestration: B1 and the chunk-size sweep"). So: as few
-    chunks as keep every slot busy, but no chunk above AUTO_MAX_CHUNK items, so that a huge job
-    still spreads over a growing cluster and a lost chunk costs little (committed items are never
-    redone anyway).
-    """
-    parallel = max(1, parallel)
-    waves = max(1, -(-items // (parallel * max(1, max_chunk))))  # full waves: no slot idles in the last one
-    return max(1, -(-items // (parallel * waves)))
-
-
 def make_plan(
     job: str, targets: list[TargetRef], chunk_size: int | str, parallel: int = 1, max_chunk: int = AUTO_MAX_CHUNK
 ) -> Plan:
@@ -330,8 +314,11 @@ class ManifestSettings:
     mask_feather: float = MASK_FEATHER
     mask_padding: float = MASK_PADDING
     enhancer_blend: float = ENHANCER_BLEND
+    enhancer_model: str = ENHANCER_MODEL
+    enhancer_weight: float = ENHANCER_WEIGHT
     frame_enhancer_blend: float = FRAME_ENHANCER_BLEND
     overwrite: bool = False  # the job file's: outputs may replace files this job did not write
+    selector: Selector = Selector()  # the job file's selector: face order, gender/age filters
     # A pairs job: id → that person's photos (relative to the data root); ``sources`` is then empty
     # and the manifests are schema version 2, each with the identities its items use.
     identities: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -384,8 +371,11 @@ def chunk_manifests(plan: Plan, settings: ManifestSettings) -> dict[str, Manifes
             mask_feather=settings.mask_feather,
             mask_padding=settings.mask_padding,
             enhancer_blend=settings.enhancer_blend,
+            enhancer_model=settings.enhancer_model,
+            enhancer_weight=settings.enhancer_weight,
             frame_enhancer_blend=settings.frame_enhancer_blend,
             overwrite=settings.overwrite,
+            **settings.selector.manifest_fields(),
             schema=schema,
             identities=_table(members[c.id], settings) if settings.identities else {},
             storage=settings.storage,

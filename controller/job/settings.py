@@ -10,10 +10,14 @@ from contract.manifest import (
     DETECTOR_SIZE,
     DETECTOR_THRESHOLD,
     ENHANCER_BLEND,
+    ENHANCER_MODEL,
+    ENHANCER_WEIGHT,
     FRAME_ENHANCER_BLEND,
     MASK_FEATHER,
     MASK_PADDING,
 )
+from contract.processors import FACE_ENHANCER_MODELS
+from contract.selector import AGE_LIMITS, DEFAULT_ORDER, GENDERS, ORDERS, age_problem
 from controller.job.validate import FieldError, check_choice, check_int, check_number, check_str, show
 
 _NAME = r"[a-z0-9-]{1,40}"
@@ -71,12 +75,21 @@ class MaskSettings:
 
 @dataclass(frozen=True)
 class EnhancerSettings:
-    """face_enhancer: how much of the enhanced face is blended in (0 … 1)."""
+    """face_enhancer: which model the job expects (checked against the pack's ``model:``), how much of
+    the enhanced face is blended in (0 … 1) and codeformer's fidelity ``weight`` (0: most restored,
+    1: closest to the input; accepted and unused with the other models, as in FaceFusion)."""
 
-    blend: float = ENHANCER_BLEND
+    blend: float = ENHANCER_BLEND  # first: EnhancerSettings(0.5) is the blend, as before models
+    model: str = ENHANCER_MODEL
+    weight: float = ENHANCER_WEIGHT
 
     def __post_init__(self) -> None:
+        check_choice(self.model, "model", FACE_ENHANCER_MODELS, "face_enhancer model")
         object.__setattr__(self, "blend", check_number(self.blend, "blend", above=0, at_most=1))
+        ok = isinstance(self.weight, int | float) and not isinstance(self.weight, bool) and 0 <= self.weight <= 1
+        if not ok:  # both ends allowed: FaceFusion's range
+            raise FieldError("weight", f"must be a number in [0, 1], got {show(self.weight)}")
+        object.__setattr__(self, "weight", float(self.weight))
 
 
 @dataclass(frozen=True)
@@ -122,3 +135,32 @@ class FrameEnhancerSettings:
         if not ok:  # 0 is allowed: the frame resized to the model's scale, nothing of its output
             raise FieldError("blend", f"must be a number in [0, 1], got {show(self.blend)}")
         object.__setattr__(self, "blend", float(self.blend))
+
+
+@dataclass(frozen=True)
+class SelectorSettings:
+    """selector: the order a frame's faces are taken in (``faces: one`` takes the first) and the
+    gender/age a face must have to be changed (contract/selector.py; filtering needs the pack's
+    genderage model). ``age`` is [min, max], both included."""
+
+    order: str = DEFAULT_ORDER
+    gender: str = "any"
+    age: tuple[int, int] = AGE_LIMITS
+
+    def __post_init__(self) -> None:
+        check_choice(self.order, "order", ORDERS, "face order")
+        check_choice(self.gender, "gender", GENDERS, "gender")
+        if (why := age_problem(self.age)) is not None:
+            raise FieldError("age", f"{why}, got {_show_age(self.age)}")
+        object.__setattr__(self, "age", (self.age[0], self.age[1]))
+
+    @property
+    def filters(self) -> bool:
+        """Whether faces are dropped by gender or age (the pack must then have genderage)."""
+        return self.gender != "any" or self.age != AGE_LIMITS
+
+
+def _show_age(value: object) -> str:
+    if isinstance(value, list | tuple) and len(value) <= 4:
+        return "[" + ", ".join(show(v) for v in value) + "]"
+    return show(value)

@@ -26,6 +26,7 @@ from controller.job.settings import (
     MaskSettings,
     OnComplete,
     Resources,
+    SelectorSettings,
     VideoSettings,
 )
 from controller.job.validate import (
@@ -53,6 +54,7 @@ __all__ = [
     "PLACEHOLDERS",
     "Pair",
     "Resources",
+    "SelectorSettings",
     "TargetKind",
     "VIDEO_EXTENSIONS",
     "VideoSettings",
@@ -145,6 +147,7 @@ class JobSpec:
     mask: MaskSettings = field(default_factory=MaskSettings)
     face_enhancer: EnhancerSettings = field(default_factory=EnhancerSettings)
     frame_enhancer: FrameEnhancerSettings = field(default_factory=FrameEnhancerSettings)
+    selector: SelectorSettings = field(default_factory=SelectorSettings)  # face order, gender/age filters
     overwrite: bool = False  # true: outputs may replace files that exist before the job's first run
     licence: str = "any"  # commercial: every model the job loads must allow commercial use (checked at submit)
     pairs: tuple[Pair, ...] = ()
@@ -203,6 +206,7 @@ class JobSpec:
             ("mask", MaskSettings),
             ("face_enhancer", EnhancerSettings),
             ("frame_enhancer", FrameEnhancerSettings),
+            ("selector", SelectorSettings),
         )
         _check_kinds(self, nested)
 

@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 from contract.errors import PackError
 from contract.identity import IdentityResult
 from contract.identity_table import identity_id
-from contract.pack import missing_roles, model_of, not_commercial
+from contract.pack import missing_roles, not_commercial, wrong_model
 from contract.s3 import S3Url, is_s3
+from contract.selector import Selector
 from controller import policy as admission
 from controller.config import Config
 from controller.errors import FfswarmError, JobFileError, MissingInputError, UsageError
@@ -197,24 +198,25 @@ def check_pack(config: Config, spec: JobSpec, file: Path) -> None:
         )
     try:
         pack_spec = read_spec(pack_dir, shown)
-        missing_roles(pack_dir, pack_spec, spec.processors, shown)
+        missing_roles(pack_dir, pack_spec, spec.processors, shown, filters=spec.selector.filters)
     except PackError as e:
         raise MissingInputError(f"{file}: models: {e}") from None
     if spec.licence == "commercial":
         check_commercial(pack_spec, spec, file, shown)
-    wanted = spec.frame_enhancer.model
-    found = model_of(pack_spec, "frame_enhancer") if wanted and "frame_enhancer" in spec.processors else None
-    if found is not None and found[1] is not None and found[1] != wanted:
-        raise JobFileError(
-            str(file), "frame_enhancer.model",
-            f"the pack's frame_enhancer is {found[0]} ({found[1]} in {shown}/pack.yaml), not {wanted}",
-        )  # fmt: skip
+    # each enhancer's ``model`` against what the pack's file records (pack.yaml ``model:``)
+    for processor, role, wanted in (
+        ("frame_enhancer", "frame_enhancer", spec.frame_enhancer.model),
+        ("face_enhancer", "enhancer", spec.face_enhancer.model),
+    ):
+        why = wrong_model(pack_spec, role, wanted, shown) if processor in spec.processors else None
+        if why is not None:
+            raise JobFileError(str(file), f"{processor}.model", why)
 
 
 def check_commercial(pack_spec: dict[str, Any], spec: JobSpec, file: Path, shown: str) -> None:
     """``licence: commercial``: every model the job's processors load (detector and recogniser too)
     must be marked ``commercial: true`` in pack.yaml; a refusal names each other one (exit 65)."""
-    refused = not_commercial(pack_spec, spec.processors)
+    refused = not_commercial(pack_spec, spec.processors, filters=spec.selector.filters)
     if not refused:
         return
     each = "; ".join(
@@ -256,8 +258,11 @@ def manifest_settings(config: Config, job: PreparedJob, ident: IdentityResult | 
         mask_feather=job.spec.mask.feather,
         mask_padding=job.spec.mask.padding,
         enhancer_blend=job.spec.face_enhancer.blend,
+        enhancer_model=job.spec.face_enhancer.model,
+        enhancer_weight=job.spec.face_enhancer.weight,
         frame_enhancer_blend=job.spec.frame_enhancer.blend,
         overwrite=job.spec.overwrite,
+        selector=Selector(job.spec.selector.order, job.spec.selector.gender, job.spec.selector.age),
         storage=config.storage.s3.access() if config.storage.s3 and job.resolved.uses_s3 else None,
     )
 

@@ -25,6 +25,7 @@ from insightface.app.common import Face  # noqa: E402
 from insightface.model_zoo import get_model  # noqa: E402
 
 from tests.fixtures import photos
+from tests.fixtures.standin_genderage import FILE as GENDERAGE_FILE
 from tests.fixtures.standin_pack import (
     DETECTOR_FILE,
     ENHANCER_FILE,
@@ -36,7 +37,7 @@ from tests.fixtures.standin_pack import (
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 CPU = ["CPUExecutionProvider"]
-MODEL_FILES = (DETECTOR_FILE, RECOGNIZER_FILE, SWAPPER_FILE, ENHANCER_FILE)
+MODEL_FILES = (DETECTOR_FILE, RECOGNIZER_FILE, SWAPPER_FILE, ENHANCER_FILE, GENDERAGE_FILE)
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,7 @@ def test_pack_yaml_lists_files_with_their_sha256(pack_dir: pathlib.Path) -> None
         SWAPPER_FILE: "swapper",
         ENHANCER_FILE: "enhancer",
         "real_esrgan_x2.onnx": "frame_enhancer",
+        GENDERAGE_FILE: "genderage",
     }
     for name, entry in manifest["files"].items():
         assert entry["sha256"] == hashlib.sha256((pack_dir / name).read_bytes()).hexdigest()
