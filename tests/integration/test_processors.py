@@ -1,0 +1,123 @@
+"""Processors and the face selector on the real single-node swarm (issue 20), what a user would see.
+
+- The gender filter: of a photo's three faces (tests/unit/test_selector.py three_faces: two the
+  stand-in genderage model judges female, one male), `selector: {gender: male}` changes only the male
+  face and `{gender: female}` only the other two; in a video of that photo too, in every frame.
+- The face enhancer models: CodeFormer's fidelity weight changes what comes out (weight 0 and 1 differ),
+  while a GFPGAN-contract model ignores it; a job naming a model other than its pack's is refused.
+
+Each test's pack is the stand-in pack made under models/<job>/ (every processor's stand-in).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from tests.fixtures import photos, standin_enhancers, standin_pack
+from tests.integration.conftest import Workspace, chown_tree
+from tests.integration.test_video import frames
+from tests.unit.test_selector import THIRDS, three_faces
+
+pytestmark = pytest.mark.integration
+
+COMMON = """providers: [cpu]
+resources: {gpus: 1, gpu_kind: GPU, memory: 2g}
+retries: 0
+timeout: 10m
+no_face: copy
+"""
+
+
+@pytest.fixture
+def pack(workspace: Workspace) -> Iterator[Path]:
+    folder = workspace.root / "models" / workspace.job
+    standin_pack.build_pack(folder, workspace.job)
+    chown_tree(folder, workspace.config.runner_uid_gid())
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def changed(before: np.ndarray, after: np.ndarray, noise: float = 1.5) -> list[str]:
+    return [name for name, (a, b) in zip(("left", "middle", "right"), THIRDS, strict=True)
+            if np.abs(before[:, a:b].astype(int) - after[:, a:b].astype(int)).mean() > noise]  # fmt: skip
+
+
+def run_job(
+    ws: Workspace, name: str, source: Path, targets: str, out: str, extra: str
+) -> subprocess.CompletedProcess[str]:
+    f = ws.dir / "jobs" / f"{name}.yaml"
+    f.parent.mkdir(exist_ok=True)
+    f.write_text(
+        f"name: {name}\nsource: {ws.rel(source)}\ntargets: [{targets}]\noutput: {out}/{{stem}}{{ext}}\n"
+        f"models: {ws.job}\n{COMMON}{extra}"
+    )
+    try:
+        return ws.ffswarm("submit", str(f))
+    finally:
+        shutil.rmtree(ws.root / "runs" / name, ignore_errors=True)
+
+
+def test_the_gender_filter_changes_only_the_matching_faces_in_photos_and_video(
+    workspace: Workspace, pack: Path
+) -> None:
+    ws = workspace
+    photo = three_faces(ws.dir / "in")
+    (ws.dir / "in" / "astronaut.jpg").unlink()  # three_faces' own material, not a target
+    subprocess.run(
+        ["ffmpeg", "-v", "error", "-nostdin", "-y", "-loop", "1", "-framerate", "10", "-i", str(photo), "-t", "1",
+         "-vf", "pad=ceil(iw/2)*2:ceil(ih/2)*2", "-c:v", "libx264", "-crf", "12", "-pix_fmt", "yuv444p",
+         str(ws.dir / "in" / "three.mp4")],
+        check=True,
+    )  # fmt: skip
+    source = photos.face_photos(ws.dir / "src", 2)[1]
+    chown_tree(ws.dir, ws.config.runner_uid_gid())
+    before = cv2.imread(str(photo))
+    clip_before = frames(ws.dir / "in" / "three.mp4")
+    for gender, expected in (("male", ["right"]), ("female", ["left", "middle"])):
+        out = f"{ws.rel(ws.dir)}/out-{gender}"
+        proc = run_job(
+            ws, f"{ws.job}-{gender}", source, f"{ws.rel(ws.dir / 'in')}/*", out, f"selector: {{gender: {gender}}}\n"
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert changed(before, cv2.imread(str(ws.root / out / "three.png"))) == expected, gender
+        clip_after = frames(ws.root / out / "three.mp4")
+        assert len(clip_after) == len(clip_before) == 10
+        for k, (b, a) in enumerate(zip(clip_before, clip_after, strict=True)):
+            assert (
+                changed(b[: before.shape[0], : before.shape[1]], a[: before.shape[0], : before.shape[1]], 3) == expected
+            ), k
+
+
+def test_codeformers_weight_changes_the_face_and_a_gfpgan_contract_model_ignores_it(
+    workspace: Workspace, pack: Path
+) -> None:
+    ws = workspace
+    target = photos.astronaut(ws.dir / "in")
+    source = photos.face_photos(ws.dir / "src", 2)[1]
+    chown_tree(ws.dir, ws.config.runner_uid_gid())
+    outputs: dict[tuple[str, float], np.ndarray] = {}
+    for model in ("codeformer", "gpen_bfr_512"):
+        standin_enhancers.add_enhancer(pack, model)
+        chown_tree(pack, ws.config.runner_uid_gid())
+        for weight in (0.0, 1.0):
+            out = f"{ws.rel(ws.dir)}/out-{model}-{int(weight)}"
+            settings = f"{{model: {model}, blend: 1.0, weight: {weight}}}"
+            extra = f"processors: [face_swapper, face_enhancer]\nface_enhancer: {settings}\n"
+            proc = run_job(ws, f"{ws.job}-{model[:4]}{int(weight)}", source, ws.rel(target), out, extra)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            outputs[(model, weight)] = cv2.imread(str(ws.root / out / target.name)).astype(int)
+    assert np.abs(outputs[("codeformer", 0.0)] - outputs[("codeformer", 1.0)]).max() > 20
+    assert np.abs(outputs[("gpen_bfr_512", 0.0)] - outputs[("gpen_bfr_512", 1.0)]).max() == 0
+
+    out = f"{ws.rel(ws.dir)}/out-wrong"
+    extra = "processors: [face_swapper, face_enhancer]\nface_enhancer: {model: restoreformer_plus_plus}\n"
+    proc = run_job(ws, f"{ws.job}-wrong", source, ws.rel(target), out, extra)  # the pack's is gpen_bfr_512
+    assert proc.returncode == 65, proc.stderr[-2000:]
+    assert "face_enhancer.model" in proc.stderr and "not restoreformer_plus_plus" in proc.stderr
