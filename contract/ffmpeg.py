@@ -152,12 +152,7 @@ def encode_cmd(path: str, seg: Segment, scale: int = 1) -> list[str]:
         "-an",
         "-vf",
         f"setsar={seg.sar}",
-        "-c:v",
-        seg.codec,
-        "-crf",
-        str(seg.crf),
-        "-preset",
-        seg.preset,
+        *video_codec_args(seg.codec, seg.crf, seg.preset),
         "-pix_fmt",
         "yuv420p",
         "-video_track_timescale",
@@ -167,6 +162,28 @@ def encode_cmd(path: str, seg: Segment, scale: int = 1) -> list[str]:
         "-y",
         path,
     ]
+
+
+# The video encoders a job may name (video.codec) and how each is told crf and preset. x264/x265 take
+# both as they are; VP9 (libvpx) takes crf 0…63 in constant-quality mode (-b:v 0) and a speed for the
+# preset; NVENC (on the GPU) takes a constant-quality level (-cq, 0…51) and presets p1 (fastest) … p7.
+X26X = ("libx264", "libx265")
+NVENC = ("h264_nvenc", "hevc_nvenc")
+VIDEO_CODECS = (*X26X, "libvpx-vp9", *NVENC)
+PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
+NVENC_PRESETS = dict(zip(PRESETS, ("p1", "p1", "p2", "p3", "p3", "p4", "p5", "p6", "p7"), strict=True))
+VP9_SPEEDS = dict(zip(PRESETS, (8, 7, 6, 5, 4, 3, 2, 1, 0), strict=True))
+
+
+def video_codec_args(codec: str, crf: int, preset: str) -> list[str]:
+    """``-c:v`` and its quality and speed options, in each encoder's own terms."""
+    if codec in NVENC:
+        return ["-c:v", codec, "-preset", NVENC_PRESETS.get(preset, "p4"), "-rc", "vbr", "-cq", str(crf), "-b:v", "0"]
+    if codec == "libvpx-vp9":
+        speed = str(VP9_SPEEDS.get(preset, 3))
+        return ["-c:v", codec, "-crf", str(crf), "-b:v", "0", "-deadline", "good", "-cpu-used", speed, "-row-mt", "1"]
+    extra = ["-x265-params", "log-level=error"] if codec == "libx265" else []
+    return ["-c:v", codec, "-crf", str(crf), "-preset", preset, *extra]
 
 
 def concat_list(paths: list[str]) -> str:

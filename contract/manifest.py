@@ -23,9 +23,11 @@ from contract.errors import ManifestError
 from contract.identity_table import Identity, check_id, check_people, read_table, table_dict
 from contract.layout import RunLayout
 from contract.manifest_fields import optional_fields, text_field
+from contract.masks import DEFAULT_TYPES, MASK_FIELDS, REGIONS, check_masks
 from contract.paths import require_container_path
 from contract.s3 import StorageAccess, is_s3, require_location
 from contract.selector import AGE_LIMITS, DEFAULT_ORDER, Selector
+from contract.swapper import PIXEL_BOOST, SWAPPER_FIELDS, SWAPPER_MODEL, SWAPPER_WEIGHT, check_swapper
 
 SCHEMA_VERSION = 1  # a job with one source for every target
 SCHEMA_IDENTITIES = 2  # a job with ``pairs``: an identity table, each item names its identity
@@ -180,12 +182,18 @@ class Manifest:
     detector_size: int = DETECTOR_SIZE  # square input side, a multiple of 32
     mask_feather: float = MASK_FEATHER  # blend-edge blur half-width, fraction of the face size
     mask_padding: float = MASK_PADDING  # how far the blend edge is pulled in, fraction of the face size
+    mask_types: tuple[str, ...] = DEFAULT_TYPES  # box, occlusion, region: their minimum (contract/masks.py)
+    mask_regions: tuple[str, ...] = REGIONS  # the face parser's regions, with the region type
     enhancer_blend: float = ENHANCER_BLEND  # 0: enhancer has no effect, 1: enhanced face only
     enhancer_model: str = ENHANCER_MODEL  # which face enhancer the job expects (runner_image/face_enhancers.py)
     enhancer_weight: float = ENHANCER_WEIGHT  # codeformer's ``weight`` input; other models have none
     # processors ``frame_enhancer``: the whole frame upscaled after the face steps; 0: a plain resize
     # to the model's scale, 1: the model's output only (runner_image/frame_enhancer.py)
     frame_enhancer_blend: float = FRAME_ENHANCER_BLEND
+    # face_swapper (contract/swapper.py): the inswapper model expected, crop side, source identity share
+    swapper_model: str = SWAPPER_MODEL
+    swapper_pixel_boost: int = PIXEL_BOOST
+    swapper_weight: float = SWAPPER_WEIGHT
     # True: an output may replace an existing file this job did not write (job file ``overwrite``).
     # False: such an item fails, naming the file; a file this job committed is recognised by its
     # result line (size and sha256), not by existing.
@@ -331,6 +339,8 @@ _OPTIONAL = (
     "selector_age",
     "enhancer_model",
     "enhancer_weight",
+    *MASK_FIELDS,
+    *SWAPPER_FIELDS,
 )
 
 
@@ -362,6 +372,8 @@ def _check_tuning(m: Manifest) -> None:
     for name, value, lo, hi in checks:
         if not lo <= value <= hi:
             raise ManifestError(f"{name} must be in [{lo:g}, {hi:g}], got {value!r}")
+    check_swapper(m.swapper_model, m.swapper_pixel_boost, m.swapper_weight)
+    check_masks(m)  # mask_types, mask_regions
     if m.enhancer_model not in processors.FACE_ENHANCER_MODELS:
         choices = ", ".join(processors.FACE_ENHANCER_MODELS)
         raise ManifestError(f"enhancer_model must be one of {choices}, got {m.enhancer_model!r}")

@@ -7,8 +7,10 @@ import math
 from typing import Any
 
 from contract.errors import ManifestError
+from contract.masks import read_fields as mask_fields
 from contract.s3 import StorageAccess
 from contract.selector import read_fields as selector_fields
+from contract.swapper import read_fields as swapper_fields
 
 
 def optional_fields(data: dict[str, Any]) -> dict[str, Any]:
@@ -39,6 +41,8 @@ def optional_fields(data: dict[str, Any]) -> dict[str, Any]:
     if data.get("storage") is not None:
         out["storage"] = StorageAccess.from_dict(data["storage"])
     out.update(selector_fields(data))  # selector_order, selector_gender, selector_age
+    out.update(mask_fields(data))  # mask_types, mask_regions
+    out.update(swapper_fields(data))  # swapper_model, swapper_pixel_boost, swapper_weight
     if "detector_size" in data:
         value = data["detector_size"]
         if not isinstance(value, int) or isinstance(value, bool):

@@ -173,12 +173,18 @@ def roles_of(spec: dict[str, Any]) -> dict[str, str]:
 
 
 def missing_roles(
-    pack_dir: Path, spec: dict[str, Any], processors: Iterable[str], shown: str | None = None, *, filters: bool = False
+    pack_dir: Path,
+    spec: dict[str, Any],
+    processors: Iterable[str],
+    shown: str | None = None,
+    *,
+    filters: bool = False,
+    masks: Iterable[str] = (),
 ) -> None:
     """PackError naming the first role the processors (and, with ``filters``, the selector's gender/age
-    filters) need that pack.yaml lacks, and its source."""
+    filters; the mask types ``masks`` lists) need that pack.yaml lacks, and its source."""
     have = roles_of(spec)
-    for need in needs(processors, filters=filters):
+    for need in needs(processors, filters=filters, masks=masks):
         if need.role not in have:
             users_ = users(need) or ["every job"]
             raise PackError(
@@ -194,11 +200,12 @@ def verify(
     shown: str | None = None,
     *,
     filters: bool = False,
+    masks: Iterable[str] = (),
 ) -> Pack:
-    """Check the roles the processors (and the selector's ``filters``) need and every listed file's
-    sha256 (``spec``: check_spec's)."""
+    """Check the roles the processors (and the selector's ``filters``, the mask types ``masks``) need
+    and every listed file's sha256 (``spec``: check_spec's)."""
     processors = tuple(processors)
-    missing_roles(pack_dir, spec, processors, shown, filters=filters)
+    missing_roles(pack_dir, spec, processors, shown, filters=filters, masks=masks)
     checked = {name: check_file(pack_dir, name, entry["sha256"], shown) for name, entry in spec["files"].items()}
     files = {role: checked[name] for role, name in roles_of(spec).items()}
     name, standin = str(spec.get("name", pack_dir.name)), bool(spec.get("standin"))
@@ -206,14 +213,14 @@ def verify(
 
 
 def not_commercial(
-    spec: dict[str, Any], processors: Iterable[str], *, filters: bool = False
+    spec: dict[str, Any], processors: Iterable[str], *, filters: bool = False, masks: Iterable[str] = ()
 ) -> list[tuple[str, str, Licence | None]]:
-    """(role, file, licence) of each model the processors load (detector and recogniser too, and
-    genderage with the selector's ``filters``) whose licence pack.yaml does not mark
-    ``commercial: true`` (None: no licence recorded)."""
+    """(role, file, licence) of each model the processors load (detector and recogniser too,
+    genderage with the selector's ``filters``, occluder/face_parser with ``masks``) whose licence
+    pack.yaml does not mark ``commercial: true`` (None: no licence recorded)."""
     have = roles_of(spec)
     out: list[tuple[str, str, Licence | None]] = []
-    for role in registry.roles(processors, filters=filters):
+    for role in registry.roles(processors, filters=filters, masks=masks):
         name = have.get(role)
         if name is None:
             continue  # missing_roles names it

@@ -58,7 +58,7 @@ REGISTRY: Mapping[str, ProcessorInfo] = MappingProxyType(
                         "the insightface project (inswapper_128); the fp16 export is FaceFusion's models release",
                     ),
                 ),
-                job_keys=("mask",),
+                job_keys=("face_swapper", "mask"),
             ),
             ProcessorInfo(
                 "face_enhancer",
@@ -104,6 +104,23 @@ SELECTOR_NEEDS = (
 )
 SELECTOR_USER = "selector.gender/selector.age"  # how a missing role names what needs it
 
+# The paste-back mask's model-backed types (contract/masks.py): each needed only by a job whose
+# mask.types lists it, and only when one of its processors pastes a face back (job_keys "mask")
+MASK_NEEDS: Mapping[str, ModelNeed] = MappingProxyType(
+    {
+        "occlusion": ModelNeed(
+            "occluder",
+            "xseg_1.onnx, xseg_2.onnx or xseg_3.onnx",
+            "FaceFusion's models release (xseg occluders)",
+        ),
+        "region": ModelNeed(
+            "face_parser",
+            "bisenet_resnet_18.onnx or bisenet_resnet_34.onnx",
+            "FaceFusion's models release (bisenet face parsing, zllrunning/face-parsing.PyTorch, MIT)",
+        ),
+    }
+)
+
 PROCESSORS = tuple(REGISTRY)  # the names a job file and a manifest may list
 ROLES = tuple(
     dict.fromkeys(
@@ -111,28 +128,34 @@ ROLES = tuple(
             *(n.role for n in BASE_NEEDS),
             *(r for p in REGISTRY.values() for r in p.roles),
             *(n.role for n in SELECTOR_NEEDS),
+            *(n.role for n in MASK_NEEDS.values()),
         ]
     )
 )
 
 
-def needs(processors: Iterable[str], *, filters: bool = False) -> tuple[ModelNeed, ...]:
+def needs(processors: Iterable[str], *, filters: bool = False, masks: Iterable[str] = ()) -> tuple[ModelNeed, ...]:
     """Every model the detector/recogniser base and the listed processors require, in order
     (names not in the registry add nothing: the manifest and the job file refuse them); with
-    ``filters`` (the selector drops faces by gender or age) the genderage model last."""
+    ``filters`` (the selector drops faces by gender or age) the genderage model; then the models of
+    the mask types ``masks`` lists (occluder, face_parser) when a processor pastes faces back."""
+    processors = tuple(processors)
     out = list(BASE_NEEDS)
     for p in processors:
         info = REGISTRY.get(p)
         out.extend(info.needs if info is not None else ())
     if filters:
         out.extend(SELECTOR_NEEDS)
+    if any("mask" in REGISTRY[p].job_keys for p in processors if p in REGISTRY):
+        out.extend(MASK_NEEDS[t] for t in dict.fromkeys(masks) if t in MASK_NEEDS)
     return tuple(out)
 
 
-def roles(processors: Iterable[str], *, filters: bool = False) -> tuple[str, ...]:
+def roles(processors: Iterable[str], *, filters: bool = False, masks: Iterable[str] = ()) -> tuple[str, ...]:
     """Which models to load for a manifest: detector and recogniser, plus what the processors need
-    (and genderage when the selector ``filters``)."""
-    return tuple(n.role for n in needs(processors, filters=filters))
+    (and genderage when the selector ``filters``, occluder/face_parser when ``masks`` lists
+    occlusion/region)."""
+    return tuple(n.role for n in needs(processors, filters=filters, masks=masks))
 
 
 def check_order(processors: Iterable[str]) -> str | None:
@@ -148,7 +171,10 @@ def check_order(processors: Iterable[str]) -> str | None:
 
 
 def users(need: ModelNeed) -> list[str]:
-    """The processors that need ``need`` (none: every job does; the selector's filters for genderage)."""
+    """The processors that need ``need`` (none: every job does; the selector's filters for genderage,
+    the mask type for occluder and face_parser)."""
     if need in SELECTOR_NEEDS:
         return [SELECTOR_USER]
+    if need in MASK_NEEDS.values():
+        return [f"mask.types: {t}" for t, n in MASK_NEEDS.items() if n == need]
     return [name for name, info in REGISTRY.items() if need in info.needs]

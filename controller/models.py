@@ -44,6 +44,8 @@ CONTRACTS: dict[str, tuple[int, int | None, set[int] | None]] = {
     "swapper": (2, 128, {1}),
     "enhancer": (1, 512, {1}),
     "genderage": (1, 96, {1}),  # insightface's Attribute model: the selector's gender/age filters
+    "occluder": (1, None, {1}),  # mask.types occlusion, FaceFusion's xseg: NHWC [1, 256, 256, 3] (the runner checks it)
+    "face_parser": (1, 512, {1}),  # mask.types region, bisenet: [1, 3, 512, 512] → [1, 19, 512, 512]
 }
 # An input a role's graph may take besides the counted ones: CodeFormer's fidelity (face_enhancer.weight)
 EXTRA_INPUTS = {"enhancer": "weight"}

@@ -73,6 +73,7 @@ class FaceEnhancer:
     weight: float = ENHANCER_WEIGHT
     model: str = ENHANCER_MODEL  # what the job asked for (manifest enhancer_model)
     name: str = "face_enhancer"
+    masker: Any = None  # a masks.Masker: mask.types occlusion/region (masks.bind), None: the box alone
     _feeds: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -110,8 +111,10 @@ class FaceEnhancer:
     def apply(self, frame: np.ndarray, faces: Sequence[Face], timer: Timer) -> None:
         t = time.perf_counter()
         enhanced = [self.enhance(frame, f) for f in faces]
+        masker = self.masker  # occlusion/region masks of each face, as the enhanced frame stands
+        extras = [None if masker is None else masker.extra(frame, f, e) for f, e in zip(faces, enhanced, strict=True)]
         t1 = time.perf_counter()
-        for e in enhanced:
-            swap.paste_back(frame, e, feather=self.feather, padding=self.padding, blend=self.blend)
+        for e, extra in zip(enhanced, extras, strict=True):
+            swap.paste_back(frame, e, feather=self.feather, padding=self.padding, blend=self.blend, extra=extra)
         timer("swap", t1 - t)
         timer("paste", time.perf_counter() - t1)

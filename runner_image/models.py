@@ -24,7 +24,7 @@ import onnxruntime as ort
 
 from contract.pack import ROLES, Pack, sha256_file
 
-from . import genderage
+from . import genderage, masks
 from .errors import MissingInput, Temporary
 from .frame_enhancer import FrameEnhancer
 from .insightface_lite import model_zoo
@@ -36,7 +36,7 @@ ORT_NAMES = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
 DET_SIZE = (640, 640)
 DET_THRESH = 0.5
 INSIGHTFACE_ROLES = ("detector", "recognizer", "swapper")  # loaded through insightface's model_zoo
-BARE_ROLES = ("enhancer", "frame_enhancer", "genderage")  # plain onnxruntime sessions
+BARE_ROLES = ("enhancer", "frame_enhancer", "genderage", "occluder", "face_parser")  # plain onnxruntime sessions
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,8 @@ class Models:
     enhancer: Any = None  # a bare onnxruntime session (GFPGAN contract), when the job enhances
     frame_enhancer: Any = None  # a FrameEnhancer (Real-ESRGAN contract, its scale read once), when asked for
     genderage: Any = None  # a genderage.GenderAge, when the manifest's selector filters by gender or age
+    occluder: Any = None  # a masks.Occluder, when the manifest's mask_types lists occlusion
+    face_parser: Any = None  # a masks.FaceParser, when the manifest's mask_types lists region
 
 
 def load_models(
@@ -189,6 +191,9 @@ def load_models(
             models.genderage = genderage.load(loaded["genderage"].session, pack.files["genderage"])
         except MissingInput as e:
             raise MissingInput(f"model pack {pack.shown}: {pack.files['genderage'].name}: {e}") from None
+    sessions: dict[str, Any] = {r: loaded[r].session for r in ("occluder", "face_parser") if r in loaded}
+    for role, model in masks.load(sessions, pack.files, pack.shown).items():  # contracts checked now
+        setattr(models, role, model)
     return models
 
 

@@ -28,12 +28,17 @@ def read_spec(pack_dir: Path, shown: str | None = None) -> dict[str, Any]:
 
 
 def verify_pack(
-    pack_dir: Path, processors: Iterable[str] = ("face_swapper",), shown: str | None = None, *, filters: bool = False
+    pack_dir: Path,
+    processors: Iterable[str] = ("face_swapper",),
+    shown: str | None = None,
+    *,
+    filters: bool = False,
+    masks: Iterable[str] = (),
 ) -> Pack:
     """Check pack.yaml, the roles the processors (and the selector's ``filters``: genderage) need, and
     every listed file's sha256. ``shown``: how reasons name the folder (the runner passes its
-    data-root-relative path)."""
+    data-root-relative path); ``masks``: the mask types (occlusion: the occluder, region: the face parser)."""
     try:
-        return pack.verify(pack_dir, read_spec(pack_dir, shown), processors, shown, filters=filters)
+        return pack.verify(pack_dir, read_spec(pack_dir, shown), processors, shown, filters=filters, masks=masks)
     except PackError as e:
         raise MissingInput(str(e)) from e

@@ -23,7 +23,7 @@ import numpy as np
 
 from contract.manifest import Manifest
 
-from . import swap
+from . import masks, pixel_boost, swap
 from .errors import MissingInput
 from .face_enhancers import FaceEnhancer
 from .faces import Face
@@ -45,15 +45,22 @@ class FaceSwapper:
     feather: float
     padding: float
     name: str = "face_swapper"
+    recognizer: Any = None  # the chunk's: each target face's embedding, for a weight below 1
+    masker: masks.Masker | None = None  # mask.types occlusion/region (masks.bind), None: the box alone
 
     def apply(self, frame: np.ndarray, faces: Sequence[Face], timer: Timer) -> None:
         t = time.perf_counter()
+        targets = pixel_boost.target_embeddings(self.recognizer, frame, faces, self.swapper.needs_target)
+        if self.swapper.needs_target:  # a weight below 1: the faces' own embeddings, timed as "embed"
+            timer("embed", time.perf_counter() - t)
+            t = time.perf_counter()
         # every crop is taken from the unmodified frame, then all are blended in one pass over the
         # faces' own regions (never the whole frame)
-        swapped = [self.swapper.swap(frame, f) for f in faces]
+        swapped = [self.swapper.swap(frame, f, e) for f, e in zip(faces, targets, strict=True)]
+        extras = masks.extras(self.masker, frame, faces, swapped)  # from the unmodified frame too
         t1 = time.perf_counter()
-        for s in swapped:
-            swap.paste_back(frame, s, feather=self.feather, padding=self.padding)
+        for s, extra in zip(swapped, extras, strict=True):
+            swap.paste_back(frame, s, feather=self.feather, padding=self.padding, extra=extra)
         timer("swap", t1 - t)
         timer("paste", time.perf_counter() - t1)
 
@@ -62,7 +69,10 @@ Factory = Callable[[Manifest, Any, np.ndarray], Processor]  # (manifest, loaded 
 
 
 def _face_swapper(manifest: Manifest, models: Any, identity: np.ndarray) -> Processor:
-    return FaceSwapper(swap.Swapper(models.swapper, identity), manifest.mask_feather, manifest.mask_padding)
+    swapper = swap.Swapper(
+        models.swapper, identity, pixel_boost=manifest.swapper_pixel_boost, weight=manifest.swapper_weight
+    )
+    return FaceSwapper(swapper, manifest.mask_feather, manifest.mask_padding, recognizer=models.recognizer)
 
 
 def _face_enhancer(manifest: Manifest, models: Any, identity: np.ndarray) -> Processor:
@@ -117,5 +127,5 @@ def build(manifest: Manifest, models: Any, identity: np.ndarray) -> list[Process
         factory = FACTORIES.get(name)
         if factory is None:  # the manifest refuses names outside the registry; this guards a missing factory
             raise MissingInput(f"processor {name!r} is not implemented by this runner")
-        out.append(factory(manifest, models, identity))
+        out.append(masks.bind(factory(manifest, models, identity), manifest, models))
     return out

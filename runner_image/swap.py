@@ -21,7 +21,7 @@ import numpy as np
 
 from contract.manifest import MASK_FEATHER, MASK_PADDING
 
-from . import align
+from . import align, pixel_boost
 from .faces import Face
 
 MASK_THRESHOLD = 20  # insightface: warped white mask values above this count as inside
@@ -42,28 +42,51 @@ class Swapper:
     ``norm_crop2``, RGB/255, latent = normalise(embedding @ emap)), but it feeds and reads whatever
     float type the graph declares, so inswapper_128_fp16 (float16 I/O) works as well as the fp32
     model. ``session.run`` is thread-safe, so several items may call ``swap`` at once.
+    ``pixel_boost`` (the crop's side, a multiple of the model's) and ``weight`` (below 1: the source
+    identity mixed with each target face's own, whose embedding ``swap`` is then given) are
+    runner_image/pixel_boost.py's; at 128 and 1 the swap is exactly as before.
     """
 
-    def __init__(self, model: Any, identity: np.ndarray) -> None:
+    def __init__(self, model: Any, identity: np.ndarray, *, pixel_boost: int = 128, weight: float = 1.0) -> None:
         self._session = model.session
         inputs = self._session.get_inputs()
         self._names = [i.name for i in inputs]
         self._output = self._session.get_outputs()[0].name
         self._size = int(model.input_size[0])
         self._dtypes = [np.float16 if i.type == "tensor(float16)" else np.float32 for i in inputs]
-        emap = np.asarray(model.emap, dtype=np.float32)
-        latent = np.asarray(identity, dtype=np.float32).reshape(1, -1)
-        latent = latent / np.linalg.norm(latent)
-        latent = latent @ emap
-        self._latent = (latent / np.linalg.norm(latent)).astype(self._dtypes[1])
+        self._emap = np.asarray(model.emap, dtype=np.float32)
+        self._identity = np.asarray(identity, dtype=np.float32).reshape(1, -1)
+        self._latent = self._latent_of(self._identity)
+        if pixel_boost % self._size:
+            raise ValueError(f"pixel_boost {pixel_boost} is not a multiple of the model's {self._size}")
+        self.pixel_boost, self.weight = pixel_boost, float(weight)
 
-    def swap(self, image: np.ndarray, face: Face) -> Swapped:
-        crop, matrix = align.crop(image, face.kps, self._size)
-        blob = cv2.dnn.blobFromImage(crop, 1.0 / 255.0, (self._size, self._size), (0.0, 0.0, 0.0), swapRB=True)
-        feed = {self._names[0]: blob.astype(self._dtypes[0]), self._names[1]: self._latent}
-        pred = np.asarray(self._session.run([self._output], feed)[0], dtype=np.float32)
-        fake = np.clip(255 * pred[0].transpose(1, 2, 0), 0, 255).astype(np.uint8)[:, :, ::-1]
+    def _latent_of(self, identity: np.ndarray) -> np.ndarray:
+        latent = identity / np.linalg.norm(identity)
+        latent = latent @ self._emap
+        out: np.ndarray = (latent / np.linalg.norm(latent)).astype(self._dtypes[1])
+        return out
+
+    @property
+    def needs_target(self) -> bool:
+        """Whether ``swap`` wants the target face's embedding (a weight below 1)."""
+        return self.weight < 1.0
+
+    def swap(self, image: np.ndarray, face: Face, target: np.ndarray | None = None) -> Swapped:
+        latent = self._latent
+        if target is not None and self.needs_target:
+            latent = self._latent_of(pixel_boost.mixed_identity(self._identity, target, self.weight))
+        crop, matrix = align.crop(image, face.kps, self.pixel_boost)
+        fake = pixel_boost.swap_tiles(crop, self._size, lambda tile: self._run(tile, latent))
         return Swapped(crop=np.ascontiguousarray(fake), matrix=np.asarray(matrix, dtype=np.float64))
+
+    def _run(self, tile: np.ndarray, latent: np.ndarray) -> np.ndarray:
+        """One model call: a 128² BGR tile in, the swapped 128² BGR tile out."""
+        blob = cv2.dnn.blobFromImage(tile, 1.0 / 255.0, (self._size, self._size), (0.0, 0.0, 0.0), swapRB=True)
+        feed = {self._names[0]: blob.astype(self._dtypes[0]), self._names[1]: latent}
+        pred = np.asarray(self._session.run([self._output], feed)[0], dtype=np.float32)
+        out: np.ndarray = np.clip(255 * pred[0].transpose(1, 2, 0), 0, 255).astype(np.uint8)[:, :, ::-1]
+        return out
 
 
 @dataclass(frozen=True)
@@ -124,13 +147,15 @@ def paste_back(
     feather: float = MASK_FEATHER,
     padding: float = MASK_PADDING,
     blend: float = 1.0,
+    extra: np.ndarray | None = None,
 ) -> Region | None:
     """Blend one processed crop into ``frame`` in place, touching only the crop's footprint.
 
     Same steps as insightface's paste-back: warp crop and a white mask back, threshold the mask,
     erode it by ``padding`` of the face size (insightface: a tenth), blur it by ``feather`` (a
     twentieth), alpha-blend (scaled by ``blend``), truncate to uint8. Returns the region written
-    (None if the face lies outside the frame).
+    (None if the face lies outside the frame). ``extra``: a further mask (0 … 1) in the crop's own
+    coordinates (runner_image/masks.py: occlusion, region), the blend limited to its minimum with the box.
     """
     size = swapped.crop.shape[0]
     inverse = cv2.invertAffineTransform(swapped.matrix)
@@ -157,6 +182,8 @@ def paste_back(
     k = scaled(mask_size, feather)
     if k > 0:
         mask = cv2.GaussianBlur(mask, (2 * k + 1, 2 * k + 1), 0)
+    if extra is not None:  # warped as the crop is: zero outside it
+        mask = np.minimum(mask, cv2.warpAffine(extra.astype(np.float32) * np.float32(255), local, dsize))
     alpha = (mask / np.float32(255))[:, :, None]
     if blend < 1.0:
         alpha *= np.float32(blend)

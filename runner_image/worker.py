@@ -143,14 +143,15 @@ def _run_pending(
     t0 = time.perf_counter()
     filters = selector.of(manifest).filters  # gender/age: the genderage model too
     pack_dir, shown = inv.root.path(manifest.pack_dir), user_path(manifest.pack_dir)
-    pack = models.verify_pack(pack_dir, manifest.processors, shown, filters=filters)
+    mask_types = manifest.mask_types  # occlusion, region: the occluder, the face parser too
+    pack = models.verify_pack(pack_dir, manifest.processors, shown, filters=filters, masks=mask_types)
     t_verify = time.perf_counter() - t0
     loaded = models.load_models(
         pack,
         manifest.providers,
         det_size=manifest.detector_size,
         det_thresh=manifest.detector_threshold,
-        roles=registry.roles(manifest.processors, filters=filters),
+        roles=registry.roles(manifest.processors, filters=filters, masks=mask_types),
     )
     cv2.setNumThreads(loaded.threads)
     log.bind(provider=loaded.provider)

@@ -37,8 +37,13 @@ cid=$(docker create "$built")
 docker cp "$cid:$sbom_path" "$sbom_out" >/dev/null
 docker rm "$cid" >/dev/null
 sha=$(sha256sum "$sbom_out" | cut -d' ' -f1)
+# the video encoders this image's ffmpeg has, of those a job may name (contract/ffmpeg.py VIDEO_CODECS):
+# submit refuses a video.codec the image lacks
+encoders=$(docker run --rm --network none --entrypoint ffmpeg "$built" -hide_banner -encoders 2>/dev/null \
+  | awk '$1 ~ /^V/ {print $2}' | grep -xE 'libx264|libx265|libvpx-vp9|h264_nvenc|hevc_nvenc' | sort | paste -sd, -) || true
 printf 'FROM %s\n' "$built" | DOCKER_BUILDKIT=0 docker build -q -t "$image" \
-  --label "io.ffswarm.sbom.sha256=$sha" --label "io.ffswarm.lock=locks/runner-$extra.txt" - >"$log" 2>&1 \
+  --label "io.ffswarm.sbom.sha256=$sha" --label "io.ffswarm.lock=locks/runner-$extra.txt" \
+  --label "io.ffswarm.encoders=$encoders" - >"$log" 2>&1 \
   || { cat "$log" >&2; exit 1; }
 size=$(docker image inspect -f '{{.Size}}' "$image")
 echo "runner image $image: $(docker image inspect -f '{{.Id}}' "$image"), $((size / 1000000)) MB; SBOM $sbom_out (sha256 ${sha:0:16}…)"

@@ -45,10 +45,14 @@ class FakeSwarm:
     # when it went down end with exit 137 (what a dockerd restart does to them).
     down: int = 0
     images: dict[str, str] = field(default_factory=dict)  # tag -> what resolve_image pins (else the tag)
+    encoders: frozenset[str] | None = None  # what image_encoders says of every image (None: no label)
     _svcs: dict[str, _Svc] = field(default_factory=dict)
 
     def resolve_image(self, ref: str) -> str:
         return self.images.get(ref, ref)
+
+    def image_encoders(self, ref: str) -> frozenset[str] | None:
+        return self.encoders
 
     def _answer(self) -> None:
         if self.down <= 0:

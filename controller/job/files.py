@@ -27,6 +27,7 @@ from controller.job.spec import (
     Pair,
     Resources,
     SelectorSettings,
+    SwapperSettings,
     VideoSettings,
 )
 from controller.job.validate import (
@@ -62,6 +63,7 @@ _READERS: dict[str, Reader] = {
     "face_enhancer": as_nested(EnhancerSettings, {}),
     "frame_enhancer": as_nested(FrameEnhancerSettings, {}),
     "selector": as_nested(SelectorSettings, {}),
+    "face_swapper": as_nested(SwapperSettings, {}),
 }
 
 

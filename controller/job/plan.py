@@ -37,9 +37,11 @@ from contract.manifest import (
     NoFacePolicy,
     Segment,
 )
+from contract.masks import Masks
 from contract.paths import CONTAINER_DATA_ROOT
 from contract.s3 import StorageAccess, is_s3
 from contract.selector import Selector
+from contract.swapper import SwapperTuning
 from controller.job.chunk_size import AUTO_MAX_CHUNK as AUTO_MAX_CHUNK  # re-exported: callers name plan
 from controller.job.chunk_size import auto_chunk_size as auto_chunk_size
 from controller.job.paths import check_location
@@ -319,6 +321,8 @@ class ManifestSettings:
     frame_enhancer_blend: float = FRAME_ENHANCER_BLEND
     overwrite: bool = False  # the job file's: outputs may replace files this job did not write
     selector: Selector = Selector()  # the job file's selector: face order, gender/age filters
+    masks: Masks = Masks()  # the job file's mask.types and mask.regions
+    swapper: SwapperTuning = SwapperTuning()  # the job file's face_swapper: model, pixel_boost, weight
     # A pairs job: id → that person's photos (relative to the data root); ``sources`` is then empty
     # and the manifests are schema version 2, each with the identities its items use.
     identities: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -376,6 +380,8 @@ def chunk_manifests(plan: Plan, settings: ManifestSettings) -> dict[str, Manifes
             frame_enhancer_blend=settings.frame_enhancer_blend,
             overwrite=settings.overwrite,
             **settings.selector.manifest_fields(),
+            **settings.masks.manifest_fields(),
+            **settings.swapper.manifest_fields(),
             schema=schema,
             identities=_table(members[c.id], settings) if settings.identities else {},
             storage=settings.storage,

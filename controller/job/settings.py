@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from contract.ffmpeg import NVENC, PRESETS, VIDEO_CODECS
 from contract.manifest import (
     DETECTOR_SIZE,
     DETECTOR_THRESHOLD,
@@ -16,13 +17,14 @@ from contract.manifest import (
     MASK_FEATHER,
     MASK_PADDING,
 )
+from contract.masks import DEFAULT_TYPES, REGIONS, regions_problem, types_problem
 from contract.processors import FACE_ENHANCER_MODELS
 from contract.selector import AGE_LIMITS, DEFAULT_ORDER, GENDERS, ORDERS, age_problem
+from contract.swapper import PIXEL_BOOST, SWAPPER_MODEL, SWAPPER_MODELS, SWAPPER_WEIGHT, pixel_boost_problem
 from controller.job.validate import FieldError, check_choice, check_int, check_number, check_str, show
 
 _NAME = r"[a-z0-9-]{1,40}"
 _GPU_KIND = r"[A-Za-z0-9_]+"
-_TOKEN = r"[A-Za-z0-9_.-]+"  # codec and preset reach ffmpeg's argv
 # The frame enhancer's models (Real-ESRGAN's ONNX exports, FaceFusion's names); the pack's file decides
 # what runs, the name is checked against its pack.yaml ``model:`` when that records one
 FRAME_ENHANCER_MODELS = ("real_esrgan_x2", "real_esrgan_x2_fp16", "real_esrgan_x4", "real_esrgan_x4_fp16")
@@ -37,9 +39,14 @@ class VideoSettings:
     preset: str = "medium"
 
     def __post_init__(self) -> None:
-        check_str(self.codec, "codec", pattern=_TOKEN, hint="an encoder name like libx264")
-        check_int(self.crf, "crf", minimum=0, maximum=51)
-        check_str(self.preset, "preset", pattern=_TOKEN, hint="a preset name like medium")
+        check_choice(self.codec, "codec", VIDEO_CODECS, "video encoder")
+        check_int(self.crf, "crf", minimum=0, maximum=63 if self.codec == "libvpx-vp9" else 51)
+        check_choice(self.preset, "preset", (*PRESETS, "placebo"), "preset")
+
+    @property
+    def on_gpu(self) -> bool:
+        """NVENC encodes on the node's GPU (the job must reserve one and allow cuda)."""
+        return self.codec in NVENC
 
 
 @dataclass(frozen=True)
@@ -59,12 +66,20 @@ class DetectorSettings:
 @dataclass(frozen=True)
 class MaskSettings:
     """Paste-back mask, as fractions of the face size: ``feather`` blurs the edge, ``padding`` pulls
-    it in. The defaults reproduce insightface's own paste-back."""
+    it in. The defaults reproduce insightface's own paste-back. ``types``: the masks whose minimum
+    limits the paste-back (box: the feathered box; occlusion: the occluder model's; region: the face
+    parser's ``regions``), contract/masks.py."""
 
     feather: float = MASK_FEATHER
     padding: float = MASK_PADDING
+    types: tuple[str, ...] = DEFAULT_TYPES
+    regions: tuple[str, ...] = REGIONS
 
     def __post_init__(self) -> None:
+        for name, problem in (("types", types_problem(self.types)), ("regions", regions_problem(self.regions))):
+            if problem is not None:
+                raise FieldError(name if problem[0] is None else f"{name}[{problem[0]}]", problem[1])
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         for name in ("feather", "padding"):
             value = getattr(self, name)
             ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 0.5
@@ -135,6 +150,30 @@ class FrameEnhancerSettings:
         if not ok:  # 0 is allowed: the frame resized to the model's scale, nothing of its output
             raise FieldError("blend", f"must be a number in [0, 1], got {show(self.blend)}")
         object.__setattr__(self, "blend", float(self.blend))
+
+
+@dataclass(frozen=True)
+class SwapperSettings:
+    """face_swapper: which inswapper model the job expects (checked against the pack's ``model:``),
+    the aligned crop's side (``pixel_boost``: 128 is the model's own, larger ones are swapped as
+    interleaved 128-pixel tiles) and how much of the source identity goes in (``weight``: 1 all of
+    it, 0 the target face's own). The defaults are the swap as it always was (contract/swapper.py)."""
+
+    model: str = SWAPPER_MODEL
+    pixel_boost: int = PIXEL_BOOST
+    weight: float = SWAPPER_WEIGHT
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or self.model not in SWAPPER_MODELS:
+            choices = ", ".join(SWAPPER_MODELS)
+            why = f"choose from {choices}; the other swapper models are not built yet"
+            raise FieldError("model", f"unknown face_swapper model {show(self.model)} ({why})")
+        if (boost := pixel_boost_problem(self.pixel_boost)) is not None:
+            raise FieldError("pixel_boost", f"{boost}, got {show(self.pixel_boost)}")
+        ok = isinstance(self.weight, int | float) and not isinstance(self.weight, bool) and 0 <= self.weight <= 1
+        if not ok:  # both ends allowed: 0 keeps the target's identity, 1 is the source's alone
+            raise FieldError("weight", f"must be a number in [0, 1], got {show(self.weight)}")
+        object.__setattr__(self, "weight", float(self.weight))
 
 
 @dataclass(frozen=True)

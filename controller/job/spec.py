@@ -27,6 +27,7 @@ from controller.job.settings import (
     OnComplete,
     Resources,
     SelectorSettings,
+    SwapperSettings,
     VideoSettings,
 )
 from controller.job.validate import (
@@ -55,6 +56,7 @@ __all__ = [
     "Pair",
     "Resources",
     "SelectorSettings",
+    "SwapperSettings",
     "TargetKind",
     "VIDEO_EXTENSIONS",
     "VideoSettings",
@@ -148,6 +150,7 @@ class JobSpec:
     face_enhancer: EnhancerSettings = field(default_factory=EnhancerSettings)
     frame_enhancer: FrameEnhancerSettings = field(default_factory=FrameEnhancerSettings)
     selector: SelectorSettings = field(default_factory=SelectorSettings)  # face order, gender/age filters
+    face_swapper: SwapperSettings = field(default_factory=SwapperSettings)  # model, pixel_boost, weight
     overwrite: bool = False  # true: outputs may replace files that exist before the job's first run
     licence: str = "any"  # commercial: every model the job loads must allow commercial use (checked at submit)
     pairs: tuple[Pair, ...] = ()
@@ -207,8 +210,12 @@ class JobSpec:
             ("face_enhancer", EnhancerSettings),
             ("frame_enhancer", FrameEnhancerSettings),
             ("selector", SelectorSettings),
+            ("face_swapper", SwapperSettings),
         )
         _check_kinds(self, nested)
+        if self.video.on_gpu and (self.resources.gpus < 1 or "cuda" not in self.providers):
+            raise FieldError("video.codec", f"{self.video.codec} encodes on the GPU: the job needs "
+                             "resources.gpus of at least 1 and cuda in providers")  # fmt: skip
 
     def _check_pairs(self) -> None:
         for name in ("source", "targets"):

@@ -17,9 +17,11 @@ from typing import Any, TypeVar
 from contract.errors import PackError
 from contract.identity import IdentityResult
 from contract.identity_table import identity_id
+from contract.masks import Masks
 from contract.pack import missing_roles, not_commercial, wrong_model
 from contract.s3 import S3Url, is_s3
 from contract.selector import Selector
+from contract.swapper import SwapperTuning
 from controller import policy as admission
 from controller.config import Config
 from controller.errors import FfswarmError, JobFileError, MissingInputError, UsageError
@@ -198,7 +200,8 @@ def check_pack(config: Config, spec: JobSpec, file: Path) -> None:
         )
     try:
         pack_spec = read_spec(pack_dir, shown)
-        missing_roles(pack_dir, pack_spec, spec.processors, shown, filters=spec.selector.filters)
+        masks = spec.mask.types  # occlusion, region: the occluder, the face parser
+        missing_roles(pack_dir, pack_spec, spec.processors, shown, filters=spec.selector.filters, masks=masks)
     except PackError as e:
         raise MissingInputError(f"{file}: models: {e}") from None
     if spec.licence == "commercial":
@@ -207,6 +210,7 @@ def check_pack(config: Config, spec: JobSpec, file: Path) -> None:
     for processor, role, wanted in (
         ("frame_enhancer", "frame_enhancer", spec.frame_enhancer.model),
         ("face_enhancer", "enhancer", spec.face_enhancer.model),
+        ("face_swapper", "swapper", spec.face_swapper.model),
     ):
         why = wrong_model(pack_spec, role, wanted, shown) if processor in spec.processors else None
         if why is not None:
@@ -216,7 +220,7 @@ def check_pack(config: Config, spec: JobSpec, file: Path) -> None:
 def check_commercial(pack_spec: dict[str, Any], spec: JobSpec, file: Path, shown: str) -> None:
     """``licence: commercial``: every model the job's processors load (detector and recogniser too)
     must be marked ``commercial: true`` in pack.yaml; a refusal names each other one (exit 65)."""
-    refused = not_commercial(pack_spec, spec.processors, filters=spec.selector.filters)
+    refused = not_commercial(pack_spec, spec.processors, filters=spec.selector.filters, masks=spec.mask.types)
     if not refused:
         return
     each = "; ".join(
@@ -263,6 +267,8 @@ def manifest_settings(config: Config, job: PreparedJob, ident: IdentityResult | 
         frame_enhancer_blend=job.spec.frame_enhancer.blend,
         overwrite=job.spec.overwrite,
         selector=Selector(job.spec.selector.order, job.spec.selector.gender, job.spec.selector.age),
+        masks=Masks(job.spec.mask.types, job.spec.mask.regions),
+        swapper=SwapperTuning(**dataclasses.asdict(job.spec.face_swapper)),  # model, pixel_boost, weight
         storage=config.storage.s3.access() if config.storage.s3 and job.resolved.uses_s3 else None,
     )
 

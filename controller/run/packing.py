@@ -31,6 +31,19 @@ from contract.manifest import FaceSelection
 from controller.run.jobs import PreparedJob
 from controller.run.packing_settings import PackingSettings
 
+# What the runner loads and how it treats every item: members of one pack agree on all of it. Every other
+# key of a job file is its own or does not reach a photo's manifest (NOT_SHARED; test_packing keeps the
+# two lists covering JobSpec, so a new key cannot be forgotten here).
+SHARED_KEYS = (
+    "models", "providers", "processors", "faces", "no_face", "detector", "mask", "face_enhancer",
+    "frame_enhancer", "face_swapper", "selector", "resources", "placement", "overwrite",
+)  # fmt: skip
+NOT_SHARED = (
+    "name", "source", "targets", "output", "reference", "reference_distance", "pairs", "pairs_file", "on_complete",
+    "retries", "timeout", "max_concurrent", "chunk_size", "segment_seconds", "video", "skip_audio", "image",
+    "licence",
+)  # fmt: skip
+
 
 def pack_key(job: PreparedJob, settings: PackingSettings, default_image: str) -> str | None:
     """What a job must share with the others of its pack (a digest), or None: it runs alone."""
@@ -41,21 +54,7 @@ def pack_key(job: PreparedJob, settings: PackingSettings, default_image: str) ->
         return None
     if job.resolved.uses_s3:  # runs alone: a pack writes its members' reports without presigned links
         return None
-    same = (
-        spec.image or default_image,
-        spec.models,
-        spec.providers,
-        spec.processors,
-        spec.faces,
-        spec.no_face,
-        spec.detector,
-        spec.mask,
-        spec.face_enhancer,
-        spec.frame_enhancer,
-        spec.resources,
-        spec.placement,
-        spec.overwrite,
-    )
+    same = (spec.image or default_image, *(getattr(spec, name) for name in SHARED_KEYS))
     return hashlib.sha256(repr(same).encode()).hexdigest()
 
 

@@ -56,6 +56,8 @@ def open_or_start(config: Config, backend: SwarmBackend, job: PreparedJob) -> tu
     """The job's run folder (created unless it exists) and the image it runs: image.json's."""
     existing = RunDir(config.data_root, job.job_id)
     image = existing.image() if existing.exists() else backend.resolve_image(job.spec.image or config.image)
+    if not existing.exists() and job.plan.videos:  # the image must have the job's video encoder
+        check_encoder(job, image, backend.image_encoders(image))
     rundir = start_run(config, job, image)
     return rundir, rundir.image()  # a folder another controller created first pins its own
 
@@ -108,6 +110,16 @@ def resume(config: Config, backend: SwarmBackend, job_id: str, sinks: Sequence[S
         todo = Fold.read(job.plan, rundir).pending_chunks()
         access.make_folders(config.data_root, access.check_plan(config, job.plan, todo, str(job.file)), owner(config))
         return supervise(config, backend, job, rundir, rundir.image(), on_event)
+
+
+def check_encoder(job: PreparedJob, image: str, encoders: frozenset[str] | None) -> None:
+    """A job with videos is refused before anything is made when its runner image says which video
+    encoders its ffmpeg has and ``video.codec`` is not one of them (an image that says nothing: not checked)."""
+    codec = job.spec.video.codec
+    if encoders is not None and codec not in encoders:
+        has = ", ".join(sorted(encoders)) or "none of ffswarm's"
+        reason = f"the runner image {image} has no {codec} encoder (it has: {has})"
+        raise JobFileError(str(job.file), "video.codec", reason)
 
 
 def _uncancel(rundir: RunDir, on_event: EventSink) -> None:

@@ -1,6 +1,7 @@
 """The Swarm adapter: ffswarm's view of a Swarm (controller/swarm/backend.py) over docker-py.
 
-With controller/swarm/admin.py, the only modules that import docker (tests/unit/test_import_graph.py).
+With controller/swarm/admin.py, events.py and network.py, the only modules that import docker
+(tests/unit/test_import_graph.py).
 Docker errors are translated here into ffswarm errors (``translated``: one translation point), and
 Docker's task documents are reduced to TaskState so the supervisor never reads raw API dicts.
 """
@@ -8,7 +9,6 @@ Docker's task documents are reduced to TaskState so the supervisor never reads r
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
@@ -22,9 +22,8 @@ from docker import types as dt
 from controller.errors import CapacityError, ConfigError, EngineUnavailable, FfswarmError, MissingInputError
 from controller.swarm import network
 from controller.swarm.backend import NodeInfo, NodeState, ServiceState, TaskState
-from controller.swarm.servicespec import LABEL_JOB, ServiceSpec, service_prefix
-
-LABEL_SERVICE_NAME = "com.docker.swarm.service.name"  # set by the engine on every task's container
+from controller.swarm.events import LABEL_SERVICE_NAME, DockerEvents
+from controller.swarm.servicespec import LABEL_JOB, ServiceSpec
 
 
 def _ts(value: str | None) -> float:
@@ -87,79 +86,7 @@ def first_line(e: BaseException) -> str:
     return text[:200]
 
 
-class DockerEvents:
-    """Docker's event stream, read on a thread, for one job's watch.
-
-    Swarm (engine 20.10) has no task events, and a manager hears only about its own engine's
-    containers, so the watch keeps polling the swarm — less often — and these events make it look
-    at once: one of the job's containers started or died here (container events carry the task's
-    labels, ``io.ffswarm.job`` among them), a node changed, or one of the job's services was removed.
-    """
-
-    def __init__(self, client: docker.DockerClient, job: str) -> None:
-        self.job = job
-        self._client = client
-        self._woken = threading.Event()
-        self._nodes = threading.Event()
-        self._exits: dict[str, int] = {}  # service name -> its container's exit code
-        self._prefix = service_prefix(job)
-        self._stream = client.api.events(filters={"type": ["container", "node", "service"]}, decode=True)
-        self._alive = True
-        self._thread = threading.Thread(target=self._read, name=f"docker-events-{job}", daemon=True)
-        self._thread.start()
-
-    @property
-    def alive(self) -> bool:
-        return self._alive
-
-    def _read(self) -> None:
-        try:
-            for event in self._stream:
-                if self._note(event):
-                    self._woken.set()
-        except Exception:  # noqa: BLE001 - closed, or the daemon went away: the watch polls on
-            pass
-        finally:
-            self._alive = False
-            self._woken.set()
-
-    def _note(self, event: Mapping[str, Any]) -> bool:
-        kind, action = event.get("Type"), event.get("Action", "")
-        attributes = (event.get("Actor") or {}).get("Attributes") or {}
-        if kind == "node":
-            self._nodes.set()
-            return True
-        if kind == "service":
-            return action == "remove" and str(attributes.get("name", "")).startswith(self._prefix)
-        if kind != "container" or attributes.get(LABEL_JOB) != self.job:
-            return False
-        if action == "die":
-            code = attributes.get("exitCode", "")
-            service = str(attributes.get(LABEL_SERVICE_NAME, ""))
-            self._exits[service] = int(code) if str(code).lstrip("-").isdigit() else -1
-            return True
-        return bool(action == "start")
-
-    def wait(self, timeout: float) -> bool:
-        woken = self._woken.wait(timeout) and self._alive
-        self._woken.clear()
-        return woken
-
-    def exit_code(self, service: str) -> int | None:
-        return self._exits.get(service)
-
-    def nodes_changed(self) -> bool:
-        changed = self._nodes.is_set()
-        self._nodes.clear()
-        return changed
-
-    def close(self) -> None:
-        # Shuts the socket down, which ends the reader's loop; if the daemon closed it first,
-        # docker-py finds no socket left to shut.
-        with contextlib.suppress(OSError, AttributeError):
-            self._stream.close()
-        self._thread.join(timeout=2)
-        self._client.close()
+ENCODERS_LABEL = "io.ffswarm.encoders"  # the runner image's video encoders (scripts/build-runner-image.sh)
 
 
 class DockerSwarm:
@@ -216,6 +143,14 @@ class DockerSwarm:
             image = self._client.images.get(ref)
         digests = image.attrs.get("RepoDigests") or []
         return str(digests[0]) if digests else str(image.id)
+
+    def image_encoders(self, ref: str) -> frozenset[str] | None:
+        """The image's ``io.ffswarm.encoders`` label (scripts/build-runner-image.sh), as a set; None when
+        the image has no such label (an image built elsewhere: nothing is checked)."""
+        with translated(f"image {ref}"):
+            labels = self._client.images.get(ref).attrs.get("Config", {}).get("Labels") or {}
+        text = labels.get(ENCODERS_LABEL)
+        return None if text is None else frozenset(e for e in str(text).split(",") if e)
 
     def ensure_network(self, name: str, image: str, user: str) -> None:
         """The runners' internal overlay network and its anchor (controller/swarm/network.py), made

@@ -22,7 +22,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("contract", "controller", "runner_image")
-SWARM_ADAPTER = {"controller.swarm.docker", "controller.swarm.admin", "controller.swarm.network"}
+SWARM_ADAPTER = {
+    "controller.swarm.docker",
+    "controller.swarm.admin",
+    "controller.swarm.events",
+    "controller.swarm.network",
+}
 MAX_LINES = 400
 
 

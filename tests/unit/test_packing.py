@@ -114,3 +114,23 @@ def test_a_pack_is_a_pairs_job_whose_every_item_keeps_its_job_s_person_and_outpu
     again = parse_job_text(prepared.file.read_text(), "pack")
     assert [p.output for p in again.pairs] == ["out/one/a.jpg", "out/two/b{{x}}.jpg", "out/three/b{{x}}.jpg"]
     assert again.providers == ("cpu",) and again.name == "pack-abcdefgh"
+
+
+def test_every_job_file_key_is_either_shared_by_a_pack_or_a_jobs_own() -> None:
+    """A key missing from both lists would let jobs with different settings share one manifest."""
+    from dataclasses import fields
+
+    from controller.job.spec import JobSpec
+    from controller.run.packing import NOT_SHARED, SHARED_KEYS
+
+    names = {f.name for f in fields(JobSpec)}
+    assert set(SHARED_KEYS) | set(NOT_SHARED) == names and not set(SHARED_KEYS) & set(NOT_SHARED)
+
+
+def test_jobs_with_different_selectors_are_not_packed_together(tmp_path: Path) -> None:
+    files = {"in/0.jpg": JPEG, "faces/me.jpg": JPEG}
+    text = "source: faces/me.jpg\ntargets: [in/0.jpg]\noutput: out/{name}/{stem}{ext}\n"
+    one = _job(tmp_path, "one", text, files)
+    other = _job(tmp_path / "b", "two", text + "selector: {order: left-right}\n", files)
+    assert pack_key(one, ON, "img") is not None and pack_key(other, ON, "img") is not None
+    assert pack_key(one, ON, "img") != pack_key(other, ON, "img")

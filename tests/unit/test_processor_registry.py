@@ -16,7 +16,9 @@ def test_every_registered_processor_has_a_factory_and_every_factory_a_registrati
 
 def test_the_manifest_and_the_pack_rules_derive_from_the_registry() -> None:
     assert manifest.PROCESSORS == tuple(processors.REGISTRY) == ("face_swapper", "face_enhancer", "frame_enhancer")
-    assert pack.ROLES == ("detector", "recognizer", "swapper", "enhancer", "frame_enhancer", "genderage")
+    assert pack.ROLES == (
+        "detector", "recognizer", "swapper", "enhancer", "frame_enhancer", "genderage", "occluder", "face_parser",
+    )  # fmt: skip
     for name, info in processors.REGISTRY.items():
         assert info.name == name
         assert set(info.roles) <= set(pack.ROLES)

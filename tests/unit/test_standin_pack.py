@@ -26,6 +26,7 @@ from insightface.model_zoo import get_model  # noqa: E402
 
 from tests.fixtures import photos
 from tests.fixtures.standin_genderage import FILE as GENDERAGE_FILE
+from tests.fixtures.standin_masks import OCCLUDER_FILE, PARSER_FILE
 from tests.fixtures.standin_pack import (
     DETECTOR_FILE,
     ENHANCER_FILE,
@@ -37,7 +38,7 @@ from tests.fixtures.standin_pack import (
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 CPU = ["CPUExecutionProvider"]
-MODEL_FILES = (DETECTOR_FILE, RECOGNIZER_FILE, SWAPPER_FILE, ENHANCER_FILE, GENDERAGE_FILE)
+MODEL_FILES = (DETECTOR_FILE, RECOGNIZER_FILE, SWAPPER_FILE, ENHANCER_FILE, GENDERAGE_FILE, OCCLUDER_FILE, PARSER_FILE)
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,8 @@ def test_pack_yaml_lists_files_with_their_sha256(pack_dir: pathlib.Path) -> None
         ENHANCER_FILE: "enhancer",
         "real_esrgan_x2.onnx": "frame_enhancer",
         GENDERAGE_FILE: "genderage",
+        OCCLUDER_FILE: "occluder",
+        PARSER_FILE: "face_parser",
     }
     for name, entry in manifest["files"].items():
         assert entry["sha256"] == hashlib.sha256((pack_dir / name).read_bytes()).hexdigest()

@@ -73,8 +73,27 @@ def test_encode_cmd_keeps_rate_and_timebase() -> None:
         "-f", "rawvideo", "-pix_fmt", "bgr24", "-s", "360x480", "-framerate", "25/1",
         "-protocol_whitelist", "pipe", "-i", "pipe:0",
         "-an", "-vf", "setsar=117/128", "-c:v", "libx265", "-crf", "23", "-preset", "fast",
+        "-x265-params", "log-level=error",
         "-pix_fmt", "yuv420p", "-video_track_timescale", "12800", "-f", "mp4", "-y", "/data/runs/j/segments/.x.tmp",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("codec", "crf", "preset", "args"),
+    [
+        ("libx264", 18, "medium", ["-c:v", "libx264", "-crf", "18", "-preset", "medium"]),
+        ("libvpx-vp9", 33, "veryfast",
+         ["-c:v", "libvpx-vp9", "-crf", "33", "-b:v", "0", "-deadline", "good", "-cpu-used", "6", "-row-mt", "1"]),
+        ("h264_nvenc", 20, "slow",
+         ["-c:v", "h264_nvenc", "-preset", "p5", "-rc", "vbr", "-cq", "20", "-b:v", "0"]),
+        ("hevc_nvenc", 28, "ultrafast",
+         ["-c:v", "hevc_nvenc", "-preset", "p1", "-rc", "vbr", "-cq", "28", "-b:v", "0"]),
+    ],
+)  # fmt: skip
+def test_each_encoder_gets_quality_and_speed_in_its_own_terms(
+    codec: str, crf: int, preset: str, args: list[str]
+) -> None:
+    assert ffmpeg.video_codec_args(codec, crf, preset) == args
 
 
 def test_join_cmd_copies_video_and_maps_audio() -> None:
