@@ -121,3 +121,75 @@ def test_codeformers_weight_changes_the_face_and_a_gfpgan_contract_model_ignores
     proc = run_job(ws, f"{ws.job}-wrong", source, ws.rel(target), out, extra)  # the pack's is gpen_bfr_512
     assert proc.returncode == 65, proc.stderr[-2000:]
     assert "face_enhancer.model" in proc.stderr and "not restoreformer_plus_plus" in proc.stderr
+
+
+def patched(ws: Workspace) -> dict[str, Path]:
+    """The astronaut with a green patch over part of her face (the stand-in occluder hides green) and
+    one with a red patch over her mouth (the stand-in parser calls red the mouth)."""
+    from tests.unit.test_masks import GREEN, RED
+
+    image = cv2.imread(str(photos.astronaut(ws.dir / "raw")))
+    out = {}
+    for name, (y0, y1, x0, x1), bgr in (("green", GREEN, (40, 200, 40)), ("red", RED, (40, 40, 210))):
+        p = image.copy()
+        p[y0:y1, x0:x1] = bgr
+        (ws.dir / name).mkdir()
+        cv2.imwrite(str(ws.dir / name / f"{name}.png"), p)
+        out[name] = ws.dir / name / f"{name}.png"
+    return out
+
+
+def test_occlusion_and_region_masks_change_what_a_user_would_expect(workspace: Workspace, pack: Path) -> None:
+    from tests.unit.test_masks import GREEN, RED
+
+    ws = workspace
+    photo = patched(ws)
+    source = photos.face_photos(ws.dir / "src", 2)[1]
+    chown_tree(ws.dir, ws.config.runner_uid_gid())
+    runs = {
+        "box": ("green", "mask: {types: [box]}\n"),
+        "occl": ("green", "mask: {types: [box, occlusion]}\n"),
+        "mouth": ("red", "mask: {types: [region], regions: [mouth]}\n"),
+    }
+    got: dict[str, np.ndarray] = {}
+    for key, (name, extra) in runs.items():
+        out = f"{ws.rel(ws.dir)}/out-{key}"
+        proc = run_job(ws, f"{ws.job}-{key}", source, ws.rel(photo[name]), out, extra)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got[key] = cv2.imread(str(ws.root / out / f"{name}.png")).astype(int)
+    green, red = (cv2.imread(str(photo[n])).astype(int) for n in ("green", "red"))
+    y0, y1, x0, x1 = GREEN
+    centre = (slice(y0 + 4, y1 - 4), slice(x0 + 4, x1 - 4))
+    assert np.abs(got["box"] - green)[centre].max() > 20  # the box alone swaps over the patch
+    assert np.array_equal(got["occl"][centre], green[centre])  # occluded: the target's own pixels
+    assert (np.abs(got["occl"] - green).max(axis=2) > 0).sum() > 10_000  # the rest of the face swapped
+    changed = np.abs(got["mouth"] - red).max(axis=2) > 0
+    y0, y1, x0, x1 = RED
+    assert changed[y0 + 6 : y1 - 6, x0 + 6 : x1 - 6].all()  # the mouth swapped …
+    outside = np.ones(changed.shape, bool)
+    outside[y0 - 2 : y1 + 2, x0 - 2 : x1 + 2] = False
+    assert not (changed & outside).any()  # … and nothing else
+
+
+def test_pixel_boost_swaps_the_face_in_more_detail_and_nothing_else(workspace: Workspace, pack: Path) -> None:
+    ws = workspace
+    target = photos.astronaut(ws.dir / "in")
+    source = photos.face_photos(ws.dir / "src", 2)[1]
+    chown_tree(ws.dir, ws.config.runner_uid_gid())
+    got = {}
+    for boost in (128, 256):
+        out = f"{ws.rel(ws.dir)}/out-{boost}"
+        extra = f"face_swapper: {{pixel_boost: {boost}}}\n"
+        proc = run_job(ws, f"{ws.job}-{boost}", source, ws.rel(target), f"{out}", extra)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got[boost] = cv2.imread(str(ws.root / out / target.name))
+    before = cv2.imread(str(target))
+    face = photos.ASTRONAUT_FACE
+    x1, y1, x2, y2 = face
+    region = (slice(y1, y2), slice(x1, x2))
+    sharp = {b: cv2.Laplacian(cv2.cvtColor(g[region], cv2.COLOR_BGR2GRAY), cv2.CV_64F).var() for b, g in got.items()}
+    assert np.abs(got[256].astype(int) - got[128].astype(int))[region].max() > 10  # the face differs …
+    assert sharp[256] > sharp[128]  # … in more detail
+    far = np.ones(before.shape[:2], bool)
+    far[max(0, y1 - (y2 - y1)) : y2 + (y2 - y1), max(0, x1 - (x2 - x1)) : x2 + (x2 - x1)] = False
+    assert np.abs(got[256].astype(int) - got[128].astype(int))[far].max() <= 3  # the rest of the photo alike

@@ -23,6 +23,7 @@ def test_the_runner_image_lists_its_video_encoders(swarm: DockerSwarm, workspace
 def test_a_video_is_encoded_with_the_jobs_codec(workspace: Workspace, codec: str, ext: str, name: str) -> None:
     ws = workspace
     star = photos.astronaut(ws.dir / "faces")
+    (ws.dir / "in").mkdir()
     clip = panned_clip(star, ws.dir / "in" / "pan.mp4", "25", 2)
     chown_tree(ws.dir, ws.config.runner_uid_gid())
     out = ws.dir / "out"
