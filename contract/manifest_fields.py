@@ -8,6 +8,7 @@ from typing import Any
 
 from contract.errors import ManifestError
 from contract.masks import read_fields as mask_fields
+from contract.photo import read_fields as photo_fields
 from contract.s3 import StorageAccess
 from contract.selector import read_fields as selector_fields
 from contract.swapper import read_fields as swapper_fields
@@ -43,6 +44,7 @@ def optional_fields(data: dict[str, Any]) -> dict[str, Any]:
     out.update(selector_fields(data))  # selector_order, selector_gender, selector_age
     out.update(mask_fields(data))  # mask_types, mask_regions
     out.update(swapper_fields(data))  # swapper_model, swapper_pixel_boost, swapper_weight
+    out.update(photo_fields(data))  # photo_quality, photo_scale
     if "detector_size" in data:
         value = data["detector_size"]
         if not isinstance(value, int) or isinstance(value, bool):

@@ -35,6 +35,7 @@ import numpy as np
 from PIL import Image
 
 from contract.manifest import Limits
+from contract.photo import PHOTO_QUALITY, PHOTO_SCALE, scaled_size
 
 from . import safefs
 from .errors import ItemError
@@ -61,6 +62,7 @@ ENCODERS: dict[str, tuple[str, list[int]]] = {
     ".tif": (".tiff", []),
     ".tiff": (".tiff", []),
 }
+LOSSY = frozenset({".jpg", ".jpeg", ".webp"})  # the formats the job file's photo.quality applies to
 
 EXIF_ORIENTATION = 0x0112
 
@@ -223,31 +225,50 @@ def check_output_format(path: str) -> str:
     return ext
 
 
-def encode_image(image: np.ndarray, ext: str) -> bytes:
+def encode_image(image: np.ndarray, ext: str, quality: int | None = None) -> bytes:
+    """``image`` encoded as ``ext``; ``quality`` (1 … 100) replaces a JPEG/WebP encoder's 95, and
+    the lossless formats ignore it (None: the table's own)."""
     encoder, params = ENCODERS[ext]
+    if quality is not None and ext in LOSSY:
+        params = [params[0], quality]
     ok, buf = cv2.imencode(encoder, image, params)
     if not ok:
         raise ItemError(f"cannot encode output as {ext}")
     return buf.tobytes()
 
 
-def encode_output(image: np.ndarray, decoded: Decoded, ext: str) -> tuple[bytes, str | None]:
-    """The processed 8-bit BGR ``image`` encoded as ``ext`` with the input's mode restored where
-    the format can hold it (grey, alpha); and a note for the item's result saying what it could
-    not keep, or None."""
+def resize(image: np.ndarray, width: int, height: int) -> np.ndarray:
+    """``image`` at ``width`` × ``height``: INTER_AREA when shrinking, INTER_CUBIC when enlarging
+    (itself when the size is already that)."""
+    h, w = image.shape[:2]
+    if (w, h) == (width, height):
+        return image
+    shrinking = width * height < w * h
+    return cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_CUBIC)
+
+
+def encode_output(
+    image: np.ndarray, decoded: Decoded, ext: str, quality: int = PHOTO_QUALITY, scale: float = PHOTO_SCALE
+) -> tuple[bytes, str | None]:
+    """The processed 8-bit BGR ``image``, resized by ``scale`` (the job file's ``photo.scale``, whole
+    pixels, at least 1), encoded as ``ext`` (``quality``: JPEG and WebP only) with the input's mode
+    restored where the format can hold it (grey, alpha: resized to the output's size the same way);
+    and a note for the item's result saying what it could not keep, or None."""
     notes = []
     out = image
+    if scale != 1:
+        out = resize(out, *scaled_size(out.shape[1], out.shape[0], scale))
     if decoded.grey and ext in KEEPS_GREY:
         out = cv2.cvtColor(out, cv2.COLOR_BGR2GRAY)
     if decoded.alpha is not None:
         if ext in KEEPS_ALPHA:
             colour = out if out.ndim == 3 else cv2.cvtColor(out, cv2.COLOR_GRAY2BGR)
-            out = np.dstack([colour, decoded.alpha])
+            out = np.dstack([colour, resize(decoded.alpha, colour.shape[1], colour.shape[0])])
         else:
             notes.append(f"the input's alpha channel was dropped: a {ext} file cannot hold transparency")
     if decoded.depth == 16:
         notes.append("16-bit samples were written as 8-bit")
-    return encode_image(out, ext), "; ".join(notes) or None
+    return encode_image(out, ext, quality), "; ".join(notes) or None
 
 
 def temp_name(path: Path) -> Path:

@@ -172,21 +172,21 @@ class _ItemRun:
                 raise ItemError(selector.why_none(m, found))
             if m.no_face is NoFacePolicy.SKIP:
                 return Outcome(ItemStatus.NO_FACE, None, 0)
-            if processors.scale(chain) == 1:  # copied as it is, byte for byte
+            if processors.scale(chain) == 1 and m.photo_scale == 1:  # copied as it is, byte for byte
                 with self.timed("write"):
                     digest = self._write(root_fd, decoded.data, ItemStatus.NO_FACE, 0)
                 return Outcome(ItemStatus.NO_FACE, item.output, 0, digest)
         frame = decoded.image
         self.current = "swap"
         frame = processors.run(chain, frame, chosen, self.add)  # a frame enhancer: a new, larger frame
-        if not chosen:  # (copied, but enhanced to the size every output of the job has)
+        if not chosen:  # (copied, but enhanced and/or scaled to the size every output of the job has)
             with self.timed("encode"):
-                data, note = media.encode_output(frame, decoded, ext)
+                data, note = media.encode_output(frame, decoded, ext, m.photo_quality, m.photo_scale)
             with self.timed("write"):
                 digest = self._write(root_fd, data, ItemStatus.NO_FACE, 0)
             return Outcome(ItemStatus.NO_FACE, item.output, 0, digest, note)
         with self.timed("encode"):
-            data, note = media.encode_output(frame, decoded, ext)
+            data, note = media.encode_output(frame, decoded, ext, m.photo_quality, m.photo_scale)
         with self.timed("write"):
             digest = self._write(root_fd, data, ItemStatus.OK, len(chosen))
         return Outcome(ItemStatus.OK, item.output, len(chosen), digest, note)

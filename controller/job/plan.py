@@ -39,6 +39,7 @@ from contract.manifest import (
 )
 from contract.masks import Masks
 from contract.paths import CONTAINER_DATA_ROOT
+from contract.photo import PhotoTuning
 from contract.s3 import StorageAccess, is_s3
 from contract.selector import Selector
 from contract.swapper import SwapperTuning
@@ -323,6 +324,7 @@ class ManifestSettings:
     selector: Selector = Selector()  # the job file's selector: face order, gender/age filters
     masks: Masks = Masks()  # the job file's mask.types and mask.regions
     swapper: SwapperTuning = SwapperTuning()  # the job file's face_swapper: model, pixel_boost, weight
+    photo: PhotoTuning = PhotoTuning()  # the job file's photo: quality, scale
     # A pairs job: id → that person's photos (relative to the data root); ``sources`` is then empty
     # and the manifests are schema version 2, each with the identities its items use.
     identities: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -382,6 +384,7 @@ def chunk_manifests(plan: Plan, settings: ManifestSettings) -> dict[str, Manifes
             **settings.selector.manifest_fields(),
             **settings.masks.manifest_fields(),
             **settings.swapper.manifest_fields(),
+            **settings.photo.manifest_fields(),
             schema=schema,
             identities=_table(members[c.id], settings) if settings.identities else {},
             storage=settings.storage,

@@ -1,5 +1,5 @@
-"""The job file's tuning sections (docs/job-file.md): video encoding, detector, mask, enhancers,
-resources, on_complete. Each checks itself when built (a FieldError naming its key); JobSpec
+"""The job file's tuning sections (docs/job-file.md): video encoding, photo outputs, detector, mask,
+enhancers, resources, on_complete. Each checks itself when built (a FieldError naming its key); JobSpec
 (controller/job/spec.py) holds them and re-exports them."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from contract.manifest import (
     MASK_PADDING,
 )
 from contract.masks import DEFAULT_TYPES, REGIONS, regions_problem, types_problem
+from contract.photo import PHOTO_QUALITY, PHOTO_SCALE, quality_problem, scale_problem
 from contract.processors import FACE_ENHANCER_MODELS
 from contract.selector import AGE_LIMITS, DEFAULT_ORDER, GENDERS, ORDERS, age_problem
 from contract.swapper import PIXEL_BOOST, SWAPPER_MODEL, SWAPPER_MODELS, SWAPPER_WEIGHT, pixel_boost_problem
@@ -47,6 +48,23 @@ class VideoSettings:
     def on_gpu(self) -> bool:
         """NVENC encodes on the node's GPU (the job must reserve one and allow cuda)."""
         return self.codec in NVENC
+
+
+@dataclass(frozen=True)
+class PhotoSettings:
+    """photo: how photo outputs are written (contract/photo.py). ``quality``: the JPEG/WebP encoder's,
+    1 … 100 (PNG, BMP and TIFF are lossless and ignore it); ``scale``: every photo output resized by
+    it after the processors, frame enhancer included. Videos keep ``video.crf``. (Not ``image:``,
+    which names the runner image.)"""
+
+    quality: int = PHOTO_QUALITY
+    scale: float = PHOTO_SCALE
+
+    def __post_init__(self) -> None:
+        for name, why in (("quality", quality_problem(self.quality)), ("scale", scale_problem(self.scale))):
+            if why is not None:
+                raise FieldError(name, f"{why}, got {show(getattr(self, name))}")
+        object.__setattr__(self, "scale", float(self.scale))
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from controller.job.settings import (
     FrameEnhancerSettings,
     MaskSettings,
     OnComplete,
+    PhotoSettings,
     Resources,
     SelectorSettings,
     SwapperSettings,
@@ -54,6 +55,7 @@ __all__ = [
     "PAIRS_FILE_EXTENSIONS",
     "PLACEHOLDERS",
     "Pair",
+    "PhotoSettings",
     "Resources",
     "SelectorSettings",
     "SwapperSettings",
@@ -135,6 +137,7 @@ class JobSpec:
     chunk_size: int | str = "auto"  # images (or video segments) per chunk; auto: see plan.auto_chunk_size
     segment_seconds: float = 30.0
     video: VideoSettings = field(default_factory=VideoSettings)
+    photo: PhotoSettings = field(default_factory=PhotoSettings)  # quality, scale of photo outputs
     skip_audio: bool = False
     max_concurrent: int = 4
     resources: Resources = field(default_factory=Resources)
@@ -203,6 +206,7 @@ class JobSpec:
         check_str(self.models, "models", pattern=_PACK, hint="a pack name of A-Z, a-z, 0-9, '.', '_' and '-'")
         nested = (
             ("video", VideoSettings),
+            ("photo", PhotoSettings),
             ("resources", Resources),
             ("on_complete", OnComplete),
             ("detector", DetectorSettings),

@@ -19,6 +19,7 @@ from contract.identity import IdentityResult
 from contract.identity_table import identity_id
 from contract.masks import Masks
 from contract.pack import missing_roles, not_commercial, wrong_model
+from contract.photo import PhotoTuning
 from contract.s3 import S3Url, is_s3
 from contract.selector import Selector
 from contract.swapper import SwapperTuning
@@ -269,6 +270,7 @@ def manifest_settings(config: Config, job: PreparedJob, ident: IdentityResult | 
         selector=Selector(job.spec.selector.order, job.spec.selector.gender, job.spec.selector.age),
         masks=Masks(job.spec.mask.types, job.spec.mask.regions),
         swapper=SwapperTuning(**dataclasses.asdict(job.spec.face_swapper)),  # model, pixel_boost, weight
+        photo=PhotoTuning(job.spec.photo.quality, job.spec.photo.scale),
         storage=config.storage.s3.access() if config.storage.s3 and job.resolved.uses_s3 else None,
     )
 

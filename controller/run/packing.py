@@ -36,7 +36,7 @@ from controller.run.packing_settings import PackingSettings
 # two lists covering JobSpec, so a new key cannot be forgotten here).
 SHARED_KEYS = (
     "models", "providers", "processors", "faces", "no_face", "detector", "mask", "face_enhancer",
-    "frame_enhancer", "face_swapper", "selector", "resources", "placement", "overwrite",
+    "frame_enhancer", "face_swapper", "selector", "resources", "placement", "overwrite", "photo",
 )  # fmt: skip
 NOT_SHARED = (
     "name", "source", "targets", "output", "reference", "reference_distance", "pairs", "pairs_file", "on_complete",
