@@ -211,9 +211,12 @@ def side_runner(pack: Path, images: list[Path], source: Path, out: Path, spawned
     items = tuple(Item(f"i{i:06d}", f"/data/in/{p.name}", f"/data/out/{p.name}") for i, p in enumerate(images))
     chain = tuple(os.environ.get("BENCH_PROCESSORS", "face_swapper").split(","))
     providers = tuple(os.environ.get("BENCH_PROVIDERS", "cpu").split(","))
+    tuning = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(os.environ.get("BENCH_TUNING", "{}")).items()
+    }
     m = Manifest(
         job="bench", chunk="c0000", run_dir=str(RunLayout.container("bench").dir), pack_dir="/data/models",
-        source=(f"/data/in/{source.name}",), items=items, providers=providers, processors=chain,
+        source=(f"/data/in/{source.name}",), items=items, providers=providers, processors=chain, **tuning,
     )  # fmt: skip
     layout = RunLayout.host(root, "bench")
     layout.chunks_dir.mkdir(parents=True)
@@ -317,11 +320,16 @@ def main() -> int:
     return 0
 
 
-CHAINS = (
-    ("face_swapper",),
-    ("face_swapper", "face_enhancer"),
-    ("face_swapper", "frame_enhancer"),
-    ("face_swapper", "face_enhancer", "frame_enhancer"),
+CHAINS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (  # processors, manifest tuning
+    (("face_swapper",), {}),
+    (("face_swapper",), {"swapper_pixel_boost": 256}),
+    (("face_swapper",), {"swapper_weight": 0.5}),
+    (("face_swapper",), {"mask_types": ["box", "occlusion"]}),
+    (("face_swapper",), {"mask_types": ["box", "region"]}),
+    (("face_swapper",), {"selector_gender": "female"}),
+    (("face_swapper", "face_enhancer"), {}),
+    (("face_swapper", "frame_enhancer"), {}),
+    (("face_swapper", "face_enhancer", "frame_enhancer"), {}),
 )
 
 
@@ -334,17 +342,21 @@ def per_processor(n: int, providers: str, json_path: Path | None) -> int:
         photos.face_photos(work / "source", 2)
         source = work / "source" / "face_01.jpg"
         images = make_photos(work / "one", "one", n)
-        for chain in CHAINS:
-            env = {"BENCH_PROCESSORS": ",".join(chain), "BENCH_PROVIDERS": providers}
+        for chain, tuning in CHAINS:
+            env = {
+                "BENCH_PROCESSORS": ",".join(chain),
+                "BENCH_PROVIDERS": providers,
+                "BENCH_TUNING": json.dumps(tuning),
+            }
             r = summarise(run_side("runner", pack, images, source, work, env))
-            rows.append({"processors": list(chain), **r})
+            rows.append({"processors": list(chain), "tuning": tuning, **r})
     base = rows[0]["images_per_s"]
     print(f"\nrunner in-process, stand-in pack, {n} one-face photos, providers {providers}")
-    print(f"{'processors':52}{'images/s':>10}{'× swapper':>11}{'cold s':>9}")
+    print(f"{'processors and tuning':64}{'images/s':>10}{'× swapper':>11}{'cold s':>9}")
     for r in rows:
         r["ratio_to_swapper"] = round(r["images_per_s"] / base, 3)
-        name = " + ".join(r["processors"])
-        print(f"{name:52}{r['images_per_s']:>10.2f}{r['ratio_to_swapper']:>11.2f}{r['cold']:>9.2f}")
+        name = " + ".join(r["processors"]) + "".join(f" {k}={v}" for k, v in r["tuning"].items())
+        print(f"{name:64}{r['images_per_s']:>10.2f}{r['ratio_to_swapper']:>11.2f}{r['cold']:>9.2f}")
     if json_path:
         json_path.write_text(json.dumps(rows, indent=1))
     return 0
