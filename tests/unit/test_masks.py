@@ -21,7 +21,7 @@ import yaml
 
 from contract import pack, processors
 from contract.errors import ManifestError, PackError
-from contract.manifest import FaceSelection, Item, Manifest, NoFacePolicy
+from contract.manifest import FaceSelection, Manifest, NoFacePolicy
 from contract.masks import REGIONS, Masks
 from contract.results import ItemStatus
 from controller.config import parse_config
@@ -36,6 +36,7 @@ from tests.fixtures import photos
 from tests.fixtures.standin_masks import OCCLUDER_FILE, PARSER_FILE, face_parser_model, occluder_model
 from tests.fixtures.standin_pack import build_pack, recognizer_model
 from tests.unit.test_runner_chunk import JOB, results, run, write_manifest
+from tests.unit.test_selector import manifest
 
 # ------------------------------------------------------------------------------------------ job file
 
@@ -284,18 +285,6 @@ def test_the_model_contracts_are_checked_by_shape() -> None:
 
 
 # -------------------------------------------------------------------------------------------- manifest
-
-
-def manifest(**kw: Any) -> Manifest:
-    fields: dict[str, Any] = {
-        "job": "j",
-        "chunk": "c0001",
-        "run_dir": "/data/runs/j",
-        "pack_dir": "/data/models/default",
-        "source": ("/data/s.jpg",),
-        "items": (Item("i000000", "/data/a.jpg", "/data/out/a.jpg"),),
-    }
-    return Manifest(**{**fields, **kw})
 
 
 def test_the_manifest_round_trips_the_masks_and_leaves_defaults_out() -> None:
