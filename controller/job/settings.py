@@ -22,7 +22,7 @@ from contract.photo import PHOTO_QUALITY, PHOTO_SCALE, quality_problem, scale_pr
 from contract.processors import FACE_ENHANCER_MODELS
 from contract.selector import AGE_LIMITS, DEFAULT_ORDER, GENDERS, ORDERS, age_problem
 from contract.swapper import PIXEL_BOOST, SWAPPER_MODEL, SWAPPER_MODELS, SWAPPER_WEIGHT, pixel_boost_problem
-from controller.job.validate import FieldError, check_choice, check_int, check_number, check_str, show
+from controller.job.validate import FieldError, check_choice, check_int, check_number, check_range, check_str, show
 
 _NAME = r"[a-z0-9-]{1,40}"
 _GPU_KIND = r"[A-Za-z0-9_]+"
@@ -98,12 +98,8 @@ class MaskSettings:
             if problem is not None:
                 raise FieldError(name if problem[0] is None else f"{name}[{problem[0]}]", problem[1])
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        for name in ("feather", "padding"):
-            value = getattr(self, name)
-            ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 0.5
-            if not ok:  # 0 is allowed: a hard edge / no pull-in
-                raise FieldError(name, f"must be a number in [0, 0.5], got {show(value)}")
-            object.__setattr__(self, name, float(value))
+        for name in ("feather", "padding"):  # 0 is allowed: a hard edge / no pull-in
+            object.__setattr__(self, name, check_range(getattr(self, name), name, 0, 0.5))
 
 
 @dataclass(frozen=True)
@@ -119,10 +115,7 @@ class EnhancerSettings:
     def __post_init__(self) -> None:
         check_choice(self.model, "model", FACE_ENHANCER_MODELS, "face_enhancer model")
         object.__setattr__(self, "blend", check_number(self.blend, "blend", above=0, at_most=1))
-        ok = isinstance(self.weight, int | float) and not isinstance(self.weight, bool) and 0 <= self.weight <= 1
-        if not ok:  # both ends allowed: FaceFusion's range
-            raise FieldError("weight", f"must be a number in [0, 1], got {show(self.weight)}")
-        object.__setattr__(self, "weight", float(self.weight))
+        object.__setattr__(self, "weight", check_range(self.weight, "weight", 0, 1))  # FaceFusion's range
 
 
 @dataclass(frozen=True)
@@ -164,10 +157,8 @@ class FrameEnhancerSettings:
     def __post_init__(self) -> None:
         if self.model is not None:
             check_choice(self.model, "model", FRAME_ENHANCER_MODELS, "frame_enhancer model")
-        ok = isinstance(self.blend, int | float) and not isinstance(self.blend, bool) and 0 <= self.blend <= 1
-        if not ok:  # 0 is allowed: the frame resized to the model's scale, nothing of its output
-            raise FieldError("blend", f"must be a number in [0, 1], got {show(self.blend)}")
-        object.__setattr__(self, "blend", float(self.blend))
+        # 0 is allowed: the frame resized to the model's scale, nothing of its output
+        object.__setattr__(self, "blend", check_range(self.blend, "blend", 0, 1))
 
 
 @dataclass(frozen=True)
@@ -188,10 +179,8 @@ class SwapperSettings:
             raise FieldError("model", f"unknown face_swapper model {show(self.model)} ({why})")
         if (boost := pixel_boost_problem(self.pixel_boost)) is not None:
             raise FieldError("pixel_boost", f"{boost}, got {show(self.pixel_boost)}")
-        ok = isinstance(self.weight, int | float) and not isinstance(self.weight, bool) and 0 <= self.weight <= 1
-        if not ok:  # both ends allowed: 0 keeps the target's identity, 1 is the source's alone
-            raise FieldError("weight", f"must be a number in [0, 1], got {show(self.weight)}")
-        object.__setattr__(self, "weight", float(self.weight))
+        # both ends allowed: 0 keeps the target's identity, 1 is the source's alone
+        object.__setattr__(self, "weight", check_range(self.weight, "weight", 0, 1))
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,13 @@ def check_number(value: object, field: str, *, above: float, at_most: float | No
     return float(value)
 
 
+def check_range(value: object, field: str, lo: float, hi: float) -> float:
+    """A number in the closed range [lo, hi] (both ends allowed), as a float."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and lo <= value <= hi:
+        return float(value)
+    raise FieldError(field, f"must be a number in [{lo:g}, {hi:g}], got {show(value)}")
+
+
 def check_bool(value: object, field: str) -> bool:
     if not isinstance(value, bool):
         raise FieldError(field, f"must be true or false, got {show(value)}")
