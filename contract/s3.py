@@ -32,6 +32,27 @@ _BAD_BUCKET_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
 _GLOB_CHARS = "*?"
 
 
+CACHED = "cached"  # commit_condition: this job's commit with these bytes is there already: nothing to send
+REFUSED = "refused"  # another job's object, and no overwrite
+
+
+def commit_condition(found: tuple[str, bool, bool] | None, overwrite: bool) -> dict[str, str] | str:
+    """The one rule by which a runner (runner_image/s3io.py) and the controller's join
+    (controller/storage/s3.py) commit an object: ``found`` is (ETag, whether its metadata says it is
+    this job's commit of this item, whether it has the same size and sha256), or None when nothing is
+    at the key. Returns CACHED, REFUSED, or the PUT's precondition: If-None-Match for a new key,
+    If-Match on the ETag seen for one replaced (an earlier attempt of ours, or with ``overwrite``), so
+    an object written meanwhile is never replaced."""
+    if found is None:
+        return {"IfNoneMatch": "*"}
+    etag, mine, same = found
+    if mine and same:
+        return CACHED
+    if not mine and not overwrite:
+        return REFUSED
+    return {"IfMatch": etag}
+
+
 def is_s3(text: object) -> bool:
     """Whether a manifest's path is an object in the store rather than a container path."""
     return isinstance(text, str) and text.startswith(SCHEME)

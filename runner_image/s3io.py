@@ -42,6 +42,7 @@ from botocore.exceptions import (  # type: ignore[import-untyped]
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from contract.s3 import (
+    CACHED,
     MAX_CREDENTIALS_BYTES,
     META_ATTEMPT,
     META_ITEM,
@@ -49,6 +50,7 @@ from contract.s3 import (
     META_SHA256,
     Credentials,
     S3Url,
+    commit_condition,
     parse_credentials,
 )
 
@@ -314,17 +316,13 @@ class Store:
         ``before`` is told the digest just before the write (the worker's journal, as safefs)."""
         digest, b64 = digest_of(body)
         found = self.probe(url)
-        if found is None:
-            condition = {"IfNoneMatch": "*"}
-        elif found.mine(job, item):
-            if (found.size, found.sha256) == digest:
-                return Committed(digest, cached=True, attempt=found.attempt)
-            condition = {"IfMatch": found.etag}  # an earlier attempt of ours: replaced
-        elif not overwrite:
+        seen = None if found is None else (found.etag, found.mine(job, item), (found.size, found.sha256) == digest)
+        rule = commit_condition(seen, overwrite)
+        if rule == CACHED and found is not None:  # this job's commit of the item, the same bytes
+            return Committed(digest, cached=True, attempt=found.attempt)
+        if isinstance(rule, str):  # REFUSED
             raise ItemError(f"{url}: {EXISTS}")
-        else:
-            condition = {"IfMatch": found.etag}
-        condition = condition if self.config.conditional_writes else {}
+        condition = rule if self.config.conditional_writes else {}
         meta = {META_JOB: job, META_ITEM: item, META_ATTEMPT: str(attempt), META_SHA256: digest.sha256}
         content_type = mimetypes.guess_type(url.key)[0] or "application/octet-stream"
         if before is not None:

@@ -26,7 +26,7 @@ from botocore.exceptions import (  # type: ignore[import-untyped]
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from contract.s3 import META_ATTEMPT, META_ITEM, META_JOB, META_SHA256, Credentials, S3Url
+from contract.s3 import CACHED, META_ATTEMPT, META_ITEM, META_JOB, META_SHA256, Credentials, S3Url, commit_condition
 from controller.errors import FfswarmError, InternalError
 from controller.storage.errors import ObjectMissing, StorageAccessError, StorageTemporaryError, TooManyObjects
 from controller.storage.settings import MAX_LINK_TTL, S3Settings, read_credentials
@@ -242,16 +242,16 @@ class S3Store:
         appears whole or not at all."""
         size, sha, b64 = digest(f)
         found = self.probe(url)
-        if found is None:
-            condition = {"IfNoneMatch": "*"}
-        elif found.committed_by(job, item):
-            if (found.size, found.sha256) == (size, sha):
-                return Committed(size, sha, cached=True)
-            condition = {"IfMatch": found.etag}  # an earlier join of ours: replaced
-        elif not overwrite:
+        seen = (
+            None
+            if found is None
+            else (found.etag, found.committed_by(job, item), (found.size, found.sha256) == (size, sha))
+        )
+        condition = commit_condition(seen, overwrite)
+        if condition == CACHED:
+            return Committed(size, sha, cached=True)
+        if isinstance(condition, str):  # REFUSED: another job's object
             raise ObjectExists(url)
-        else:
-            condition = {"IfMatch": found.etag}
         meta = {META_JOB: job, META_ITEM: item, META_ATTEMPT: str(attempt), META_SHA256: sha}
         kind = mimetypes.guess_type(url.key)[0] or "application/octet-stream"
         try:

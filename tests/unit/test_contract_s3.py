@@ -178,3 +178,13 @@ def test_an_identity_request_reads_photos_from_the_store_with_its_storage_block(
     with pytest.raises(ManifestError, match="source: .*is a glob"):
         IdentityRequest(job="j1", pack_dir="/data/models/default", sources=("s3://media/p/*.jpg",),
                         output="/data/runs/j1/identity.json", storage=STORAGE)  # fmt: skip
+
+
+def test_the_commit_rule_both_sides_follow() -> None:
+    from contract.s3 import CACHED, REFUSED, commit_condition
+
+    assert commit_condition(None, overwrite=False) == {"IfNoneMatch": "*"}  # a new key: only if still absent
+    assert commit_condition(("e1", True, True), overwrite=False) == CACHED  # ours, same bytes: nothing sent
+    assert commit_condition(("e1", True, False), overwrite=False) == {"IfMatch": "e1"}  # ours, other bytes
+    assert commit_condition(("e1", False, True), overwrite=False) == REFUSED  # another job's object
+    assert commit_condition(("e1", False, False), overwrite=True) == {"IfMatch": "e1"}  # … replaced if asked
