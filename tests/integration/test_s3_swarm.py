@@ -185,11 +185,11 @@ def test_a_runner_killed_mid_chunk_leaves_whole_objects_and_the_retry_skips_them
     ws = workspace
     star = photos.astronaut(ws.dir / "faces")
     chown_tree(ws.dir, ws.config.runner_uid_gid())
-    made = photos.face_photos(ws.dir / "made", 24)
+    made = photos.face_photos(ws.dir / "made", 60)  # long enough that the kill lands mid-chunk on a quiet VM
     put_inputs(s3, f"{ws.job}/in", made)
     job_file = ws.write_job(
         f"name: {ws.job}\nsource: {ws.rel(star)}\ntargets: ['s3://{BUCKET}/{ws.job}/in/*.jpg']\n"
-        f"output: 's3://{BUCKET}/{ws.job}/out/{{stem}}{{ext}}'\nchunk_size: 24\nretries: 2\n{COMMON}"
+        f"output: 's3://{BUCKET}/{ws.job}/out/{{stem}}{{ext}}'\nchunk_size: 60\nretries: 2\n{COMMON}"
     )
     with KillAfterCommits(swarm, s3, ws.job, after=3) as killer:
         proc = ws.ffswarm("submit", str(job_file), config=config_with_s3(s3, ws))
