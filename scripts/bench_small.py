@@ -169,6 +169,7 @@ def main() -> int:
     ap.add_argument("--alone", type=int, default=30)
     ap.add_argument("--rate", type=float, default=10.0)
     ap.add_argument("--config", type=Path, default=REPO / "ffswarm.yaml")
+    ap.add_argument("--logs", type=Path, help="copy the api's and serves' logs into this folder at the end")
     a = ap.parse_args()
     if not (1 <= a.requests <= 5000 and 1 <= a.alone <= 500 and 0.1 <= a.rate <= 200):
         ap.error("--requests 1..5000, --alone 1..500, --rate 0.1..200")
@@ -200,6 +201,10 @@ def main() -> int:
             }
         finally:
             bench.clean()
+            if a.logs is not None:
+                a.logs.mkdir(parents=True, exist_ok=True)
+                for log in Path(tmp).glob("*.log"):
+                    shutil.copy(log, a.logs / log.name)
     ceiling = rows["ceiling"]["per_s"]
     print(f"one-photo requests on the dev swarm, offered at {a.rate:g}/s (ceiling: one job of all pairs)")
     print(f"{'path':<10}{'requests':>9}{'done/s':>9}{'× ceiling':>11}{'× alone':>9}{'p50 s':>8}{'p99 s':>8}")

@@ -235,11 +235,20 @@ def start(
     config: Config, backend: SwarmBackend, settings: RunnerSettings, rundir: RunDir, job_file: str
 ) -> Step | None:
     """The step of a run folder whose identity is still pending (a new job, or a controller that died
-    during the step); None when identity.json already holds the answer."""
+    during the step); None when identity.json already holds the answer, or when no chunk waits for
+    one (a pack's: each chunk embeds its own people, jobs.PreparedJob.people_in_chunks)."""
     result = read_result(rundir)
     if result is not None and result.answered:
         return None
+    if not _chunks_wait(rundir):
+        return None
     return Step(config, backend, settings, rundir, job_file)
+
+
+def _chunks_wait(rundir: RunDir) -> bool:
+    """Whether the job's chunk manifests (the controller's files) read identity.json."""
+    chunks = rundir.plan().chunks
+    return not chunks or rundir.manifest(chunks[0].id).identity is not None
 
 
 def ensure(config: Config, backend: SwarmBackend, settings: RunnerSettings, rundir: RunDir, job_file: str) -> None:

@@ -47,6 +47,9 @@ class PreparedJob:
     plan: Plan
     job_id: str
     folders: tuple[str, ...] = ()  # output folders to create for the runner (access.check_job)
+    # No identity step: each chunk's runner embeds the people its own items use (a pack: its members'
+    # people are few per chunk, and the step's container would cost the pack seconds; packs.py)
+    people_in_chunks: bool = False
 
 
 SwarmFactory = Callable[[], SwarmBackend]  # the command's one backend, built when first asked for
@@ -243,7 +246,8 @@ def _rel(config: Config, p: Path | S3Url) -> str:
 
 
 def manifest_settings(config: Config, job: PreparedJob, ident: IdentityResult | None = None) -> ManifestSettings:
-    """With `ident`, the embeddings go into every manifest; without, runners read identity.json."""
+    """With `ident`, the embeddings go into every manifest; without, runners read identity.json —
+    unless the job's people are embedded by its chunks themselves (``people_in_chunks``)."""
     assert job.resolved is not None, "manifests are made at submit, from a resolved job"
     people = {identity_id(n): tuple(_rel(config, p) for p in ps) for n, ps in enumerate(job.resolved.identities)}
     return ManifestSettings(
@@ -256,7 +260,7 @@ def manifest_settings(config: Config, job: PreparedJob, ident: IdentityResult | 
         no_face=job.spec.no_face,
         source_embedding=tuple(ident.source_embedding) if ident and ident.source_embedding else None,
         reference_embedding=ident.reference_embedding if ident else None,
-        identity_timeout=None if ident else identity.wait_limit(config),
+        identity_timeout=None if ident or job.people_in_chunks else identity.wait_limit(config),
         reference_distance=job.spec.reference_distance,
         detector_threshold=job.spec.detector.threshold,
         detector_size=job.spec.detector.size,
@@ -341,7 +345,11 @@ def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
     if not rundir.exists():
         assert job.resolved is not None
         rundir.make_dirs()
-        identity.prepare(rundir, identity.request_for(config, job.spec, job.resolved, job.job_id))
+        request = identity.request_for(config, job.spec, job.resolved, job.job_id)
+        if job.people_in_chunks:  # the request alone: what the job reads (usage's bytes in); no step runs
+            rundir.write_file(rundir.layout.identity_request, request.to_json().encode())
+        else:
+            identity.prepare(rundir, request)
         manifests = chunk_manifests(job.plan, manifest_settings(config, job))
         rundir.create(job.file.read_bytes(), job.plan, manifests, Control(job.spec.max_concurrent), image)
     return rundir

@@ -39,10 +39,11 @@ def config_extra() -> dict[str, Any]:
     return {"packing": {"max_items": 5, "window": "5s"}}
 
 
-def _pack_services(swarm: DockerSwarm) -> set[str]:
-    """Chunk services of packs (runner role, job label pack-…) that exist now."""
+def _pack_services(swarm: DockerSwarm, role: str = ROLE_RUNNER) -> set[str]:
+    """Chunk services of packs (runner role, job label pack-…) that exist now; with ``role``
+    "identity", their identity steps."""
     found = set()
-    for svc in swarm.client.api.services(filters={"label": f"{LABEL_ROLE}={ROLE_RUNNER}"}):
+    for svc in swarm.client.api.services(filters={"label": f"{LABEL_ROLE}={role}"}):
         labels = svc["Spec"].get("Labels") or {}
         if str(labels.get(LABEL_JOB, "")).startswith("pack-"):
             found.add(svc["Spec"]["Name"])
@@ -108,9 +109,11 @@ def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: s
     jobs = [job for _, job, _ in posted]
 
     seen: set[str] = set()
+    steps: set[str] = set()
     deadline = time.monotonic() + 420
     while True:
         seen |= _pack_services(swarm)
+        steps |= _pack_services(swarm, "identity")
         assert not _any_services(swarm, jobs), "a small job ran in chunk services of its own"
         phases = {}
         for tenant, job, _ in posted:
@@ -124,6 +127,7 @@ def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: s
     assert all(p == "finished" for p in phases.values()), phases
     assert 1 <= len(seen) <= 4, f"{len(seen)} chunk services: {sorted(seen)}"
     assert len(packs) <= 2, packs
+    assert not steps, f"a pack ran an identity step ({sorted(steps)}): its chunks embed their own people"
 
     outputs: dict[str, bytes] = {}
     for n, (tenant, job, body) in enumerate(posted):

@@ -34,7 +34,9 @@ def new_job(tmp_path: Path, extra: str = "") -> tuple[Config, PreparedJob, RunDi
     )
 
 
-def job_from_text(tmp_path: Path, text: str) -> tuple[Config, PreparedJob, RunDir]:
+def job_from_text(
+    tmp_path: Path, text: str, adjust: Callable[[PreparedJob], PreparedJob] = lambda j: j
+) -> tuple[Config, PreparedJob, RunDir]:
     """A job file's run folder, started, on a small data root (photos crowd/{a,b}.jpg, faces/*.jpg)."""
     root = setup(tmp_path, BASE)
     for rel in ("crowd/b.jpg", "faces/ref.jpg", "faces/blank.jpg"):
@@ -46,6 +48,7 @@ def job_from_text(tmp_path: Path, text: str) -> tuple[Config, PreparedJob, RunDi
     f = tmp_path / "job.yaml"
     f.write_text(text)
     (job,) = prepare(config, [f], new=False)
+    job = adjust(job)
     return config, job, start_run(config, job, IMAGE)
 
 
@@ -131,6 +134,24 @@ def test_a_job_whose_identity_is_known_runs_no_step(tmp_path: Path) -> None:
     swarm = FakeSwarm()
     supervise(config, swarm, job, rundir, IMAGE)
     assert IDENTITY not in [s.name for s in swarm.created]
+
+
+def test_a_job_whose_chunks_embed_their_people_runs_no_step_and_no_chunk_waits(tmp_path: Path) -> None:
+    """A pack (PreparedJob.people_in_chunks): its chunks start at once and embed their own people;
+    resumed, it still runs no step (the decision is read back from its manifests)."""
+    config, packed, rundir = job_from_text(
+        tmp_path,
+        "name: j\nsource: faces/star.jpg\ntargets: [crowd/*.jpg]\noutput: out/{stem}{ext}\nchunk_size: 1\n",
+        lambda j: dataclasses.replace(j, people_in_chunks=True),
+    )
+    assert not rundir.layout.identity.exists()  # no "pending" answer for anyone to wait on
+    assert rundir.layout.identity_request.exists()  # what the job read (usage's bytes in)
+    assert all(rundir.manifest(c.id).identity is None for c in rundir.plan().chunks)
+    swarm = FakeSwarm()
+    supervise(config, swarm, packed, rundir, IMAGE)
+    created = [s.name for s in swarm.created]
+    assert created and not [n for n in created if n.endswith("-identity")], created
+    assert identity.start(config, swarm, runner_settings(config, packed, IMAGE), rundir, "pack") is None
 
 
 def test_a_step_ended_by_its_node_after_answering_counts_as_answered(tmp_path: Path) -> None:
