@@ -14,8 +14,12 @@ processors and their settings, face selection, no_face policy, resources, placem
 the same. A job's name, sources, targets, outputs, retries, timeout and on_complete are its own.
 
 The packer is adaptive: a bucket opens with its first job and is launched once its window has passed
-*and* `serve` has a free job slot; while every slot is busy it keeps taking jobs (up to
-``MAX_PACK_ITEMS``), so a burst makes fewer, fuller packs instead of a queue of tiny ones.
+*and* `serve` has a free job slot *and* a GPU that no other pack holds; while it waits it keeps taking
+jobs (up to ``MAX_PACK_ITEMS``), so a burst makes fewer, fuller packs instead of a queue of tiny ones.
+A pack runs one chunk service per ``PACK_CHUNK_ITEMS`` photos at most, within the GPUs free for packs
+(``width``): measured on the dev swarm (bench_small), packs launched into job slots alone queued
+two chunks each behind one another's on 2 GPUs, every chunk paying its own container start and model
+load (≈ 3 s) for 5–6 photos.
 """
 
 from __future__ import annotations
@@ -56,6 +60,18 @@ def pack_key(job: PreparedJob, settings: PackingSettings, default_image: str) ->
         return None
     same = (spec.image or default_image, *(getattr(spec, name) for name in SHARED_KEYS))
     return hashlib.sha256(repr(same).encode()).hexdigest()
+
+
+PACK_CHUNK_ITEMS = 50  # a pack's photos per chunk service before a second one pays for its own cold start
+
+
+def width(items: int, gpus: int, free: int | None, max_concurrent: int) -> int:
+    """How many chunk services a pack of ``items`` photos runs at once: one per PACK_CHUNK_ITEMS, no
+    more than the ``free`` GPUs no other pack holds (None: unknown, then max_concurrent alone) allow."""
+    n = min(max(1, -(-items // PACK_CHUNK_ITEMS)), max(1, max_concurrent))
+    if gpus > 0 and free is not None:
+        n = min(n, max(1, free // gpus))
+    return n
 
 
 @dataclass(frozen=True)
@@ -103,17 +119,32 @@ class Packer:
             bucket.items += n
         return True
 
-    def due(self, slots: int) -> list[list[Member]]:
-        """At most ``slots`` packs to launch now: full buckets first, then those whose window passed."""
+    def due(self, slots: int, free_gpus: int | None = None) -> list[list[Member]]:
+        """At most ``slots`` packs to launch now: full buckets first, then those whose window passed;
+        with ``free_gpus`` (the GPUs no pack holds), only packs whose chunk fits in what is left."""
         out: list[list[Member]] = []
+        left = free_gpus
+
+        def fits(bucket: _Bucket) -> bool:
+            nonlocal left
+            gpus = bucket.members[0].job.spec.resources.gpus
+            if left is None or gpus == 0:
+                return True
+            if gpus > left:
+                return False
+            left -= gpus
+            return True
+
         with self._lock:
-            while self._full and len(out) < slots:
-                out.append(self._full.pop(0).members)
+            for bucket in list(self._full):
+                if len(out) < slots and fits(bucket):
+                    self._full.remove(bucket)
+                    out.append(bucket.members)
             now = self.clock()
             for key, bucket in sorted(self._open.items(), key=lambda kv: kv[1].opened):
                 if len(out) >= slots:
                     break
-                if now - bucket.opened >= self.settings.window:
+                if now - bucket.opened >= self.settings.window and fits(bucket):
                     out.append(self._open.pop(key).members)
         return out
 

@@ -25,6 +25,7 @@ their labels. A live controller's files are never taken over.
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from controller.config import Config
 from controller.run.handover import HEARTBEAT_SECONDS, HeartbeatFile
 from controller.run.inbox import JOB_SUFFIXES, SETTLE_SECONDS, Inbox
 from controller.run.metrics import Metrics
-from controller.run.packing import Member, Packer
+from controller.run.packing import Member, Packer, width
 from controller.run.serve_jobs import (
     Outcome,
     Running,
@@ -102,6 +103,9 @@ class Server:
         self.retry_after = retry_after
         self.stop = threading.Event()
         self._active: dict[str, threading.Thread] = {}
+        self._pack_gpus: dict[int, int] = {}  # GPUs each running pack holds at most
+        self._pack_ids = itertools.count()
+        self._pack_lock = threading.Lock()
         self.heartbeat = HeartbeatFile(inbox.path, concurrent_jobs, heartbeat_every)
         self.log = log.get(component="serve", inbox=str(inbox.path))
 
@@ -134,16 +138,23 @@ class Server:
         self._active[claimed.name] = thread
         thread.start()
 
-    def start_pack(self, members: list[Member]) -> None:
-        """A pack of held jobs in its own thread (it holds one job slot); each job's file is moved
-        to done/ or failed/ by its own outcome."""
+    def start_pack(self, members: list[Member], parallel: int | None = None) -> None:
+        """A pack of held jobs in its own thread (it holds one job slot and ``parallel`` chunks'
+        GPUs of the packs' budget); each job's file is moved to done/ or failed/ by its own outcome."""
         assert self.slots is not None
+        key = next(self._pack_ids)
+        with self._pack_lock:  # counted before its thread starts: the next launch sees it
+            self._pack_gpus[key] = members[0].job.spec.resources.gpus * (parallel or 1)
 
         def work() -> None:
             try:
-                self.log.info("pack_started", jobs=len(members), files=[m.claimed.name for m in members])
-                outcomes = run_pack(self.config, members, self.metrics, self.book, self.inbox.path / "packs")
+                files = [m.claimed.name for m in members]
+                self.log.info("pack_started", jobs=len(members), parallel=parallel, files=files)
+                folder = self.inbox.path / "packs"
+                outcomes = run_pack(self.config, members, self.metrics, self.book, folder, parallel)
             finally:
+                with self._pack_lock:
+                    self._pack_gpus.pop(key, None)
                 self.slots.release()  # type: ignore[union-attr]
             for m in members:
                 outcome = outcomes[m.job.job_id]
@@ -217,15 +228,29 @@ class Server:
                     free -= 1
             self.stop.wait(min(self.poll, max(beat_due - time.monotonic(), 0.05)))
 
+    def _gpus_free_for_packs(self) -> int | None:
+        """The swarm's GPUs less those the running packs hold (None: the swarm's size unknown, or no GPU). Jobs
+        that run alone are not counted: a pack launched beside them gets its share as their chunks end."""
+        total = self.book.total()
+        if not total:  # unknown, or none yet: packs launch and wait as any job (CapacityError retries)
+            return None
+        with self._pack_lock:
+            return max(total - sum(self._pack_gpus.values()), 0)
+
     def _launch_packs(self) -> int:
         """Packs whose window has passed, each into a free job slot; then how many files to read
         ahead (jobs being read and planned are not yet in a slot)."""
         assert self.packer is not None and self.slots is not None
         while self.slots.acquire(blocking=False):
-            due = self.packer.due(1)
+            free = self._gpus_free_for_packs()
+            due = self.packer.due(1, free)
             if not due:
                 self.slots.release()
                 break
-            self.start_pack(due[0])
+            members = due[0]
+            first = members[0].job.spec
+            items = sum(len(m.job.plan.items) for m in members)
+            parallel = width(items, first.resources.gpus, free, max(m.job.spec.max_concurrent for m in members))
+            self.start_pack(members, parallel)
         preparing = sum(1 for t in self._active.values() if t.name.startswith("job-") and t.is_alive())
         return PREPARE_AHEAD - preparing

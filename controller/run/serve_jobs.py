@@ -206,9 +206,15 @@ def _packed_again(config: Config, rundir: RunDir, pack: str, metrics: Metrics) -
 
 
 def run_pack(
-    config: Config, members: Sequence[Member], metrics: Metrics, book: ShareBook | None, folder: Path
+    config: Config,
+    members: Sequence[Member],
+    metrics: Metrics,
+    book: ShareBook | None,
+    folder: Path,
+    parallel: int | None = None,
 ) -> dict[str, Outcome]:
-    """Small jobs as one pack, to its end: each job's outcome for its inbox file."""
+    """Small jobs as one pack, to its end: each job's outcome for its inbox file. ``parallel``: its
+    chunk services at once (packing.width; None: as many as the swarm's GPUs allow)."""
     share: Share | None = None
     names = [m.job.job_id for m in members]
     try:
@@ -218,7 +224,8 @@ def run_pack(
         gpus = first.spec.resources.gpus
         total = book.total() if book is not None else None
         slots = first.spec.max_concurrent if not gpus or total is None else max(1, total // gpus)
-        parallel = max(1, min(max(m.job.spec.max_concurrent for m in members), slots))
+        if parallel is None:
+            parallel = max(1, min(max(m.job.spec.max_concurrent for m in members), slots))
         tenants = {m.tenant for m in members}
         pack_tenant = tenants.pop() if len(tenants) == 1 else None
         share = join_book(config, book, f"pack:{names[0]}", pack_tenant, gpus)

@@ -14,7 +14,7 @@ from controller.job.files import parse_job_text
 from controller.job.validate import FieldError
 from controller.run import packs, usecase
 from controller.run.jobs import PreparedJob
-from controller.run.packing import Member, Packer, pack_key
+from controller.run.packing import Member, Packer, pack_key, width
 from controller.run.packing_settings import PackingSettings, parse_packing
 from tests.unit.api_helpers import JPEG, make_config
 
@@ -87,6 +87,35 @@ def test_a_bucket_launches_after_its_window_and_a_burst_fills_fewer_bigger_packs
     now[0] = 3.0
     assert [[m.job.job_id for m in p] for p in packer.due(2)] == [["j3"]]
     assert packer.waiting() == 0
+
+
+def test_packs_launch_only_into_gpus_no_other_pack_holds_and_run_one_chunk_per_fifty_photos(tmp_path: Path) -> None:
+    """On 2 GPUs, packs launched into job slots alone queued their chunks behind one another's, each
+    chunk paying a container start and a model load for a handful of photos (bench_small)."""
+    files = {"in/0.jpg": JPEG, "faces/me.jpg": JPEG}
+    gpu = _job(tmp_path, "one", "source: faces/me.jpg\ntargets: [in/0.jpg]\noutput: o/{name}\n", files)
+    cpu_spec = parse_job_text(
+        "name: c\nproviders: [cpu]\nsource: faces/me.jpg\ntargets: [in/0.jpg]\noutput: o/{name}\n"
+        "resources: {gpus: 0}\n",
+        "c",
+    )
+    cpu = dataclasses.replace(gpu, spec=cpu_spec, job_id="c")
+    assert gpu.spec.resources.gpus == 1 and pack_key(gpu, ON, "img") != pack_key(cpu, ON, "img")
+    now = [0.0]
+    packer = Packer(PackingSettings(max_items=5, window=1.0, pack_items=1), "img", clock=lambda: now[0])
+    for n in range(3):  # pack_items 1: each its own full bucket
+        assert packer.offer(Member(Path(f"/inbox/running/g{n}.yaml"), dataclasses.replace(gpu, job_id=f"g{n}"), None))
+    assert packer.offer(Member(Path("/inbox/running/c.yaml"), cpu, None))
+    now[0] = 2.0  # every window has passed
+    assert [[m.job.job_id for m in p] for p in packer.due(4, free_gpus=1)] == [["g0"], ["c"]]  # one GPU free
+    assert packer.due(4, free_gpus=0) == []  # every GPU held by packs: the GPU packs wait, and keep filling
+    assert [[m.job.job_id for m in p] for p in packer.due(4, free_gpus=None)] == [["g1"], ["g2"]]  # unknown
+
+    assert width(12, 1, free=2, max_concurrent=4) == 1  # a handful of photos: one cold start, not two
+    assert width(120, 1, free=2, max_concurrent=4) == 2  # three chunks' worth, two GPUs free
+    assert width(120, 1, free=None, max_concurrent=2) == 2
+    assert width(400, 2, free=5, max_concurrent=8) == 2  # 2-GPU chunks: two fit in five
+    assert width(400, 0, free=0, max_concurrent=3) == 3  # CPU-only packs take no GPU
 
 
 def test_a_pack_is_a_pairs_job_whose_every_item_keeps_its_job_s_person_and_output(tmp_path: Path) -> None:
