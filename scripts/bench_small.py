@@ -3,7 +3,10 @@
 steady rate, run by `ffswarm serve`, side by side in one run:
 
   ceiling  one job holding all N pairs (each its own source and target), posted at once;
-  packed   N one-photo requests at --rate per second, `serve` packing them (packing.max_items 50);
+  packed   N one-photo requests at --rate per second, `serve` packing them (packing.max_items 50):
+           its latency is the goal's (p99 at an offered 10/s); its done/s cannot exceed the rate;
+  packed-burst  the same N requests offered at 100/s, faster than any path finishes them: packing's
+           throughput at saturation, to set beside the ceiling's (posted at once);
   alone    M one-photo requests at the same rate, `serve` without packing: every request its own
            identity step and chunk service (the path before packing; M is small because it is slow).
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -34,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +75,7 @@ class Bench:
             self.configs[name].write_text(yaml.safe_dump(data))
         self.tmp = tmp
         self.jobs: list[str] = []
+        self.packs: dict[str, dict[str, float]] = {}
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, *args: str, config: str = "alone") -> subprocess.Popen[bytes]:
@@ -132,9 +138,8 @@ class Bench:
         return done
 
     def phase(self, name: str, url: str, bodies: list[dict[str, Any]], rate: float, limit: float) -> dict[str, float]:
-        serve = self.start(
-            "serve", "--concurrent-jobs", "4", "--poll", "0.3", config=name if name != "ceiling" else "alone"
-        )
+        config = "packed" if name.startswith("packed") else "alone"
+        serve = self.start("serve", "--concurrent-jobs", "4", "--poll", "0.3", config=config)
         time.sleep(3)  # its heartbeat: the API hands jobs only to a live serve
         try:
             posted = asyncio.run(self.offer(url, bodies, rate))
@@ -145,7 +150,41 @@ class Bench:
         first = min(t for _, t in posted)
         lat = [done[j] - t for j, t in posted]
         items = sum(len(b.get("pairs", [])) or 1 for b in bodies)
-        return {"items": items, "per_s": items / (max(done.values()) - first), "p50": pct(lat, 50), "p99": pct(lat, 99)}
+        row = {"items": items, "per_s": items / (max(done.values()) - first), "p50": pct(lat, 50), "p99": pct(lat, 99)}
+        if config == "packed":
+            self.packs[name] = self.pack_times([j for j, _ in posted], self.tmp / "serve-packed.log")
+        return row
+
+    def pack_times(self, jobs: list[str], serve_log: Path) -> dict[str, float]:
+        """Where the packs' chunk services spent their time, summed over every pack of ``jobs``: from
+        the service's creation (serve's log) to the runner's start, to its models loaded, to its
+        end (the runner's attempt records), and to serve seeing it done. What a runner that stays up
+        for the next pack (issue 18's packing.linger) could save is the first two."""
+        packs = {(self.root / "runs" / j / "packed").read_text().strip() for j in jobs
+                 if (self.root / "runs" / j / "packed").is_file()}  # fmt: skip
+        created: dict[tuple[str, str], float] = {}
+        seen: dict[tuple[str, str], float] = {}
+        for line in serve_log.read_text().splitlines():
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue
+            if d.get("job") in packs and d.get("event") in ("chunk_started", "chunk_done"):
+                at = datetime.fromisoformat(d["timestamp"].replace("Z", "+00:00")).timestamp()
+                (created if d["event"] == "chunk_started" else seen)[(d["job"], d["chunk"])] = at
+        out = {"packs": float(len(packs)), "chunks": 0.0, "start_s": 0.0, "load_s": 0.0, "work_s": 0.0, "seen_s": 0.0}
+        for pack in packs:
+            for record in (self.root / "runs" / pack / "attempts").glob("*.json"):
+                r = json.loads(record.read_text())
+                key = (pack, r["chunk"])
+                if key not in created or not r.get("models_loaded_at") or not r.get("finished"):
+                    continue
+                out["chunks"] += 1
+                out["start_s"] += r["started"] - created[key]
+                out["load_s"] += r["models_loaded_at"] - r["started"]
+                out["work_s"] += r["finished"] - r["models_loaded_at"]
+                out["seen_s"] += seen.get(key, r["finished"]) - r["finished"]
+        return out
 
     def clean(self) -> None:
         for proc in self.procs:
@@ -197,6 +236,8 @@ def main() -> int:
             rows = {
                 "ceiling": bench.phase("ceiling", url, [{**OPTIONS, "name": "ceiling", "pairs": pairs}], 1.0, 1800),
                 "packed": bench.phase("packed", url, [one(n) for n in range(a.requests)], a.rate, 1800),
+                # offered faster than any path finishes them: what packing does at saturation, like the ceiling
+                "packed-burst": bench.phase("packed-burst", url, [one(n) for n in range(a.requests)], 100.0, 1800),
                 "alone": bench.phase("alone", url, [one(n) for n in range(a.alone)], a.rate, 1800),
             }
         finally:
@@ -207,10 +248,18 @@ def main() -> int:
                     shutil.copy(log, a.logs / log.name)
     ceiling = rows["ceiling"]["per_s"]
     print(f"one-photo requests on the dev swarm, offered at {a.rate:g}/s (ceiling: one job of all pairs)")
-    print(f"{'path':<10}{'requests':>9}{'done/s':>9}{'× ceiling':>11}{'× alone':>9}{'p50 s':>8}{'p99 s':>8}")
+    print(f"{'path':<13}{'requests':>9}{'done/s':>9}{'× ceiling':>11}{'× alone':>9}{'p50 s':>8}{'p99 s':>8}")
     for name, r in rows.items():
-        print(f"{name:<10}{r['items']:>9}{r['per_s']:>9.2f}{r['per_s'] / ceiling:>10.2f}×"
+        print(f"{name:<13}{r['items']:>9}{r['per_s']:>9.2f}{r['per_s'] / ceiling:>10.2f}×"
               f"{r['per_s'] / rows['alone']['per_s']:>8.1f}×{r['p50']:>8.1f}{r['p99']:>8.1f}")  # fmt: skip
+    print("packs' chunk services, time summed over them (created → runner started → models loaded → ended → seen):")
+    for name, t in bench.packs.items():
+        total = t["start_s"] + t["load_s"] + t["work_s"] + t["seen_s"]
+        if not t["chunks"] or total <= 0:
+            continue
+        keys = ("start_s", "load_s", "work_s", "seen_s")
+        parts = "  ".join(f"{k[:-2]} {t[k]:.1f} s ({t[k] / total:.0%})" for k in keys)
+        print(f"{name:<13}{int(t['packs'])} packs, {int(t['chunks'])} chunks: {parts}")
     return 0
 
 
