@@ -119,8 +119,8 @@ def parse_spec(text: str, named: str) -> dict[str, Any]:
     return pack.check_spec(data, named)
 
 
-def signature(path: Path, role: str, model: str | None = None) -> tuple[bool, str]:
-    """The graph's inputs/outputs and whether they fit the role (the swapper: the recorded ``model``'s
+def signature(path: Path, role: str, recorded: str | None = None) -> tuple[bool, str]:
+    """The graph's inputs/outputs and whether they fit the role (the swapper: the ``recorded`` model's
     contract, or any swapper's); (True, 'skipped …') without onnx."""
     try:
         import onnx
@@ -144,7 +144,7 @@ def signature(path: Path, role: str, model: str | None = None) -> tuple[bool, st
     text += " → out " + ", ".join(f"{o.name}{dims(o)}:{dtype(o)}" for o in outs)
     if role in ("swapper", "swapper_converter"):  # their contracts: contract/swapper.py, the runner's too
         shapes = [(i.name, dims(i)) for i in ins], [dims(o) for o in outs]
-        why = swapper.graph_problem(model, *shapes) if role == "swapper" else swapper.converter_problem(*shapes)
+        why = swapper.graph_problem(recorded, *shapes) if role == "swapper" else swapper.converter_problem(*shapes)
         return why is None, text if why is None else f"{text} — does not fit a {role}: {why}"
     counted = [i for i in ins if i.name != EXTRA_INPUTS.get(role)]
     n_in, side, n_out = CONTRACTS.get(role, (len(counted), None, None))
