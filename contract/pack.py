@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import processors as registry
+from contract import swapper
 from contract.errors import PackError
 from contract.processors import needs, users
 
@@ -108,14 +109,27 @@ def model_of(spec: dict[str, Any], role: str) -> tuple[str, str | None] | None:
     return None
 
 
-def wrong_model(spec: dict[str, Any], role: str, wanted: str | None, shown: str) -> str | None:
+def wrong_model(
+    spec: dict[str, Any], role: str, wanted: str | None, shown: str, also: Iterable[str] = ()
+) -> str | None:
     """Why a job that expects model ``wanted`` for ``role`` cannot use this checked pack (None: it
-    can — no file for the role, no ``model:`` recorded, the same model, or nothing expected). Both
-    names are in the reason; ``shown`` is the pack's folder as users know it (``models/<pack>``)."""
+    can — no file for the role, no ``model:`` recorded, the same model or one of the names ``also``
+    that mean it, or nothing expected). Both names are in the reason; ``shown`` is the pack's folder
+    as users know it (``models/<pack>``)."""
     found = model_of(spec, role) if wanted else None
-    if found is None or found[1] is None or found[1] == wanted:
+    if found is None or found[1] is None or found[1] == wanted or found[1] in tuple(also):
         return None
     return f"the pack's {role} is {found[0]} ({found[1]} in {shown}/{PACK_FILE}), not {wanted}"
+
+
+def missing_converter(spec: dict[str, Any]) -> str | None:
+    """What a checked pack lacks when its swapper records a model that takes an embedding converter
+    (simswap_256, ghost_256: contract/swapper.py) and no file has role swapper_converter (None: nothing)."""
+    found = model_of(spec, "swapper")
+    model = swapper.recorded_as(found[1]) if found is not None else None
+    if model is None or model.converter is None or "swapper_converter" in roles_of(spec):
+        return None
+    return f"no file with role swapper_converter ({model.model} needs {model.converter})"
 
 
 def parse_licence(value: Any, named: str) -> Licence:
@@ -180,11 +194,13 @@ def missing_roles(
     *,
     filters: bool = False,
     masks: Iterable[str] = (),
+    swapper: str | None = None,
 ) -> None:
     """PackError naming the first role the processors (and, with ``filters``, the selector's gender/age
-    filters; the mask types ``masks`` lists) need that pack.yaml lacks, and its source."""
+    filters; the mask types ``masks`` lists; the swapper model ``swapper``'s converter) need that
+    pack.yaml lacks, and its source."""
     have = roles_of(spec)
-    for need in needs(processors, filters=filters, masks=masks):
+    for need in needs(processors, filters=filters, masks=masks, swapper=swapper):
         if need.role not in have:
             users_ = users(need) or ["every job"]
             raise PackError(
@@ -201,11 +217,12 @@ def verify(
     *,
     filters: bool = False,
     masks: Iterable[str] = (),
+    swapper: str | None = None,
 ) -> Pack:
-    """Check the roles the processors (and the selector's ``filters``, the mask types ``masks``) need
-    and every listed file's sha256 (``spec``: check_spec's)."""
+    """Check the roles the processors (and the selector's ``filters``, the mask types ``masks``, the
+    swapper model ``swapper``'s converter) need and every listed file's sha256 (``spec``: check_spec's)."""
     processors = tuple(processors)
-    missing_roles(pack_dir, spec, processors, shown, filters=filters, masks=masks)
+    missing_roles(pack_dir, spec, processors, shown, filters=filters, masks=masks, swapper=swapper)
     checked = {name: check_file(pack_dir, name, entry["sha256"], shown) for name, entry in spec["files"].items()}
     files = {role: checked[name] for role, name in roles_of(spec).items()}
     name, standin = str(spec.get("name", pack_dir.name)), bool(spec.get("standin"))
@@ -213,14 +230,20 @@ def verify(
 
 
 def not_commercial(
-    spec: dict[str, Any], processors: Iterable[str], *, filters: bool = False, masks: Iterable[str] = ()
+    spec: dict[str, Any],
+    processors: Iterable[str],
+    *,
+    filters: bool = False,
+    masks: Iterable[str] = (),
+    swapper: str | None = None,
 ) -> list[tuple[str, str, Licence | None]]:
     """(role, file, licence) of each model the processors load (detector and recogniser too,
-    genderage with the selector's ``filters``, occluder/face_parser with ``masks``) whose licence
-    pack.yaml does not mark ``commercial: true`` (None: no licence recorded)."""
+    genderage with the selector's ``filters``, occluder/face_parser with ``masks``, the swapper model
+    ``swapper``'s converter) whose licence pack.yaml does not mark ``commercial: true`` (None: no
+    licence recorded)."""
     have = roles_of(spec)
     out: list[tuple[str, str, Licence | None]] = []
-    for role in registry.roles(processors, filters=filters, masks=masks):
+    for role in registry.roles(processors, filters=filters, masks=masks, swapper=swapper):
         name = have.get(role)
         if name is None:
             continue  # missing_roles names it

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from contract.swapper import CONTRACTS, CONVERTERS, converter_of
+
 
 @dataclass(frozen=True)
 class ModelNeed:
@@ -54,8 +56,10 @@ REGISTRY: Mapping[str, ProcessorInfo] = MappingProxyType(
                 needs=(
                     ModelNeed(
                         "swapper",
-                        "inswapper_128.onnx or inswapper_128_fp16.onnx",
-                        "the insightface project (inswapper_128); the fp16 export is FaceFusion's models release",
+                        "inswapper_128.onnx, inswapper_128_fp16.onnx, simswap_256.onnx, hyperswap_1a_256.onnx or "
+                        "ghost_1_256.onnx/ghost_2_256.onnx/ghost_3_256.onnx (face_swapper.model)",
+                        "the insightface project (inswapper_128); FaceFusion's models release for the fp16 export, "
+                        "SimSwap, HyperSwap and GHOST (docs/operations.md#swapper-models)",
                     ),
                 ),
                 job_keys=("face_swapper", "mask"),
@@ -121,6 +125,20 @@ MASK_NEEDS: Mapping[str, ModelNeed] = MappingProxyType(
     }
 )
 
+# The swapper's embedding converter (contract/swapper.py): needed only by a job whose face_swapper.model
+# takes a converted source embedding (simswap_256: crossface_simswap, ghost_256: crossface_ghost)
+CONVERTER_NEEDS: Mapping[str, ModelNeed] = MappingProxyType(
+    {
+        name: ModelNeed(
+            "swapper_converter",
+            f"{file} (pack.yaml model: {name})",
+            "FaceFusion's models release (models-3.4.0: its CrossFace embedding converters, OpenRAIL-MS)",
+        )
+        for name, file in CONVERTERS.items()
+    }
+)
+CONVERTER_USER = "face_swapper.model"  # how a missing converter names what needs it
+
 PROCESSORS = tuple(REGISTRY)  # the names a job file and a manifest may list
 ROLES = tuple(
     dict.fromkeys(
@@ -129,14 +147,18 @@ ROLES = tuple(
             *(r for p in REGISTRY.values() for r in p.roles),
             *(n.role for n in SELECTOR_NEEDS),
             *(n.role for n in MASK_NEEDS.values()),
+            *(n.role for n in CONVERTER_NEEDS.values()),
         ]
     )
 )
 
 
-def needs(processors: Iterable[str], *, filters: bool = False, masks: Iterable[str] = ()) -> tuple[ModelNeed, ...]:
+def needs(
+    processors: Iterable[str], *, filters: bool = False, masks: Iterable[str] = (), swapper: str | None = None
+) -> tuple[ModelNeed, ...]:
     """Every model the detector/recogniser base and the listed processors require, in order
-    (names not in the registry add nothing: the manifest and the job file refuse them); with
+    (names not in the registry add nothing: the manifest and the job file refuse them); the
+    embedding converter of the face swapper's model ``swapper`` when it takes one; with
     ``filters`` (the selector drops faces by gender or age) the genderage model; then the models of
     the mask types ``masks`` lists (occluder, face_parser) when a processor pastes faces back."""
     processors = tuple(processors)
@@ -144,6 +166,8 @@ def needs(processors: Iterable[str], *, filters: bool = False, masks: Iterable[s
     for p in processors:
         info = REGISTRY.get(p)
         out.extend(info.needs if info is not None else ())
+        if p == "face_swapper" and (converter := converter_of(swapper)) is not None:
+            out.append(CONVERTER_NEEDS[converter])
     if filters:
         out.extend(SELECTOR_NEEDS)
     if any("mask" in REGISTRY[p].job_keys for p in processors if p in REGISTRY):
@@ -151,11 +175,13 @@ def needs(processors: Iterable[str], *, filters: bool = False, masks: Iterable[s
     return tuple(out)
 
 
-def roles(processors: Iterable[str], *, filters: bool = False, masks: Iterable[str] = ()) -> tuple[str, ...]:
+def roles(
+    processors: Iterable[str], *, filters: bool = False, masks: Iterable[str] = (), swapper: str | None = None
+) -> tuple[str, ...]:
     """Which models to load for a manifest: detector and recogniser, plus what the processors need
-    (and genderage when the selector ``filters``, occluder/face_parser when ``masks`` lists
-    occlusion/region)."""
-    return tuple(n.role for n in needs(processors, filters=filters, masks=masks))
+    (the swapper model ``swapper``'s converter, genderage when the selector ``filters``,
+    occluder/face_parser when ``masks`` lists occlusion/region)."""
+    return tuple(n.role for n in needs(processors, filters=filters, masks=masks, swapper=swapper))
 
 
 def check_order(processors: Iterable[str]) -> str | None:
@@ -177,4 +203,7 @@ def users(need: ModelNeed) -> list[str]:
         return [SELECTOR_USER]
     if need in MASK_NEEDS.values():
         return [f"mask.types: {t}" for t, n in MASK_NEEDS.items() if n == need]
+    if need in CONVERTER_NEEDS.values():
+        takers = [c.model for c in CONTRACTS.values() if CONVERTER_NEEDS.get(c.converter or "") == need]
+        return [f"{CONVERTER_USER} {m}" for m in takers]
     return [name for name, info in REGISTRY.items() if need in info.needs]

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from contract import pack
+from contract import pack, swapper
 from contract.errors import PackError
 from contract.pack import PACK_FILE, check_file, roles_of
 from controller import redact
@@ -41,7 +41,8 @@ CHUNK = 1 << 20
 CONTRACTS: dict[str, tuple[int, int | None, set[int] | None]] = {
     "detector": (1, None, {6, 9, 10, 15}),  # SCRFD: 3 strides x score/bbox(/kps) (+batched variants)
     "recognizer": (1, 112, {1}),
-    "swapper": (2, 128, {1}),
+    "swapper": (2, None, {1, 2}),  # its contract per model: contract/swapper.py (graph_problem)
+    "swapper_converter": (1, None, {1}),  # simswap_256/ghost_256's CrossFace: [N, 512] → [N, 512]
     "enhancer": (1, 512, {1}),
     "genderage": (1, 96, {1}),  # insightface's Attribute model: the selector's gender/age filters
     "occluder": (1, None, {1}),  # mask.types occlusion, FaceFusion's xseg: NHWC [1, 256, 256, 3] (the runner checks it)
@@ -51,8 +52,10 @@ CONTRACTS: dict[str, tuple[int, int | None, set[int] | None]] = {
 EXTRA_INPUTS = {"enhancer": "weight"}
 
 
-def contract_text(role: str) -> str:
-    """What a graph for ``role`` must look like (CONTRACTS), in words, for ``models verify``."""
+def contract_text(role: str, model: str | None = None) -> str:
+    """What a graph for ``role`` (recorded as ``model``) must look like, in words, for ``models verify``."""
+    if role in ("swapper", "swapper_converter"):  # per model: contract/swapper.py
+        return swapper.describe(role, model)
     if role not in CONTRACTS:
         return f"none known for role {role!r} (roles: {', '.join(CONTRACTS)})"
     n_in, side, n_out = CONTRACTS[role]
@@ -116,8 +119,9 @@ def parse_spec(text: str, named: str) -> dict[str, Any]:
     return pack.check_spec(data, named)
 
 
-def signature(path: Path, role: str) -> tuple[bool, str]:
-    """The graph's inputs/outputs and whether they fit the role; (True, 'skipped …') without onnx."""
+def signature(path: Path, role: str, recorded: str | None = None) -> tuple[bool, str]:
+    """The graph's inputs/outputs and whether they fit the role (the swapper: the ``recorded`` model's
+    contract, or any swapper's); (True, 'skipped …') without onnx."""
     try:
         import onnx
     except ImportError:
@@ -138,6 +142,10 @@ def signature(path: Path, role: str) -> tuple[bool, str]:
     outs = list(model.graph.output)
     text = "in " + ", ".join(f"{i.name}{dims(i)}:{dtype(i)}" for i in ins)
     text += " → out " + ", ".join(f"{o.name}{dims(o)}:{dtype(o)}" for o in outs)
+    if role in ("swapper", "swapper_converter"):  # their contracts: contract/swapper.py, the runner's too
+        shapes = [(i.name, dims(i)) for i in ins], [dims(o) for o in outs]
+        why = swapper.graph_problem(recorded, *shapes) if role == "swapper" else swapper.converter_problem(*shapes)
+        return why is None, text if why is None else f"{text} — does not fit a {role}: {why}"
     counted = [i for i in ins if i.name != EXTRA_INPUTS.get(role)]
     n_in, side, n_out = CONTRACTS.get(role, (len(counted), None, None))
     shape = dims(counted[0]) if counted else []
@@ -156,12 +164,12 @@ def verify(pack_dir: Path) -> PackReport:
         return PackReport(pack_dir, [], [str(e)])
     files: list[FileReport] = []
     for name, entry in spec["files"].items():
-        role = str(entry.get("role"))
-        report = FileReport(name, role, True, contract=contract_text(role), licence=licence_text(entry))
+        role, model = str(entry.get("role")), entry.get("model")
+        report = FileReport(name, role, True, contract=contract_text(role, model), licence=licence_text(entry))
         try:
             check_file(pack_dir, name, entry["sha256"])
             report.notes.append(f"sha256 ok, {(pack_dir / name).stat().st_size} bytes")
-            fits, text = signature(pack_dir / name, role)
+            fits, text = signature(pack_dir / name, role, model)
             report.ok = fits
             report.notes.append(text)
         except PackError as e:
@@ -170,6 +178,7 @@ def verify(pack_dir: Path) -> PackReport:
         files.append(report)
     have = roles_of(spec)
     problems = [f"no file with role {r}" for r in ("detector", "recognizer", "swapper") if r not in have]
+    problems += [why] if (why := pack.missing_converter(spec)) else []  # a simswap/ghost swapper's converter
     return PackReport(pack_dir, files, problems)
 
 

@@ -43,6 +43,30 @@ def estimate(landmarks: np.ndarray, size: int) -> np.ndarray:
     return np.asarray(matrix, dtype=np.float64)
 
 
+def onto(landmarks: np.ndarray, points: np.ndarray, size: int) -> np.ndarray:
+    """The 2×3 similarity taking five landmarks onto ``points`` (fractions of the side) of a ``size``²
+    crop, fitted as FaceFusion 3.x's ``estimate_matrix_by_face_landmark_5`` fits it (RANSAC, threshold
+    100 px); degenerate landmarks (OpenCV finds no fit) get the least-squares similarity instead."""
+    src = np.asarray(landmarks, dtype=np.float32).reshape(5, 2)
+    dst = np.asarray(points, dtype=np.float32).reshape(5, 2) * np.float32(size)
+    matrix, _ = cv2.estimateAffinePartial2D(src, dst, method=cv2.RANSAC, ransacReprojThreshold=100)
+    if matrix is not None:
+        return np.asarray(matrix, dtype=np.float64)
+    # u = a·x − b·y + tx, v = b·x + a·y + ty, solved for (a, b, tx, ty); lstsq copes with a rank loss
+    rows = [[x, -y, 1.0, 0.0] for x, y in src] + [[y, x, 0.0, 1.0] for x, y in src]
+    a, b, tx, ty = np.linalg.lstsq(np.asarray(rows, np.float64), np.r_[dst[:, 0], dst[:, 1]], rcond=None)[0]
+    return np.array([[a, -b, tx], [b, a, ty]], dtype=np.float64)
+
+
+def crop_onto(image: np.ndarray, landmarks: np.ndarray, points: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The face warped onto a template's ``points`` in a ``size``² crop as FaceFusion 3.x warps a
+    swapper's crop (``warp_face_by_face_landmark_5``: edge pixels replicated, area interpolation),
+    and the matrix that made it."""
+    matrix = onto(landmarks, points, size)
+    out = cv2.warpAffine(image, matrix, (size, size), borderMode=cv2.BORDER_REPLICATE, flags=cv2.INTER_AREA)
+    return out, matrix
+
+
 def crop(image: np.ndarray, landmarks: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """The aligned ``size``² crop and the matrix that made it (to paste the result back)."""
     matrix = estimate(landmarks, size)

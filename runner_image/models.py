@@ -23,8 +23,9 @@ from typing import Any
 import onnxruntime as ort
 
 from contract.pack import ROLES, Pack, sha256_file
+from contract.swapper import SWAPPER_MODEL, contract_of
 
-from . import genderage, masks
+from . import genderage, masks, swappers
 from .errors import MissingInput, Temporary
 from .frame_enhancer import FrameEnhancer
 from .insightface_lite import model_zoo
@@ -36,7 +37,8 @@ ORT_NAMES = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
 DET_SIZE = (640, 640)
 DET_THRESH = 0.5
 INSIGHTFACE_ROLES = ("detector", "recognizer", "swapper")  # loaded through insightface's model_zoo
-BARE_ROLES = ("enhancer", "frame_enhancer", "genderage", "occluder", "face_parser")  # plain onnxruntime sessions
+# plain onnxruntime sessions (insightface has no class for these)
+BARE_ROLES = ("enhancer", "frame_enhancer", "genderage", "occluder", "face_parser", "swapper_converter")
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ class Models:
 
     detector: Any
     recognizer: Any
-    swapper: Any  # None unless loaded (the identity subcommand needs no swapper)
+    swapper: Any  # insightface's INSwapper, or a swappers.SwapperModel (simswap, hyperswap, ghost); None unless loaded
     provider: str  # "cuda" | "cpu": what onnxruntime granted, not what was asked
     threads: int
     notes: list[str] = field(default_factory=list)  # fallbacks worth a warning line
@@ -134,9 +136,14 @@ def load_models(
     det_size: int = DET_SIZE[0],
     det_thresh: float = DET_THRESH,
     roles: Sequence[str] = INSIGHTFACE_ROLES,
+    swapper_model: str = SWAPPER_MODEL,
 ) -> Models:
     """Create the sessions once for the whole chunk. insightface prints to stdout, which is our
-    JSON log stream, so its chatter is sent to stderr while it loads."""
+    JSON log stream, so its chatter is sent to stderr while it loads. ``swapper_model``: the
+    manifest's; a model insightface does not know (simswap, hyperswap, ghost) is a plain session
+    whose contract runner_image/swappers.py checks."""
+    contract = contract_of(swapper_model)
+    bare = BARE_ROLES if contract.family == "inswapper" else (*BARE_ROLES, "swapper")
     plan = plan_providers(requested, ort.get_available_providers())
     threads = cpu_budget()
     notes = [plan.fallback] if plan.fallback else []
@@ -144,7 +151,7 @@ def load_models(
     with contextlib.redirect_stdout(sys.stderr):
         for role in roles:
             try:
-                if role in BARE_ROLES:  # insightface has no class for these: plain sessions
+                if role in bare:  # insightface has no class for these: plain sessions
                     model = _Bare(
                         ort.InferenceSession(
                             str(pack.files[role]),
@@ -175,6 +182,9 @@ def load_models(
             raise Temporary(f"CUDAExecutionProvider failed to initialise (got {sorted(granted)}); cpu is not allowed")
         notes.append(f"CUDAExecutionProvider failed to initialise; running on {sorted(granted)}")
     _check_roles(pack, loaded)
+    if "swapper" in bare and "swapper" in loaded:  # its contract (and its converter's) checked now
+        bound: dict[str, Any] = {r: loaded[r].session for r in ("swapper", "swapper_converter") if r in loaded}
+        loaded["swapper"] = swappers.load(contract, bound, pack.files, pack.shown)
     loaded["detector"].prepare(0, input_size=(det_size, det_size), det_thresh=det_thresh)
     enhancer = loaded["enhancer"].session if "enhancer" in loaded else None
     frame = None
@@ -206,6 +216,8 @@ def _check_roles(pack: Pack, loaded: dict[str, Any]) -> None:
     """insightface routes by graph shape; a file in the wrong role is a broken pack, not a bug."""
     expected = {"detector": "SCRFD", "recognizer": "ArcFaceONNX", "swapper": "INSwapper"}
     for role, cls in expected.items():
+        if role in loaded and isinstance(loaded[role], _Bare):
+            continue  # not insightface's: runner_image/swappers.py checks it
         if role in loaded and type(loaded[role]).__name__ != cls:
             raise MissingInput(
                 f"model pack {pack.shown}: {pack.files[role].name} loads as {type(loaded[role]).__name__}, not a {role}"

@@ -34,11 +34,14 @@ def verify_pack(
     *,
     filters: bool = False,
     masks: Iterable[str] = (),
+    swapper: str | None = None,
 ) -> Pack:
     """Check pack.yaml, the roles the processors (and the selector's ``filters``: genderage) need, and
     every listed file's sha256. ``shown``: how reasons name the folder (the runner passes its
-    data-root-relative path); ``masks``: the mask types (occlusion: the occluder, region: the face parser)."""
+    data-root-relative path); ``masks``: the mask types (occlusion: the occluder, region: the face parser);
+    ``swapper``: the face swapper's model (simswap_256, ghost_256: its embedding converter too)."""
     try:
-        return pack.verify(pack_dir, read_spec(pack_dir, shown), processors, shown, filters=filters, masks=masks)
+        spec = read_spec(pack_dir, shown)
+        return pack.verify(pack_dir, spec, processors, shown, filters=filters, masks=masks, swapper=swapper)
     except PackError as e:
         raise MissingInput(str(e)) from e

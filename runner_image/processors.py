@@ -22,8 +22,9 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from contract.manifest import Manifest
+from contract.swapper import contract_of
 
-from . import masks, pixel_boost, swap
+from . import masks, pixel_boost, swap, swappers
 from .errors import MissingInput
 from .face_enhancers import FaceEnhancer
 from .faces import Face
@@ -39,9 +40,18 @@ class Processor(Protocol):
         """Change ``faces`` of ``frame`` in place, reporting inference as "swap", blending as "paste"."""
 
 
+class FaceSwap(Protocol):
+    """A swapper bound to the chunk's identity: swap.Swapper (inswapper) or swappers.EmbeddingSwapper."""
+
+    @property
+    def needs_target(self) -> bool: ...
+
+    def swap(self, image: np.ndarray, face: Face, target: np.ndarray | None = None) -> swap.Swapped: ...
+
+
 @dataclass
 class FaceSwapper:
-    swapper: swap.Swapper
+    swapper: FaceSwap
     feather: float
     padding: float
     name: str = "face_swapper"
@@ -69,9 +79,17 @@ Factory = Callable[[Manifest, Any, np.ndarray], Processor]  # (manifest, loaded 
 
 
 def _face_swapper(manifest: Manifest, models: Any, identity: np.ndarray) -> Processor:
-    swapper = swap.Swapper(
-        models.swapper, identity, pixel_boost=manifest.swapper_pixel_boost, weight=manifest.swapper_weight
-    )
+    boost, weight = manifest.swapper_pixel_boost, manifest.swapper_weight
+    loaded = models.swapper
+    if isinstance(loaded, swappers.SwapperModel) != (contract_of(manifest.swapper_model).family != "inswapper") or (
+        isinstance(loaded, swappers.SwapperModel) and loaded.contract.model != manifest.swapper_model
+    ):  # load_models reads the manifest's model; this guards models loaded by hand for another
+        raise MissingInput(f"face_swapper: the loaded swapper is not the manifest's {manifest.swapper_model}")
+    swapper: FaceSwap
+    if isinstance(loaded, swappers.SwapperModel):
+        swapper = swappers.EmbeddingSwapper(loaded, identity, pixel_boost=boost, weight=weight)
+    else:
+        swapper = swap.Swapper(loaded, identity, pixel_boost=boost, weight=weight)
     return FaceSwapper(swapper, manifest.mask_feather, manifest.mask_padding, recognizer=models.recognizer)
 
 

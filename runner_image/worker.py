@@ -144,14 +144,16 @@ def _run_pending(
     filters = selector.of(manifest).filters  # gender/age: the genderage model too
     pack_dir, shown = inv.root.path(manifest.pack_dir), user_path(manifest.pack_dir)
     mask_types = manifest.mask_types  # occlusion, region: the occluder, the face parser too
-    pack = models.verify_pack(pack_dir, manifest.processors, shown, filters=filters, masks=mask_types)
+    swapper = manifest.swapper_model  # simswap_256, ghost_256: its embedding converter too
+    pack = models.verify_pack(pack_dir, manifest.processors, shown, filters=filters, masks=mask_types, swapper=swapper)
     t_verify = time.perf_counter() - t0
     loaded = models.load_models(
         pack,
         manifest.providers,
         det_size=manifest.detector_size,
         det_thresh=manifest.detector_threshold,
-        roles=registry.roles(manifest.processors, filters=filters, masks=mask_types),
+        roles=registry.roles(manifest.processors, filters=filters, masks=mask_types, swapper=swapper),
+        swapper_model=swapper,
     )
     cv2.setNumThreads(loaded.threads)
     log.bind(provider=loaded.provider)

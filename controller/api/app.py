@@ -108,9 +108,7 @@ class Api:
                 opts = submit.options(up.job)
                 if "name" in opts:  # the id carries the name the caller chose
                     job = await asyncio.to_thread(submit.fresh_id, area, submit._name(opts))
-                accepted = await asyncio.to_thread(
-                    submit.submit_upload, self.config, area, job, up, opts, self.objects
-                )
+                accepted = await asyncio.to_thread(submit.submit_upload, self.config, area, job, up, opts, self.objects)
         base = f"/v1/jobs/{accepted.job}"
         body_out: dict[str, Any] = {"id": accepted.job, "status_url": base, "events_url": f"{base}/events"}
         if accepted.notes:

@@ -194,9 +194,7 @@ def default_output(area: Area, data: Mapping[str, Any], job: str) -> str:
     return area.s3.url(rel) if area.s3 is not None and in_store else rel
 
 
-def submit_json(
-    config: Config, tenant: Tenant, area: Area, data: object, objects: Objects | None = None
-) -> Accepted:
+def submit_json(config: Config, tenant: Tenant, area: Area, data: object, objects: Objects | None = None) -> Accepted:
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_job", "the body must be a JSON object of job fields")
     check_quota(config, tenant, area)

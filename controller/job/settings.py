@@ -21,7 +21,7 @@ from contract.masks import DEFAULT_TYPES, REGIONS, regions_problem, types_proble
 from contract.photo import PHOTO_QUALITY, PHOTO_SCALE, quality_problem, scale_problem
 from contract.processors import FACE_ENHANCER_MODELS
 from contract.selector import AGE_LIMITS, DEFAULT_ORDER, GENDERS, ORDERS, age_problem
-from contract.swapper import PIXEL_BOOST, SWAPPER_MODEL, SWAPPER_MODELS, SWAPPER_WEIGHT, pixel_boost_problem
+from contract.swapper import SWAPPER_MODEL, SWAPPER_MODELS, SWAPPER_WEIGHT, own_boost, pixel_boost_problem
 from controller.job.validate import FieldError, check_choice, check_int, check_number, check_range, check_str, show
 
 _NAME = r"[a-z0-9-]{1,40}"
@@ -163,21 +163,22 @@ class FrameEnhancerSettings:
 
 @dataclass(frozen=True)
 class SwapperSettings:
-    """face_swapper: which inswapper model the job expects (checked against the pack's ``model:``),
-    the aligned crop's side (``pixel_boost``: 128 is the model's own, larger ones are swapped as
-    interleaved 128-pixel tiles) and how much of the source identity goes in (``weight``: 1 all of
-    it, 0 the target face's own). The defaults are the swap as it always was (contract/swapper.py)."""
+    """face_swapper: which swapper model the job expects (checked against the pack's ``model:``;
+    contract/swapper.py CONTRACTS), the aligned crop's side (``pixel_boost``: left out, the model's
+    own — 128 for inswapper, 256 for the others; larger ones are swapped as interleaved tiles of the
+    model's side) and how much of the source identity goes in (``weight``: 1 all of it, 0 the target
+    face's own). The defaults are the swap as it always was."""
 
     model: str = SWAPPER_MODEL
-    pixel_boost: int = PIXEL_BOOST
+    pixel_boost: int | None = None
     weight: float = SWAPPER_WEIGHT
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or self.model not in SWAPPER_MODELS:
-            choices = ", ".join(SWAPPER_MODELS)
-            why = f"choose from {choices}; the other swapper models are not built yet"
+            why = f"choose from {', '.join(SWAPPER_MODELS)}"
             raise FieldError("model", f"unknown face_swapper model {show(self.model)} ({why})")
-        if (boost := pixel_boost_problem(self.pixel_boost)) is not None:
+        object.__setattr__(self, "pixel_boost", own_boost(self.model, self.pixel_boost))
+        if (boost := pixel_boost_problem(self.pixel_boost, self.model)) is not None:
             raise FieldError("pixel_boost", f"{boost}, got {show(self.pixel_boost)}")
         # both ends allowed: 0 keeps the target's identity, 1 is the source's alone
         object.__setattr__(self, "weight", check_range(self.weight, "weight", 0, 1))

@@ -22,7 +22,7 @@ from contract.pack import missing_roles, not_commercial, wrong_model
 from contract.photo import PhotoTuning
 from contract.s3 import S3Url, is_s3
 from contract.selector import Selector
-from contract.swapper import SwapperTuning
+from contract.swapper import SwapperTuning, contract_of, converter_of
 from controller import policy as admission
 from controller.config import Config
 from controller.errors import FfswarmError, JobFileError, MissingInputError, UsageError
@@ -204,19 +204,21 @@ def check_pack(config: Config, spec: JobSpec, file: Path) -> None:
         )
     try:
         pack_spec = read_spec(pack_dir, shown)
-        masks = spec.mask.types  # occlusion, region: the occluder, the face parser
-        missing_roles(pack_dir, pack_spec, spec.processors, shown, filters=spec.selector.filters, masks=masks)
+        masks, swapper = spec.mask.types, spec.face_swapper.model  # the occluder/face parser, the converter
+        filters = spec.selector.filters
+        missing_roles(pack_dir, pack_spec, spec.processors, shown, filters=filters, masks=masks, swapper=swapper)
     except PackError as e:
         raise MissingInputError(f"{file}: models: {e}") from None
     if spec.licence == "commercial":
         check_commercial(pack_spec, spec, file, shown)
-    # each enhancer's ``model`` against what the pack's file records (pack.yaml ``model:``)
-    for processor, role, wanted in (
-        ("frame_enhancer", "frame_enhancer", spec.frame_enhancer.model),
-        ("face_enhancer", "enhancer", spec.face_enhancer.model),
-        ("face_swapper", "swapper", spec.face_swapper.model),
+    # each model a processor expects against what the pack's file records (pack.yaml ``model:``)
+    for processor, role, wanted, also in (
+        ("frame_enhancer", "frame_enhancer", spec.frame_enhancer.model, ()),
+        ("face_enhancer", "enhancer", spec.face_enhancer.model, ()),
+        ("face_swapper", "swapper", swapper, contract_of(swapper).recorded),
+        ("face_swapper", "swapper_converter", converter_of(swapper), ()),
     ):
-        why = wrong_model(pack_spec, role, wanted, shown) if processor in spec.processors else None
+        why = wrong_model(pack_spec, role, wanted, shown, also) if processor in spec.processors else None
         if why is not None:
             raise JobFileError(str(file), f"{processor}.model", why)
 
@@ -224,7 +226,8 @@ def check_pack(config: Config, spec: JobSpec, file: Path) -> None:
 def check_commercial(pack_spec: dict[str, Any], spec: JobSpec, file: Path, shown: str) -> None:
     """``licence: commercial``: every model the job's processors load (detector and recogniser too)
     must be marked ``commercial: true`` in pack.yaml; a refusal names each other one (exit 65)."""
-    refused = not_commercial(pack_spec, spec.processors, filters=spec.selector.filters, masks=spec.mask.types)
+    filters, masks, swapper = spec.selector.filters, spec.mask.types, spec.face_swapper.model
+    refused = not_commercial(pack_spec, spec.processors, filters=filters, masks=masks, swapper=swapper)
     if not refused:
         return
     each = "; ".join(

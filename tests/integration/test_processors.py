@@ -3,6 +3,8 @@
 - The gender filter: of a photo's three faces (tests/unit/test_selector.py three_faces: two the
   stand-in genderage model judges female, one male), `selector: {gender: male}` changes only the male
   face and `{gender: female}` only the other two; in a video of that photo too, in every frame.
+- The 256-pixel swapper models (simswap_256, hyperswap_1a_256, ghost_256): one job per source each
+  changes the face, differently per source, and nothing far from it.
 - The face enhancer models: CodeFormer's fidelity weight changes what comes out (weight 0 and 1 differ),
   while a GFPGAN-contract model ignores it; a job naming a model other than its pack's is refused.
 
@@ -193,3 +195,45 @@ def test_pixel_boost_swaps_the_face_in_more_detail_and_nothing_else(workspace: W
     far = np.ones(before.shape[:2], bool)
     far[max(0, y1 - (y2 - y1)) : y2 + (y2 - y1), max(0, x1 - (x2 - x1)) : x2 + (x2 - x1)] = False
     assert np.abs(got[256].astype(int) - got[128].astype(int))[far].max() <= 3  # the rest of the photo alike
+
+
+@pytest.mark.parametrize("model", ["simswap_256", "hyperswap_1a_256", "ghost_256"])
+def test_each_256_swapper_model_swaps_the_face_per_source_and_leaves_the_rest(workspace: Workspace, model: str) -> None:
+    """face_swapper.model simswap_256 / hyperswap_1a_256 / ghost_256 on the swarm: the pack holds that
+    model's stand-in (and its embedding converter, tests/fixtures/standin_swappers.py); one job per
+    source person changes the astronaut's face, differently per source, and not the far background."""
+    ws = workspace
+    folder = ws.root / "models" / f"{ws.job}-{model[:4]}"
+    standin_pack.build_pack(folder, folder.name, swapper=model)
+    chown_tree(folder, ws.config.runner_uid_gid())
+    try:
+        target = photos.astronaut(ws.dir / "in")
+        people = photos.face_photos(ws.dir / "src", 2)
+        chown_tree(ws.dir, ws.config.runner_uid_gid())
+        got = []
+        for n, source in enumerate(people):
+            out = f"{ws.rel(ws.dir)}/out-{model[:4]}-{n}"
+            name = f"{ws.job}-{model[:4]}{n}"
+            f = ws.dir / "jobs" / f"{name}.yaml"
+            f.parent.mkdir(exist_ok=True)
+            f.write_text(
+                f"name: {name}\nsource: {ws.rel(source)}\ntargets: [{ws.rel(target)}]\noutput: {out}/{{stem}}{{ext}}\n"
+                f"models: {folder.name}\n{COMMON}face_swapper: {{model: {model}, pixel_boost: 512}}\n"
+            )
+            try:
+                proc = ws.ffswarm("submit", str(f))
+            finally:
+                shutil.rmtree(ws.root / "runs" / name, ignore_errors=True)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            got.append(cv2.imread(str(ws.root / out / target.name)).astype(int))
+        before = cv2.imread(str(target)).astype(int)
+        x1, y1, x2, y2 = photos.ASTRONAUT_FACE
+        region = (slice(y1, y2), slice(x1, x2))
+        assert np.abs(got[0] - before)[region].mean() > 5  # the face changed …
+        assert np.abs(got[0] - got[1])[region].mean() > 2  # … and differently for each source
+        far = np.ones(before.shape[:2], bool)
+        far[max(0, y1 - (y2 - y1)) : y2 + (y2 - y1), max(0, x1 - (x2 - x1)) : x2 + (x2 - x1)] = False
+        for out_image in got:
+            assert np.abs(out_image - before)[far].max() <= 3  # the rest of the photo as it was (JPEG's rounding)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

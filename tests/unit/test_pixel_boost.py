@@ -54,17 +54,16 @@ def test_the_design_example_and_every_choice_are_accepted() -> None:
             assert isinstance(sw.weight, float)
 
 
-@pytest.mark.parametrize("model", ["simswap_256", "hyperswap_1a_256", "INSWAPPER_128", "", 3, None])
-def test_another_model_is_refused_naming_the_field_the_choices_and_that_others_are_not_built(model: object) -> None:
+@pytest.mark.parametrize("model", ["simswap_512", "hyperswap_1b_256", "ghost_1_256", "INSWAPPER_128", "", 3, None])
+def test_another_model_is_refused_naming_the_field_and_the_choices(model: object) -> None:
     with pytest.raises(JobFileError) as e:
         parse(json.dumps({"model": model}))
     assert e.value.field == "face_swapper.model" and e.value.exit_code == 65
     assert "unknown face_swapper model" in e.value.reason
-    assert "choose from inswapper_128, inswapper_128_fp16" in e.value.reason
-    assert "not built yet" in e.value.reason
+    assert "choose from inswapper_128, inswapper_128_fp16, simswap_256, hyperswap_1a_256, ghost_256" in e.value.reason
 
 
-@pytest.mark.parametrize("boost", [64, 200, 384, 2048, "256", "256x256", True, 256.0, None])
+@pytest.mark.parametrize("boost", [64, 200, 384, 2048, "256", "256x256", True, 256.0])
 def test_a_pixel_boost_outside_the_choices_is_refused_naming_the_field_and_the_choices(boost: object) -> None:
     with pytest.raises(JobFileError) as e:
         parse(json.dumps({"pixel_boost": boost}))
@@ -117,7 +116,7 @@ def test_defaults_are_left_out_and_an_old_manifest_reads_as_the_defaults() -> No
 @pytest.mark.parametrize(
     ("field", "value", "words"),
     [
-        ("swapper_model", "simswap_256", "swapper_model must be one of inswapper_128, inswapper_128_fp16"),
+        ("swapper_model", "simswap_512", "swapper_model must be one of inswapper_128, inswapper_128_fp16, simswap_256"),
         ("swapper_model", 3, "swapper_model must be a string"),
         ("swapper_pixel_boost", 300, "swapper_pixel_boost must be one of 128, 256, 512, 1024"),
         ("swapper_pixel_boost", 2048, "swapper_pixel_boost must be one of 128, 256, 512, 1024"),
@@ -283,9 +282,7 @@ def test_pixel_boost_256_adds_detail_to_the_face_and_leaves_the_rest_of_the_phot
     assert np.array_equal(at256[outside], image[outside]) and np.array_equal(at128[outside], image[outside])
 
 
-def test_the_fp16_model_runs_boosted_too(
-    tmp_path: Path, loaded: models.Models, images: dict[str, np.ndarray]
-) -> None:
+def test_the_fp16_model_runs_boosted_too(tmp_path: Path, loaded: models.Models, images: dict[str, np.ndarray]) -> None:
     fp16 = models.load_models(models.verify_pack(build_pack(tmp_path, fp16=True, enhancer=False).parent), ("cpu",))
     identity = _identity(loaded, images["t1"])
     out16 = _apply(fp16, images["astronaut"], identity, swapper_pixel_boost=256, swapper_weight=0.5)

@@ -156,4 +156,3 @@ def test_the_watch_counts_only_its_own_attempts_lines(tmp_path: Path) -> None:
     os.unlink(layout.results("c0001", 2))
     os.mkfifo(layout.results("c0001", 2))
     assert att.read_results(layout.results("c0001", 2)) == 2  # a FIFO now: not read, no hang
-

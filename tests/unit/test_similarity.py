@@ -20,9 +20,7 @@ from skimage.transform import SimilarityTransform as Theirs
 from runner_image.similarity import SimilarityTransform as Ours
 
 ROOT = Path(__file__).resolve().parents[2]
-ARCFACE = np.array(
-    [[38.2946, 51.6963], [73.5318, 51.5014], [56.0252, 71.7366], [41.5493, 92.3655], [70.7299, 92.2041]]
-)
+ARCFACE = np.array([[38.2946, 51.6963], [73.5318, 51.5014], [56.0252, 71.7366], [41.5493, 92.3655], [70.7299, 92.2041]])
 
 
 def cases() -> list[np.ndarray]:
