@@ -37,7 +37,7 @@ from controller.job.files import JobFileErrors, parse_job, parse_job_text
 from controller.job.resolve import resolve_job
 from controller.job.spec import JobSpec
 from controller.run import handover
-from controller.run.jobs import check_pack
+from controller.run.pack_checks import check_pack
 from controller.storage.errors import StorageTemporaryError
 
 if TYPE_CHECKING:

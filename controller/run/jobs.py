@@ -14,15 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from contract.errors import PackError
 from contract.identity import IdentityResult
 from contract.identity_table import identity_id
 from contract.masks import Masks
-from contract.pack import missing_roles, not_commercial, wrong_model
 from contract.photo import PhotoTuning
 from contract.s3 import S3Url, is_s3
 from contract.selector import Selector
-from contract.swapper import SwapperTuning, contract_of, converter_of
+from contract.swapper import SwapperTuning
 from controller import policy as admission
 from controller.config import Config
 from controller.errors import FfswarmError, JobFileError, MissingInputError, UsageError
@@ -32,8 +30,8 @@ from controller.job.plan import AUTO_MAX_CHUNK, ManifestSettings, Plan, TargetRe
 from controller.job.resolve import ResolvedJob, resolve_job
 from controller.job.spec import JobSpec
 from controller.job.validate import FieldError
-from controller.models import read_spec
 from controller.run import identity, status, timings
+from controller.run.pack_checks import check_pack
 from controller.run.rundir import Control, RunDir, next_job_id
 from controller.swarm.backend import SwarmBackend
 from controller.swarm.servicespec import RunnerSettings, SecretMount, chunk_service
@@ -189,57 +187,6 @@ def chunk_cap(config: Config, spec: JobSpec, targets: Sequence[TargetRef]) -> in
         return AUTO_MAX_CHUNK
     timing = timings.lookup(config.data_root, spec.models, spec.providers)
     return timing.chunk_cap(float(spec.timeout)) if timing else AUTO_MAX_CHUNK
-
-
-def check_pack(config: Config, spec: JobSpec, file: Path) -> None:
-    """The pack exists and has a file for every role the job's processors need, each of whose
-    licences allows commercial use when the job says ``licence: commercial`` (no hashing here: the
-    identity step verifies every checksum on a GPU node, where the files are read anyway)."""
-    shown = f"models/{spec.models}"  # reasons name paths relative to the data root, as users know them
-    pack_dir = config.data_root / shown
-    if not (pack_dir / "pack.yaml").is_file():
-        raise MissingInputError(
-            f"{file}: models: pack {spec.models!r} not found: {shown}/pack.yaml does not exist "
-            f"(install one with `ffswarm models fetch` or see docs/operations.md#models)"
-        )
-    try:
-        pack_spec = read_spec(pack_dir, shown)
-        masks, swapper = spec.mask.types, spec.face_swapper.model  # the occluder/face parser, the converter
-        filters = spec.selector.filters
-        missing_roles(pack_dir, pack_spec, spec.processors, shown, filters=filters, masks=masks, swapper=swapper)
-    except PackError as e:
-        raise MissingInputError(f"{file}: models: {e}") from None
-    if spec.licence == "commercial":
-        check_commercial(pack_spec, spec, file, shown)
-    # each model a processor expects against what the pack's file records (pack.yaml ``model:``)
-    for processor, role, wanted, also in (
-        ("frame_enhancer", "frame_enhancer", spec.frame_enhancer.model, ()),
-        ("face_enhancer", "enhancer", spec.face_enhancer.model, ()),
-        ("face_swapper", "swapper", swapper, contract_of(swapper).recorded),
-        ("face_swapper", "swapper_converter", converter_of(swapper), ()),
-    ):
-        why = wrong_model(pack_spec, role, wanted, shown, also) if processor in spec.processors else None
-        if why is not None:
-            raise JobFileError(str(file), f"{processor}.model", why)
-
-
-def check_commercial(pack_spec: dict[str, Any], spec: JobSpec, file: Path, shown: str) -> None:
-    """``licence: commercial``: every model the job's processors load (detector and recogniser too)
-    must be marked ``commercial: true`` in pack.yaml; a refusal names each other one (exit 65)."""
-    filters, masks, swapper = spec.selector.filters, spec.mask.types, spec.face_swapper.model
-    refused = not_commercial(pack_spec, spec.processors, filters=filters, masks=masks, swapper=swapper)
-    if not refused:
-        return
-    each = "; ".join(
-        f"{name} ({role}): " + (f"licence {lic.name!r}, not for commercial use" if lic else "licence unknown")
-        for role, name, lic in refused
-    )
-    raise JobFileError(
-        str(file),
-        "licence",
-        f"commercial use needs every model to allow it, and model pack {shown} has {each} "
-        f"(pack.yaml's licence entries: docs/operations.md#models)",
-    )
 
 
 def _rel(config: Config, p: Path | S3Url) -> str:

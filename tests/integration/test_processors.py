@@ -233,7 +233,9 @@ def test_each_256_swapper_model_swaps_the_face_per_source_and_leaves_the_rest(wo
         assert np.abs(got[0] - got[1])[region].mean() > 2  # … and differently for each source
         far = np.ones(before.shape[:2], bool)
         far[max(0, y1 - (y2 - y1)) : y2 + (y2 - y1), max(0, x1 - (x2 - x1)) : x2 + (x2 - x1)] = False
+        # the rest of the photo as it was: alike in both outputs, and the input's but for JPEG's re-encoding
+        assert np.abs(got[0] - got[1])[far].max() <= 3
         for out_image in got:
-            assert np.abs(out_image - before)[far].max() <= 3  # the rest of the photo as it was (JPEG's rounding)
+            assert np.abs(out_image - before)[far].mean() <= 1.0, np.abs(out_image - before)[far].mean()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
