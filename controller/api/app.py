@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from controller import log
-from controller.api import idempotency, links, objects, ops, page, page_openapi, results, submit, uploads, views
+from controller.api import idempotency, links, objects, ops, page, page_openapi, quota, results, submit, uploads, views
 from controller.api import usage as api_usage
 from controller.api.area import Area, run_owner
 from controller.api.auth import Authenticator, JwtVerifier, read_key_file
@@ -98,7 +98,7 @@ class Api:
                 raise ApiError(400, "bad_request", "the body is not JSON") from None
             accepted = await asyncio.to_thread(submit.submit_json, self.config, tenant, area, data, self.objects)
         else:
-            await asyncio.to_thread(submit.check_quota, self.config, tenant, area)
+            await asyncio.to_thread(quota.check_quota, self.config, tenant, area)
             name = "job"
             job = await asyncio.to_thread(submit.fresh_id, area, name)
             with Staging(self.config.data_root, tenant.name, job) as staging:  # locked until it is moved or gone

@@ -141,22 +141,27 @@ class Area:
 
     def stored_bytes(self, stop_after: int | None = None) -> int:
         """Bytes of regular files in the area (links not followed); stops counting past ``stop_after``."""
-        total = 0
-        stack = [str(self.path)]
-        while stack:
-            folder = stack.pop()
+        return tree_bytes(self.path, stop_after)
+
+
+def tree_bytes(path: Path, stop_after: int | None = None) -> int:
+    """Bytes of regular files under ``path`` (links not followed); stops counting past ``stop_after``."""
+    total = 0
+    stack = [str(path)]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for e in entries:
             try:
-                entries = list(os.scandir(folder))
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    total += e.stat(follow_symlinks=False).st_size
             except OSError:
                 continue
-            for e in entries:
-                try:
-                    if e.is_dir(follow_symlinks=False):
-                        stack.append(e.path)
-                    elif e.is_file(follow_symlinks=False):
-                        total += e.stat(follow_symlinks=False).st_size
-                except OSError:
-                    continue
-            if stop_after is not None and total > stop_after:
-                return total
-        return total
+        if stop_after is not None and total > stop_after:
+            return total
+    return total

@@ -29,8 +29,9 @@ import yaml
 
 from controller.api.area import Area, JobRecord
 from controller.api.errors import ApiError, not_found
+from controller.api.quota import RETRY_AFTER, check_quota
 from controller.api.settings import Tenant
-from controller.api.submit import RETRY_AFTER, check_quota, inbox
+from controller.api.submit import inbox
 from controller.config import Config
 from controller.errors import FfswarmError, UsageError
 from controller.job.files import parse_job_text

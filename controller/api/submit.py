@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from contract.layout import RunLayout
 from contract.s3 import is_s3
 from controller import policy as admission
-from controller.api.area import Area, new_job_id
+from controller.api import quota
+from controller.api.area import Area, new_job_id, tree_bytes
 from controller.api.errors import ApiError
 from controller.api.objects import Objects
+from controller.api.quota import RETRY_AFTER, check_quota
 from controller.api.settings import Tenant
 from controller.api.unzip import Unpacked, ZipLimits, unpack
 from controller.api.uploads import Upload
@@ -45,9 +46,6 @@ if TYPE_CHECKING:
 
 _NAME = re.compile(r"[a-z0-9-]{1,31}")
 _PATH_FIELDS = ("source", "targets", "output", "reference", "pairs")
-RETRY_AFTER = "30"
-
-
 @dataclass(frozen=True)
 class Accepted:
     job: str
@@ -71,38 +69,6 @@ def fresh_id(area: Area, name: str) -> str:
         if not area.id_taken(job):
             return job
     raise ApiError(503, "busy", "no free job id was found; try again", headers={"Retry-After": "1"})
-
-
-def check_quota(config: Config, tenant: Tenant, area: Area) -> None:
-    """429 while the tenant has as many unfinished jobs as its quota, or its area is full."""
-    queued = 0
-    for job in area.jobs():
-        if not _ended(config, job, area):
-            queued += 1
-            if queued >= tenant.quota.jobs_queued:  # enough said: the rest need not be looked at
-                break
-    if queued >= tenant.quota.jobs_queued:
-        raise ApiError(
-            429, "over_quota", f"{queued} jobs are not finished; this tenant may have {tenant.quota.jobs_queued}",
-            headers={"Retry-After": RETRY_AFTER},
-        )  # fmt: skip
-    if area.stored_bytes(tenant.quota.stored) >= tenant.quota.stored:
-        raise ApiError(
-            429, "over_quota", f"the tenant's area holds {tenant.quota.stored} bytes or more, its quota",
-            headers={"Retry-After": RETRY_AFTER},
-        )  # fmt: skip
-
-
-def _ended(config: Config, job: str, area: Area) -> bool:
-    box = inbox(config)
-    if os.path.lexists(area.records / f"{job}.retry"):  # retried (controller/api/ops.py): until serve is done
-        lease = RunLayout.host(config.data_root, job).lease
-        return not (os.path.lexists(box / f"{job}.yaml") or os.path.lexists(lease))
-    if any(os.path.lexists(box / d / f"{job}.yaml") for d in ("done", "failed")):
-        return True
-    # Its report exists: a stat, not a parse (reading every finished job's report made each submit
-    # cost as much as all the tenant's earlier jobs: 11 of 12 s at 600 jobs, scripts/bench_api.py).
-    return os.path.isfile(RunLayout.host(config.data_root, job).report)
 
 
 def _to_root(value: Any, prefix: str) -> Any:
@@ -256,6 +222,7 @@ def submit_upload(
         }
         fields.setdefault("output", f"out/{job}/{template}")
         hand_over(config, area, job, validate(config, area, fields, job, objects), uploads=True)
+        quota.BOOK.add_stored(area, tree_bytes(final))
         return Accepted(job, tuple(notes))
     except BaseException:
         shutil.rmtree(up.staging, ignore_errors=True)
