@@ -94,11 +94,16 @@ def _mtime(vol: Volume, rel: str) -> float | None:
         return None
 
 
+DIRECT = 32  # outputs at most whose claims `conflict` reads one by one instead of listing every shard
+
+
 def conflict(data_root: Path, job: str, outputs: Sequence[str]) -> tuple[list[str], str] | None:
     """The outputs (relative to the data root) another live job claims, and that job; None when
-    none does. Reads one listing per shard folder, then only the claims that exist."""
+    none does. A job of a few outputs reads their claims alone (a one-photo request among 50,000
+    claimed outputs: one read, not 256 listings); a bigger one reads one listing per shard folder,
+    then only the claims that exist."""
     vol = Volume(data_root)
-    existing = _existing_claims(data_root)
+    existing = {key(rel) for rel in outputs} if len(outputs) <= DIRECT else _existing_claims(data_root)
     if not existing:
         return None
     holders: dict[str, bool] = {}

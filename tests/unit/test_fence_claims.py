@@ -109,6 +109,10 @@ def test_two_live_jobs_never_claim_one_output(tmp_path: Path) -> None:
     assert claims.release(root, "first") == 2
     assert claims.conflict(root, "second", outputs) is None
     assert claims.conflict(root, "second", ["other/p1.jpg"]) == (["other/p1.jpg"], "third")
+    # a big job's outputs are looked up through the shard listings: the same answer
+    many = [f"big/{n}.jpg" for n in range(claims.DIRECT + 5)]
+    assert claims.conflict(root, "second", [*many, "other/p1.jpg"]) == (["other/p1.jpg"], "third")
+    assert claims.conflict(root, "second", many) is None
 
 
 def test_claims_of_an_ended_or_cancelled_job_are_taken_over(tmp_path: Path) -> None:
