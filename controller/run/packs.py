@@ -281,8 +281,11 @@ def start(
     parallel: int,
     sinks: Sequence[SinkFactory] = (),
     share: Share | None = None,
+    chunks_done: Callable[[], None] | None = None,
 ) -> dict[str, Report]:
-    """Make the pack and its jobs' folders, then run it to its end; each job's report."""
+    """Make the pack and its jobs' folders, then run it to its end; each job's report. ``chunks_done``
+    is called once the pack's chunks have ended, before its jobs' reports are written (`serve` gives
+    the pack's GPUs to the next pack meanwhile)."""
     pack_id = new_pack_id()
     prepared, record = build(config, members, pack_id, folder, parallel)
     pack, _ = usecase.open_or_start(config, backend, prepared)
@@ -300,7 +303,15 @@ def start(
         jobs[m.job.job_id] = _Job(rundir, m.job.spec, m.job.plan, record[m.job.job_id]["items"])
     os.sync()
     runner = PackRun(config, backend, pack, jobs)
-    return runner.run(lambda: usecase.run(config, backend, prepared, sinks, share=share))
+
+    def run_pack() -> Report:
+        try:
+            return usecase.run(config, backend, prepared, sinks, share=share)
+        finally:
+            if chunks_done is not None:
+                chunks_done()
+
+    return runner.run(run_pack)
 
 
 def resume(config: Config, backend: SwarmBackend, pack_id: str, sinks: Sequence[SinkFactory] = ()) -> dict[str, Report]:

@@ -61,6 +61,7 @@ __all__ = [
 
 MAX_STARTS = 3  # a file still in running/ after this many controller starts is moved to failed/
 RETRY_SECONDS = 30.0  # a job the swarm could not take (exit 69) waits this long in the inbox, then runs again
+PACK_AHEAD_GPUS = 1  # packs are launched while this many GPUs more than are free would fit them
 PREPARE_AHEAD = 16  # with packing: files being read and planned at once (each then packed or run)
 
 
@@ -146,15 +147,18 @@ class Server:
         with self._pack_lock:  # counted before its thread starts: the next launch sees it
             self._pack_gpus[key] = members[0].job.spec.resources.gpus * (parallel or 1)
 
+        def release_gpus() -> None:
+            with self._pack_lock:
+                self._pack_gpus.pop(key, None)
+
         def work() -> None:
             try:
                 files = [m.claimed.name for m in members]
                 self.log.info("pack_started", jobs=len(members), parallel=parallel, files=files)
                 folder = self.inbox.path / "packs"
-                outcomes = run_pack(self.config, members, self.metrics, self.book, folder, parallel)
+                outcomes = run_pack(self.config, members, self.metrics, self.book, folder, parallel, release_gpus)
             finally:
-                with self._pack_lock:
-                    self._pack_gpus.pop(key, None)
+                release_gpus()
                 self.slots.release()  # type: ignore[union-attr]
             for m in members:
                 outcome = outcomes[m.job.job_id]
@@ -235,7 +239,7 @@ class Server:
         if not total:  # unknown, or none yet: packs launch and wait as any job (CapacityError retries)
             return None
         with self._pack_lock:
-            return max(total - sum(self._pack_gpus.values()), 0)
+            return total - sum(self._pack_gpus.values())  # below 0 while a pack waits ahead
 
     def _launch_packs(self) -> int:
         """Packs whose window has passed, each into a free job slot; then how many files to read
@@ -243,7 +247,9 @@ class Server:
         assert self.packer is not None and self.slots is not None
         while self.slots.acquire(blocking=False):
             free = self._gpus_free_for_packs()
-            due = self.packer.due(1, free)
+            # one pack more than the free GPUs is made ready ahead: its folders are made while the
+            # others run, and its chunk starts the moment one of them ends (the share book waits it)
+            due = self.packer.due(1, None if free is None else free + PACK_AHEAD_GPUS)
             if not due:
                 self.slots.release()
                 break

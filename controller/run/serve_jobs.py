@@ -212,9 +212,12 @@ def run_pack(
     book: ShareBook | None,
     folder: Path,
     parallel: int | None = None,
+    chunks_done: Callable[[], None] | None = None,
 ) -> dict[str, Outcome]:
     """Small jobs as one pack, to its end: each job's outcome for its inbox file. ``parallel``: its
-    chunk services at once (packing.width; None: as many as the swarm's GPUs allow)."""
+    chunk services at once (packing.width; None: as many as the swarm's GPUs allow). Once its chunks
+    have ended it leaves the GPU share book and calls ``chunks_done``, while its jobs' reports are
+    still being written."""
     share: Share | None = None
     names = [m.job.job_id for m in members]
     try:
@@ -230,7 +233,15 @@ def run_pack(
         pack_tenant = tenants.pop() if len(tenants) == 1 else None
         share = join_book(config, book, f"pack:{names[0]}", pack_tenant, gpus)
         sink: SinkFactory = lambda rundir, job: metrics.sink(rundir, job.spec.resources.gpus)  # noqa: E731
-        reports = packs.start(config, backend, members, folder, parallel, [sink], share)
+        seat = share
+
+        def released() -> None:
+            if seat is not None:
+                seat.leave()
+            if chunks_done is not None:
+                chunks_done()
+
+        reports = packs.start(config, backend, members, folder, parallel, [sink], share, released)
     except CapacityError as e:
         return {n: Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}", retry=True) for n in names}
     except FfswarmError as e:

@@ -76,6 +76,44 @@ timeout: 10m
     assert report["counts"]["ok"] == 3 and report["counts"]["no_face"] == 1, report["counts"]
 
 
+def test_the_x4_frame_enhancer_makes_photos_four_times_larger(workspace: Workspace) -> None:
+    """frame_enhancer.model real_esrgan_x4: the pack's x4 stand-in, tiled like x2; every photo output,
+    a kept one without a face too, is four times larger and otherwise the photo."""
+    ws = workspace
+    folder = ws.root / "models" / f"{ws.job}-x4"
+    standin_pack.build_pack(folder, folder.name, enhancer=False, frame_scale=4)
+    chown_tree(folder, ws.config.runner_uid_gid())
+    try:
+        star = photos.astronaut(ws.dir / "faces")
+        made = photos.face_photos(ws.dir / "in", 1)
+        blank = photos.no_face_photo(ws.dir / "in")
+        chown_tree(ws.dir, ws.config.runner_uid_gid())
+        out = ws.dir / "out4"
+        job_file = ws.write_job(f"""
+name: {ws.job}
+source: {ws.rel(star)}
+targets: [{ws.rel(ws.dir / "in")}/*]
+output: {ws.rel(out)}/{{stem}}{{ext}}
+models: {folder.name}
+processors: [face_swapper, frame_enhancer]
+frame_enhancer: {{model: real_esrgan_x4}}
+no_face: copy
+providers: [cpu]
+resources: {{gpus: 1, gpu_kind: GPU, memory: 2g}}
+retries: 0
+timeout: 10m
+""")
+        proc = ws.ffswarm("submit", str(job_file))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        for f in [*made, blank]:
+            before, after = cv2.imread(str(f)), cv2.imread(str(out / f.name))
+            assert after is not None and after.shape == (before.shape[0] * 4, before.shape[1] * 4, 3), f.name
+            plain = cv2.resize(before, after.shape[1::-1], interpolation=cv2.INTER_LINEAR)
+            assert np.median(np.abs(after.astype(np.int16) - plain.astype(np.int16))) <= 3, f.name
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def test_frame_enhancer_before_a_face_step_is_refused_naming_processors(workspace: Workspace, pack: str) -> None:
     ws = workspace
     star = photos.astronaut(ws.dir / "faces")

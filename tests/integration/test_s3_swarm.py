@@ -205,8 +205,13 @@ def test_a_runner_killed_mid_chunk_leaves_whole_objects_and_the_retry_never_writ
     for key in first:  # committed by the killed attempt, not written again by the retry
         assert out[key]["meta"][META_ATTEMPT] == "1" and out[key]["data"] == killer.seen_after_kill[key]["data"]
     # every object the killed attempt committed ends as an ok item and is never written again (its
-    # metadata still says attempt 1, its bytes unchanged: asserted above). Whether the retry skips the item
-    # outright (its own ok line made it), says `cached`, or redoes the work and finds the same bytes there
-    # depends on where the kill landed: the last is not yet prevented (see docs/storage.md)
-    ok = {r.output.rsplit("/", 1)[-1] for r in results_of(ws) if r.status is ItemStatus.OK and r.output}
+    # metadata still says attempt 1, its bytes unchanged: asserted above), and its work is never redone:
+    # the retry skips the item (its own ok line made it), says `cached`, or — killed between the PUT and
+    # the result line — records it from the commit journal (its first line, so not `cached`); either way
+    # the retry's line is written without processing the photo (started == finished)
+    lines = results_of(ws)
+    ok = {r.output.rsplit("/", 1)[-1] for r in lines if r.status is ItemStatus.OK and r.output}
     assert {k.rsplit("/", 1)[-1] for k in first} <= ok
+    names = {k.rsplit("/", 1)[-1] for k in first}
+    again = [r for r in lines if r.attempt > 1 and r.output and r.output.rsplit("/", 1)[-1] in names]
+    assert all(r.started == r.finished for r in again), [(r.item, r.cached, r.started, r.finished) for r in again]
