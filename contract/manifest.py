@@ -19,6 +19,7 @@ from typing import Any
 
 from contract import processors
 from contract.errors import ManifestError
+from contract.handoff import check_linger
 from contract.identity_table import Identity, check_id, check_people, read_table, table_dict
 from contract.layout import RunLayout
 from contract.manifest_checks import OPTIONAL, check_tuning
@@ -211,6 +212,9 @@ class Manifest:
     identities: dict[str, Identity] = field(default_factory=dict, hash=False)
     # How to reach the store when any item, source or identity photo is s3:// (required then).
     storage: StorageAccess | None = None
+    # A pack's chunk service may wait this long after its chunk for the next one (contract/handoff.py)
+    linger: float = 0.0
+    handoff: str | None = None  # container path of the hand-off file it waits on
 
     def __post_init__(self) -> None:
         if self.schema not in SCHEMA_VERSIONS:
@@ -233,6 +237,7 @@ class Manifest:
             require_location(s, "source")
         if self.identity is not None:
             require_container_path(self.identity, "identity")
+        check_linger(self.linger, self.handoff)
         if self.storage is not None and not isinstance(self.storage, StorageAccess):
             raise ManifestError("storage: not a StorageAccess")
         if self.storage is None and self.s3_urls():

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from contract import processors
 from contract.errors import ManifestError
+from contract.handoff import LINGER_FIELDS
 from contract.masks import MASK_FIELDS, check_masks
 from contract.photo import PHOTO_FIELDS, check_photo
 from contract.selector import Selector
@@ -41,6 +42,7 @@ OPTIONAL = (
     *MASK_FIELDS,
     *SWAPPER_FIELDS,
     *PHOTO_FIELDS,
+    *LINGER_FIELDS,
 )
 
 

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from contract.errors import ManifestError
+from contract.handoff import read_fields as linger_fields
 from contract.masks import read_fields as mask_fields
 from contract.photo import read_fields as photo_fields
 from contract.s3 import StorageAccess
@@ -45,6 +46,7 @@ def optional_fields(data: dict[str, Any]) -> dict[str, Any]:
     out.update(mask_fields(data))  # mask_types, mask_regions
     out.update(swapper_fields(data))  # swapper_model, swapper_pixel_boost, swapper_weight
     out.update(photo_fields(data))  # photo_quality, photo_scale
+    out.update(linger_fields(data))  # linger, handoff
     if "detector_size" in data:
         value = data["detector_size"]
         if not isinstance(value, int) or isinstance(value, bool):

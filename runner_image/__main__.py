@@ -17,18 +17,20 @@ import os
 import signal
 import sys
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
+from typing import Any
 
 from contract.errors import ManifestError
 from contract.exits import RunnerExit
-from contract.manifest import ENV_ATTEMPT, ENV_MANIFEST
+from contract.manifest import ENV_ATTEMPT, ENV_MANIFEST, Manifest
 
 from . import log
 from .errors import BadManifest, RunnerError, Terminated
 from .identity import run_identity
+from .linger import run_lingering
 from .record import AttemptRecorder
-from .volume import ENV_DATA_ROOT, DataRoot
+from .volume import ENV_DATA_ROOT, DataRoot, read_manifest
 from .worker import invocation_from_env, run_attempt
 
 EXIT_TERMINATED = 128 + signal.SIGTERM  # what a shell reports for SIGTERM: "killed", infrastructure
@@ -74,18 +76,46 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     sink = log.configure()
     logger = log.get()
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        if identity:
+            return _one(
+                lambda recorder: run_identity(DataRoot.from_env(env, args.data_root), args.request, sink), logger
+            )
+
+        def chunk(manifest: str, attempt_text: str) -> int:
+            def attempt(recorder: AttemptRecorder) -> int:
+                try:
+                    n = _attempt(attempt_text)
+                except ValueError:
+                    raise BadManifest(f"attempt must be an integer ≥ 1, got {attempt_text!r}") from None
+                return run_attempt(invocation_from_env(env, manifest, n, args.data_root), sink, recorder)
+
+            code = _one(attempt, logger)
+            log.clear()
+            return code
+
+        code = chunk(args.manifest, args.attempt)
+        first = _lingering(env, args)
+        if first is not None:  # a pack's chunk service waits for the next chunk (runner_image/linger.py)
+            try:
+                code = run_lingering(first[0], first[1], lambda m, a: chunk(m, str(a)), code)
+            except Terminated:
+                logger.warning("terminated by SIGTERM while lingering", exit_code=EXIT_TERMINATED)
+                code = EXIT_TERMINATED
+        return code
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        sink.detach()
+        log.reset()
+
+
+def _one(run: Callable[[AttemptRecorder], int], logger: Any) -> int:
+    """One attempt (or the identity step) with its ending mapped to an exit code and recorded."""
     recorder = AttemptRecorder()  # the attempt's record, once the manifest says whose (record.py)
     code: int = RunnerExit.INTERNAL  # what the record says if something escapes the handlers below
     reason: str | None = None
     try:
-        if identity:
-            code = run_identity(DataRoot.from_env(env, args.data_root), args.request, sink)
-        else:
-            try:
-                attempt = _attempt(args.attempt)
-            except ValueError:
-                raise BadManifest(f"attempt must be an integer ≥ 1, got {args.attempt!r}") from None
-            code = run_attempt(invocation_from_env(env, args.manifest, attempt, args.data_root), sink, recorder)
+        code = run(recorder)
     except Terminated:
         logger.warning("terminated by SIGTERM", exit_code=EXIT_TERMINATED)
         code, reason = EXIT_TERMINATED, "terminated by SIGTERM"
@@ -99,11 +129,18 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         code, reason = RunnerExit.INTERNAL, f"internal error: {type(e).__name__}: {e}"
         logger.exception("runner failed", exit_code=int(code), kind="internal error")
     finally:
-        signal.signal(signal.SIGTERM, previous)
         recorder.finish(int(code), reason, logger)
-        sink.detach()
-        log.reset()
     return int(code)
+
+
+def _lingering(env: Mapping[str, str], args: argparse.Namespace) -> tuple[DataRoot, Manifest] | None:
+    """The first manifest, when it says to linger after it (None: exit now, as always)."""
+    try:
+        root = DataRoot.from_env(env, args.data_root)
+        manifest = read_manifest(root, args.manifest)
+    except (RunnerError, ManifestError, OSError, ValueError):
+        return None
+    return (root, manifest) if manifest.linger > 0 and manifest.handoff else None
 
 
 if __name__ == "__main__":

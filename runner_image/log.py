@@ -90,6 +90,11 @@ def reset() -> None:
     structlog.reset_defaults()
 
 
+def clear() -> None:
+    """Forget the fields bound for the attempt that ended (a lingering runner's next one binds its own)."""
+    structlog.contextvars.clear_contextvars()
+
+
 def bind(**values: Any) -> None:
     """Add fields to every following line of this attempt (job, chunk, attempt, gpu …)."""
     structlog.contextvars.bind_contextvars(**values)

@@ -16,6 +16,7 @@ Chunk-level problems raise errors.RunnerError subclasses that ``__main__`` maps 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -47,6 +48,9 @@ from .volume import (
 )
 
 STAGES = pipeline.STAGES
+# The models of this process's last chunk, by what loaded them: a lingering runner's next chunk of the
+# same kind (contract/handoff.py) runs on them without verifying and loading the pack again.
+_KEPT: dict[tuple[Any, ...], tuple[Any, models.Models]] = {}
 
 
 @dataclass(frozen=True)
@@ -145,16 +149,30 @@ def _run_pending(
     pack_dir, shown = inv.root.path(manifest.pack_dir), user_path(manifest.pack_dir)
     mask_types = manifest.mask_types  # occlusion, region: the occluder, the face parser too
     swapper = manifest.swapper_model  # simswap_256, ghost_256: its embedding converter too
-    pack = models.verify_pack(pack_dir, manifest.processors, shown, filters=filters, masks=mask_types, swapper=swapper)
-    t_verify = time.perf_counter() - t0
-    loaded = models.load_models(
-        pack,
-        manifest.providers,
-        det_size=manifest.detector_size,
-        det_thresh=manifest.detector_threshold,
-        roles=registry.roles(manifest.processors, filters=filters, masks=mask_types, swapper=swapper),
-        swapper_model=swapper,
-    )
+    roles = registry.roles(manifest.processors, filters=filters, masks=mask_types, swapper=swapper)
+    key = (str(pack_dir), _pack_files(pack_dir), manifest.processors, manifest.providers, manifest.detector_size,
+           manifest.detector_threshold, tuple(roles), swapper, filters, mask_types)  # fmt: skip
+    # a lingering runner's models from its earlier chunk (contract/handoff.py), its pack's files unchanged
+    kept = _KEPT.get(key) if manifest.linger > 0 else None
+    if kept is not None:
+        pack, loaded = kept
+        t_verify = 0.0
+    else:
+        _KEPT.clear()
+        pack = models.verify_pack(
+            pack_dir, manifest.processors, shown, filters=filters, masks=mask_types, swapper=swapper
+        )
+        t_verify = time.perf_counter() - t0
+        loaded = models.load_models(
+            pack,
+            manifest.providers,
+            det_size=manifest.detector_size,
+            det_thresh=manifest.detector_threshold,
+            roles=roles,
+            swapper_model=swapper,
+        )
+        if manifest.linger > 0:
+            _KEPT[key] = (pack, loaded)
     cv2.setNumThreads(loaded.threads)
     log.bind(provider=loaded.provider)
     for note in loaded.notes:
@@ -169,7 +187,9 @@ def _run_pending(
         threads=loaded.threads,
         verify_s=round(t_verify, 3),
         load_s=round(t_load, 3),
-        process_s=(cold_start := log.process_age()),  # the cold start: exec, imports, verify, load
+        # the cold start: exec, imports, verify, load (a lingering runner's next chunk: none but this attempt's)
+        process_s=(cold_start := log.process_age() if kept is None else round(time.time() - recorder.started, 3)),
+        kept=kept is not None,
     )
     recorder.models_loaded(loaded.provider, loaded.threads, cold_start, logger)
     manifest = await_identity(inv.root, manifest, logger)
@@ -214,6 +234,16 @@ def _run_pending(
     with journal:
         pipeline.run_items(engine, pending, inflight(loaded.provider, loaded.threads), record)
     return failed
+
+
+def _pack_files(pack_dir: Any) -> tuple[tuple[str, int, int, int], ...]:
+    """Each file of the pack folder as it is now (name, size, mtime, inode; links not followed)."""
+    try:
+        with os.scandir(pack_dir) as entries:
+            files = [(e.name, e.stat(follow_symlinks=False)) for e in entries]
+    except OSError:
+        return ()
+    return tuple(sorted((n, st.st_size, st.st_mtime_ns, st.st_ino) for n, st in files))
 
 
 def inflight(provider: str, threads: int) -> int:
