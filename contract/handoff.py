@@ -32,6 +32,11 @@ _ID = r"[a-z0-9][a-z0-9-]{0,79}"
 _MANIFEST = re.compile(re.escape(CONTAINER_DATA_ROOT) + rf"/runs/{_ID}/chunks/{_ID}\.json")
 
 
+def lane_file(chunk: str) -> str:
+    """The hand-off file's name, in ``chunks/`` of the run folder of the pack that started the lane."""
+    return f"{chunk}.lane.json"
+
+
 def check_linger(linger: Any, handoff: Any) -> None:
     """The manifest's two fields; ManifestError naming the first one refused."""
     number = isinstance(linger, int | float) and not isinstance(linger, bool)

@@ -16,6 +16,7 @@ from typing import Any
 
 from contract.errors import ManifestError
 from contract.ffmpeg import SEGMENT_EXT
+from contract.handoff import lane_file
 from contract.identity_table import IDENTITY_ID, Identity
 from contract.layout import RunLayout
 from contract.manifest import (
@@ -331,6 +332,9 @@ class ManifestSettings:
     # How runners reach the object store (the credentials file: the Swarm secret mounted in them);
     # given when the job names any s3:// object, and then in every manifest of the job.
     storage: StorageAccess | None = None
+    # A pack with packing.linger: each chunk's runner may wait this long for the next pack, on the
+    # hand-off file beside its manifest (contract/handoff.py, controller/run/lanes.py)
+    linger: float = 0.0
 
 
 def _c(rel: str) -> str:
@@ -388,6 +392,8 @@ def chunk_manifests(plan: Plan, settings: ManifestSettings) -> dict[str, Manifes
             schema=schema,
             identities=_table(members[c.id], settings) if settings.identities else {},
             storage=settings.storage,
+            linger=settings.linger,
+            handoff=f"{layout.dir}/chunks/{lane_file(c.id)}" if settings.linger > 0 else None,
         )
         for c in plan.chunks
     }

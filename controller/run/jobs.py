@@ -48,6 +48,7 @@ class PreparedJob:
     # No identity step: each chunk's runner embeds the people its own items use (a pack: its members'
     # people are few per chunk, and the step's container would cost the pack seconds; packs.py)
     people_in_chunks: bool = False
+    linger: float = 0.0  # a pack's: its chunk services may wait this long for the next pack (lanes.py)
 
 
 SwarmFactory = Callable[[], SwarmBackend]  # the command's one backend, built when first asked for
@@ -226,6 +227,7 @@ def manifest_settings(config: Config, job: PreparedJob, ident: IdentityResult | 
         swapper=SwapperTuning(**dataclasses.asdict(job.spec.face_swapper)),  # model, pixel_boost, weight
         photo=PhotoTuning(job.spec.photo.quality, job.spec.photo.scale),
         storage=config.storage.s3.access() if config.storage.s3 and job.resolved.uses_s3 else None,
+        linger=job.linger,
     )
 
 

@@ -45,8 +45,9 @@ from controller.run import job_lease, usecase
 from controller.run.chunks import ChunkRun
 from controller.run.failures import ChunkState
 from controller.run.fold import Fold
-from controller.run.jobs import PreparedJob, open_run, owner
-from controller.run.packing import Member
+from controller.run.jobs import PreparedJob, open_run, owner, runner_settings
+from controller.run.lanes import Lanes
+from controller.run.packing import Member, pack_key
 from controller.run.report import Report, build_report
 from controller.run.rundir import Control, RunDir, Stage, read_nofollow
 from controller.run.shares import Share
@@ -113,7 +114,8 @@ def build(
     resolved = ResolvedJob(sources=sources, reference=None, targets=tuple(targets), identities=tuple(identities))
     plan = make_plan(pack_id, refs, "auto", parallel, AUTO_MAX_CHUNK)
     folders = tuple(sorted({f for m in members for f in m.job.folders}))
-    return PreparedJob(file, spec, resolved, plan, pack_id, folders, people_in_chunks=True), record
+    linger = config.packing.linger
+    return PreparedJob(file, spec, resolved, plan, pack_id, folders, people_in_chunks=True, linger=linger), record
 
 
 def _rel(config: Config, p: Photo) -> str:
@@ -282,6 +284,7 @@ def start(
     sinks: Sequence[SinkFactory] = (),
     share: Share | None = None,
     chunks_done: Callable[[], None] | None = None,
+    lanes: Lanes | None = None,
 ) -> dict[str, Report]:
     """Make the pack and its jobs' folders, then run it to its end; each job's report. ``chunks_done``
     is called once the pack's chunks have ended, before its jobs' reports are written (`serve` gives
@@ -306,6 +309,11 @@ def start(
 
     def run_pack() -> Report:
         try:
+            if lanes is not None:  # a first try in a lingering service (controller/run/lanes.py)
+                key = pack_key(members[0].job, config.packing, config.image) or ""
+                settings = runner_settings(config, prepared, image)
+                timeout, schedule = float(prepared.spec.timeout), float(config.schedule_timeout)
+                lanes.run(key, pack, settings, timeout, schedule, share)
             return usecase.run(config, backend, prepared, sinks, share=share)
         finally:
             if chunks_done is not None:

@@ -33,8 +33,10 @@ from pathlib import Path
 
 from controller import log
 from controller.config import Config
+from controller.errors import FfswarmError
 from controller.run.handover import HEARTBEAT_SECONDS, HeartbeatFile
 from controller.run.inbox import JOB_SUFFIXES, SETTLE_SECONDS, Inbox
+from controller.run.lanes import Lanes
 from controller.run.metrics import Metrics
 from controller.run.packing import Member, Packer, width
 from controller.run.serve_jobs import (
@@ -47,6 +49,7 @@ from controller.run.serve_jobs import (
     run_pack,
 )
 from controller.run.shares import ShareBook
+from controller.swarm.docker import DockerSwarm
 
 __all__ = [
     "JOB_SUFFIXES",
@@ -98,6 +101,9 @@ class Server:
         # Small jobs packed into shared chunk services (controller/run/packing.py): then a job slot is
         # taken by a job that runs alone or by a pack, and files are read ahead of the slots.
         self.packer = Packer(config.packing, config.image) if config.packing.on else None
+        # packing.linger: packs' chunk services wait for the next pack (controller/run/lanes.py)
+        linger = config.packing.linger if self.packer else 0.0
+        self.lanes = Lanes(functools.partial(DockerSwarm, config.docker_host), linger) if linger > 0 else None
         self.slots = threading.Semaphore(concurrent_jobs) if self.packer else None
         running = Running(self.book, self.packer, self.slots)
         self.run = run or functools.partial(run_job_file, running=running)
@@ -156,7 +162,9 @@ class Server:
                 files = [m.claimed.name for m in members]
                 self.log.info("pack_started", jobs=len(members), parallel=parallel, files=files)
                 folder = self.inbox.path / "packs"
-                outcomes = run_pack(self.config, members, self.metrics, self.book, folder, parallel, release_gpus)
+                outcomes = run_pack(
+                    self.config, members, self.metrics, self.book, folder, parallel, release_gpus, self.lanes
+                )
             finally:
                 release_gpus()
                 self.slots.release()  # type: ignore[union-attr]
@@ -201,6 +209,17 @@ class Server:
             self._loop()
         finally:  # a clean stop (SIGTERM, Ctrl-C) says so at once; a killed one goes stale
             self.heartbeat.remove()
+            if self.lanes is not None:
+                self.lanes.close()
+
+    def _tidy_lanes(self) -> None:
+        """Expired lanes' services removed, and those an earlier `serve` left once their runners exited."""
+        if self.lanes is None:
+            return
+        try:
+            self.lanes.sweep()
+        except FfswarmError as e:
+            self.log.warning("lanes_not_tidied", error=str(e))
 
     def _resume_expired(self) -> int:
         """Files in running/ whose controller is gone (lease expired): taken over and continued
@@ -220,6 +239,7 @@ class Server:
             if time.monotonic() >= beat_due:
                 self._beat()
                 self._resume_expired()
+                self._tidy_lanes()
                 beat_due = time.monotonic() + self.heartbeat.interval
             self._active = {k: t for k, t in self._active.items() if t.is_alive()}
             free = self._launch_packs() if self.packer else self.concurrent_jobs - len(self._active)

@@ -26,6 +26,7 @@ from controller.job.paths import relative_text
 from controller.redact import printable
 from controller.run import job_lease, packs, usecase
 from controller.run.inbox import original_name
+from controller.run.lanes import Lanes
 from controller.run.metrics import Metrics
 from controller.run.packing import Member, Packer
 from controller.run.report import Report, summary
@@ -213,6 +214,7 @@ def run_pack(
     folder: Path,
     parallel: int | None = None,
     chunks_done: Callable[[], None] | None = None,
+    lanes: Lanes | None = None,
 ) -> dict[str, Outcome]:
     """Small jobs as one pack, to its end: each job's outcome for its inbox file. ``parallel``: its
     chunk services at once (packing.width; None: as many as the swarm's GPUs allow). Once its chunks
@@ -241,7 +243,7 @@ def run_pack(
             if chunks_done is not None:
                 chunks_done()
 
-        reports = packs.start(config, backend, members, folder, parallel, [sink], share, released)
+        reports = packs.start(config, backend, members, folder, parallel, [sink], share, released, lanes)
     except CapacityError as e:
         return {n: Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}", retry=True) for n in names}
     except FfswarmError as e:

@@ -21,9 +21,9 @@ from docker import types as dt
 
 from controller.errors import CapacityError, ConfigError, EngineUnavailable, FfswarmError, MissingInputError
 from controller.swarm import network
-from controller.swarm.backend import NodeInfo, NodeState, ServiceState, TaskState
+from controller.swarm.backend import ENDED, NodeInfo, NodeState, ServiceState, TaskState
 from controller.swarm.events import LABEL_SERVICE_NAME, DockerEvents
-from controller.swarm.servicespec import LABEL_JOB, ServiceSpec
+from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, ServiceSpec
 
 
 def _ts(value: str | None) -> float:
@@ -242,6 +242,20 @@ class DockerSwarm:
                 for svc in raw
             ]
         return out
+
+    def ended_services(self, role: str) -> list[str]:
+        """Services with this role label whose tasks have all ended (`serve`'s lanes whose runners
+        have exited: controller/run/lanes.py)."""
+        label = {"label": f"{LABEL_ROLE}={role}"}
+        with translated(f"listing {role} services"):
+            raw = self._client.api.services(filters=label)
+            if not raw:
+                return []
+            states: dict[str, list[str]] = {svc["ID"]: [] for svc in raw}
+            for t in self._client.api.tasks(filters=label):
+                states.get(t.get("ServiceID", ""), []).append(_task_state(t).state)
+        ended = [svc for svc in raw if states[svc["ID"]] and all(st in ENDED for st in states[svc["ID"]])]
+        return [svc["Spec"]["Name"] for svc in ended]
 
     def remove_service(self, name: str) -> None:
         with translated(f"removing service {name}"), contextlib.suppress(docker.errors.NotFound):

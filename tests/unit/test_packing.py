@@ -38,11 +38,14 @@ def test_packing_settings_are_checked_and_named() -> None:
     s = parse_packing({"max_items": 50, "window": "500ms"})
     assert s.on and s.window == 0.5 and s.max_items == 50
     assert parse_packing({"max_items": 1, "window": 2}).window == 2.0
+    assert parse_packing({"max_items": 1}).linger == 0.0 and parse_packing({"max_items": 1, "linger": "20s"}).linger == 20
     for bad, where in (
         ({"max_items": -1}, "packing.max_items"),
         ({"max_items": 5, "window": "soon"}, "packing.window"),
         ({"max_items": 5, "window": 600}, "packing.window"),
-        ({"max_items": 5, "linger": 1}, "packing"),
+        ({"max_items": 5, "linger": "soon"}, "packing.linger"),
+        ({"max_items": 5, "linger": 601}, "packing.linger"),
+        ({"max_items": 5, "extra": 1}, "packing"),
         ({"max_items": 5, "pack_items": 0}, "packing.pack_items"),
     ):
         with pytest.raises(FieldError) as e:

@@ -1,0 +1,235 @@
+"""Lanes: pack chunk services that linger for the next pack (``packing.linger``, issue "Many small requests").
+
+Every chunk service pays a container start and a model load before its first photo: 36–41% of a
+pack's chunk time on the dev swarm at 10 one-photo requests a second (scripts/bench_small.py). With
+``packing.linger``, `serve` runs a one-chunk pack's chunk in a *lane*: a service whose runner, after
+the chunk, keeps its models loaded and waits up to ``linger`` seconds for the next pack of the same
+kind (runner_image/linger.py). The next such pack is handed to it through the lane's hand-off file
+(contract/handoff.py) — in the run folder of the pack that started the lane, ``chunks/`` (only the
+controller writes there) — instead of starting a service of its own.
+
+A lane is a first try, never the only one: the pack's chunk runs in it as attempt n (its own results,
+attempt record and log, as any attempt), and the pack then runs as always (usecase.run), which finds
+that chunk done — or, if the lane's runner died, timed out or ended the attempt for a reason of its
+own, runs the chunk again in a service of its own, redoing nothing committed. A lane's service has a
+role and job label of its own (``lane``), so no job's supervisor adopts or removes it; `serve` removes
+it when the lane has expired, at its stop, and at its start (a lane an earlier `serve` left). A lane is
+not used once it is older than the pack's chunk timeout: no runner gets more than that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from contract.exits import RunnerExit
+from contract.handoff import Handoff, lane_file
+from contract.layout import RunLayout
+from controller import log
+from controller.errors import EngineUnavailable, FfswarmError
+from controller.run.attempts import read_record
+from controller.run.chunks import create_results_file
+from controller.run.rundir import RunDir
+from controller.run.shares import Share
+from controller.swarm.backend import ENDED, LOST_STATES, PENDING_STATES, SwarmBackend
+from controller.swarm.docker import DockerSwarm
+from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, RunnerSettings, chunk_service
+
+ROLE_LANE = "lane"
+MARGIN = 2.0  # seconds: a lane whose runner stops waiting sooner than this is not handed a chunk
+POLL = 0.1  # seconds between looks at the attempt record while a lane runs a chunk
+SWARM_POLL = 1.0  # … and at the lane's service
+ENDED_FINE = {RunnerExit.OK.name, RunnerExit.ITEMS_FAILED.name}
+
+
+def handoff_file(home: RunDir, chunk: str) -> Path:
+    """The hand-off file of a lane started for ``home``'s ``chunk`` (in its controller's chunks/)."""
+    return home.layout.dir / "chunks" / lane_file(chunk)
+
+
+@dataclass
+class Lane:
+    key: str  # what its runner loaded (packing.pack_key)
+    service: str
+    label: str  # its services' job label (lane-<pack>-<chunk>)
+    home: RunDir  # the run folder that holds its hand-off file
+    chunk: str  # its hand-off file's chunk name
+    born: float
+    free_until: float = 0.0  # monotonic: its runner waits for the next chunk until then
+    seq: int = 0
+
+
+@dataclass
+class Lanes:
+    """The lanes of one `serve` (thread-safe)."""
+
+    backend: Callable[[], DockerSwarm]
+    linger: float
+    clock: Callable[[], float] = time.monotonic
+    _idle: list[Lane] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self, key: str, max_age: float) -> Lane | None:
+        """An idle lane of this kind that waits long enough and is young enough; None: start one."""
+        now = self.clock()
+        with self._lock:
+            for lane in self._idle:
+                if lane.key == key and lane.free_until - now > MARGIN and now - lane.born < max_age:
+                    self._idle.remove(lane)
+                    return lane
+        return None
+
+    def give_back(self, lane: Lane) -> None:
+        lane.free_until = self.clock() + self.linger
+        with self._lock:
+            self._idle.append(lane)
+
+    def expired(self) -> list[Lane]:
+        """Idle lanes whose runners have stopped waiting (their services are removed by the caller)."""
+        now = self.clock()
+        with self._lock:
+            gone = [lane for lane in self._idle if lane.free_until <= now]
+            self._idle = [lane for lane in self._idle if lane.free_until > now]
+        return gone
+
+    def drain(self) -> list[Lane]:
+        with self._lock:
+            out, self._idle = self._idle, []
+        return out
+
+    def sweep(self) -> None:
+        """Remove the services of expired lanes (their runners have exited by now), and lanes an
+        earlier `serve` left once their runners have exited."""
+        for lane in self.expired():
+            self._remove(lane)
+        remove_ended(self.backend())
+
+    def close(self) -> None:
+        """`serve` stops: every idle lane is told to stop and removed."""
+        for lane in self.drain():
+            lane.seq += 1
+            with contextlib.suppress(OSError, FfswarmError):
+                self._hand(lane, Handoff(lane.seq))
+            self._remove(lane)
+
+    def _remove(self, lane: Lane) -> None:
+        try:
+            self.backend().remove_service(lane.service)
+        except (EngineUnavailable, FfswarmError) as e:
+            log.get(component="lanes").warning("lane_not_removed", service=lane.service, error=str(e))
+
+    # -- one pack's chunk in a lane ----------------------------------------------------------------
+    def run(
+        self,
+        key: str,
+        rundir: RunDir,
+        settings: RunnerSettings,
+        timeout: float,
+        schedule_timeout: float,
+        share: Share | None = None,
+    ) -> bool:
+        """Run a one-chunk pack's chunk in a lane (an idle one, or one started now); True when its
+        attempt ended there with its items recorded. False: the pack runs its chunk as always."""
+        plan = rundir.plan()
+        if len(plan.chunks) != 1:
+            return False
+        chunk = plan.chunks[0].id
+        attempt = rundir.last_attempt(chunk) + 1
+        logger = log.get(job=rundir.job, component="lanes")
+        backend = self.backend()
+        try:
+            create_results_file(rundir.layout, chunk, attempt, rundir.owner)
+        except OSError:
+            return False
+        if share is not None:
+            share.limit(1, 1, 1)  # the GPU it takes, reserved in the share book meanwhile
+        lane = self.take(key, timeout)
+        manifest = str(RunLayout.container(rundir.job).manifest(chunk))
+        try:
+            if lane is not None:
+                lane.seq += 1
+                self._hand(lane, Handoff(lane.seq, manifest, attempt))
+            else:
+                lane = self._start(key, rundir, settings, chunk, attempt, backend)
+            ok = self._wait(lane, rundir, chunk, attempt, timeout, schedule_timeout, backend)
+        except (EngineUnavailable, FfswarmError, OSError) as e:
+            logger.warning("lane_failed", error=str(e))
+            ok = False
+        if lane is not None:
+            if ok:
+                self.give_back(lane)
+            else:
+                self._remove(lane)
+        logger.info("lane_chunk", chunk=chunk, attempt=attempt, ok=ok, service=lane.service if lane else None)
+        return ok
+
+    def _hand(self, lane: Lane, handoff: Handoff) -> None:
+        lane.home.write_file(handoff_file(lane.home, lane.chunk), handoff.to_json().encode())
+
+    def _start(
+        self, key: str, rundir: RunDir, settings: RunnerSettings, chunk: str, attempt: int, backend: SwarmBackend
+    ) -> Lane:
+        label = f"lane-{rundir.job}-{chunk}"[:80]
+        lane = Lane(key, f"ffswarm-{label}", label, rundir, chunk, self.clock())
+        self._hand(lane, Handoff(0))  # before the service: its runner finds the file from the start
+        spec = chunk_service(settings, chunk, attempt)
+        spec = dataclasses.replace(
+            spec, name=lane.service, labels={**spec.labels, LABEL_JOB: label, LABEL_ROLE: ROLE_LANE}
+        )
+        backend.create_service(spec)
+        return lane
+
+    def _wait(
+        self,
+        lane: Lane,
+        rundir: RunDir,
+        chunk: str,
+        attempt: int,
+        timeout: float,
+        schedule_timeout: float,
+        backend: SwarmBackend,
+    ) -> bool:
+        """Until the attempt's record says it ended (True when its items were recorded), its lane's
+        service ended, went unscheduled for ``schedule_timeout`` or lost its node first, or
+        ``timeout`` passed (False)."""
+        start = self.clock()
+        looked = -float("inf")
+        while self.clock() - start < timeout:
+            record = read_record(rundir, chunk, attempt)
+            if record is not None and record.exit is not None:
+                return record.exit in ENDED_FINE
+            if self.clock() - looked >= SWARM_POLL:
+                looked = self.clock()
+                if not self._alive(lane, backend, self.clock() - start < schedule_timeout):
+                    record = read_record(rundir, chunk, attempt)  # written just before it ended
+                    return record is not None and record.exit in ENDED_FINE
+            time.sleep(POLL)
+        return False
+
+    @staticmethod
+    def _alive(lane: Lane, backend: SwarmBackend, may_wait: bool) -> bool:
+        services = [s for s in backend.services(lane.label) if s.name == lane.service]
+        task = services[0].latest_task() if services else None
+        if task is None or task.state in PENDING_STATES:
+            return bool(services) and may_wait  # not scheduled yet
+        if task.state in ENDED or task.state in LOST_STATES or task.state == "rejected":
+            return False
+        if task.node_id:
+            node = next((n for n in backend.nodes() if n.node_id == task.node_id), None)
+            if node is not None and node.state != "ready":
+                return False
+        return True
+
+
+def remove_ended(swarm: DockerSwarm) -> int:
+    """Lane services whose runners have exited (expired while their `serve` was gone, or stopped)
+    are removed; a running one may be another `serve`'s, and is left to it."""
+    names = swarm.ended_services(ROLE_LANE)
+    for name in names:
+        swarm.remove_service(name)
+    return len(names)

@@ -1,0 +1,142 @@
+"""Lanes on the dev swarm (packing.linger, controller/run/lanes.py): a pack's chunk service waits for
+the next pack and runs it on the models it already loaded, instead of a service of its own; a lane
+whose runner died is not trusted — the next pack runs its chunk as always, and finishes.
+
+Three rounds of small API jobs, each round one pack: the second runs in the lane the first started
+(one lane service seen for both, no pack runner service, the second pack's attempt record without a
+cold start); the lane's container is then killed, and the third round still ends with every output.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.run.lanes import ROLE_LANE
+from controller.swarm.docker import DockerSwarm
+from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, ROLE_RUNNER
+from tests.fixtures import photos
+from tests.integration.conftest import Workspace, chown_tree
+from tests.integration.test_api import Api, Tenants
+from tests.integration.test_api import api as api  # noqa: F401  (the fixtures)
+from tests.integration.test_api import tenant_settings as tenant_settings  # noqa: F401
+from tests.integration.test_api import tenants as tenants  # noqa: F401
+from tests.polling import remove_container
+
+pytestmark = pytest.mark.integration
+
+ROUND = 3  # jobs per round: one pack each
+
+
+@pytest.fixture
+def config_extra() -> dict[str, Any]:
+    return {"packing": {"max_items": 5, "window": "1s", "linger": "60s"}}
+
+
+def _services(swarm: DockerSwarm, role: str, prefix: str) -> set[str]:
+    found = set()
+    for svc in swarm.client.api.services(filters={"label": f"{LABEL_ROLE}={role}"}):
+        if str((svc["Spec"].get("Labels") or {}).get(LABEL_JOB, "")).startswith(prefix):
+            found.add(svc["Spec"]["Name"])
+    return found
+
+
+def test_a_second_pack_runs_in_the_first_packs_lingering_service_and_a_dead_lane_is_not_trusted(
+    workspace: Workspace,
+    tenants: Tenants,  # noqa: F811
+    api: Api,  # noqa: F811
+    swarm: DockerSwarm,
+) -> None:
+    ws = workspace
+    packs: set[str] = set()
+    try:
+        _run(ws, tenants, api, swarm, packs)
+    finally:
+        for label in (*packs, *(f"lane-{p}-c0000" for p in packs)):
+            for svc in swarm.client.api.services(filters={"label": f"{LABEL_JOB}={label}"}):
+                swarm.remove_service(svc["ID"])
+            for c in swarm.client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={label}"}):
+                remove_container(c)
+        for pack in packs:
+            shutil.rmtree(ws.root / "runs" / pack, ignore_errors=True)
+            (ws.root / "inbox" / "packs" / f"{pack}.yaml").unlink(missing_ok=True)
+
+
+def _round(
+    tenants: Tenants,  # noqa: F811
+    api: Api,  # noqa: F811
+    swarm: DockerSwarm,
+    n: int,
+    seen: dict[str, set[str]],
+) -> list[str]:
+    key = tenants.keys[tenants.a]
+    jobs = []
+    options = {"providers": ["cpu"], "resources": {"gpus": 1, "gpu_kind": "GPU", "memory": "2g"}, "retries": 1}
+    for k in range(ROUND):
+        source, target = f"in/src{(n * ROUND + k) % 4}.jpg", f"in/t{n}{k}.jpg"
+        body = {**options, "name": f"r{n}j{k}", "source": source, "targets": [target]}
+        with api.client(key) as c:
+            r = c.post("/v1/jobs", json=body)
+        assert r.status_code == 202, r.text
+        jobs.append(r.json()["id"])
+    deadline = time.monotonic() + 300
+    while True:
+        seen["lanes"] |= _services(swarm, ROLE_LANE, "lane-pack-")
+        seen["runners"] |= _services(swarm, ROLE_RUNNER, "pack-")
+        with api.client(key) as c:
+            phases = [c.get(f"/v1/jobs/{j}").json()["phase"] for j in jobs]
+        if all(p == "finished" for p in phases):
+            break
+        assert time.monotonic() < deadline, (phases, api.log.read_text()[-3000:])
+        time.sleep(0.3)
+    for job in jobs:
+        with api.client(key) as c:
+            row = c.get(f"/v1/jobs/{job}").json()
+            results = c.get(f"/v1/jobs/{job}/results.zip")
+        assert row["items"]["ok"] == 1 and row["items"]["failed"] == 0, (job, row)
+        with zipfile.ZipFile(io.BytesIO(results.content)) as zf:
+            assert len(zf.namelist()) == 1 and zf.read(zf.namelist()[0])[:2] == b"\xff\xd8", zf.namelist()
+    return jobs
+
+
+def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: set[str]) -> None:  # noqa: F811
+    with api.client(tenants.keys[tenants.a]) as c:  # the tenant's area, made by the API
+        assert c.get("/v1/jobs").status_code == 200
+    area = ws.root / "tenants" / tenants.a / "in"
+    area.mkdir(exist_ok=True)
+    faces = photos.face_photos(ws.dir / "faces", 4 + 3 * ROUND)
+    for i, f in enumerate(faces[:4]):
+        shutil.copy(f, area / f"src{i}.jpg")
+    for i, f in enumerate(faces[4:]):
+        shutil.copy(f, area / f"t{i // ROUND}{i % ROUND}.jpg")
+    chown_tree(area, ws.config.runner_uid_gid())
+    seen: dict[str, set[str]] = {"lanes": set(), "runners": set()}
+
+    def pack_of(job: str) -> str:
+        return (ws.root / "runs" / job / "packed").read_text().strip()
+
+    first = _round(tenants, api, swarm, 0, seen)
+    second = _round(tenants, api, swarm, 1, seen)
+    packs |= {pack_of(j) for j in first + second}
+    assert len({pack_of(j) for j in first}) == 1 and len({pack_of(j) for j in second}) == 1, packs
+    assert len(seen["lanes"]) == 1, seen  # the second pack ran in the first pack's service …
+    assert not seen["runners"], seen  # … and neither started a chunk service of its own
+    record = json.loads((ws.root / "runs" / pack_of(second[0]) / "attempts" / "c0000.a1.json").read_text())
+    assert record["exit"] == "OK" and record["cold_start_s"] < 1.0, record  # its models were loaded already
+
+    (lane,) = seen["lanes"]
+    containers = swarm.client.containers.list(filters={"label": f"com.docker.swarm.service.name={lane}"})
+    assert containers, "the lane's runner is not waiting"
+    for c in containers:
+        c.kill()
+    third = _round(tenants, api, swarm, 2, seen)
+    packs |= {pack_of(j) for j in third}
+    assert seen["runners"], seen  # the dead lane was not trusted: the pack ran its chunk as always
+    assert Path(ws.root / "runs" / pack_of(third[0]) / "report.json").is_file()
