@@ -38,7 +38,8 @@ def test_packing_settings_are_checked_and_named() -> None:
     s = parse_packing({"max_items": 50, "window": "500ms"})
     assert s.on and s.window == 0.5 and s.max_items == 50
     assert parse_packing({"max_items": 1, "window": 2}).window == 2.0
-    assert parse_packing({"max_items": 1}).linger == 0.0 and parse_packing({"max_items": 1, "linger": "20s"}).linger == 20
+    assert parse_packing({"max_items": 1}).linger == 0.0
+    assert parse_packing({"max_items": 1, "linger": "20s"}).linger == 20
     for bad, where in (
         ({"max_items": -1}, "packing.max_items"),
         ({"max_items": 5, "window": "soon"}, "packing.window"),
@@ -166,3 +167,45 @@ def test_jobs_with_different_selectors_are_not_packed_together(tmp_path: Path) -
     other = _job(tmp_path / "b", "two", text + "selector: {order: left-right}\n", files)
     assert pack_key(one, ON, "img") is not None and pack_key(other, ON, "img") is not None
     assert pack_key(one, ON, "img") != pack_key(other, ON, "img")
+
+
+def test_a_lane_is_handed_only_a_pack_of_its_kind_while_its_runner_still_waits(tmp_path: Path) -> None:
+    """controller/run/lanes.py's book of idle lanes: by pack key, within the runner's linger (less a
+    margin), never older than the pack's chunk timeout; expired ones are given up."""
+    from controller.run.lanes import MARGIN, Lane, Lanes
+    from controller.run.rundir import RunDir
+
+    now = [100.0]
+    lanes = Lanes(lambda: None, linger=30.0, clock=lambda: now[0])  # type: ignore[arg-type,return-value]
+    home = RunDir(tmp_path, "pack-abcdefgh")
+    lane = Lane("key-a", "ffswarm-lane-pack-abcdefgh-c0000", "lane-pack-abcdefgh-c0000", home, "c0000", born=now[0])
+    lanes.give_back(lane)
+    assert lanes.take("key-b", max_age=600) is None  # another kind of pack: its models differ
+    assert lanes.take("key-a", max_age=600) is lane and lanes.take("key-a", max_age=600) is None  # one at a time
+    lanes.give_back(lane)
+    now[0] += 30 - MARGIN + 0.1  # its runner stops waiting too soon for a pack to reach it
+    assert lanes.take("key-a", max_age=600) is None
+    assert lanes.expired() == []  # … but it still waits: not given up yet
+    now[0] += MARGIN
+    assert lanes.expired() == [lane]  # its runner has exited: the caller removes its service
+    lanes.give_back(lane)  # used again later: too old for a pack whose chunk timeout has passed since it began
+    assert lanes.take("key-a", max_age=now[0] - lane.born) is None
+    assert lanes.take("key-a", max_age=now[0] - lane.born + 1) is lane
+
+
+def test_a_pack_with_linger_tells_its_chunk_runners_to_wait_on_their_hand_off_file(tmp_path: Path) -> None:
+    import yaml
+
+    from controller.job.plan import chunk_manifests
+    from controller.run.jobs import manifest_settings
+
+    files = {"in/a.jpg": JPEG, "faces/me.jpg": JPEG}
+    config, _ = make_config(tmp_path)
+    config = dataclasses.replace(config, packing=parse_packing({"max_items": 5, "linger": "20s"}))
+    job = _job(config, "one", "source: faces/me.jpg\ntargets: ['in/a.jpg']\noutput: 'out/{name}'\n", files)
+    prepared, _ = packs.build(config, [Member(job.file, job, None)], "pack-abcdefgh", tmp_path / "packs", 1)
+    (manifest,) = chunk_manifests(prepared.plan, manifest_settings(config, prepared)).values()
+    assert manifest.linger == 20.0 and manifest.handoff == "/data/runs/pack-abcdefgh/chunks/c0000.lane.json"
+    (alone,) = chunk_manifests(job.plan, manifest_settings(config, job)).values()
+    assert alone.linger == 0.0 and alone.handoff is None  # a job that runs alone never lingers
+    assert yaml.safe_load(prepared.file.read_text())["name"] == "pack-abcdefgh"
