@@ -7,6 +7,8 @@ steady rate, run by `ffswarm serve`, side by side in one run:
            its latency is the goal's (p99 at an offered 10/s); its done/s cannot exceed the rate;
   packed-burst  the same N requests offered at 100/s, faster than any path finishes them: packing's
            throughput at saturation, to set beside the ceiling's (posted at once);
+  lingering  as packed, with packing.linger 30s: a pack's chunk service waits for the next pack and
+           runs it on the models it loaded (controller/run/lanes.py);
   alone    M one-photo requests at the same rate, `serve` without packing: every request its own
            identity step and chunk service (the path before packing; M is small because it is slow).
 
@@ -69,7 +71,11 @@ class Bench:
         tenants = {self.tenant: {"api_keys_sha256": [hashlib.sha256(KEY.encode()).hexdigest()],
                                  "quota": {"jobs_queued": 100_000}}}  # fmt: skip
         self.configs = {}
-        for name, packing in (("alone", None), ("packed", {"max_items": 50, "window": "1s"})):
+        for name, packing in (
+            ("alone", None),
+            ("packed", {"max_items": 50, "window": "1s"}),
+            ("lingering", {"max_items": 50, "window": "1s", "linger": "30s"}),
+        ):
             data = {**base, "tenants": tenants, **({"packing": packing} if packing else {})}
             self.configs[name] = tmp / f"{name}.yaml"
             self.configs[name].write_text(yaml.safe_dump(data))
@@ -138,7 +144,7 @@ class Bench:
         return done
 
     def phase(self, name: str, url: str, bodies: list[dict[str, Any]], rate: float, limit: float) -> dict[str, float]:
-        config = "packed" if name.startswith("packed") else "alone"
+        config = "packed" if name.startswith("packed") else name if name == "lingering" else "alone"
         serve = self.start("serve", "--concurrent-jobs", "4", "--poll", "0.3", config=config)
         time.sleep(3)  # its heartbeat: the API hands jobs only to a live serve
         try:
@@ -151,8 +157,8 @@ class Bench:
         lat = [done[j] - t for j, t in posted]
         items = sum(len(b.get("pairs", [])) or 1 for b in bodies)
         row = {"items": items, "per_s": items / (max(done.values()) - first), "p50": pct(lat, 50), "p99": pct(lat, 99)}
-        if config == "packed":
-            self.packs[name] = self.pack_times([j for j, _ in posted], self.tmp / "serve-packed.log")
+        if config in ("packed", "lingering"):
+            self.packs[name] = self.pack_times([j for j, _ in posted], self.tmp / f"serve-{config}.log")
         return row
 
     def pack_times(self, jobs: list[str], serve_log: Path) -> dict[str, float]:
@@ -169,9 +175,10 @@ class Bench:
                 d = json.loads(line)
             except ValueError:
                 continue
-            if d.get("job") in packs and d.get("event") in ("chunk_started", "chunk_done"):
+            if d.get("job") in packs and d.get("event") in ("chunk_started", "chunk_done", "lane_handed", "lane_chunk"):
                 at = datetime.fromisoformat(d["timestamp"].replace("Z", "+00:00")).timestamp()
-                (created if d["event"] == "chunk_started" else seen)[(d["job"], d["chunk"])] = at
+                started = d["event"] in ("chunk_started", "lane_handed")  # a service made, or a lane handed it
+                (created if started else seen)[(d["job"], d["chunk"])] = at
         out = {"packs": float(len(packs)), "chunks": 0.0, "start_s": 0.0, "load_s": 0.0, "work_s": 0.0, "seen_s": 0.0}
         for pack in packs:
             for record in (self.root / "runs" / pack / "attempts").glob("*.json"):
@@ -238,6 +245,8 @@ def main() -> int:
                 "packed": bench.phase("packed", url, [one(n) for n in range(a.requests)], a.rate, 1800),
                 # offered faster than any path finishes them: what packing does at saturation, like the ceiling
                 "packed-burst": bench.phase("packed-burst", url, [one(n) for n in range(a.requests)], 100.0, 1800),
+                # packed at the rate, each pack's chunk service waiting 30 s for the next (packing.linger)
+                "lingering": bench.phase("lingering", url, [one(n) for n in range(a.requests)], a.rate, 1800),
                 "alone": bench.phase("alone", url, [one(n) for n in range(a.alone)], a.rate, 1800),
             }
         finally:

@@ -70,9 +70,43 @@ class Lanes:
 
     backend: Callable[[], DockerSwarm]
     linger: float
+    # how many lanes may exist at once: the swarm's GPUs (None: unknown, then one per pack at a time)
+    capacity: Callable[[], int | None] = lambda: None
     clock: Callable[[], float] = time.monotonic
     _idle: list[Lane] = field(default_factory=list)
+    _busy: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def obtain(self, key: str, max_age: float, gpus: int, wait: float) -> tuple[Lane | None, bool]:
+        """An idle lane of this kind (taken), or (None, True): start one — there is room for it, or an
+        idle lane of another kind was retired to make room. While every GPU is held by a lane, waits up
+        to ``wait`` seconds for one of them to be idle (a new lane's service would only sit pending
+        behind lanes that hold their GPUs while they wait); (None, False) when none came: no lane."""
+        deadline = self.clock() + wait
+        while True:
+            lane = self.take(key, max_age)
+            if lane is not None:
+                return lane, False
+            total = self.capacity()
+            now = self.clock()
+            with self._lock:
+                room = total is None or (len(self._idle) + self._busy) * max(gpus, 1) < total
+                # an idle lane no pack of this kind can use (another kind, about to stop, too old)
+                unusable = (
+                    x for x in self._idle if x.key != key or x.free_until - now <= MARGIN or now - x.born >= max_age
+                )
+                other = next(unusable, None) if not room else None
+                if other is not None:
+                    self._idle.remove(other)
+                if room or other is not None:
+                    self._busy += 1
+            if other is not None:
+                self._retire(other)
+            if room or other is not None:
+                return None, True
+            if self.clock() >= deadline:
+                return None, False
+            time.sleep(POLL)
 
     def take(self, key: str, max_age: float) -> Lane | None:
         """An idle lane of this kind that waits long enough and is young enough; None: start one."""
@@ -81,13 +115,22 @@ class Lanes:
             for lane in self._idle:
                 if lane.key == key and lane.free_until - now > MARGIN and now - lane.born < max_age:
                     self._idle.remove(lane)
+                    self._busy += 1
                     return lane
         return None
 
     def give_back(self, lane: Lane) -> None:
         lane.free_until = self.clock() + self.linger
         with self._lock:
+            self._busy = max(self._busy - 1, 0)
             self._idle.append(lane)
+
+    def _done(self, lane: Lane | None) -> None:
+        """A taken lane (or the room for one) that ran no chunk to its end: removed."""
+        with self._lock:
+            self._busy = max(self._busy - 1, 0)
+        if lane is not None:
+            self._remove(lane)
 
     def expired(self) -> list[Lane]:
         """Idle lanes whose runners have stopped waiting (their services are removed by the caller)."""
@@ -112,10 +155,13 @@ class Lanes:
     def close(self) -> None:
         """`serve` stops: every idle lane is told to stop and removed."""
         for lane in self.drain():
-            lane.seq += 1
-            with contextlib.suppress(OSError, FfswarmError):
-                self._hand(lane, Handoff(lane.seq))
-            self._remove(lane)
+            self._retire(lane)
+
+    def _retire(self, lane: Lane) -> None:
+        lane.seq += 1
+        with contextlib.suppress(OSError, FfswarmError):
+            self._hand(lane, Handoff(lane.seq))  # stop waiting
+        self._remove(lane)
 
     def _remove(self, lane: Lane) -> None:
         try:
@@ -142,13 +188,19 @@ class Lanes:
         attempt = rundir.last_attempt(chunk) + 1
         logger = log.get(job=rundir.job, component="lanes")
         backend = self.backend()
+        lane, start = self.obtain(key, timeout, settings.gpus, schedule_timeout)
+        if lane is None and not start:
+            return False
         try:
             create_results_file(rundir.layout, chunk, attempt, rundir.owner)
         except OSError:
+            if lane is not None:
+                self.give_back(lane)
+            else:
+                self._done(None)
             return False
         if share is not None:
             share.limit(1, 1, 1)  # the GPU it takes, reserved in the share book meanwhile
-        lane = self.take(key, timeout)
         manifest = str(RunLayout.container(rundir.job).manifest(chunk))
         try:
             if lane is not None:
@@ -156,15 +208,15 @@ class Lanes:
                 self._hand(lane, Handoff(lane.seq, manifest, attempt))
             else:
                 lane = self._start(key, rundir, settings, chunk, attempt, backend)
+            logger.info("lane_handed", chunk=chunk, attempt=attempt, service=lane.service, seq=lane.seq)
             ok = self._wait(lane, rundir, chunk, attempt, timeout, schedule_timeout, backend)
         except (EngineUnavailable, FfswarmError, OSError) as e:
             logger.warning("lane_failed", error=str(e))
             ok = False
-        if lane is not None:
-            if ok:
-                self.give_back(lane)
-            else:
-                self._remove(lane)
+        if ok and lane is not None:
+            self.give_back(lane)
+        else:
+            self._done(lane)
         logger.info("lane_chunk", chunk=chunk, attempt=attempt, ok=ok, service=lane.service if lane else None)
         return ok
 

@@ -103,7 +103,8 @@ class Server:
         self.packer = Packer(config.packing, config.image) if config.packing.on else None
         # packing.linger: packs' chunk services wait for the next pack (controller/run/lanes.py)
         linger = config.packing.linger if self.packer else 0.0
-        self.lanes = Lanes(functools.partial(DockerSwarm, config.docker_host), linger) if linger > 0 else None
+        swarm = functools.partial(DockerSwarm, config.docker_host)
+        self.lanes = Lanes(swarm, linger, capacity=self.book.total) if linger > 0 else None
         self.slots = threading.Semaphore(concurrent_jobs) if self.packer else None
         running = Running(self.book, self.packer, self.slots)
         self.run = run or functools.partial(run_job_file, running=running)

@@ -209,3 +209,33 @@ def test_a_pack_with_linger_tells_its_chunk_runners_to_wait_on_their_hand_off_fi
     (alone,) = chunk_manifests(job.plan, manifest_settings(config, job)).values()
     assert alone.linger == 0.0 and alone.handoff is None  # a job that runs alone never lingers
     assert yaml.safe_load(prepared.file.read_text())["name"] == "pack-abcdefgh"
+
+
+def test_a_new_lane_starts_only_where_a_gpu_is_not_held_by_another_lane(tmp_path: Path) -> None:
+    """Lanes hold their GPUs while they wait: a new one would sit pending behind them. So with every GPU
+    held by a lane, a pack waits for one of its kind to be idle, or retires an idle one of another kind."""
+    from controller.run.lanes import Lane, Lanes
+    from controller.run.rundir import RunDir
+
+    class Removed:  # what the book asks of the swarm here: removing a retired lane's service
+        def __init__(self) -> None:
+            self.names: list[str] = []
+
+        def remove_service(self, name: str) -> None:
+            self.names.append(name)
+
+    removed = Removed()
+    lanes = Lanes(lambda: removed, linger=30.0, capacity=lambda: 2)  # type: ignore[arg-type,return-value]
+    assert lanes.obtain("a", 600, 1, wait=0) == (None, True)  # room: start one
+    assert lanes.obtain("a", 600, 1, wait=0) == (None, True)  # and a second, on the second GPU
+    assert lanes.obtain("a", 0.0 + 600, 1, wait=0.2) == (None, False)  # both GPUs held: none came in time
+    home = RunDir(tmp_path, "pack-abcdefgh")
+    home.make_dirs()
+    mine = Lane("a", "ffswarm-lane-1", "lane-1", home, "c0000", born=lanes.clock())
+    theirs = Lane("b", "ffswarm-lane-2", "lane-2", home, "c0001", born=lanes.clock())
+    lanes.give_back(mine)
+    lanes.give_back(theirs)
+    assert lanes.obtain("a", 600, 1, wait=0) == (mine, False)  # an idle one of its kind: handed over
+    assert lanes.obtain("c", 600, 1, wait=0) == (None, True)  # another kind's idle lane retired for it
+    assert removed.names == ["ffswarm-lane-2"]
+    assert (home.layout.dir / "chunks" / "c0001.lane.json").read_text().count('"manifest": null') == 1  # told to stop
