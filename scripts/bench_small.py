@@ -8,7 +8,7 @@ steady rate, run by `ffswarm serve`, side by side in one run:
   packed-burst  the same N requests offered at 100/s, faster than any path finishes them: packing's
            throughput at saturation, to set beside the ceiling's (posted at once);
   lingering  as packed, with packing.linger 30s: a pack's chunk service waits for the next pack and
-           runs it on the models it loaded (controller/run/lanes.py);
+           runs it on the models it loaded (controller/run/lanes.py); lingering-burst: offered at 100/s;
   alone    M one-photo requests at the same rate, `serve` without packing: every request its own
            identity step and chunk service (the path before packing; M is small because it is slow).
 
@@ -144,7 +144,7 @@ class Bench:
         return done
 
     def phase(self, name: str, url: str, bodies: list[dict[str, Any]], rate: float, limit: float) -> dict[str, float]:
-        config = "packed" if name.startswith("packed") else name if name == "lingering" else "alone"
+        config = "packed" if name.startswith("packed") else "lingering" if name.startswith("lingering") else "alone"
         serve = self.start("serve", "--concurrent-jobs", "4", "--poll", "0.3", config=config)
         time.sleep(3)  # its heartbeat: the API hands jobs only to a live serve
         try:
@@ -247,6 +247,9 @@ def main() -> int:
                 "packed-burst": bench.phase("packed-burst", url, [one(n) for n in range(a.requests)], 100.0, 1800),
                 # packed at the rate, each pack's chunk service waiting 30 s for the next (packing.linger)
                 "lingering": bench.phase("lingering", url, [one(n) for n in range(a.requests)], a.rate, 1800),
+                "lingering-burst": bench.phase(
+                    "lingering-burst", url, [one(n) for n in range(a.requests)], 100.0, 1800
+                ),
                 "alone": bench.phase("alone", url, [one(n) for n in range(a.alone)], a.rate, 1800),
             }
         finally:
@@ -257,9 +260,9 @@ def main() -> int:
                     shutil.copy(log, a.logs / log.name)
     ceiling = rows["ceiling"]["per_s"]
     print(f"one-photo requests on the dev swarm, offered at {a.rate:g}/s (ceiling: one job of all pairs)")
-    print(f"{'path':<13}{'requests':>9}{'done/s':>9}{'× ceiling':>11}{'× alone':>9}{'p50 s':>8}{'p99 s':>8}")
+    print(f"{'path':<16}{'requests':>9}{'done/s':>9}{'× ceiling':>11}{'× alone':>9}{'p50 s':>8}{'p99 s':>8}")
     for name, r in rows.items():
-        print(f"{name:<13}{r['items']:>9}{r['per_s']:>9.2f}{r['per_s'] / ceiling:>10.2f}×"
+        print(f"{name:<16}{r['items']:>9}{r['per_s']:>9.2f}{r['per_s'] / ceiling:>10.2f}×"
               f"{r['per_s'] / rows['alone']['per_s']:>8.1f}×{r['p50']:>8.1f}{r['p99']:>8.1f}")  # fmt: skip
     print("packs' chunk services, time summed over them (created → runner started → models loaded → ended → seen):")
     for name, t in bench.packs.items():
@@ -268,7 +271,7 @@ def main() -> int:
             continue
         keys = ("start_s", "load_s", "work_s", "seen_s")
         parts = "  ".join(f"{k[:-2]} {t[k]:.1f} s ({t[k] / total:.0%})" for k in keys)
-        print(f"{name:<13}{int(t['packs'])} packs, {int(t['chunks'])} chunks: {parts}")
+        print(f"{name:<16}{int(t['packs'])} packs, {int(t['chunks'])} chunks: {parts}")
     return 0
 
 
