@@ -191,6 +191,12 @@ def serving(inbox: Path, now: float | None = None) -> list[Heartbeat]:
     return sorted(live, key=lambda hb: -hb.updated)
 
 
+def live_owners(inbox: Path, now: float | None = None) -> set[str]:
+    """The names of the live controllers' heartbeat files (what their lanes' owner label says)."""
+    now = time.time() if now is None else now
+    return {path.stem for path, hb in _heartbeat_files(inbox) if hb is not None and hb.alive(now)}
+
+
 @dataclass(frozen=True)
 class HandedOver:
     job_id: str

@@ -41,6 +41,7 @@ from controller.swarm.docker import DockerSwarm
 from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, RunnerSettings, chunk_service
 
 ROLE_LANE = "lane"
+LABEL_LANE_OWNER = "io.ffswarm.lane-owner"  # the `serve` whose lane it is (its heartbeat's name)
 MARGIN = 2.0  # seconds: a lane whose runner stops waiting sooner than this is not handed a chunk
 POLL = 0.1  # seconds between looks at the attempt record while a lane runs a chunk
 SWARM_POLL = 1.0  # … and at the lane's service
@@ -72,6 +73,8 @@ class Lanes:
     linger: float
     # how many lanes may exist at once: the swarm's GPUs (None: unknown, then one per pack at a time)
     capacity: Callable[[], int | None] = lambda: None
+    owner: str = ""  # this `serve` (its heartbeat's name): every lane it starts says so
+    live: Callable[[], set[str]] = set  # the owners serving now (fresh heartbeats)
     clock: Callable[[], float] = time.monotonic
     _idle: list[Lane] = field(default_factory=list)
     _busy: int = 0
@@ -150,7 +153,7 @@ class Lanes:
         earlier `serve` left once their runners have exited."""
         for lane in self.expired():
             self._remove(lane)
-        remove_ended(self.backend())
+        remove_left(self.backend(), {*self.live(), self.owner})
 
     def close(self) -> None:
         """`serve` stops: every idle lane is told to stop and removed."""
@@ -231,7 +234,9 @@ class Lanes:
         self._hand(lane, Handoff(0))  # before the service: its runner finds the file from the start
         spec = chunk_service(settings, chunk, attempt)
         spec = dataclasses.replace(
-            spec, name=lane.service, labels={**spec.labels, LABEL_JOB: label, LABEL_ROLE: ROLE_LANE}
+            spec,
+            name=lane.service,
+            labels={**spec.labels, LABEL_JOB: label, LABEL_ROLE: ROLE_LANE, LABEL_LANE_OWNER: self.owner},
         )
         backend.create_service(spec)
         return lane
@@ -278,10 +283,12 @@ class Lanes:
         return True
 
 
-def remove_ended(swarm: DockerSwarm) -> int:
-    """Lane services whose runners have exited (expired while their `serve` was gone, or stopped)
-    are removed; a running one may be another `serve`'s, and is left to it."""
-    names = swarm.ended_services(ROLE_LANE)
-    for name in names:
+def remove_left(swarm: DockerSwarm, live: set[str]) -> int:
+    """Lane services no live `serve` owns (``live``: the owners whose heartbeat is fresh, this one
+    included), and any whose runner has exited, are removed: a lane left by a `serve` that stopped or
+    died would otherwise go on with a chunk that the pack's next controller runs again."""
+    gone = [name for name, labels, ended in swarm.role_services(ROLE_LANE)
+            if ended or labels.get(LABEL_LANE_OWNER) not in live]  # fmt: skip
+    for name in gone:
         swarm.remove_service(name)
-    return len(names)
+    return len(gone)

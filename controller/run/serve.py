@@ -34,7 +34,7 @@ from pathlib import Path
 from controller import log
 from controller.config import Config
 from controller.errors import FfswarmError
-from controller.run.handover import HEARTBEAT_SECONDS, HeartbeatFile
+from controller.run.handover import HEARTBEAT_SECONDS, HeartbeatFile, live_owners
 from controller.run.inbox import JOB_SUFFIXES, SETTLE_SECONDS, Inbox
 from controller.run.lanes import Lanes
 from controller.run.metrics import Metrics
@@ -103,8 +103,7 @@ class Server:
         self.packer = Packer(config.packing, config.image) if config.packing.on else None
         # packing.linger: packs' chunk services wait for the next pack (controller/run/lanes.py)
         linger = config.packing.linger if self.packer else 0.0
-        swarm = functools.partial(DockerSwarm, config.docker_host)
-        self.lanes = Lanes(swarm, linger, capacity=self.book.total) if linger > 0 else None
+        self.lanes: Lanes | None = None
         self.slots = threading.Semaphore(concurrent_jobs) if self.packer else None
         running = Running(self.book, self.packer, self.slots)
         self.run = run or functools.partial(run_job_file, running=running)
@@ -115,6 +114,10 @@ class Server:
         self._pack_ids = itertools.count()
         self._pack_lock = threading.Lock()
         self.heartbeat = HeartbeatFile(inbox.path, concurrent_jobs, heartbeat_every)
+        if linger > 0:  # lanes carry this serve's heartbeat name; another serve's are left to it while it beats
+            swarm = functools.partial(DockerSwarm, config.docker_host)
+            live = functools.partial(live_owners, inbox.path)
+            self.lanes = Lanes(swarm, linger, capacity=self.book.total, owner=self.heartbeat.path.stem, live=live)
         self.log = log.get(component="serve", inbox=str(inbox.path))
 
     def start_job(self, claimed: Path) -> None:
@@ -233,6 +236,7 @@ class Server:
         return len(taken)
 
     def _loop(self) -> None:
+        self._tidy_lanes()  # an earlier serve's lanes, before its packs are continued here
         resumed = self._resume_expired()
         self.log.info("serving", concurrent_jobs=self.concurrent_jobs, resumed=resumed)
         beat_due = time.monotonic() + self.heartbeat.interval

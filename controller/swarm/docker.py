@@ -243,9 +243,9 @@ class DockerSwarm:
             ]
         return out
 
-    def ended_services(self, role: str) -> list[str]:
-        """Services with this role label whose tasks have all ended (`serve`'s lanes whose runners
-        have exited: controller/run/lanes.py)."""
+    def role_services(self, role: str) -> list[tuple[str, dict[str, str], bool]]:
+        """Every service with this role label: its name, labels, and whether all its tasks have ended
+        (`serve`'s lanes: controller/run/lanes.py)."""
         label = {"label": f"{LABEL_ROLE}={role}"}
         with translated(f"listing {role} services"):
             raw = self._client.api.services(filters=label)
@@ -254,8 +254,11 @@ class DockerSwarm:
             states: dict[str, list[str]] = {svc["ID"]: [] for svc in raw}
             for t in self._client.api.tasks(filters=label):
                 states.get(t.get("ServiceID", ""), []).append(_task_state(t).state)
-        ended = [svc for svc in raw if states[svc["ID"]] and all(st in ENDED for st in states[svc["ID"]])]
-        return [svc["Spec"]["Name"] for svc in ended]
+        return [
+            (svc["Spec"]["Name"], dict(svc["Spec"].get("Labels") or {}), bool(states[svc["ID"]])
+             and all(st in ENDED for st in states[svc["ID"]]))
+            for svc in raw
+        ]  # fmt: skip
 
     def remove_service(self, name: str) -> None:
         with translated(f"removing service {name}"), contextlib.suppress(docker.errors.NotFound):

@@ -70,13 +70,19 @@ def test_forty_small_jobs_of_two_tenants_share_a_few_chunk_services_each_keeping
     try:
         _run(ws, tenants, api, swarm, packs)
     finally:
-        for pack in packs:
-            for svc in swarm.client.api.services(filters={"label": f"{LABEL_JOB}={pack}"}):
-                swarm.remove_service(svc["ID"])
-            for c in swarm.client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={pack}"}):
-                remove_container(c)
-            shutil.rmtree(root / "runs" / pack, ignore_errors=True)
-            (root / "inbox" / "packs" / f"{pack}.yaml").unlink(missing_ok=True)
+        remove_packs(swarm, root, packs)
+
+
+def remove_packs(swarm: DockerSwarm, root: Path, packs: set[str], labels: tuple[str, ...] = ()) -> None:
+    """Teardown: the packs' services and containers (and those of ``labels``), run folders, job files."""
+    for label in (*packs, *labels):
+        for svc in swarm.client.api.services(filters={"label": f"{LABEL_JOB}={label}"}):
+            swarm.remove_service(svc["ID"])
+        for c in swarm.client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={label}"}):
+            remove_container(c)
+    for pack in packs:
+        shutil.rmtree(root / "runs" / pack, ignore_errors=True)
+        (root / "inbox" / "packs" / f"{pack}.yaml").unlink(missing_ok=True)
 
 
 def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: set[str]) -> None:  # noqa: F811

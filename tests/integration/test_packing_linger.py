@@ -2,9 +2,10 @@
 the next pack and runs it on the models it already loaded, instead of a service of its own; a lane
 whose runner died is not trusted — the next pack runs its chunk as always, and finishes.
 
-Three rounds of small API jobs, each round one pack: the second runs in the lane the first started
+Four rounds of small API jobs, each round one pack: the second runs in the lane the first started
 (one lane service seen for both, no pack runner service, the second pack's attempt record without a
-cold start); the lane's container is then killed, and the third round still ends with every output.
+cold start); the lane's container is then killed, and the third round still ends with every output;
+a lane no live `serve` owns is removed (what the next `serve` does with a dead one's), a live one's kept.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from controller.run.lanes import ROLE_LANE
+from controller.run.handover import live_owners
+from controller.run.lanes import ROLE_LANE, remove_left
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, ROLE_RUNNER
 from tests.fixtures import photos
@@ -28,7 +30,7 @@ from tests.integration.test_api import Api, Tenants
 from tests.integration.test_api import api as api  # noqa: F401  (the fixtures)
 from tests.integration.test_api import tenant_settings as tenant_settings  # noqa: F401
 from tests.integration.test_api import tenants as tenants  # noqa: F401
-from tests.polling import remove_container
+from tests.integration.test_api_packing import remove_packs
 
 pytestmark = pytest.mark.integration
 
@@ -59,14 +61,7 @@ def test_a_second_pack_runs_in_the_first_packs_lingering_service_and_a_dead_lane
     try:
         _run(ws, tenants, api, swarm, packs)
     finally:
-        for label in (*packs, *(f"lane-{p}-c0000" for p in packs)):
-            for svc in swarm.client.api.services(filters={"label": f"{LABEL_JOB}={label}"}):
-                swarm.remove_service(svc["ID"])
-            for c in swarm.client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={label}"}):
-                remove_container(c)
-        for pack in packs:
-            shutil.rmtree(ws.root / "runs" / pack, ignore_errors=True)
-            (ws.root / "inbox" / "packs" / f"{pack}.yaml").unlink(missing_ok=True)
+        remove_packs(swarm, ws.root, packs, tuple(f"lane-{p}-c0000" for p in packs))
 
 
 def _round(
@@ -111,7 +106,7 @@ def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: s
         assert c.get("/v1/jobs").status_code == 200
     area = ws.root / "tenants" / tenants.a / "in"
     area.mkdir(exist_ok=True)
-    faces = photos.face_photos(ws.dir / "faces", 4 + 3 * ROUND)
+    faces = photos.face_photos(ws.dir / "faces", 4 + 4 * ROUND)
     for i, f in enumerate(faces[:4]):
         shutil.copy(f, area / f"src{i}.jpg")
     for i, f in enumerate(faces[4:]):
@@ -140,3 +135,10 @@ def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: s
     packs |= {pack_of(j) for j in third}
     assert seen["runners"], seen  # the dead lane was not trusted: the pack ran its chunk as always
     assert Path(ws.root / "runs" / pack_of(third[0]) / "report.json").is_file()
+
+    # a lane whose serve is alive is left to it; one no live serve owns (it stopped, or died) is removed
+    fourth = _round(tenants, api, swarm, 3, seen)  # a fresh lane, waiting now
+    packs |= {pack_of(j) for j in fourth}
+    waiting = _services(swarm, ROLE_LANE, "lane-pack-")
+    assert waiting and remove_left(swarm, live_owners(ws.root / "inbox")) == 0
+    assert remove_left(swarm, set()) == len(waiting) and not _services(swarm, ROLE_LANE, "lane-pack-")
