@@ -327,6 +327,9 @@ CHAINS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (  # processors, ma
     (("face_swapper",), {"mask_types": ["box", "occlusion"]}),
     (("face_swapper",), {"mask_types": ["box", "region"]}),
     (("face_swapper",), {"selector_gender": "female"}),
+    (("face_swapper",), {"swapper_model": "simswap_256", "swapper_pixel_boost": 256}),  # each its own pack
+    (("face_swapper",), {"swapper_model": "hyperswap_1a_256", "swapper_pixel_boost": 256}),
+    (("face_swapper",), {"swapper_model": "ghost_256", "swapper_pixel_boost": 256}),
     (("face_swapper", "face_enhancer"), {}),
     (("face_swapper", "frame_enhancer"), {}),
     (("face_swapper", "face_enhancer", "frame_enhancer"), {}),
@@ -338,11 +341,15 @@ def per_processor(n: int, providers: str, json_path: Path | None) -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ffswarm-bench-") as tmp:
         work = Path(tmp)
-        pack = build_pack(work / "pack").parent  # every processor's stand-in
+        packs = {"inswapper_128": build_pack(work / "pack").parent}  # every processor's stand-in
         photos.face_photos(work / "source", 2)
         source = work / "source" / "face_01.jpg"
         images = make_photos(work / "one", "one", n)
         for chain, tuning in CHAINS:
+            model = str(tuning.get("swapper_model", "inswapper_128"))
+            if model not in packs:  # that swapper's stand-in (and its converter) in place of inswapper's
+                packs[model] = build_pack(work / f"pack-{model}", swapper=model).parent
+            pack = packs[model]
             env = {
                 "BENCH_PROCESSORS": ",".join(chain),
                 "BENCH_PROVIDERS": providers,
@@ -352,11 +359,11 @@ def per_processor(n: int, providers: str, json_path: Path | None) -> int:
             rows.append({"processors": list(chain), "tuning": tuning, **r})
     base = rows[0]["images_per_s"]
     print(f"\nrunner in-process, stand-in pack, {n} one-face photos, providers {providers}")
-    print(f"{'processors and tuning':64}{'images/s':>10}{'× swapper':>11}{'cold s':>9}")
+    print(f"{'processors and tuning':70}{'images/s':>10}{'× swapper':>11}{'cold s':>9}")
     for r in rows:
         r["ratio_to_swapper"] = round(r["images_per_s"] / base, 3)
         name = " + ".join(r["processors"]) + "".join(f" {k}={v}" for k, v in r["tuning"].items())
-        print(f"{name:64}{r['images_per_s']:>10.2f}{r['ratio_to_swapper']:>11.2f}{r['cold']:>9.2f}")
+        print(f"{name:70}{r['images_per_s']:>10.2f}{r['ratio_to_swapper']:>11.2f}{r['cold']:>9.2f}")
     if json_path:
         json_path.write_text(json.dumps(rows, indent=1))
     return 0
