@@ -181,19 +181,20 @@ class Lanes:
         timeout: float,
         schedule_timeout: float,
         share: Share | None = None,
-    ) -> bool:
-        """Run a one-chunk pack's chunk in a lane (an idle one, or one started now); True when its
-        attempt ended there with its items recorded. False: the pack runs its chunk as always."""
+    ) -> tuple[str, ...]:
+        """Run a one-chunk pack's chunk in a lane (an idle one, or one started now); the chunk when
+        its attempt ended there with its items recorded (some may have failed on their own, as in a
+        service of its own). None returned: the pack runs its chunk as always."""
         plan = rundir.plan()
         if len(plan.chunks) != 1:
-            return False
+            return ()
         chunk = plan.chunks[0].id
         attempt = rundir.last_attempt(chunk) + 1
         logger = log.get(job=rundir.job, component="lanes")
         backend = self.backend()
         lane, start = self.obtain(key, timeout, settings.gpus, schedule_timeout)
         if lane is None and not start:
-            return False
+            return ()
         try:
             create_results_file(rundir.layout, chunk, attempt, rundir.owner)
         except OSError:
@@ -201,7 +202,7 @@ class Lanes:
                 self.give_back(lane)
             else:
                 self._done(None)
-            return False
+            return ()
         if share is not None:
             share.limit(1, 1, 1)  # the GPU it takes, reserved in the share book meanwhile
         manifest = str(RunLayout.container(rundir.job).manifest(chunk))
@@ -221,7 +222,7 @@ class Lanes:
         else:
             self._done(lane)
         logger.info("lane_chunk", chunk=chunk, attempt=attempt, ok=ok, service=lane.service if lane else None)
-        return ok
+        return (chunk,) if ok else ()
 
     def _hand(self, lane: Lane, handoff: Handoff) -> None:
         lane.home.write_file(handoff_file(lane.home, lane.chunk), handoff.to_json().encode())

@@ -307,14 +307,17 @@ def start(
     os.sync()
     runner = PackRun(config, backend, pack, jobs)
 
+    def in_lane(rundir: RunDir, image: str) -> tuple[str, ...]:
+        """A first try in a lingering service (controller/run/lanes.py), under the pack's lease."""
+        assert lanes is not None
+        key = pack_key(members[0].job, config.packing, config.image) or ""
+        settings = runner_settings(config, prepared, image)
+        timeout, schedule = float(prepared.spec.timeout), float(config.schedule_timeout)
+        return lanes.run(key, rundir, settings, timeout, schedule, share)
+
     def run_pack() -> Report:
         try:
-            if lanes is not None:  # a first try in a lingering service (controller/run/lanes.py)
-                key = pack_key(members[0].job, config.packing, config.image) or ""
-                settings = runner_settings(config, prepared, image)
-                timeout, schedule = float(prepared.spec.timeout), float(config.schedule_timeout)
-                lanes.run(key, pack, settings, timeout, schedule, share)
-            return usecase.run(config, backend, prepared, sinks, share=share)
+            return usecase.run(config, backend, prepared, sinks, share=share, first=in_lane if lanes else None)
         finally:
             if chunks_done is not None:
                 chunks_done()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -80,16 +80,20 @@ def run(
     *,
     uncancel: bool = False,
     share: Share | None = None,
+    first: Callable[[RunDir, str], Collection[str]] | None = None,
 ) -> Report:
     """One prepared job start to report (`submit`, `serve`), continuing its run when the folder exists.
     The job's lease is held meanwhile: a job another controller runs is refused (exit 69). With
-    `uncancel` (an explicit `submit` of the job's file), a cancelled job's remaining items run."""
+    `uncancel` (an explicit `submit` of the job's file), a cancelled job's remaining items run.
+    ``first``: a first try at some of its chunks under the lease (a pack's lane, controller/run/lanes.py),
+    given the run folder and image; the chunks it returns have ended there and are not run again."""
     rundir, image = open_or_start(config, backend, job)
     with lease.held(rundir):
         on_event = fan_out([make(rundir, job) for make in sinks])
         if uncancel:
             _uncancel(rundir, on_event)
-        return supervise(config, backend, job, rundir, image, on_event, share)
+        settled = first(rundir, image) if first is not None else ()
+        return supervise(config, backend, job, rundir, image, on_event, share, settled)
 
 
 def submit(
@@ -172,8 +176,10 @@ def supervise(
     image: str,
     on_event: EventSink | None = None,
     share: Share | None = None,
+    settled: Collection[str] = (),
 ) -> Report:
-    """The stages of a job whose run folder exists, each recorded in state.json as it starts."""
+    """The stages of a job whose run folder exists, each recorded in state.json as it starts
+    (``settled``: chunks that ended in a first try, not run again)."""
     plan = rundir.plan()
     started = time.time()
     logger = log.get(job=job.job_id)
@@ -183,7 +189,7 @@ def supervise(
         if on_event:
             on_event(event, **fields)
 
-    sup, runs = _identity_and_chunks(config, backend, job, rundir, image, emit, started, share)
+    sup, runs = _identity_and_chunks(config, backend, job, rundir, image, emit, started, share, settled)
     rundir.enter(Stage.VIDEOS)
     store = video_store(config, plan)
     runs = join.finish(plan, rundir, job.spec, sup.run, runs, emit, store)  # redo bad segments, join videos
@@ -230,6 +236,7 @@ def _identity_and_chunks(
     emit: EventSink,
     started: float,
     share: Share | None = None,
+    settled: Collection[str] = (),
 ) -> tuple[Supervisor, dict[str, ChunkRun]]:
     """The identity step (when its answer is still pending) beside the pending chunks, to their ends."""
     plan = rundir.plan()
@@ -244,7 +251,7 @@ def _identity_and_chunks(
     sizes = {c.id: len(c.items) for c in plan.chunks}
     sup = Supervisor(backend, rundir, settings, policy, on_event=emit, sizes=sizes)
     fold = Fold.read(plan, rundir)
-    todo = fold.pending_chunks()
+    todo = [c for c in fold.pending_chunks() if c not in settled]
     step = identity.start(config, backend, settings, rundir, str(job.file))
     rundir.enter(Stage.IDENTITY if step is not None else Stage.CHUNKS)
     segments = fold.segments()[0]
