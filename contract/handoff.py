@@ -27,14 +27,9 @@ LINGER_MAX = 600.0  # seconds a runner may wait for its next chunk
 LINGER_FIELDS = ("linger", "handoff")
 MAX_HANDOFF_BYTES = 4096
 MAX_SEQ = 10**9
-MAX_ATTEMPT = 100_000
+MAX_ATTEMPT = 100_000  # contract/attempt.py's (which imports the manifest, and so this module: not imported)
 _ID = r"[a-z0-9][a-z0-9-]{0,79}"
 _MANIFEST = re.compile(re.escape(CONTAINER_DATA_ROOT) + rf"/runs/{_ID}/chunks/{_ID}\.json")
-
-
-def lane_file(chunk: str) -> str:
-    """The hand-off file's name, in ``chunks/`` of the run folder of the pack that started the lane."""
-    return f"{chunk}.lane.json"
 
 
 def check_linger(linger: Any, handoff: Any) -> None:

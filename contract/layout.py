@@ -227,6 +227,10 @@ class RunLayout(Generic[P]):
     def manifest(self, chunk: str) -> P:
         return self.dir / CHUNKS / f"{chunk}.json"
 
+    def lane_handoff(self, chunk: str) -> P:
+        """The hand-off file of a lane started for this job's ``chunk`` (contract/handoff.py)."""
+        return self.dir / CHUNKS / f"{chunk}.lane.json"
+
     def results(self, chunk: str, attempt: int) -> P:
         """One attempt's result lines (``results/<chunk>.a<n>.jsonl``): one writer per file, since
         appends from two NFS clients to one file are not atomic. The controller creates it, empty,

@@ -18,7 +18,9 @@ from contract.errors import ManifestError
 from contract.exits import RunnerExit
 from contract.handoff import MAX_HANDOFF_BYTES, Handoff
 from contract.manifest import Manifest
+from contract.results import read_regular
 
+from . import safefs
 from .volume import DataRoot
 
 POLL = 0.05  # seconds between reads of the hand-off file
@@ -27,19 +29,18 @@ GOING_ON = (RunnerExit.OK, RunnerExit.ITEMS_FAILED)  # a chunk that ended so: wa
 
 def read_handoff(root: DataRoot, path: str) -> Handoff | None:
     try:
-        fd = os.open(root.path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        local = root.path(path)
+        dfd = os.open(local.parent, safefs.DIR_FLAGS)
     except (OSError, ValueError):
         return None
     try:
-        data = os.read(fd, MAX_HANDOFF_BYTES + 1)
-    except OSError:
-        return None
+        got = read_regular(dfd, local.name, MAX_HANDOFF_BYTES)
     finally:
-        os.close(fd)
-    if len(data) > MAX_HANDOFF_BYTES:
+        os.close(dfd)
+    if got is None or got[1]:  # not a regular file, or longer than a hand-off can be
         return None
     try:
-        return Handoff.from_json(data.decode("utf-8"))
+        return Handoff.from_json(got[0].decode("utf-8"))
     except (ManifestError, UnicodeDecodeError):
         return None
 

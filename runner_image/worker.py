@@ -150,10 +150,11 @@ def _run_pending(
     mask_types = manifest.mask_types  # occlusion, region: the occluder, the face parser too
     swapper = manifest.swapper_model  # simswap_256, ghost_256: its embedding converter too
     roles = registry.roles(manifest.processors, filters=filters, masks=mask_types, swapper=swapper)
+    lingering = manifest.linger > 0
     key = (str(pack_dir), _pack_files(pack_dir), manifest.processors, manifest.providers, manifest.detector_size,
-           manifest.detector_threshold, tuple(roles), swapper, filters, mask_types)  # fmt: skip
+           manifest.detector_threshold, tuple(roles), swapper, filters, mask_types) if lingering else ()  # fmt: skip
     # a lingering runner's models from its earlier chunk (contract/handoff.py), its pack's files unchanged
-    kept = _KEPT.get(key) if manifest.linger > 0 else None
+    kept = _KEPT.get(key) if lingering else None
     if kept is not None:
         pack, loaded = kept
         t_verify = 0.0
@@ -171,7 +172,7 @@ def _run_pending(
             roles=roles,
             swapper_model=swapper,
         )
-        if manifest.linger > 0:
+        if lingering:
             _KEPT[key] = (pack, loaded)
     cv2.setNumThreads(loaded.threads)
     log.bind(provider=loaded.provider)

@@ -16,7 +16,6 @@ from typing import Any
 
 from contract.errors import ManifestError
 from contract.ffmpeg import SEGMENT_EXT
-from contract.handoff import lane_file
 from contract.identity_table import IDENTITY_ID, Identity
 from contract.layout import RunLayout
 from contract.manifest import (
@@ -393,7 +392,7 @@ def chunk_manifests(plan: Plan, settings: ManifestSettings) -> dict[str, Manifes
             identities=_table(members[c.id], settings) if settings.identities else {},
             storage=settings.storage,
             linger=settings.linger,
-            handoff=f"{layout.dir}/chunks/{lane_file(c.id)}" if settings.linger > 0 else None,
+            handoff=str(layout.lane_handoff(c.id)) if settings.linger > 0 else None,
         )
         for c in plan.chunks
     }

@@ -25,10 +25,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from contract.exits import RunnerExit
-from contract.handoff import Handoff, lane_file
+from contract.handoff import Handoff
 from contract.layout import RunLayout
 from controller import log
 from controller.errors import EngineUnavailable, FfswarmError
@@ -46,11 +45,6 @@ MARGIN = 2.0  # seconds: a lane whose runner stops waiting sooner than this is n
 POLL = 0.1  # seconds between looks at the attempt record while a lane runs a chunk
 SWARM_POLL = 1.0  # … and at the lane's service
 ENDED_FINE = {RunnerExit.OK.name, RunnerExit.ITEMS_FAILED.name}
-
-
-def handoff_file(home: RunDir, chunk: str) -> Path:
-    """The hand-off file of a lane started for ``home``'s ``chunk`` (in its controller's chunks/)."""
-    return home.layout.dir / "chunks" / lane_file(chunk)
 
 
 @dataclass
@@ -225,7 +219,7 @@ class Lanes:
         return (chunk,) if ok else ()
 
     def _hand(self, lane: Lane, handoff: Handoff) -> None:
-        lane.home.write_file(handoff_file(lane.home, lane.chunk), handoff.to_json().encode())
+        lane.home.write_file(lane.home.layout.lane_handoff(lane.chunk), handoff.to_json().encode())
 
     def _start(
         self, key: str, rundir: RunDir, settings: RunnerSettings, chunk: str, attempt: int, backend: SwarmBackend
