@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import posixpath
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 
 from contract.identity import IdentityResult
 from contract.identity_table import identity_id
+from contract.layout import RUNS
 from contract.masks import Masks
 from contract.photo import PhotoTuning
 from contract.s3 import S3Url, is_s3
@@ -26,6 +28,7 @@ from controller.config import Config
 from controller.errors import FfswarmError, JobFileError, MissingInputError, UsageError
 from controller.job import access, claims, remote, video
 from controller.job.files import parse_job_text, raise_all, read_jobs
+from controller.job.owners import area_rel
 from controller.job.plan import AUTO_MAX_CHUNK, ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
 from controller.job.resolve import ResolvedJob, resolve_job
 from controller.job.spec import JobSpec
@@ -34,7 +37,14 @@ from controller.run import identity, status, timings
 from controller.run.pack_checks import check_pack
 from controller.run.rundir import Control, RunDir, next_job_id
 from controller.swarm.backend import SwarmBackend
-from controller.swarm.servicespec import RunnerSettings, SecretMount, chunk_service
+from controller.swarm.servicespec import (
+    WHOLE_ROOT,
+    DataMount,
+    RunnerSettings,
+    SecretMount,
+    chunk_service,
+    tenant_mounts,
+)
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,7 @@ class PreparedJob:
     # people are few per chunk, and the step's container would cost the pack seconds; packs.py)
     people_in_chunks: bool = False
     linger: float = 0.0  # a pack's: its chunk services may wait this long for the next pack (lanes.py)
+    tenant: str | None = None  # an API job's (or a pack's) tenant: its runners see only its area
 
 
 SwarmFactory = Callable[[], SwarmBackend]  # the command's one backend, built when first asked for
@@ -125,7 +136,7 @@ def _prepare_one(
         targets = [dataclasses.replace(r, identity=p) for r, p in zip(targets, people, strict=True)]
     admission.check_counts(config.policy, str(file), len(targets), sum(len(t.segments) for t in targets))
     plan = make_plan(job_id, targets, spec.chunk_size, parallel(spec), chunk_cap(config, spec, targets))
-    return PreparedJob(file, spec, resolved, plan, job_id, folders)
+    return PreparedJob(file, spec, resolved, plan, job_id, folders, tenant=tenant)
 
 
 def store_for(config: Config, spec: JobSpec, tenant: str | None = None) -> Any:
@@ -243,7 +254,23 @@ def runner_settings(config: Config, job: PreparedJob, image: str) -> RunnerSetti
         memory_bytes=res.memory,
         volume=config.volume,
         user=config.runner_uid_gid(),
+        data_mounts=data_mounts(config, job),
         **_storage_mounts(config, job),
+    )
+
+
+def data_mounts(config: Config, job: PreparedJob) -> tuple[DataMount, ...]:
+    """What of the data root the job's runners see: a CLI job the whole root, a tenant's job only
+    its area (writable where its outputs go), its run folder and its model pack (tenant_mounts)."""
+    if job.tenant is None:
+        return WHOLE_ROOT
+    outputs = {posixpath.dirname(i.output) for i in job.plan.items if not is_s3(i.output)}
+    return tenant_mounts(
+        area_rel(job.tenant),
+        f"{RUNS}/{job.job_id}",
+        f"models/{job.spec.models}",
+        outputs,
+        runs=RUNS if job.linger > 0 else "",
     )
 
 

@@ -58,7 +58,8 @@ def pack_key(job: PreparedJob, settings: PackingSettings, default_image: str) ->
         return None
     if job.resolved.uses_s3:  # runs alone: a pack writes its members' reports without presigned links
         return None
-    same = (spec.image or default_image, *(getattr(spec, name) for name in SHARED_KEYS))
+    # The tenant first: a pack's chunk services, and a lane's runner, never see two tenants' photos.
+    same = (job.tenant, spec.image or default_image, *(getattr(spec, name) for name in SHARED_KEYS))
     return hashlib.sha256(repr(same).encode()).hexdigest()
 
 

@@ -115,7 +115,14 @@ def build(
     plan = make_plan(pack_id, refs, "auto", parallel, AUTO_MAX_CHUNK)
     folders = tuple(sorted({f for m in members for f in m.job.folders}))
     linger = config.packing.linger
-    return PreparedJob(file, spec, resolved, plan, pack_id, folders, people_in_chunks=True, linger=linger), record
+    tenants = {m.job.tenant for m in members}
+    if len(tenants) != 1:  # packing.pack_key keys on the tenant: never reached
+        raise ValueError(f"a pack holds one tenant's jobs, got {sorted(map(str, tenants))}")
+    tenant = tenants.pop()
+    prepared = PreparedJob(
+        file, spec, resolved, plan, pack_id, folders, people_in_chunks=True, linger=linger, tenant=tenant
+    )
+    return prepared, record
 
 
 def _rel(config: Config, p: Photo) -> str:

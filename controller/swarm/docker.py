@@ -23,7 +23,7 @@ from controller.errors import CapacityError, ConfigError, EngineUnavailable, Ffs
 from controller.swarm import network
 from controller.swarm.backend import ENDED, NodeInfo, NodeState, ServiceState, TaskState
 from controller.swarm.events import LABEL_SERVICE_NAME, DockerEvents
-from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, ServiceSpec
+from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, DataMount, ServiceSpec, VolumeSpec
 
 
 def _ts(value: str | None) -> float:
@@ -162,14 +162,7 @@ class DockerSwarm:
         self._networks.add(name)
 
     def create_service(self, spec: ServiceSpec) -> str:
-        mounts = [
-            dt.Mount(
-                target=spec.volume.target,
-                source=spec.volume.name,
-                type="volume",
-                driver_config=dt.DriverConfig(spec.volume.driver, dict(spec.volume.driver_options)),
-            )
-        ]
+        mounts = [_data_mount(spec.volume, m) for m in spec.data_mounts]
         mounts += [
             dt.Mount(target=path, source=None, type="tmpfs", tmpfs_size=size) for path, size in spec.tmpfs.items()
         ]
@@ -346,4 +339,25 @@ def node_info(raw: Mapping[str, Any]) -> NodeInfo:
         availability=str(spec.get("Availability", "")),
         labels=dict(spec.get("Labels") or {}),
         generic_resources=resources,
+    )
+
+
+def _data_mount(volume: VolumeSpec, mount: DataMount) -> dt.Mount:
+    """One folder of the data root in a runner. The whole root is the volume itself; a folder of a
+    bind volume is a plain bind of the host folder (no volume object per folder left behind); a
+    folder of an NFS volume is a volume of its own over the export's sub-path."""
+    if mount.rel == "":
+        target = volume
+    elif volume.is_bind:
+        return dt.Mount(
+            target=mount.target, source=volume.device_of(mount.rel), type="bind", read_only=not mount.writable
+        )
+    else:
+        target = volume.sub(mount.rel)
+    return dt.Mount(
+        target=mount.target,
+        source=target.name,
+        type="volume",
+        read_only=not mount.writable,
+        driver_config=dt.DriverConfig(target.driver, dict(target.driver_options)),
     )

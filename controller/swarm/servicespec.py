@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+import posixpath
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from contract.layout import RunLayout
 from contract.manifest import ENV_ATTEMPT, ENV_MANIFEST
-from contract.paths import CONTAINER_DATA_ROOT
+from contract.paths import CONTAINER_DATA_ROOT, container_path
 
 LABEL_JOB = "io.ffswarm.job"
 LABEL_CHUNK = "io.ffswarm.chunk"
@@ -74,6 +75,45 @@ class VolumeSpec:
             raise ValueError(f"bind volume needs an absolute host path, got {host_dir!r}")
         return cls(MappingProxyType({"type": "none", "o": "bind", "device": host_dir}))
 
+    @property
+    def is_bind(self) -> bool:
+        return self.driver_options.get("o") == "bind"
+
+    def device_of(self, rel: str) -> str:
+        """The device (NFS ``:/export/rel``, or the bind's host folder) of a folder ``rel`` under the root."""
+        device = self.driver_options["device"].rstrip("/")
+        return device if rel in ("", ".") else f"{device}/{rel}"
+
+    def sub(self, rel: str) -> VolumeSpec:
+        """The same volume narrowed to the folder ``rel`` under the root: NFS mounts the export's
+        sub-path (engine 20.10 has no volume sub-path of its own), a bind binds the sub-folder."""
+        return VolumeSpec(MappingProxyType({**self.driver_options, "device": self.device_of(rel)}), self.driver)
+
+
+@dataclass(frozen=True)
+class DataMount:
+    """One folder of the data root as a runner sees it: ``rel`` under the root, mounted at the same
+    place under /data (so manifests' paths mean the same thing), read-only unless ``writable``.
+    ``rel`` "" is the whole data root, as a CLI job's runner mounts it."""
+
+    rel: str
+    writable: bool = False
+
+    def __post_init__(self) -> None:
+        parts = self.rel.split("/") if self.rel else []
+        if self.rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"a data mount is a normalised folder under the data root, got {self.rel!r}")
+
+    @property
+    def target(self) -> str:
+        return container_path(self.rel)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"path": self.rel or ".", "writable": self.writable}
+
+
+WHOLE_ROOT = (DataMount("", writable=True),)
+
 
 SECRETS_DIR = "/run/secrets"
 
@@ -130,8 +170,12 @@ class ServiceSpec:
     # ffswarm: docs/storage.md#network) and the credentials secret.
     storage_networks: tuple[str, ...] = ()
     secrets: tuple[SecretMount, ...] = ()
+    # What of the data root the runner sees (a tenant's job: its area, run folder and models only).
+    data_mounts: tuple[DataMount, ...] = WHOLE_ROOT
 
     def __post_init__(self) -> None:
+        if not self.data_mounts:
+            raise ValueError("a chunk service mounts at least one folder of the data root")
         if self.memory_bytes <= 0:
             raise ValueError("a chunk service needs a memory limit")
         if self.memory_reservation_bytes == 0:
@@ -174,6 +218,7 @@ class ServiceSpec:
             "networks": list(self.networks),
             **({"storage_networks": list(self.storage_networks)} if self.storage_networks else {}),
             **({"secrets": [m.as_dict() for m in self.secrets]} if self.secrets else {}),
+            **({"data_mounts": [m.as_dict() for m in self.data_mounts]} if self.data_mounts != WHOLE_ROOT else {}),
         }
 
 
@@ -193,6 +238,7 @@ class RunnerSettings:
     nano_cpus: int = RUNNER_NANO_CPUS  # policy.limits.cpus
     storage_networks: tuple[str, ...] = ()  # storage.s3.network, for a job that uses s3://
     secrets: tuple[SecretMount, ...] = ()  # storage.s3.credentials_secret, likewise
+    data_mounts: tuple[DataMount, ...] = WHOLE_ROOT  # tenant_mounts for a tenant's job
 
 
 def chunk_service(
@@ -227,4 +273,31 @@ def chunk_service(
         nano_cpus=settings.nano_cpus,
         storage_networks=settings.storage_networks,
         secrets=settings.secrets,
+        data_mounts=settings.data_mounts,
     )
+
+
+MAX_OUTPUT_MOUNTS = 16  # writable output folders per service before they are merged into their common folder
+
+
+def tenant_mounts(
+    area: str, run: str, models: str, output_folders: Iterable[str], runs: str = ""
+) -> tuple[DataMount, ...]:
+    """What a tenant's runner sees of the data root: its ``area`` read-only, the folders its outputs
+    go to (each under the area) writable, its own ``run`` folder writable, and the model pack
+    ``models`` read-only — never the data root. A lane's runner (``runs``: the runs folder) is
+    handed other packs of the same tenant later, so it sees every run folder and its whole area
+    writable instead of those of one pack (docs/operations.md#isolation)."""
+    inside = [f for f in dict.fromkeys(output_folders) if f != run and not f.startswith(run + "/")]
+    for f in inside:
+        if f != area and not f.startswith(area + "/"):
+            raise ValueError(f"a tenant's output folder {f!r} is outside its area {area!r}")
+    if runs:
+        return (DataMount(area, writable=True), DataMount(runs, writable=True), DataMount(models))
+    outputs = sorted(f for f in inside if not any(f.startswith(g + "/") for g in inside if g != f))
+    if len(outputs) > MAX_OUTPUT_MOUNTS:
+        outputs = [posixpath.commonpath(outputs)]
+    if area in outputs:
+        return (DataMount(area, writable=True), DataMount(run, writable=True), DataMount(models))
+    writable = tuple(DataMount(f, writable=True) for f in outputs)
+    return (DataMount(area), *writable, DataMount(run, writable=True), DataMount(models))

@@ -54,6 +54,22 @@ def test_packing_settings_are_checked_and_named() -> None:
         assert e.value.field == where, bad
 
 
+def test_two_tenants_jobs_never_share_a_pack(tmp_path: Path) -> None:
+    files = {"in/0.jpg": JPEG, "faces/me.jpg": JPEG}
+    one = _job(tmp_path, "one", "source: faces/me.jpg\ntargets: [in/0.jpg]\noutput: out/one/{name}\n", files)
+    acme, globex = dataclasses.replace(one, tenant="acme"), dataclasses.replace(one, tenant="globex")
+    assert pack_key(acme, ON, "img") is not None
+    assert pack_key(acme, ON, "img") == pack_key(dataclasses.replace(one, tenant="acme"), ON, "img")
+    assert len({pack_key(acme, ON, "img"), pack_key(globex, ON, "img"), pack_key(one, ON, "img")}) == 3
+    now = [100.0]
+    packer = Packer(ON, "img", clock=lambda: now[0])
+    for job in (acme, globex, acme):
+        assert packer.offer(Member(tmp_path / "inbox" / f"{job.tenant}.yaml", job, job.tenant))
+    now[0] += 10  # past the window: every bucket is due
+    tenants = [{m.tenant for m in pack} for pack in packer.due(slots=9, free_gpus=None)]
+    assert sorted(map(sorted, tenants)) == [["acme"], ["globex"]]
+
+
 def test_only_small_photo_jobs_that_agree_on_what_the_runner_loads_pack_together(tmp_path: Path) -> None:
     files = {f"in/{n}.jpg": JPEG for n in range(8)} | {"faces/me.jpg": JPEG, "faces/you.jpg": JPEG}
     one = _job(tmp_path, "one", "source: faces/me.jpg\ntargets: [in/0.jpg]\noutput: out/one/{name}\n", files)
