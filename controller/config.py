@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from controller import yamlio
 from controller.api.settings import ApiSettings, Tenant, check_tenant_storage, parse_api, parse_tenants
 from controller.errors import ConfigError
 from controller.job.validate import FieldError, parse_duration
@@ -111,7 +112,7 @@ def find_config(explicit: str | None) -> Path:
 def load_config(explicit: str | None = None) -> Config:
     path = find_config(explicit)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yamlio.load(path.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(data, dict):

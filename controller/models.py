@@ -33,7 +33,7 @@ import yaml
 from contract import pack, swapper
 from contract.errors import PackError
 from contract.pack import PACK_FILE, check_file, roles_of
-from controller import redact
+from controller import redact, yamlio
 from controller.errors import MissingInputError, UsageError
 
 CHUNK = 1 << 20
@@ -113,7 +113,7 @@ def read_spec(pack_dir: Path, shown: str | None = None) -> dict[str, Any]:
 def parse_spec(text: str, named: str) -> dict[str, Any]:
     """pack.yaml's text, parsed (``yaml.safe_load``) and checked; ``named`` says whose in refusals."""
     try:
-        data = yaml.safe_load(text)
+        data = yamlio.load(text)
     except yaml.YAMLError as e:
         raise pack.not_yaml(named, e) from e
     return pack.check_spec(data, named)

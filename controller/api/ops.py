@@ -25,8 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from controller import yamlio
 from controller.api.area import Area, JobRecord
 from controller.api.errors import ApiError, not_found
 from controller.api.quota import RETRY_AFTER, check_quota
@@ -121,8 +120,8 @@ def scale(config: Config, tenant: Tenant, area: Area, job: str, n: int) -> dict[
     if rec.sha256 != hashlib.sha256(old).hexdigest():
         raise ApiError(409, "unreadable", f"job {job!r}'s inbox file is not the one handed over; nothing was changed")
     _check_width(config, tenant, job, n, _gpus(old, f"inbox/{job}.yaml"))
-    fields = yaml.safe_load(old.decode("utf-8"))
-    text = yaml.safe_dump({**fields, "max_concurrent": n}, sort_keys=False, allow_unicode=True)
+    fields = yamlio.load(old.decode("utf-8"))
+    text = yamlio.dump({**fields, "max_concurrent": n}, sort_keys=False, allow_unicode=True)
     parse_job_text(text, f"inbox/{job}.yaml")  # what serve will read back
     _replace_queued(config, area, job, rec, old, text)
     return {"job": job, "max_concurrent": n}

@@ -23,6 +23,7 @@ import yaml
 
 from contract.s3 import is_s3
 from controller import policy as admission
+from controller import yamlio
 from controller.api import quota
 from controller.api.area import Area, new_job_id, tree_bytes
 from controller.api.errors import ApiError
@@ -124,7 +125,7 @@ def validate(config: Config, area: Area, data: dict[str, Any], job: str, objects
     except FfswarmError as e:  # a missing input or pack: the CLI's words, paths as the tenant knows them
         raise ApiError(422, "invalid_job", tenant_text(str(e), area)) from None
     root_data = {k: (_to_root(v, area.rel + "/") if k in _PATH_FIELDS else v) for k, v in data.items()}
-    text = yaml.safe_dump(root_data, sort_keys=False, allow_unicode=True)
+    text = yamlio.dump(root_data, sort_keys=False, allow_unicode=True)
     if len(text.encode()) > config.policy.limits.job_file:
         raise ApiError(422, "invalid_job", f"the job file would be over {config.policy.limits.job_file} bytes")
     parse_job_text(text, f"inbox/{job}.yaml")  # what serve will read back
@@ -175,7 +176,7 @@ def options(raw: bytes | None) -> dict[str, Any]:
     if raw is None:
         return {}
     try:
-        data = yaml.safe_load(raw.decode("utf-8")) if raw.strip() else {}
+        data = yamlio.load(raw.decode("utf-8")) if raw.strip() else {}
     except (UnicodeDecodeError, yaml.YAMLError):
         raise ApiError(422, "invalid_job", "the job part is not JSON", field="job") from None
     if not isinstance(data, dict):

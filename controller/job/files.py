@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from contract.manifest import FaceSelection, NoFacePolicy
+from controller import yamlio
 from controller.errors import FfswarmError, JobFileError
 from controller.job import pairs
 from controller.job.spec import (
@@ -193,7 +194,7 @@ def parse_job(data: object, file: str, lines: Mapping[str, int] | None = None) -
 def key_lines(text: str) -> dict[str, int]:
     """The line (1-based) of each top-level key; composes nodes only (as safe as safe_load)."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yamlio.compose(text)
     except yaml.YAMLError:
         return {}
     if not isinstance(root, yaml.MappingNode):
@@ -204,7 +205,7 @@ def key_lines(text: str) -> dict[str, int]:
 def parse_job_text(text: str, file: str) -> JobSpec:
     """A job from the text of a job file (``yaml.safe_load``: tags like ``!!python/object`` fail)."""
     try:
-        data = yaml.safe_load(text)
+        data = yamlio.load(text)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from controller import yamlio
+
 _DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 _MEMORY = re.compile(r"(\d+)([kmgt]?)", re.IGNORECASE)
 _MEMORY_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -199,7 +201,7 @@ def duplicate_key(text: str) -> tuple[str, int] | None:
     document returns None and is reported by ``safe_load``.
     """
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yamlio.compose(text)
     except yaml.YAMLError:
         return None
     stack: list[yaml.Node] = [root] if root is not None else []

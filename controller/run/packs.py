@@ -31,11 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from contract.identity_table import identity_id
 from contract.s3 import S3Url
-from controller import log
+from controller import log, yamlio
 from controller.config import Config
 from controller.errors import FfswarmError
 from controller.job.files import parse_job_text
@@ -94,8 +92,8 @@ def build(
             pairs.append({"source": [_rel(config, p) for p in person], "target": t.rel, "output": escaped})
         record[m.job.job_id] = {"tenant": m.tenant, "items": items}
     first = members[0].job
-    base = yaml.safe_load(first.file.read_bytes())
-    text = yaml.safe_dump(
+    base = yamlio.load(first.file.read_bytes())
+    text = yamlio.dump(
         {
             **{k: v for k, v in (base if isinstance(base, dict) else {}).items() if k not in OWN_KEYS},
             "name": pack_id,

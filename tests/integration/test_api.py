@@ -204,14 +204,14 @@ def test_a_tenants_zip_runs_end_to_end_and_only_that_tenant_sees_it(
         (ws.root / "tenants" / ".jobs" / tenants.a).iterdir()
     )
 
-    # the same ZIP without it: accepted at once, the non-image entry noted
-    started = time.monotonic()
+    # the same ZIP without it: accepted before it has run (the 202 is the inbox hand-over, not the
+    # work), the non-image entry noted
     r = post(_zip(entries))
-    took = time.monotonic() - started
     assert r.status_code == 202, r.text
-    assert took < 1.0, f"202 took {took:.2f} s"
     body = r.json()
     job = body["id"]
+    with api.client(key_a) as c:
+        assert c.get(f"/v1/jobs/{job}").json()["phase"] in ("queued", "running")
     assert job.startswith("holiday-") and body["status_url"] == f"/v1/jobs/{job}"
     assert any("readme.txt" in n for n in body.get("notes", []))
 
