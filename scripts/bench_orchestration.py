@@ -115,8 +115,10 @@ class Bench:
             events.append((time.perf_counter(), event, fields))
 
         cpu0, t0, wall0 = cpu_seconds(), time.perf_counter(), time.time()
-        prepared = jobs.prepare(config, [f], new=False)
         backend = DockerSwarm(config.docker_host)
+        # As `ffswarm submit` does: the swarm's GPU slots size `chunk_size: auto` (without them auto
+        # takes max_concurrent for the slots and cuts more chunks than there are GPUs).
+        prepared = jobs.prepare(config, [f], new=False, swarm=lambda: backend)
         done = usecase.submit(config, backend, prepared, [lambda rundir, job: record])
         code, reports = max(r.exit_code() for r in done), [r.to_dict() for r in done]
         wall = time.perf_counter() - t0
