@@ -11,6 +11,8 @@ steady rate, run by `ffswarm serve`, side by side in one run:
            runs it on the models it loaded (controller/run/lanes.py); lingering-burst: offered at 100/s;
   alone    M one-photo requests at the same rate, `serve` without packing: every request its own
            identity step and chunk service (the path before packing; M is small because it is slow).
+  packed-2t, lingering-2t  as packed and lingering, the requests alternating between two tenants:
+           what keeping tenants apart costs (a pack and a lane hold one tenant's photos only).
 
 For each: completed requests/s (requests / from the first post to the last report) and the p50/p99
 end-to-end latency (post → the job's report.json written). Every request has its own source photo
@@ -54,6 +56,8 @@ from scripts.bench_api import free_port  # noqa: E402
 from tests.fixtures import photos  # noqa: E402
 
 KEY = "bench-small-key"
+KEYS = (KEY, "bench-small-key-2")  # the first tenant's, the second's (the -2t phases)
+PHASES = ("ceiling", "packed", "packed-burst", "lingering", "lingering-burst", "alone", "packed-2t", "lingering-2t")
 OPTIONS = {"providers": ["cpu"], "resources": {"gpus": 1, "gpu_kind": "GPU", "memory": "2g"}, "retries": 1}
 POOL = 40
 
@@ -66,10 +70,12 @@ class Bench:
     def __init__(self, tmp: Path, dev_config: Path) -> None:
         base = yaml.safe_load(dev_config.read_text())
         self.root = Path(base["data_root"])
-        self.tenant = "bench-" + os.urandom(3).hex()
-        self.area = self.root / "tenants" / self.tenant
-        tenants = {self.tenant: {"api_keys_sha256": [hashlib.sha256(KEY.encode()).hexdigest()],
-                                 "quota": {"jobs_queued": 100_000}}}  # fmt: skip
+        tag = os.urandom(3).hex()
+        self.tenants = [f"bench-{tag}", f"bench-{tag}-2"]
+        self.areas = [self.root / "tenants" / t for t in self.tenants]
+        self.area = self.areas[0]
+        tenants = {t: {"api_keys_sha256": [hashlib.sha256(k.encode()).hexdigest()], "quota": {"jobs_queued": 100_000}}
+                   for t, k in zip(self.tenants, KEYS, strict=True)}  # fmt: skip
         self.configs = {}
         for name, packing in (
             ("alone", None),
@@ -95,13 +101,14 @@ class Bench:
         # one face each: the wide crops (every third round of seven variants) show two people
         made = photos.face_photos(self.tmp / "faces", POOL * 4)
         faces = [p for i, p in enumerate(made) if (i // 7) % 3 != 1][: POOL * 2]
-        (self.area / "in").mkdir(parents=True, exist_ok=True)
-        for p in faces:
-            shutil.copy(p, self.area / "in" / p.name)
         st = self.root.stat()  # the runner's uid:gid (dev-swarm.sh gives it the data root)
         uid, gid = st.st_uid, st.st_gid
-        for f in [self.area / "in", *(self.area / "in").iterdir()]:
-            os.chown(f, uid, gid)
+        for area in self.areas:
+            (area / "in").mkdir(parents=True, exist_ok=True)
+            for p in faces:
+                shutil.copy(p, area / "in" / p.name)
+            for f in [area / "in", *(area / "in").iterdir()]:
+                os.chown(f, uid, gid)
         names = [f"in/{p.name}" for p in faces]
         return names[:POOL], names[POOL:]
 
@@ -115,15 +122,18 @@ class Bench:
         return None
 
     async def offer(self, url: str, bodies: list[dict[str, Any]], rate: float) -> list[tuple[str, float]]:
-        """Each body posted at its time (rate per second); (job id, wall time of the post)."""
+        """Each body posted at its time (rate per second), by the tenant its ``_tenant`` names (0: the
+        first); (job id, wall time of the post)."""
         out: list[tuple[str, float]] = []
-        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as http:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
             t0 = time.monotonic()
 
             async def one(n: int, body: dict[str, Any]) -> None:
+                body = dict(body)
+                key = KEYS[body.pop("_tenant", 0)]
                 await asyncio.sleep(max(0.0, t0 + n / rate - time.monotonic()))
                 posted = time.time()
-                r = await http.post("/v1/jobs", json=body)
+                r = await http.post("/v1/jobs", json=body, headers={"Authorization": f"Bearer {key}"})
                 if r.status_code != 202:
                     raise SystemExit(f"post {n}: {r.status_code} {r.text[:300]}")
                 out.append((r.json()["id"], posted))
@@ -205,8 +215,9 @@ class Bench:
             for sub in ("done", "failed"):
                 for p in (self.root / "inbox" / sub).glob(f"{job}.yaml*"):
                     p.unlink(missing_ok=True)
-        shutil.rmtree(self.area, ignore_errors=True)
-        shutil.rmtree(self.root / "tenants" / ".jobs" / self.tenant, ignore_errors=True)
+        for tenant, area in zip(self.tenants, self.areas, strict=True):
+            shutil.rmtree(area, ignore_errors=True)
+            shutil.rmtree(self.root / "tenants" / ".jobs" / tenant, ignore_errors=True)
 
 
 def main() -> int:
@@ -216,7 +227,11 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=10.0)
     ap.add_argument("--config", type=Path, default=REPO / "ffswarm.yaml")
     ap.add_argument("--logs", type=Path, help="copy the api's and serves' logs into this folder at the end")
+    ap.add_argument("--phases", default=",".join(PHASES[:6]), help=f"which rows, of {','.join(PHASES)}")
     a = ap.parse_args()
+    phases = [p for p in a.phases.split(",") if p]
+    if "ceiling" not in phases or any(p not in PHASES for p in phases):
+        ap.error(f"--phases: ceiling and any of {','.join(PHASES)}")
     if not (1 <= a.requests <= 5000 and 1 <= a.alone <= 500 and 0.1 <= a.rate <= 200):
         ap.error("--requests 1..5000, --alone 1..500, --rate 0.1..200")
     with tempfile.TemporaryDirectory(prefix="ffswarm-bench-small-") as tmp:
@@ -235,23 +250,27 @@ def main() -> int:
             assert api.poll() is None
             sources, targets = bench.photos()
 
-            def one(n: int) -> dict[str, Any]:
-                return {**OPTIONS, "name": "s", "source": sources[n % POOL], "targets": [targets[(n * 7) % POOL]]}
+            def one(n: int, tenants: int = 1) -> dict[str, Any]:
+                body = {**OPTIONS, "name": "s", "source": sources[n % POOL], "targets": [targets[(n * 7) % POOL]]}
+                return {**body, "_tenant": n % tenants}
 
             pairs = [{"source": sources[n % POOL], "target": targets[(n * 7) % POOL],
                       "output": f"out/ceiling/{n:05d}.jpg"} for n in range(a.requests)]  # fmt: skip
-            rows = {
-                "ceiling": bench.phase("ceiling", url, [{**OPTIONS, "name": "ceiling", "pairs": pairs}], 1.0, 1800),
-                "packed": bench.phase("packed", url, [one(n) for n in range(a.requests)], a.rate, 1800),
+            n, burst = a.requests, 100.0
+            offers: dict[str, tuple[list[dict[str, Any]], float]] = {
+                "ceiling": ([{**OPTIONS, "name": "ceiling", "pairs": pairs}], 1.0),
+                "packed": ([one(k) for k in range(n)], a.rate),
                 # offered faster than any path finishes them: what packing does at saturation, like the ceiling
-                "packed-burst": bench.phase("packed-burst", url, [one(n) for n in range(a.requests)], 100.0, 1800),
+                "packed-burst": ([one(k) for k in range(n)], burst),
                 # packed at the rate, each pack's chunk service waiting 30 s for the next (packing.linger)
-                "lingering": bench.phase("lingering", url, [one(n) for n in range(a.requests)], a.rate, 1800),
-                "lingering-burst": bench.phase(
-                    "lingering-burst", url, [one(n) for n in range(a.requests)], 100.0, 1800
-                ),
-                "alone": bench.phase("alone", url, [one(n) for n in range(a.alone)], a.rate, 1800),
+                "lingering": ([one(k) for k in range(n)], a.rate),
+                "lingering-burst": ([one(k) for k in range(n)], burst),
+                "alone": ([one(k) for k in range(a.alone)], a.rate),
+                # two tenants' requests, alternating: packs and lanes never mix them
+                "packed-2t": ([one(k, 2) for k in range(n)], a.rate),
+                "lingering-2t": ([one(k, 2) for k in range(n)], a.rate),
             }
+            rows = {p: bench.phase(p, url, *offers[p], 1800) for p in PHASES if p in phases}
         finally:
             bench.clean()
             if a.logs is not None:
@@ -262,8 +281,9 @@ def main() -> int:
     print(f"one-photo requests on the dev swarm, offered at {a.rate:g}/s (ceiling: one job of all pairs)")
     print(f"{'path':<16}{'requests':>9}{'done/s':>9}{'× ceiling':>11}{'× alone':>9}{'p50 s':>8}{'p99 s':>8}")
     for name, r in rows.items():
+        alone = f"{r['per_s'] / rows['alone']['per_s']:>8.1f}×" if "alone" in rows else f"{'-':>9}"
         print(f"{name:<16}{r['items']:>9}{r['per_s']:>9.2f}{r['per_s'] / ceiling:>10.2f}×"
-              f"{r['per_s'] / rows['alone']['per_s']:>8.1f}×{r['p50']:>8.1f}{r['p99']:>8.1f}")  # fmt: skip
+              f"{alone}{r['p50']:>8.1f}{r['p99']:>8.1f}")  # fmt: skip
     print("packs' chunk services, time summed over them (created → runner started → models loaded → ended → seen):")
     for name, t in bench.packs.items():
         total = t["start_s"] + t["load_s"] + t["work_s"] + t["seen_s"]
