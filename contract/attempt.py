@@ -35,6 +35,7 @@ MAX_COLD_START = 86_400.0
 MAX_TIME = 32_503_680_000.0  # unix time of the year 3000
 CLOCK_SLACK = 5.0  # seconds ``finished`` may precede ``started`` (a stepped wall clock)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_PROCESS = re.compile(r"[0-9a-f]{16}")
 CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
@@ -55,6 +56,9 @@ class AttemptRecord:
     exit: str | None = None  # once ended: a RunnerExit name, or TERMINATED
     reason: str | None = None  # why it failed, for people: files named relative to the data root
     finished: float | None = None  # unix time it ended
+    # The runner process that ran it: a random id made at the process's start, so a lane's runner
+    # (which runs several packs' attempts) is told apart from a fresh one by its records alone.
+    process: str | None = None
     schema: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -89,6 +93,8 @@ class AttemptRecord:
             _time(self.finished, "finished")
             if self.finished < self.started - CLOCK_SLACK:
                 raise RecordError("attempt record: finished before it started")
+        if self.process is not None and not (isinstance(self.process, str) and _PROCESS.fullmatch(self.process)):
+            raise RecordError("attempt record: process must be 16 lowercase hex digits")
         if (self.exit is None) != (self.finished is None):
             raise RecordError("attempt record: exit and finished come together")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import tempfile
 import time
 from collections.abc import Callable
@@ -24,6 +25,9 @@ from contract.paths import user_text
 
 from .errors import Terminated
 from .volume import DataRoot
+
+
+PROCESS = secrets.token_hex(8)  # this runner process, in every record it writes (contract/attempt.py)
 
 
 def exit_kind(code: int) -> str:
@@ -45,7 +49,9 @@ class AttemptRecorder:
 
     def begin(self, root: DataRoot, manifest: Manifest, attempt: int, logger: Any) -> None:
         try:
-            self.record = AttemptRecord(job=manifest.job, chunk=manifest.chunk, attempt=attempt, started=self.started)
+            self.record = AttemptRecord(
+                job=manifest.job, chunk=manifest.chunk, attempt=attempt, started=self.started, process=PROCESS
+            )
         except RecordError as e:  # a job or chunk id no record can carry: the controller reads the log
             logger.warning("no attempt record", reason=str(e))
             return

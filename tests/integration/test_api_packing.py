@@ -133,6 +133,9 @@ def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: s
     assert all(p == "finished" for p in phases.values()), phases
     assert 1 <= len(seen) <= 4, f"{len(seen)} chunk services: {sorted(seen)}"
     assert len(packs) <= 2, packs
+    for pack in packs:  # packs never mix tenants: each holds one tenant's jobs (both tenants posted)
+        members = json.loads((ws.root / "runs" / pack / "members.json").read_text())
+        assert len({m["tenant"] for m in members.values()}) == 1, members
     assert not steps, f"a pack ran an identity step ({sorted(steps)}): its chunks embed their own people"
 
     outputs: dict[str, bytes] = {}

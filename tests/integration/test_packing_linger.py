@@ -5,8 +5,10 @@ whose runner died is not trusted — the next pack runs its chunk as always, and
 Four rounds of small API jobs, each round one pack. The second runs in the lane the first started:
 one lane service seen for both, no pack runner service, the second pack's attempt record without a
 cold start; its job whose source has no face fails alone, and the chunk is not run again for it. The
-lane's container is then killed, and the third round still ends with every output. A lane no live
-`serve` owns is removed (what the next `serve` does with a dead one's), a live one's is kept.
+lane's container is then killed, and the third round still ends with every output. A fifth round,
+of another tenant, never runs in the first tenant's lane: its pack has a service and a runner process
+of its own. A lane no live `serve` owns is removed (what the next `serve` does with a dead one's), a
+live one's is kept.
 """
 
 from __future__ import annotations
@@ -72,9 +74,11 @@ def _round(
     n: int,
     seen: dict[str, set[str]],
     faceless: bool = False,
+    tenant: str | None = None,
 ) -> list[str]:
-    """One round of ROUND jobs, to their ends; with ``faceless`` the first one's source has no face."""
-    key = tenants.keys[tenants.a]
+    """One round of ROUND jobs of ``tenant`` (default: the first), to their ends; with ``faceless``
+    the first one's source has no face."""
+    key = tenants.keys[tenant or tenants.a]
     jobs = []
     options = {"providers": ["cpu"], "resources": {"gpus": 1, "gpu_kind": "GPU", "memory": "2g"}, "retries": 1}
     for k in range(ROUND):
@@ -110,17 +114,19 @@ def _round(
 
 
 def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: set[str]) -> None:  # noqa: F811
-    with api.client(tenants.keys[tenants.a]) as c:  # the tenant's area, made by the API
-        assert c.get("/v1/jobs").status_code == 200
-    area = ws.root / "tenants" / tenants.a / "in"
-    area.mkdir(exist_ok=True)
-    faces = photos.face_photos(ws.dir / "faces", 4 + 4 * ROUND)
-    for i, f in enumerate(faces[:4]):
-        shutil.copy(f, area / f"src{i}.jpg")
-    shutil.copy(photos.no_face_photo(ws.dir / "blank"), area / "blank.jpg")
-    for i, f in enumerate(faces[4:]):
-        shutil.copy(f, area / f"t{i // ROUND}{i % ROUND}.jpg")
-    chown_tree(area, ws.config.runner_uid_gid())
+    faces = photos.face_photos(ws.dir / "faces", 4 + 5 * ROUND)
+    blank = photos.no_face_photo(ws.dir / "blank")
+    for tenant in (tenants.a, tenants.b):
+        with api.client(tenants.keys[tenant]) as c:  # the tenant's area, made by the API
+            assert c.get("/v1/jobs").status_code == 200
+        area = ws.root / "tenants" / tenant / "in"
+        area.mkdir(exist_ok=True)
+        for i, f in enumerate(faces[:4]):
+            shutil.copy(f, area / f"src{i}.jpg")
+        shutil.copy(blank, area / "blank.jpg")
+        for i, f in enumerate(faces[4:]):
+            shutil.copy(f, area / f"t{i // ROUND}{i % ROUND}.jpg")
+        chown_tree(area, ws.config.runner_uid_gid())
     seen: dict[str, set[str]] = {"lanes": set(), "runners": set()}
 
     def pack_of(job: str) -> str:
@@ -149,6 +155,27 @@ def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: s
     # a lane whose serve is alive is left to it; one no live serve owns (it stopped, or died) is removed
     fourth = _round(tenants, api, swarm, 3, seen)  # a fresh lane, waiting now
     packs |= {pack_of(j) for j in fourth}
+
+    # another tenant's pack of the same kind: never handed to the first tenant's lane (a service and a
+    # runner process of its own: its services' names, and the process in its attempt records)
+    before = set(seen["lanes"]) | set(seen["runners"])
+    fifth = _round(tenants, api, swarm, 4, seen, tenant=tenants.b)
+    packs |= {pack_of(j) for j in fifth}
+    (other,) = {pack_of(j) for j in fifth}
+    members = json.loads((ws.root / "runs" / other / "members.json").read_text())
+    assert {m["tenant"] for m in members.values()} == {tenants.b}, members
+    new = (seen["lanes"] | seen["runners"]) - before
+    assert new and all(other in name for name in new), (new, before)
+    own = {pack_of(j) for j in first + second + third + fourth}
+    processes = {
+        json.loads(r.read_text()).get("process")
+        for p in own
+        for r in (ws.root / "runs" / p / "attempts").glob("*.json")
+    }
+    theirs = [json.loads(r.read_text()) for r in (ws.root / "runs" / other / "attempts").glob("*.json")]
+    assert None not in processes and len(processes) >= 2, processes  # the killed lane's and the later ones
+    assert theirs and all(r["process"] not in processes for r in theirs), (theirs, processes)
+
     waiting = _services(swarm, ROLE_LANE, "lane-pack-")
     assert waiting and remove_left(swarm, live_owners(ws.root / "inbox")) == 0
     assert remove_left(swarm, set()) == len(waiting) and not _services(swarm, ROLE_LANE, "lane-pack-")

@@ -193,3 +193,13 @@ def test_a_runner_killed_after_its_first_record_keeps_the_controllers_reason(tmp
     run = sup.run(["c0000"])["c0000"]
     assert run.state is ChunkState.FAILED and "out of memory" in (run.reason or "")
     assert "i000001" not in (run.reason or "")
+
+
+def test_the_runner_process_is_named_in_every_record_it_writes_and_a_bad_name_is_refused() -> None:
+    from runner_image.record import PROCESS
+
+    record = dataclasses.replace(loaded(), process=PROCESS)
+    assert AttemptRecord.from_json(record.to_json()).process == PROCESS
+    for bad in ("x" * 16, "ABCDEF0123456789", "0" * 15, 7, "../../etc/passwd"):
+        with pytest.raises(RecordError, match="process"):
+            AttemptRecord.from_dict({**json.loads(record.to_json()), "process": bad})
