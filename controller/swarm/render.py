@@ -20,7 +20,7 @@ from pathlib import Path
 
 import jinja2
 
-from controller.swarm.servicespec import ServiceSpec, VolumeSpec
+from controller.swarm.servicespec import WHOLE_ROOT, ServiceSpec, VolumeSpec
 
 RUNNER_TEMPLATE = "runner.yml.j2"
 CONTROLLER_TEMPLATE = "controller.yml.j2"
@@ -79,6 +79,7 @@ def render_runner_stack(specs: Sequence[ServiceSpec], attempt: int = 1, stack: s
     if len(volumes) != 1 or len(jobs) != 1:
         raise ValueError("a runner stack holds the chunks of one job, which share one data volume")
     volume = specs[0].volume
+    mounts, extra = _narrowed_mounts(specs)
     return (
         _env()
         .get_template(RUNNER_TEMPLATE)
@@ -90,9 +91,36 @@ def render_runner_stack(specs: Sequence[ServiceSpec], attempt: int = 1, stack: s
             networks=sorted({n for s in specs for n in (s.networks or ("bridge",))}),
             volume=_volume_dict(volume),
             volume_key=VOLUME_KEY,
+            mounts=mounts,
+            extra_volumes=extra,
             log_driver=LOG_DRIVER,
         )
     )
+
+
+def _narrowed_mounts(specs: Sequence[ServiceSpec]) -> tuple[dict[str, list[dict[str, object]]], dict[str, object]]:
+    """A tenant's services see only some folders of the data root (servicespec.tenant_mounts): per
+    service, its mounts as compose entries (a bind volume's folders as binds, an NFS volume's as
+    volumes of their own over the export's sub-paths), and those volumes. Services that see the
+    whole root are left out: they mount the one data volume."""
+    mounts: dict[str, list[dict[str, object]]] = {}
+    volumes: dict[str, object] = {}
+    for spec in specs:
+        if spec.data_mounts == WHOLE_ROOT:
+            continue
+        entries: list[dict[str, object]] = []
+        for m in spec.data_mounts:
+            entry: dict[str, object] = {"target": m.target, "read_only": not m.writable}
+            if spec.volume.is_bind:
+                entry.update(type="bind", source=spec.volume.device_of(m.rel))
+            else:
+                sub = spec.volume.sub(m.rel)
+                key = f"{VOLUME_KEY}-{sub.name.removeprefix('ffswarm-data-')}"
+                volumes[key] = _volume_dict(sub)
+                entry.update(type="volume", source=key)
+            entries.append(entry)
+        mounts[spec.name] = entries
+    return mounts, volumes
 
 
 def _volume_dict(volume: VolumeSpec) -> dict[str, object]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 
 from controller.api import submit
 from controller.api.area import Area
@@ -21,6 +22,7 @@ from controller.run import serve, usecase
 from controller.run.inbox import Inbox
 from controller.run.jobs import start_run
 from controller.run.rundir import RunDir
+from controller.swarm.render import render_runner_stack
 from controller.swarm.servicespec import LABEL_JOB
 from tests.fakes import FakeSwarm
 from tests.unit.api_helpers import JPEG, beat, make_config
@@ -72,6 +74,22 @@ def test_an_api_jobs_run_folder_renders_as_its_tenants_job(tmp_path: Path) -> No
     chunks = [c.id for c in RunDir(config.data_root, job).plan().chunks]
     names = render(config, job)
     assert len(names) == len(chunks) >= 1 and all(job in n for n in names)
+
+
+def test_an_api_jobs_stack_mounts_only_its_tenants_folders(tmp_path: Path) -> None:
+    config, job = started_tenant_job(tmp_path)
+    services = ops.job_services(config, job, 1, lambda: Swarm())  # type: ignore[arg-type, return-value]
+    stack = yaml.safe_load(render_runner_stack(services))
+    root = str(config.data_root)
+    for svc in stack["services"].values():
+        assert {
+            (m["type"], m["source"], m["target"], m["read_only"]) for m in svc["volumes"] if m["type"] != "tmpfs"
+        } == {
+            ("bind", f"{root}/tenants/acme", "/data/tenants/acme", True),
+            ("bind", f"{root}/tenants/acme/out/{job}", f"/data/tenants/acme/out/{job}", False),
+            ("bind", f"{root}/runs/{job}", f"/data/runs/{job}", False),
+            ("bind", f"{root}/models/default", "/data/models/default", True),
+        }
 
 
 def refused_as_a_cli_job(config: Config, job: str) -> None:
