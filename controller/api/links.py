@@ -58,8 +58,10 @@ class SigningKeys:
     previous: tuple[bytes, ...] = ()
 
     def find(self, kid: str) -> bytes | None:
+        """The key named ``kid`` (any text a client sent: compared as bytes, never a 500)."""
+        asked = kid.encode("utf-8", "replace")
         for key in (self.current, *self.previous):
-            if hmac.compare_digest(key_id(key), kid):
+            if hmac.compare_digest(key_id(key).encode(), asked):
                 return key
         return None
 

@@ -101,6 +101,7 @@ def test_a_link_of_the_previous_key_verifies_during_a_rotation_and_an_unknown_or
     assert anon_get(env, f"{path}?expires={expires}&sig={unkeyed}") == (403, "bad_signature")  # made before key ids
     forged = made.replace(f"kid={links.key_id(env.signing_key)}", f"kid={hashlib.sha256(OLD_KEY).hexdigest()[:12]}")
     assert anon_get(env, forged) == (403, "bad_signature")  # the signature is the current key's
+    assert anon_get(env, f"{path}?expires={expires}&kid=%C3%A9&gen=0&sig={unkeyed}") == (403, "bad_signature")
 
 
 def test_revoking_a_jobs_links_refuses_every_link_made_before_and_none_made_after(env: Env) -> None:
