@@ -119,7 +119,8 @@ class Authenticator:
         if named is not None and by_sub is not None and by_sub.name != named:
             raise unauthorized(f"the token's {claim} and sub name different tenants")
         found = self.tenants[named] if isinstance(named, str) else by_sub
-        assert found is not None
+        if found is None:
+            raise unauthorized("the token names no tenant")
         return found
 
 
