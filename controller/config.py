@@ -15,7 +15,7 @@ from controller import yamlio
 from controller.api.settings import ApiSettings, Tenant, check_tenant_storage, parse_api, parse_tenants
 from controller.errors import ConfigError
 from controller.job.validate import FieldError, parse_duration
-from controller.policy import Policy, parse_policy
+from controller.policy import Policy, Webhooks, parse_policy
 from controller.run.packing_settings import PackingSettings, parse_packing
 from controller.storage.settings import StorageSettings, parse_storage
 from controller.swarm.servicespec import VolumeSpec
@@ -69,6 +69,15 @@ class Config:
                 "chown it to the runner's uid (the image's user is 10001) or set runner_user: UID:GID"
             )
         return f"{st.st_uid}:{st.st_gid}"
+
+    def webhooks(self, tenant: str | None) -> Webhooks:
+        """Where a job's webhook may post and what signs it: the cluster's ``policy.webhooks`` for a
+        CLI job (tenant None); a tenant's own ``tenants.<t>.webhooks`` for its jobs (off for a tenant
+        the config no longer names), never the cluster's."""
+        if tenant is None:
+            return self.policy.webhooks
+        found = self.tenants.get(tenant)
+        return found.webhooks if found is not None else Webhooks(name=f"tenants.{tenant}.webhooks")
 
     def controller_ids(self) -> tuple[int, int]:
         """Who owns what the controller keeps in a run folder (job.yaml, plan.json, chunks/, state …):

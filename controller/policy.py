@@ -77,9 +77,14 @@ class Hook:
 
 @dataclass(frozen=True)
 class Webhooks:
+    """Where a job's webhook may post and the key it is signed with: ``policy.webhooks`` for CLI
+    jobs, ``tenants.<t>.webhooks`` for that tenant's jobs (never the cluster's: a tenant's deliveries
+    are signed with a key only that tenant holds, and go only to its own hosts)."""
+
     allow_hosts: tuple[str, ...] = ()  # empty: webhooks off
     allow_private: bool = False  # loopback, link-local, private and metadata ranges refused unless true
     secret_file: Path | None = None  # HMAC-SHA256 signing key
+    name: str = "policy.webhooks"  # the config section, as errors name it
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,8 @@ class Policy:
     placement: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
     hooks: Mapping[str, Hook] = field(default_factory=dict)
-    webhooks: Webhooks = field(default_factory=Webhooks)
+    webhooks: Webhooks = field(default_factory=Webhooks)  # CLI (untenanted) jobs only
+    allow_overwrite: bool = False  # whether a job file may say overwrite: true
     configured: bool = False  # whether the config has a policy: section (doctor says which applies)
 
     def describe(self) -> list[str]:
@@ -128,7 +134,7 @@ def _parse(data: object) -> Policy:
         return Policy(configured=True)
     if not isinstance(data, dict):
         raise FieldError(None, f"must be a mapping, got {show(data)}")
-    check_keys(data, ("images", "placement", "limits", "hooks", "webhooks"))
+    check_keys(data, ("images", "placement", "limits", "hooks", "webhooks", "allow_overwrite"))
     images = tuple(check_str(x, f"images[{i}]") for i, x in enumerate(_list(data.get("images"), "images")))
     placement = _list(data.get("placement"), "placement")
     for i, c in enumerate(placement):
@@ -141,7 +147,8 @@ def _parse(data: object) -> Policy:
         placement=tuple(str(c) for c in placement),
         limits=_limits(data.get("limits")),
         hooks=_hooks(data.get("hooks")),
-        webhooks=_webhooks(data.get("webhooks")),
+        webhooks=parse_webhooks(data.get("webhooks"), name="policy.webhooks"),
+        allow_overwrite=check_bool(data.get("allow_overwrite", False), "allow_overwrite"),
         configured=True,
     )
 
@@ -203,19 +210,21 @@ def _hooks(value: object) -> dict[str, Hook]:
     return out
 
 
-def _webhooks(value: object) -> Webhooks:
-    data = _mapping(value, "webhooks", ("allow_hosts", "allow_private", "secret_file"))
+def parse_webhooks(value: object, f: str = "webhooks", name: str | None = None) -> Webhooks:
+    """``policy.webhooks`` (CLI jobs) or ``tenants.<t>.webhooks`` (that tenant's jobs): the same shape."""
+    data = _mapping(value, f, ("allow_hosts", "allow_private", "secret_file"))
     hosts = tuple(
-        check_str(h, f"webhooks.allow_hosts[{i}]").lower()
-        for i, h in enumerate(_list(data.get("allow_hosts"), "webhooks.allow_hosts"))
+        check_str(h, f"{f}.allow_hosts[{i}]").lower()
+        for i, h in enumerate(_list(data.get("allow_hosts"), f"{f}.allow_hosts"))
     )
     secret = data.get("secret_file")
     if secret is not None and (not isinstance(secret, str) or not secret.startswith("/")):
-        raise FieldError("webhooks.secret_file", f"must be an absolute path, got {show(secret)}")
+        raise FieldError(f"{f}.secret_file", f"must be an absolute path, got {show(secret)}")
     return Webhooks(
         allow_hosts=hosts,
-        allow_private=check_bool(data.get("allow_private", False), "webhooks.allow_private"),
+        allow_private=check_bool(data.get("allow_private", False), f"{f}.allow_private"),
         secret_file=Path(secret) if secret else None,
+        name=name or f,
     )
 
 
@@ -224,8 +233,17 @@ def _over(file: str, f: str, asked: str, limit: str) -> JobFileError:
     return JobFileError(file, f, f"asks for {asked}, the limit is {limit} (the cluster's policy.limits)")
 
 
-def check_job(policy: Policy, spec: JobSpec, file: str) -> None:
-    """Refuse a job that asks for more than the policy allows (before anything is planned)."""
+def check_job(policy: Policy, spec: JobSpec, file: str, webhooks: Webhooks | None = None) -> None:
+    """Refuse a job that asks for more than the policy allows (before anything is planned).
+    ``webhooks``: a tenant's own section (``tenants.<t>.webhooks``) for a tenant's job; None for a
+    CLI job, which the cluster's ``policy.webhooks`` serves."""
+    if spec.overwrite and not policy.allow_overwrite:
+        raise JobFileError(
+            file,
+            "overwrite",
+            "true is not allowed: the cluster's policy.allow_overwrite is false (outputs never replace "
+            "files this job did not write)",
+        )
     if spec.image is not None:
         if not policy.images:
             raise JobFileError(
@@ -261,17 +279,16 @@ def check_job(policy: Policy, spec: JobSpec, file: str) -> None:
         known = ", ".join(sorted(policy.hooks)) or "none: hooks are off"
         raise JobFileError(file, "on_complete.hook", f"{hook!r} is not a hook in the cluster's policy ({known})")
     webhook = spec.on_complete.webhook
+    hooks = policy.webhooks if webhooks is None else webhooks
     if webhook is not None:
         host = (urlsplit(webhook).hostname or "").lower()
-        if not policy.webhooks.allow_hosts:
-            raise JobFileError(file, "on_complete.webhook", "webhooks are off: the cluster's policy allows no hosts")
-        if host not in policy.webhooks.allow_hosts:
-            allowed = ", ".join(policy.webhooks.allow_hosts)
-            raise JobFileError(
-                file,
-                "on_complete.webhook",
-                f"host {host!r} is not in the cluster's policy.webhooks.allow_hosts ({allowed})",
-            )
+        if not hooks.allow_hosts:
+            off = "the cluster's policy allows no hosts" if webhooks is None else f"{hooks.name}.allow_hosts lists none"
+            raise JobFileError(file, "on_complete.webhook", f"webhooks are off: {off}")
+        if host not in hooks.allow_hosts:
+            allowed = ", ".join(hooks.allow_hosts)
+            where = "the cluster's policy.webhooks" if webhooks is None else hooks.name
+            raise JobFileError(file, "on_complete.webhook", f"host {host!r} is not in {where}.allow_hosts ({allowed})")
 
 
 def check_counts(policy: Policy, file: str, targets: int, segments: int) -> None:

@@ -41,8 +41,8 @@ class Api:
         self.config = config
         jwt_settings = config.api.jwt
         self.auth = Authenticator(config.tenants, JwtVerifier.load(jwt_settings) if jwt_settings else None)
-        key = config.api.signing_key_file
-        self.signing_key = read_key_file(key, "api.signing_key_file").strip() if key else None
+        self.link_keys = _link_keys(config)
+        self.signing_key = self.link_keys.current if self.link_keys else None  # readiness: was it read
         self.objects = objects.Objects(config.storage.s3)  # the store, for tenants with an s3 area
         self.log = log.get(component="api")
 
@@ -78,11 +78,24 @@ class Api:
                 return Area(root, name, self.config.tenants[name].s3)
         raise not_found(job)
 
-    def links(self, job: str) -> dict[str, Any]:
-        if self.signing_key is None:
-            return {}
-        path = f"/v1/jobs/{job}/results.zip"
-        return {"results_url": links.sign(self.signing_key, "GET", path, self.config.api.link_ttl)}
+    def sign_link(self, area: Area, path: str, job: str, ttl: int) -> str | None:
+        """``path`` signed for ``ttl`` seconds in the job's current link generation; None when links are off."""
+        if self.link_keys is None:
+            return None
+        return links.sign(self.link_keys, "GET", path, ttl, links.generation(area.root, area.tenant, job))
+
+    def link_area(self, request: Request, job: str) -> Area:
+        """The owner's area of a job asked for by a signed link to this very path (key, signature,
+        expiry within api.link_ttl), unless the job's links were revoked since the link was made."""
+        q = request.query_params
+        made = links.verify(self.link_keys, "GET", request.url.path, q, self.config.api.link_ttl)
+        area = self.link_owner(job)
+        links.check_generation(area.root, area.tenant, job, made)
+        return area
+
+    def links(self, area: Area, job: str) -> dict[str, Any]:
+        url = self.sign_link(area, links.results_path(job), job, self.config.api.link_ttl)
+        return {} if url is None else {"results_url": url}
 
     # --- routes -------------------------------------------------------------------------------
 
@@ -128,7 +141,8 @@ class Api:
         job = request.path_params["job"]
         row = await asyncio.to_thread(views.job_view, self.config, area, job)
         outputs = await asyncio.to_thread(objects.job_links, self.config, area, job, self.objects)
-        return JSONResponse({**row, **self.links(job), **outputs})
+        signed = await asyncio.to_thread(self.links, area, job)
+        return JSONResponse({**row, **signed, **outputs})
 
     async def get_report(self, request: Request) -> Response:
         area = await asyncio.to_thread(self.area, self.tenant(request))
@@ -173,8 +187,7 @@ class Api:
         job = request.path_params["job"]
         q = request.query_params
         if "sig" in q or "expires" in q:
-            links.verify(self.signing_key, "GET", request.url.path, q.get("expires", ""), q.get("sig", ""))
-            area = await asyncio.to_thread(self.link_owner, job)
+            area = await asyncio.to_thread(self.link_area, request, job)
         else:
             area = await asyncio.to_thread(self.area, self.tenant(request))
         files, objs = await asyncio.to_thread(results.committed, self.config, area, job)
@@ -184,6 +197,15 @@ class Api:
             headers={"Content-Disposition": f'attachment; filename="{job}.zip"'},
         )
 
+    async def revoke_links(self, request: Request) -> Response:
+        """Every link of the job made so far stops working; links made from now on work."""
+        area = await asyncio.to_thread(self.area, self.tenant(request))
+        job = request.path_params["job"]
+        if await asyncio.to_thread(area.owns, job) is None:
+            raise not_found(job)
+        await asyncio.to_thread(links.revoke, area.root, area.tenant, job)
+        return JSONResponse({"id": job, "links_revoked": True})
+
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(page_openapi.extend(document()))
 
@@ -191,11 +213,26 @@ class Api:
         return JSONResponse({"ok": True})
 
     async def readyz(self, request: Request) -> Response:
-        """Whether this replica can serve (views.readiness); /healthz stays plain liveness."""
+        """Whether this replica can serve (views.readiness); /healthz stays plain liveness. Without a
+        token only ready or not: the reasons (which may name tenants) need a valid token."""
+        caller = self.tenant(request) if request.headers.get("authorization") else None
         reasons = await asyncio.to_thread(views.readiness, self.config, self.signing_key)
         if reasons:
-            return JSONResponse({"ready": False, "reasons": reasons}, status_code=503)
+            body: dict[str, Any] = {"ready": False} if caller is None else {"ready": False, "reasons": reasons}
+            return JSONResponse(body, status_code=503)
         return JSONResponse({"ready": True})
+
+
+def _link_keys(config: Config) -> links.SigningKeys | None:
+    """The key links are signed with and the previous ones still accepted, read once at start."""
+    key = config.api.signing_key_file
+    if key is None:
+        return None
+    previous = config.api.previous_signing_key_files
+    return links.SigningKeys(
+        read_key_file(key, "api.signing_key_file").strip(),
+        tuple(read_key_file(p, "api.previous_signing_key_files").strip() for p in previous),
+    )
 
 
 def _guard(handler: Handler, log_: Any) -> Handler:
@@ -243,6 +280,7 @@ def make_app(config: Config) -> Starlette:
         Route("/v1/jobs/{job}/cancel", g(api.cancel), methods=["POST"]),
         Route("/v1/jobs/{job}/scale", g(api.scale), methods=["POST"]),
         Route("/v1/jobs/{job}/retry", g(api.retry), methods=["POST"]),
+        Route("/v1/jobs/{job}/links/revoke", g(api.revoke_links), methods=["POST"]),
         Route("/openapi.json", g(api_usage.with_paths(api.openapi)), methods=["GET"]),
         Route("/healthz", g(api.healthz), methods=["GET"]),
         Route("/readyz", g(api.readyz), methods=["GET"]),

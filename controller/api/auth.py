@@ -3,25 +3,32 @@
 API keys are stored only as sha256 digests (config ``tenants.<t>.api_keys_sha256``); the digest of
 the presented key is compared with every stored one in constant time. JWTs (PyJWT) are accepted
 only with the configured algorithms (pinned: a token's own ``alg`` header never chooses), must carry
-``exp`` and ``sub`` (the tenant), and ``aud``/``iss`` when configured. Key files are read once, when
-the API starts. A 401 never says which tenants or keys exist.
+the configured ``aud`` (and ``iss`` when configured), ``exp`` and ``iat``, and may live at most
+``api.jwt.max_lifetime`` (``exp − iat``; an ``iat`` in the future is refused). The tenant is the
+token's ``api.jwt.tenant_claim`` claim, or the tenant whose ``jwt_subjects`` lists its ``sub``
+(when both are there they must agree); a bare ``sub`` naming a tenant is not enough: an identity
+provider's subjects are its users, not this API's tenants. Key files are read once, when the API
+starts; an HMAC secret under 32 bytes is refused then. A 401 never says which tenants or keys exist.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import jwt
 
 from controller.api.errors import ApiError, unauthorized
-from controller.api.settings import JwtSettings, Tenant
+from controller.api.settings import MIN_HMAC_SECRET, JwtSettings, Tenant
 from controller.errors import ConfigError
 
 MAX_TOKEN = 8192
+CLOCK_SKEW = 60  # seconds an iat may lie ahead of this host's clock
 
 
 def read_key_file(path: Path, what: str) -> bytes:
@@ -43,27 +50,37 @@ class JwtVerifier:
     @classmethod
     def load(cls, settings: JwtSettings) -> JwtVerifier:
         raw = read_key_file(settings.key_file, "api.jwt key file")
+        if settings.hmac and len(raw.strip()) < MIN_HMAC_SECRET:
+            raise ConfigError(
+                f"api.jwt.secret_file {settings.key_file} holds a secret of fewer than {MIN_HMAC_SECRET} bytes: "
+                f"an HMAC secret for {settings.algorithms[0]} must be at least {MIN_HMAC_SECRET} random bytes"
+            )
         return cls(settings, raw.strip() if settings.hmac else raw.decode("ascii", "replace"))
 
-    def subject(self, token: str) -> str:
+    def claims(self, token: str, now: float | None = None) -> dict[str, Any]:
+        """The token's claims once its signature, algorithm, audience, issuer and lifetime check out."""
         s = self.settings
         try:
-            claims = jwt.decode(
+            claims: dict[str, Any] = jwt.decode(
                 token,
                 self.key,
                 algorithms=list(s.algorithms),
                 audience=s.audience,
                 issuer=s.issuer,
-                options={"require": ["exp", "sub"], "verify_aud": s.audience is not None},
+                options={"require": ["exp", "iat"]},
             )
         except jwt.ExpiredSignatureError:
             raise unauthorized("the token has expired") from None
         except jwt.InvalidTokenError:
             raise unauthorized("the token is not valid here (signature, algorithm, audience or claims)") from None
-        sub = claims.get("sub")
-        if not isinstance(sub, str):
-            raise unauthorized("the token's sub is not a tenant")
-        return sub
+        exp, iat = claims["exp"], claims["iat"]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (exp, iat)):
+            raise unauthorized("the token's exp and iat must be numbers")
+        if iat > (time.time() if now is None else now) + CLOCK_SKEW:
+            raise unauthorized("the token's iat is in the future")
+        if exp - iat > s.max_lifetime:
+            raise unauthorized(f"the token lives longer than this API allows ({s.max_lifetime} s from iat to exp)")
+        return claims
 
 
 class Authenticator:
@@ -71,6 +88,7 @@ class Authenticator:
         self.tenants = dict(tenants)
         self.verifier = verifier
         self._keys = [(bytes.fromhex(k), t) for t in tenants.values() for k in t.api_keys_sha256]
+        self._subjects = {sub: t for t in tenants.values() for sub in t.jwt_subjects}
 
     def tenant(self, authorization: str | None) -> Tenant:
         if not authorization:
@@ -80,11 +98,7 @@ class Authenticator:
         if scheme.lower() != "bearer" or not token or len(token) > MAX_TOKEN:
             raise unauthorized()
         if token.count(".") == 2 and self.verifier is not None:
-            sub = self.verifier.subject(token)
-            found = self.tenants.get(sub)
-            if found is None:
-                raise unauthorized("the token's sub is not a tenant")
-            return found
+            return self._jwt_tenant(self.verifier.claims(token), self.verifier.settings.tenant_claim)
         digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
         match: Tenant | None = None
         for key, t in self._keys:  # every key compared: the time taken says nothing about which matched
@@ -93,6 +107,21 @@ class Authenticator:
         if match is None:
             raise unauthorized("the token is not valid here")
         return match
+
+    def _jwt_tenant(self, claims: Mapping[str, Any], claim: str) -> Tenant:
+        named = claims.get(claim)
+        sub = claims.get("sub")
+        by_sub = self._subjects.get(sub) if isinstance(sub, str) else None
+        if named is None and by_sub is None:
+            raise unauthorized(f"the token names no tenant (claim {claim}, or a sub in tenants.<t>.jwt_subjects)")
+        if named is not None and (not isinstance(named, str) or named not in self.tenants):
+            raise unauthorized(f"the token's {claim} is not a tenant here")
+        if named is not None and by_sub is not None and by_sub.name != named:
+            raise unauthorized(f"the token's {claim} and sub name different tenants")
+        found = self.tenants[named] if isinstance(named, str) else by_sub
+        if found is None:
+            raise unauthorized("the token names no tenant")
+        return found
 
 
 def require(cond: bool, error: ApiError) -> None:

@@ -96,6 +96,8 @@ def document() -> dict[str, Any]:
     }
     signed = [
         {"name": "expires", "in": "query", "required": False, "schema": {"type": "integer"}},
+        {"name": "kid", "in": "query", "required": False, "schema": {"type": "string"}},
+        {"name": "gen", "in": "query", "required": False, "schema": {"type": "integer"}},
         {"name": "sig", "in": "query", "required": False, "schema": {"type": "string"}},
     ]
     return {
@@ -113,10 +115,12 @@ def document() -> dict[str, Any]:
             "/readyz": {
                 "get": {
                     "summary": "Readiness: the data root, the API's record folders, the signing key, a live `serve`",
-                    "security": [],
+                    "description": "Without a token only `ready`; with a valid one also the short `reasons`.",
+                    "security": [{"bearer": []}, {}],
                     "responses": {
                         "200": _json(_READY, "ready"),
-                        "503": _json(_READY, "not ready: short reasons, no path outside the data root"),
+                        "503": _json(_READY, "not ready: short reasons (with a token), no path outside the data root"),
+                        **_errors(401),
                     },
                 }
             },
@@ -190,6 +194,22 @@ def document() -> dict[str, Any]:
                     "responses": {
                         "200": {"description": "ZIP", "content": {"application/zip": {}}},
                         **_errors(401, 403, 404),
+                    },
+                }
+            },
+            "/v1/jobs/{job}/links/revoke": {
+                "post": {
+                    "summary": "Every signed link of the job made so far stops working (403 link_revoked)",
+                    "parameters": [_JOB_ID],
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "required": ["id", "links_revoked"],
+                                "properties": {"id": {"type": "string"}, "links_revoked": {"type": "boolean"}},
+                            }
+                        ),
+                        **_errors(401, 404),
                     },
                 }
             },

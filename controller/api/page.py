@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from controller.api import items, links, thumbs
+from controller.api import items, thumbs
 from controller.api.area import Area
 from controller.api.errors import ApiError, not_found
 from controller.api.settings import Tenant
@@ -58,13 +58,14 @@ class ApiLike(Protocol):
     """What the page needs of controller/api/app.py's Api (a protocol: no import cycle)."""
 
     config: Config
-    signing_key: bytes | None
 
     def area(self, tenant: Tenant) -> Area: ...
 
     def tenant(self, request: Request) -> Tenant: ...
 
-    def link_owner(self, job: str) -> Area: ...
+    def link_area(self, request: Request, job: str) -> Area: ...
+
+    def sign_link(self, area: Area, path: str, job: str, ttl: int) -> str | None: ...
 
 
 async def caller_area(api: ApiLike, request: Request, job: str) -> Area:
@@ -72,8 +73,7 @@ async def caller_area(api: ApiLike, request: Request, job: str) -> Area:
     ``expires`` and ``sig``, the job owner's once the signature over this very path checks out."""
     q = request.query_params
     if "sig" in q or "expires" in q:
-        links.verify(api.signing_key, "GET", request.url.path, q.get("expires", ""), q.get("sig", ""))
-        return await asyncio.to_thread(api.link_owner, job)
+        return await asyncio.to_thread(api.link_area, request, job)
     return await asyncio.to_thread(api.area, api.tenant(request))
 
 
@@ -115,10 +115,9 @@ class Page:
         job = request.path_params["job"]
         if await asyncio.to_thread(area.owns, job) is None:
             raise not_found(job)
-        key = self.api.signing_key
-        if key is None:
+        url = await asyncio.to_thread(self.api.sign_link, area, f"/v1/jobs/{job}/events", job, EVENTS_LINK_TTL)
+        if url is None:
             raise ApiError(409, "links_off", "signed links are off on this API (no api.signing_key_file)")
-        url = links.sign(key, "GET", f"/v1/jobs/{job}/events", EVENTS_LINK_TTL)
         expires = int(url.split("expires=", 1)[1].split("&", 1)[0])
         return JSONResponse({"url": url, "expires": expires}, headers={"Cache-Control": "no-store"})
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.job.validate import FieldError, check_int, check_keys, check_str, show
+from controller.policy import Webhooks, parse_webhooks
 from controller.storage.area import StorageArea, parse_area
 
 TENANT_NAME = r"[a-z0-9-]{1,40}"  # a folder under tenants/: no dots, so never a hidden name
@@ -25,6 +26,11 @@ _LISTEN = re.compile(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(\d{1,5})")
 HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
 KEY_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512")
 DEFAULT_LISTEN = "127.0.0.1:8080"
+DEFAULT_TENANT_CLAIM = "ffswarm_tenant"
+DEFAULT_JWT_LIFETIME = 86400
+MIN_HMAC_SECRET = 32  # bytes: a shorter HS* secret can be guessed offline from any one token it signed
+_CLAIM = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/-]{0,99}")
+_REGISTERED_CLAIMS = ("sub", "iss", "aud", "exp", "iat", "nbf", "jti")  # say who and when, never which tenant
 _PUBLIC_URL = re.compile(r"https?://[A-Za-z0-9.-]+(:\d{1,5})?(/[A-Za-z0-9._~/-]*)?")
 
 
@@ -46,18 +52,25 @@ class Tenant:
     quota: Quota = field(default_factory=Quota)
     weight: int = 1
     s3: StorageArea | None = None  # its part of the object store; None: its jobs name no s3:// object
+    jwt_subjects: tuple[str, ...] = ()  # JWT ``sub`` values that mean this tenant (beside the tenant claim)
+    webhooks: Webhooks = field(default_factory=Webhooks)  # its own hosts and signing key; default: off
 
 
 @dataclass(frozen=True)
 class JwtSettings:
-    """Tokens signed by an identity provider: ``sub`` is the tenant, ``exp`` is required, and only
-    ``algorithms`` are accepted (HMAC ones with ``secret_file``, key pairs with ``public_key_file``,
-    never both kinds: a public key must never be usable as an HMAC secret)."""
+    """Tokens signed by an identity provider for this API (``audience`` is required: a token made
+    for another service must not open this one). The tenant is the ``tenant_claim`` claim, or the
+    tenant whose ``jwt_subjects`` lists the token's ``sub``; ``exp`` and ``iat`` are required and a
+    token may live at most ``max_lifetime`` seconds. Only ``algorithms`` are accepted (HMAC ones with
+    ``secret_file``, key pairs with ``public_key_file``, never both kinds: a public key must never be
+    usable as an HMAC secret)."""
 
     algorithms: tuple[str, ...]
     key_file: Path
-    audience: str | None = None
+    audience: str
     issuer: str | None = None
+    tenant_claim: str = DEFAULT_TENANT_CLAIM
+    max_lifetime: int = DEFAULT_JWT_LIFETIME
 
     @property
     def hmac(self) -> bool:
@@ -68,6 +81,7 @@ class JwtSettings:
 class ApiSettings:
     listen: str = DEFAULT_LISTEN
     signing_key_file: Path | None = None  # signed download links; without it, links are off
+    previous_signing_key_files: tuple[Path, ...] = ()  # still verify links during a key rotation
     link_ttl: int = 7 * 86400
     jwt: JwtSettings | None = None
     max_zip_entries: int = 10_000
@@ -132,7 +146,8 @@ def parse_api(value: object) -> ApiSettings:
     """``api:`` → ApiSettings; a missing section is the defaults (links and JWTs off)."""
     if value is None:
         return ApiSettings()
-    known = ("listen", "signing_key_file", "link_ttl", "jwt", "max_zip_entries", "max_zip_bytes", "max_zip_ratio",
+    known = ("listen", "signing_key_file", "previous_signing_key_files", "link_ttl", "jwt", "max_zip_entries",
+             "max_zip_bytes", "max_zip_ratio",
              "metrics_token_sha256", "public_url")  # fmt: skip
     data = _mapping(value, "api", known)
     listen = data.get("listen", DEFAULT_LISTEN)
@@ -141,6 +156,7 @@ def parse_api(value: object) -> ApiSettings:
     return ApiSettings(
         listen=listen,
         signing_key_file=None if key is None else _abs_path(key, "api.signing_key_file"),
+        previous_signing_key_files=_previous_keys(data.get("previous_signing_key_files", []), key is not None),
         link_ttl=parse_ttl(data.get("link_ttl", 7 * 86400), "api.link_ttl"),
         jwt=None if data.get("jwt") is None else _jwt(data["jwt"]),
         max_zip_entries=check_int(data.get("max_zip_entries", 10_000), "api.max_zip_entries", minimum=1),
@@ -149,6 +165,15 @@ def parse_api(value: object) -> ApiSettings:
         metrics_token_sha256=_digests(data.get("metrics_token_sha256", []), "api.metrics_token_sha256"),
         public_url=None if data.get("public_url") is None else parse_public_url(data["public_url"]),
     )
+
+
+def _previous_keys(value: object, current: bool) -> tuple[Path, ...]:
+    f = "api.previous_signing_key_files"
+    if not isinstance(value, list):
+        raise FieldError(f, f"must be a list of absolute paths, got {show(value)}")
+    if value and not current:
+        raise FieldError(f, "needs api.signing_key_file: previous keys only verify links beside a current one")
+    return tuple(_abs_path(p, f"{f}[{i}]") for i, p in enumerate(value))
 
 
 def parse_public_url(value: object, f: str = "api.public_url") -> str:
@@ -169,7 +194,8 @@ def _digests(value: object, f: str) -> tuple[str, ...]:
 
 
 def _jwt(value: object) -> JwtSettings:
-    data = _mapping(value, "api.jwt", ("algorithms", "secret_file", "public_key_file", "audience", "issuer"))
+    known = ("algorithms", "secret_file", "public_key_file", "audience", "issuer", "tenant_claim", "max_lifetime")
+    data = _mapping(value, "api.jwt", known)
     algs = data.get("algorithms")
     if not isinstance(algs, list) or not algs:
         raise FieldError("api.jwt.algorithms", f"must be a non-empty list like [RS256], got {show(algs)}")
@@ -186,11 +212,18 @@ def _jwt(value: object) -> JwtSettings:
     if want not in data:
         raise FieldError(f"api.jwt.{want}", f"is required with {algs[0]}")
     audience, issuer = data.get("audience"), data.get("issuer")
+    if audience is None:
+        raise FieldError("api.jwt.audience", "is required: the aud a token must carry to be let in here (e.g. ffswarm)")
+    claim = data.get("tenant_claim", DEFAULT_TENANT_CLAIM)
+    if not isinstance(claim, str) or not _CLAIM.fullmatch(claim) or claim in _REGISTERED_CLAIMS:
+        raise FieldError("api.jwt.tenant_claim", f"must be a private claim name like ffswarm_tenant, got {show(claim)}")
     return JwtSettings(
         algorithms=tuple(algs),
         key_file=_abs_path(data[want], f"api.jwt.{want}"),
-        audience=None if audience is None else check_str(audience, "api.jwt.audience"),
+        audience=check_str(audience, "api.jwt.audience"),
         issuer=None if issuer is None else check_str(issuer, "api.jwt.issuer"),
+        tenant_claim=claim,
+        max_lifetime=parse_ttl(data.get("max_lifetime", DEFAULT_JWT_LIFETIME), "api.jwt.max_lifetime"),
     )
 
 
@@ -202,11 +235,13 @@ def parse_tenants(value: object) -> Mapping[str, Tenant]:
         raise FieldError("tenants", f"must be a mapping of tenant names, got {show(value)}")
     out: dict[str, Tenant] = {}
     seen_keys: dict[str, str] = {}
+    seen_subjects: dict[str, str] = {}
     for name, body in value.items():
         if not isinstance(name, str) or not re.fullmatch(TENANT_NAME, name):
             raise FieldError("tenants", f"tenant name {show(name)} must be 1 to 40 characters of a-z, 0-9 and -")
         f = f"tenants.{name}"
-        data = _mapping(body if body is not None else {}, f, ("api_keys_sha256", "quota", "weight", "s3"))
+        known = ("api_keys_sha256", "quota", "weight", "s3", "jwt_subjects", "webhooks")
+        data = _mapping(body if body is not None else {}, f, known)
         keys = data.get("api_keys_sha256", [])
         if not isinstance(keys, list):
             raise FieldError(f"{f}.api_keys_sha256", f"must be a list of sha256 hex digests, got {show(keys)}")
@@ -222,8 +257,22 @@ def parse_tenants(value: object) -> Mapping[str, Tenant]:
             quota=_quota(data.get("quota"), f"{f}.quota"),
             weight=check_int(data.get("weight", 1), f"{f}.weight", minimum=1, maximum=1000),
             s3=None if data.get("s3") is None else parse_area(data["s3"], name, f"{f}.s3"),
+            jwt_subjects=_subjects(data.get("jwt_subjects", []), f"{f}.jwt_subjects", name, seen_subjects),
+            webhooks=parse_webhooks(data.get("webhooks"), f"{f}.webhooks"),
         )
     return out
+
+
+def _subjects(value: object, f: str, tenant: str, seen: dict[str, str]) -> tuple[str, ...]:
+    """JWT ``sub`` values that mean this tenant; one subject never means two tenants."""
+    if not isinstance(value, list):
+        raise FieldError(f, f"must be a list of JWT subjects, got {show(value)}")
+    for i, sub in enumerate(value):
+        check_str(sub, f"{f}[{i}]")
+        if sub in seen:
+            raise FieldError(f"{f}[{i}]", f"is also a subject of tenant {seen[sub]!r}")
+        seen[sub] = tenant
+    return tuple(value)
 
 
 def check_tenant_storage(tenants: Mapping[str, Tenant], storage_configured: bool) -> None:

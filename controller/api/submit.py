@@ -113,7 +113,7 @@ def validate(config: Config, area: Area, data: dict[str, Any], job: str, objects
         spec = parse_job(data, "job")
         store = _store(config, area, spec, objects)
         remote.check_allowed(spec, "job", store=store, tenant=area.tenant)  # a tenant has its areas only
-        admission.check_job(config.policy, spec, "job")
+        admission.check_job(config.policy, spec, "job", config.webhooks(area.tenant))
         limit = config.policy.limits.targets
         resolved = resolve_job(spec, area.path, "job", job_id=job, max_pairs=limit, store=store)
         admission.check_counts(config.policy, "job", len(resolved.targets), 0)

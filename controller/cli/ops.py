@@ -200,7 +200,8 @@ def _api_service(config: Config, port: int, replicas: int, user: str | None) -> 
             "(docs/operations.md#controller-user) or give --api-user UID:GID"
         )
     jwt = config.api.jwt
-    keys = [p for p in (config.api.signing_key_file, jwt.key_file if jwt else None) if p is not None]
+    named = (config.api.signing_key_file, *config.api.previous_signing_key_files, jwt.key_file if jwt else None)
+    keys = [p for p in named if p is not None]
     try:
         return render_mod.ApiService((ids[0], ids[1]), port, replicas, render_mod.api_secrets(keys))
     except ValueError as e:

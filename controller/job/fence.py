@@ -66,5 +66,6 @@ def check_overwrite(outputs: Sequence[str], exists: Callable[[str], bool], file:
     raise JobFileError(
         file,
         "output",
-        f"{len(found)} output(s) already exist: {shown}; set overwrite: true to replace them",
+        f"{len(found)} output(s) already exist: {shown}; set overwrite: true to replace them "
+        "(where the cluster's policy.allow_overwrite allows it)",
     )

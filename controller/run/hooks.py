@@ -9,10 +9,13 @@ Both kinds are bounded by the cluster's policy (controller/policy.py), never by 
 - ``webhook: URL`` is POSTed the report if its host is allowed; the resolved address is checked
   (loopback, link-local, private and metadata ranges refused unless allowed) and connected to as
   checked (no second lookup); redirects are never followed. Deliveries carry Standard Webhooks headers
-  signed with the policy's secret. The report records only delivered / not delivered. A tenant's
-  job (its run folder's ``owner``) adds ``results_url``: a signed link to its results.zip made with
-  the API's ``api.signing_key_file`` and ``link_ttl`` (absolute with ``api.public_url``), so the
-  receiver can fetch the results without a token (docs/api.md#results-and-signed-links).
+  signed with the secret of the section that allowed the host: ``policy.webhooks`` for a CLI job, the
+  tenant's own ``tenants.<t>.webhooks`` for a tenant's job (its run folder's ``owner``), so no tenant
+  holds a key that signs another's deliveries or can point its job at another's receiver. The body
+  names the tenant (``tenant``, null for a CLI job). The report records only delivered / not
+  delivered. A tenant's job adds ``results_url``: a signed link to its results.zip made with the
+  API's ``api.signing_key_file`` and ``link_ttl`` (absolute with ``api.public_url``), so the receiver
+  can fetch the results without a token (docs/api.md#results-and-signed-links).
 
 A failing hook is logged and recorded, never fatal to the job.
 """
@@ -97,15 +100,37 @@ class WebhookRefused(Exception):
     """Why a webhook is not sent; logged for the operator, never copied into the report."""
 
 
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def embedded_ipv4(addr: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one carries and reaches: IPv4-mapped (``::ffff:a.b.c.d``), 6to4
+    (``2002::/16``, bits 16–48), Teredo (``2001::/32``, the client: the last 32 bits inverted) or
+    NAT64 (``64:ff9b::/96``); None for any other."""
+    if addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    if addr.sixtofour is not None:
+        return addr.sixtofour
+    if addr.teredo is not None:
+        return addr.teredo[1]
+    if addr in _NAT64:
+        return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+    return None
+
+
 def check_address(ip: str, policy: Webhooks) -> None:
-    addr = ipaddress.ip_address(ip.split("%")[0])
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
+    """Refuse an address the policy does not allow; an IPv6 address that wraps an IPv4 one is
+    judged by the IPv4 address it reaches."""
+    addr: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(ip.split("%")[0])
+    shown_addr = str(addr)
+    if isinstance(addr, ipaddress.IPv6Address) and (inner := embedded_ipv4(addr)) is not None:
+        shown_addr = f"{addr} (IPv4 {inner} inside)" if addr.ipv4_mapped is None else str(inner)
+        addr = inner
     if addr in _METADATA or addr.is_multicast or addr.is_unspecified:
-        raise WebhookRefused(f"address {addr} is never allowed")
+        raise WebhookRefused(f"address {shown_addr} is never allowed")
     private = addr.is_loopback or addr.is_link_local or addr.is_private or addr.is_reserved or not addr.is_global
     if private and not policy.allow_private:
-        raise WebhookRefused(f"address {addr} is loopback, link-local or private (policy.webhooks.allow_private)")
+        raise WebhookRefused(f"address {shown_addr} is loopback, link-local or private ({policy.name}.allow_private)")
 
 
 def resolve(url: str, policy: Webhooks) -> tuple[str, str, int, str]:
@@ -115,7 +140,7 @@ def resolve(url: str, policy: Webhooks) -> tuple[str, str, int, str]:
     if parts.scheme not in ("http", "https") or not host:
         raise WebhookRefused("not an http(s) URL")
     if host not in policy.allow_hosts:
-        raise WebhookRefused(f"host {host} is not in policy.webhooks.allow_hosts")
+        raise WebhookRefused(f"host {host} is not in {policy.name}.allow_hosts")
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -175,7 +200,7 @@ def post_webhook(
         except WebhookRefused as e:
             return NOT_DELIVERED, str(e)
         except OSError as e:
-            return NOT_DELIVERED, f"cannot read policy.webhooks.secret_file: {e.strerror or e}"
+            return NOT_DELIVERED, f"cannot read {policy.name}.secret_file: {e.strerror or e}"
         parts = urlsplit(url)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         timestamp = int(time.time())
@@ -207,12 +232,20 @@ def post_webhook(
     return NOT_DELIVERED, why
 
 
-def results_link(data_root: Path, job: str, tenants: Mapping[str, object], api: ApiSettings) -> dict[str, str]:
-    """``{"results_url": …}`` for a tenant's job when the API signs links; {} for a CLI job, without a
-    signing key, or when the key cannot be read (logged: the webhook still goes, without a link)."""
-    raw = read_nofollow(RunLayout.host(data_root, job).owner, 64)  # written by serve (serve.record_owner)
+def job_tenant(data_root: Path, job: str) -> str | None:
+    """The tenant the run folder's ``owner`` names (written by serve: serve.record_owner); None for a
+    CLI job."""
+    raw = read_nofollow(RunLayout.host(data_root, job).owner, 64)
     tenant = None if raw is None else raw.decode("ascii", "replace").strip()
-    if tenant is None or not TENANT.fullmatch(tenant) or tenant not in tenants or api.signing_key_file is None:
+    return tenant if tenant is not None and TENANT.fullmatch(tenant) else None
+
+
+def results_link(data_root: Path, job: str, tenants: Mapping[str, object], api: ApiSettings) -> dict[str, str]:
+    """``{"results_url": …}`` for a tenant's job when the API signs links (in the job's current link
+    generation: a revoke before the job ended counts); {} for a CLI job, without a signing key, or
+    when the key cannot be read (logged: the webhook still goes, without a link)."""
+    tenant = job_tenant(data_root, job)
+    if tenant is None or tenant not in tenants or api.signing_key_file is None:
         return {}
     try:
         key = links.read_key(api.signing_key_file)
@@ -220,7 +253,8 @@ def results_link(data_root: Path, job: str, tenants: Mapping[str, object], api: 
         why = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
         log.get(job=job).warning("webhook_link_not_signed", key_file=str(api.signing_key_file), error=why)
         return {}
-    link = links.sign(key, "GET", links.results_path(job), api.link_ttl)
+    gen = links.generation(data_root, tenant, job)
+    link = links.sign(links.SigningKeys(key), "GET", links.results_path(job), api.link_ttl, gen)
     return {"results_url": links.absolute(api.public_url, link)}
 
 
@@ -229,14 +263,17 @@ def on_complete(
     hooks: OnComplete,
     report: dict[str, Any],
     report_path: Path,
-    webhook_extra: Mapping[str, str] | None = None,
+    webhook_extra: Mapping[str, str | None] | None = None,
+    webhooks: Webhooks | None = None,
 ) -> dict[str, str]:
-    """``webhook_extra``: fields the webhook's body carries beside the report (``results_url``)."""
+    """``webhook_extra``: fields the webhook's body carries beside the report (``tenant``,
+    ``results_url``). ``webhooks``: the tenant's own hosts and key for a tenant's job; None for a
+    CLI job (the cluster's ``policy.webhooks``)."""
     logger = log.get(job=report["job"])
     outcome: dict[str, str] = {}
     if hooks.webhook:
         body = {**report, **(webhook_extra or {})}
-        outcome["webhook"], why = post_webhook(hooks.webhook, body, policy.webhooks)
+        outcome["webhook"], why = post_webhook(hooks.webhook, body, policy.webhooks if webhooks is None else webhooks)
         # the URL as logs may show it: no credentials, no query (tokens often travel there)
         logger.info("hook_webhook", url=shown.url(hooks.webhook), outcome=outcome["webhook"], detail=shown.secrets(why))
     if hooks.hook:

@@ -115,7 +115,8 @@ def prepare(
 def _prepare_one(
     config: Config, file: Path, spec: JobSpec, new: bool, parallel: Callable[[JobSpec], int], tenant: str | None
 ) -> PreparedJob:
-    admission.check_job(config.policy, spec, str(file))  # nothing is looked at before the policy agrees
+    webhooks = None if tenant is None else config.webhooks(tenant)
+    admission.check_job(config.policy, spec, str(file), webhooks)  # nothing is looked at before the policy agrees
     job_id = next_job_id(config.data_root, spec.name, new)
     check_same_job(config, job_id, file)
     limit = config.policy.limits.targets

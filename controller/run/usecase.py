@@ -29,7 +29,7 @@ from controller.run import identity, join, timings
 from controller.run import job_lease as lease
 from controller.run.chunks import ChunkRun, EventSink, Policy
 from controller.run.fold import Fold
-from controller.run.hooks import on_complete, results_link
+from controller.run.hooks import job_tenant, on_complete, results_link
 from controller.run.jobs import PreparedJob, SwarmFactory, open_run, owner, prepare, runner_settings, start_run
 from controller.run.jobs import output_links as jobs_links
 from controller.run.report import Report, build_report
@@ -221,8 +221,12 @@ def call_hooks(config: Config, hooks: OnComplete, rundir: RunDir, report: Report
     if not (hooks.webhook or hooks.hook):
         return report
     rundir.enter(Stage.HOOKS)
-    link = results_link(config.data_root, rundir.job, config.tenants, config.api) if hooks.webhook else {}
-    report = replace(report, hooks=on_complete(config.policy, hooks, report.to_dict(), path, link))
+    tenant = job_tenant(config.data_root, rundir.job)
+    extra: dict[str, str | None] = {"tenant": tenant}  # the receiver knows whose job it is
+    if hooks.webhook:
+        extra.update(results_link(config.data_root, rundir.job, config.tenants, config.api))
+    done = on_complete(config.policy, hooks, report.to_dict(), path, extra, config.webhooks(tenant))
+    report = replace(report, hooks=done)
     rundir.write_report(report.to_dict())
     return report
 

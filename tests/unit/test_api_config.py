@@ -22,7 +22,11 @@ def config(tmp_path: Path, **extra: Any):  # type: ignore[no-untyped-def]
 def test_tenants_and_api_are_read_with_their_defaults(tmp_path: Path) -> None:
     c = config(
         tmp_path,
-        api={"listen": "0.0.0.0:9000", "link_ttl": "7d", "jwt": {"algorithms": ["RS256"], "public_key_file": "/k.pub"}},
+        api={
+            "listen": "0.0.0.0:9000",
+            "link_ttl": "7d",
+            "jwt": {"algorithms": ["RS256"], "public_key_file": "/k.pub", "audience": "ffswarm"},
+        },
         tenants={
             "acme": {"api_keys_sha256": [KEY.upper()], "quota": {"upload": "2GiB", "jobs_queued": 5}, "weight": 3}
         },

@@ -1,6 +1,6 @@
 """`GET /readyz` over real HTTP: ready only while the data root, the API's record folders and a live
-`serve` are there; the reasons are short and name no path outside the data root. `/healthz` stays
-plain liveness. Neither needs a token."""
+`serve` are there; the reasons are short, name no path outside the data root, and only a caller with
+a valid token sees them. `/healthz` stays plain liveness. Neither needs a token."""
 
 from __future__ import annotations
 
@@ -24,11 +24,25 @@ def env(tmp_path: Path) -> Iterator[Env]:
         yield Env(config, config.data_root, url, key)
 
 
-def ready(env: Env) -> tuple[int, dict[str, object]]:
-    with env.client(tenant=None) as anon:  # no token
-        r = anon.get("/readyz")
+def ready(env: Env, tenant: str | None = "acme") -> tuple[int, dict[str, object]]:
+    """/readyz as a tenant sees it (reasons included), or without a token (tenant None)."""
+    with env.client(tenant=tenant) as c:
+        r = c.get("/readyz")
         assert r.headers["content-type"] == "application/json"
         return r.status_code, r.json()
+
+
+def test_without_a_token_it_says_only_ready_or_not_and_names_no_tenant(env: Env) -> None:
+    beat(env.config)
+    with env.client() as c:
+        assert c.get("/v1/jobs").status_code == 200  # the record folders exist
+    assert ready(env, tenant=None) == (200, {"ready": True})
+    (env.root / "tenants" / ".jobs" / "globex").mkdir(mode=0o777)
+    (env.root / "tenants" / ".jobs" / "globex").chmod(0o777)
+    assert ready(env, tenant=None) == (503, {"ready": False})  # no reasons: they would name a tenant
+    assert ready(env)[1]["reasons"] == ["tenants/.jobs/globex is not the API's own (owner or mode)"]  # a token
+    with env.client(token="not-a-key") as c:
+        assert c.get("/readyz").status_code == 401  # a token that is there must be valid
 
 
 def test_ready_once_serve_beats_and_not_once_its_heartbeat_is_gone(env: Env) -> None:
@@ -42,6 +56,7 @@ def test_ready_once_serve_beats_and_not_once_its_heartbeat_is_gone(env: Env) -> 
     assert ready(env)[0] == 503
     with env.client(tenant=None) as anon:
         assert anon.get("/healthz").json() == {"ok": True}  # alive all the same
+        assert anon.get("/readyz").json() == {"ready": False}
 
 
 def test_a_records_folder_others_may_write_is_not_ready_and_no_host_path_is_named(env: Env) -> None:

@@ -111,7 +111,7 @@ def test_a_signed_link_works_without_a_token_and_not_once_expired_or_tampered(en
         assert other.status_code == 403
         from controller.api import links
 
-        old = links.sign(env.signing_key, "GET", path, ttl=10, now=time.time() - 60)
+        old = links.sign(links.SigningKeys(env.signing_key), "GET", path, ttl=10, now=time.time() - 60)
         expired = anon.get(old)
         assert expired.status_code == 403 and expired.json()["error"]["code"] == "link_expired"
 

@@ -24,7 +24,10 @@ def env(tmp_path: Path) -> Iterator[Env]:
 
 
 def token(sub: str = "acme", exp: float | None = None, alg: str = "HS256", key: bytes = JWT_SECRET) -> str:
-    claims = {"sub": sub, "aud": "ffswarm", "exp": int(exp if exp is not None else time.time() + 600)}
+    """A JWT naming the tenant ``sub`` in the tenant claim (the API's default, ffswarm_tenant)."""
+    now = int(time.time())
+    claims = {"sub": "user-1", "ffswarm_tenant": sub, "aud": "ffswarm", "iat": now,
+              "exp": int(exp if exp is not None else now + 600)}  # fmt: skip
     return jwt.encode(claims, key, algorithm=alg)
 
 

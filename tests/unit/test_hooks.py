@@ -239,3 +239,48 @@ def test_retries_of_one_job_end_reuse_its_delivery_id(tmp_path: Path, servers: l
     assert server.requests[0][0]["webhook-id"] == server.requests[1][0]["webhook-id"]
     post_webhook(server.url(), REPORT, loopback(tmp_path), attempts=1)
     assert server.requests[2][0]["webhook-id"] != server.requests[0][0]["webhook-id"]  # a new job end
+
+
+# -- IPv6 addresses that carry an IPv4 one -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("ip", "inner"),
+    [
+        ("2002:7f00:1::1", "127.0.0.1"),  # 6to4: bits 16-48
+        ("2002:a00:1::", "10.0.0.1"),
+        ("2001:0:4136:e378:8000:63bf:80ff:fffe", "127.0.0.1"),  # Teredo: the client, last 32 bits inverted
+        ("2001:0:4136:e378:8000:63bf:f5ff:fffe", "10.0.0.1"),
+        ("::ffff:192.168.1.1", "192.168.1.1"),  # IPv4-mapped
+        ("64:ff9b::a00:1", "10.0.0.1"),  # NAT64
+    ],
+)
+def test_an_ipv6_address_wrapping_a_private_ipv4_one_is_refused(tmp_path: Path, ip: str, inner: str) -> None:
+    with pytest.raises(hooks.WebhookRefused) as e:
+        hooks.check_address(ip, loopback(tmp_path, allow_private=False))
+    assert inner in str(e.value) and "loopback, link-local or private" in str(e.value)
+    hooks.check_address(ip, loopback(tmp_path, allow_private=True))  # the operator allows private ones
+
+
+@pytest.mark.parametrize(
+    "ip", ["2002:a9fe:a9fe::1", "2001:0:4136:e378:8000:63bf:5601:5601", "::ffff:169.254.169.254", "64:ff9b::a9fe:a9fe"]
+)
+def test_a_wrapped_metadata_address_is_never_allowed(tmp_path: Path, ip: str) -> None:
+    with pytest.raises(hooks.WebhookRefused, match=r"169\.254\.169\.254.* is never allowed"):
+        hooks.check_address(ip, loopback(tmp_path, allow_private=True))
+
+
+@pytest.mark.parametrize("ip", ["2002:808:808::1", "2001:0:4136:e378:8000:63bf:f7f7:f7f7"])
+def test_a_wrapped_public_address_passes(tmp_path: Path, ip: str) -> None:
+    hooks.check_address(ip, loopback(tmp_path, allow_private=False))  # 8.8.8.8 inside
+
+
+def test_a_name_resolving_to_6to4_loopback_gets_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hooks.socket, "getaddrinfo", lambda *a, **k: [(0, 0, 0, "", ("2002:7f00:1::1", 80, 0, 0))])
+    connected: list[object] = []
+    monkeypatch.setattr(hooks.socket, "create_connection", lambda *a, **k: connected.append(a))
+    policy = Webhooks(allow_hosts=("hooks.example.internal",))
+    outcome, why = post_webhook("http://hooks.example.internal/x", REPORT, policy)
+    assert (outcome, connected) == (NOT_DELIVERED, [])
+    assert why == (
+        "address 2002:7f00:1::1 (IPv4 127.0.0.1 inside) is loopback, link-local or private "
+        "(policy.webhooks.allow_private)"
+    )

@@ -316,3 +316,16 @@ def test_doctor_reports_the_policy_in_force(tmp_path: Path) -> None:
     lines = check_policy(config).line().split("\n")
     assert lines[0] == "[ok] policy: from the config"
     assert lines[-2:] == ["       hooks: notify-crm", "       webhooks: to hooks.example.internal"]
+
+
+def test_overwrite_true_is_refused_at_admission_unless_the_policy_allows_it(tmp_path: Path) -> None:
+    config, _ = setup(tmp_path)
+    err = refused(config, job_file(tmp_path, "overwrite: true\n"))
+    assert err.field == "overwrite" and "policy.allow_overwrite" in err.reason
+    assert str(err).startswith(f"{tmp_path / 'job.yaml'}: overwrite: true is not allowed")
+    allowed = parse_policy({"allow_overwrite": True})
+    assert allowed.allow_overwrite and not parse_policy({}).allow_overwrite
+    check_job(allowed, spec(overwrite=True), "j.yaml")
+    check_job(parse_policy({}), spec(overwrite=False), "j.yaml")  # asking for the default is fine
+    with pytest.raises(ConfigError, match=r"policy\.allow_overwrite"):
+        setup(tmp_path / "again", "allow_overwrite: maybe\n")

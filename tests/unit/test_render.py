@@ -237,10 +237,13 @@ def test_render_adds_the_api_only_for_tenants_as_controller_user_with_the_config
     tenants = {"acme": {"api_keys_sha256": ["0" * 64]}}
     with pytest.raises(UsageError, match="controller_user"):
         _api_service(_config(tmp_path, tenants=tenants), 8080, 2, None)
-    api = {"signing_key_file": "/run/secrets/ffswarm-api",
-           "jwt": {"algorithms": ["HS256"], "secret_file": "/run/secrets/ffswarm-jwt"}}  # fmt: skip
+    jwt = {"algorithms": ["HS256"], "secret_file": "/run/secrets/ffswarm-jwt", "audience": "ffswarm"}
+    api = {"signing_key_file": "/run/secrets/ffswarm-api", "jwt": jwt}
     got = _api_service(_config(tmp_path, tenants=tenants, controller_user="10000:999", api=api), 9000, 4, None)
     assert got == ApiService((10000, 999), 9000, 4, ("ffswarm-api", "ffswarm-jwt"))
+    rotating = {**api, "previous_signing_key_files": ["/run/secrets/ffswarm-api-old"]}  # both keys travel
+    got = _api_service(_config(tmp_path, tenants=tenants, controller_user="10000:999", api=rotating), 9000, 4, None)
+    assert got == ApiService((10000, 999), 9000, 4, ("ffswarm-api", "ffswarm-api-old", "ffswarm-jwt"))
     assert _api_service(_config(tmp_path, tenants=tenants), 8080, 2, "10002:10002") == ApiService((10002, 10002))
     with pytest.raises(UsageError, match="non-root"):
         _api_service(_config(tmp_path, tenants=tenants), 8080, 2, "0:0")
