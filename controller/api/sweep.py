@@ -102,7 +102,7 @@ class Staging:
         """Whether the uploads folder's path still leads, without a link, to the folder held open."""
         try:
             fd = self.volume.open_dir(self.rel, "checking the uploads folder")
-        except OSError:
+        except (OSError, UnsafePath):  # gone, or a link on its path
             return False
         try:
             uploads = os.fstat(self.dir_fd)
