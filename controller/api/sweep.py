@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from controller.api.errors import ApiError
+from controller.folder import Folder, remove_at
 from controller.job.owners import TENANTS
-from controller.volume import Folder, UnsafePath, Volume, remove_at
+from controller.volume import UnsafePath, Volume
 
 PREFIX = ".incoming-"
 LOCK_SUFFIX = ".lock"

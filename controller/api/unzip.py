@@ -11,7 +11,7 @@ against its size — is refused as well, by what its headers declare and again b
 decompressed (a header that lies gains nothing). Every unpacked byte is charged to the request's
 budget before it is written (413 naming the archive when it would pass it). Entries that are not
 photos or videos (by their first bytes) are skipped and listed as notes. Folders are recreated below
-the destination through descriptors (controller/volume.py ``Folder``); nothing is written outside it.
+the destination through descriptors (controller/folder.py); nothing is written outside it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from typing import IO
 
 from controller.api.errors import ApiError
 from controller.api.uploads import Budget, safe_name, sniff, too_large
-from controller.volume import Folder, write_all
+from controller.folder import Folder
+from controller.volume import write_all
 
 _SEGMENT = re.compile(r"[A-Za-z0-9 ._()+,@=-]{1,200}")
 _CHUNK = 1024**2

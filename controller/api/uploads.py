@@ -6,7 +6,7 @@ file or archive that would pass it is refused (413, naming it); the request's bo
 (multipart framing, the job part) may add at most ``FRAMING`` bytes. On refusal the staging folder
 is emptied: nothing half-made stays; a process killed mid-upload leaves its folder unlocked, and the
 next sweep of any API replica removes it (controller/api/sweep.py). Everything is written through
-the staging folder's descriptor (controller/volume.py ``Folder``), never by a path a runner could
+the staging folder's descriptor (controller/folder.py), never by a path a runner could
 swap for a link. Each file part is sniffed by its first bytes (never by name alone): a
 photo, a video or a ZIP, else 415. File names are reduced to one safe component; the extension
 follows what the content is.
@@ -23,7 +23,8 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from controller.api.errors import ApiError
-from controller.volume import Folder, write_all
+from controller.folder import Folder
+from controller.volume import write_all
 
 MAX_JOB_PART = 1024**2
 MAX_PARTS = 10_000

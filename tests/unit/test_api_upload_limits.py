@@ -232,7 +232,7 @@ def test_a_malformed_archive_is_400_naming_the_archive_and_entry_and_leaves_noth
 
 
 def test_limits_are_settings_and_a_legit_archive_within_them_unpacks(tmp_path: Path) -> None:
-    api = {"max_zip_depth": 2, "max_zip_ratio": 2000, "max_zip_name_bytes": 20}
+    api: dict[str, object] = {"max_zip_depth": 2, "max_zip_ratio": 2000, "max_zip_name_bytes": 20}
     for env in _env(tmp_path, {"upload": "4m"}, api=api):
         deep = zip_bytes({"a/b/c/x.jpg": JPEG})
         assert "more than 2 folders deep" in post(env, [("targets", ("p.zip", deep))]).text
