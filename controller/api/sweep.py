@@ -85,7 +85,10 @@ class Staging:
         try:
             self.volume.mkdirs(self.rel, mode=0o755)  # runners read uploads/<job>/: 0755 as before
             self.dir_fd = self.volume.open_dir(self.rel, "staging an upload")
-        except UnsafePath:
+        except UnsafePath as e:
+            mode = _lmode(self.folder.parent)
+            if e.link is None and (mode == 0 or stat.S_ISDIR(mode)):
+                raise  # not a link or a file put there (no space, no permission): the server's fault
             raise _swapped() from None
         try:
             self.key = _key(self.dir_fd, self.name)
@@ -170,6 +173,14 @@ class Staging:
                 with _LIVE_LOCK:
                     _LIVE.discard(self.key)
                 self.key = None
+
+
+def _lmode(path: Path) -> int:
+    """The mode of ``path`` itself (0 when it is gone); its parents are the API's own folders."""
+    try:
+        return os.lstat(path).st_mode
+    except FileNotFoundError:
+        return 0
 
 
 def _swapped() -> ApiError:

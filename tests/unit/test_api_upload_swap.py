@@ -107,11 +107,18 @@ def test_uploads_swapped_mid_upload_writes_nothing_through_it_and_is_409(
     assert _files(outside) == []
 
 
-def test_an_uploads_link_placed_before_the_upload_is_409_and_nothing_is_written(env: Env, tmp_path: Path) -> None:
+@pytest.mark.parametrize("placed", ["link", "file"])
+def test_an_uploads_link_or_file_placed_before_the_upload_is_409_and_nothing_is_written(
+    env: Env, tmp_path: Path, placed: str
+) -> None:
     outside = tmp_path / "outside"
     outside.mkdir(mode=0o700)
     env.area().mkdir(parents=True)
-    (env.area() / "uploads").symlink_to(outside)
+    if placed == "link":
+        (env.area() / "uploads").symlink_to(outside)
+    else:
+        (env.area() / "uploads").write_bytes(b"not a folder")
     r = _post(env, _body())
     assert r.status_code == 409 and r.json()["error"]["code"] == "unsafe_area", r.text
     assert _files(outside) == []
+    assert not list((env.root / "inbox").glob("*.yaml"))
