@@ -258,7 +258,9 @@ def submit_upload(
             "targets": targets,
         }
         fields.setdefault("output", f"out/{job}/{template}")
-        hand_over(config, area, job, validate(config, area, fields, job, objects), uploads=True)
+        text = validate(config, area, fields, job, objects)
+        staging.confirm()
+        hand_over(config, area, job, text, uploads=True)
         quota.BOOK.add_stored(area, written)
         return Accepted(job, tuple(notes))
     except BaseException:

@@ -118,13 +118,18 @@ class Staging:
     def place(self, job: str) -> None:
         """The staging folder renamed to ``uploads/<job>`` in the uploads folder held open; 409 (and
         the job's folder removed) when the uploads folder's path no longer leads there."""
-        if not self.intact():
-            raise _swapped()
+        self.confirm()
         self.staged.close()
         holder = Folder(self.dir_fd, self.rel)
         holder.move(self.name, holder, job)
         if not self.intact():
             self.discard(job)
+            raise _swapped()
+
+    def confirm(self) -> None:
+        """409 when the uploads folder's path no longer leads to the folder held open (checked again
+        just before the job is handed over: its files are named by that path from then on)."""
+        if not self.intact():
             raise _swapped()
 
     def discard(self, job: str) -> None:
