@@ -75,7 +75,13 @@ class Folder:
 
     def open_file(self, name: str) -> int:
         """A regular file's descriptor for reading; UnsafePath for a link, a FIFO or a folder."""
-        fd = os.open(_component(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.fd)
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(_component(name), flags, dir_fd=self.fd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise UnsafePath(f"{self.rel}/{name}: a symbolic link (never followed)") from None
+            raise
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise UnsafePath(f"{self.rel}/{name}: not a regular file")
