@@ -26,7 +26,6 @@ from contract.paths import user_text
 from .errors import Terminated
 from .volume import DataRoot
 
-
 PROCESS = secrets.token_hex(8)  # this runner process, in every record it writes (contract/attempt.py)
 
 

@@ -112,16 +112,20 @@ class Api:
             accepted = await asyncio.to_thread(submit.submit_json, self.config, tenant, area, data, self.objects)
         else:
             await asyncio.to_thread(quota.check_quota, self.config, tenant, area)
+            budget = await asyncio.to_thread(submit.request_budget, self.config, tenant, area)
             name = "job"
             job = await asyncio.to_thread(submit.fresh_id, area, name)
-            with Staging(self.config.data_root, tenant.name, job) as staging:  # locked until it is moved or gone
+            staging = Staging(self.config.data_root, tenant.name, job)
+            with staging:  # locked until it is moved or gone
                 up = await uploads.receive(
-                    ctype, request.headers.get("content-length"), request.stream(), staging, tenant.quota.upload
+                    ctype, request.headers.get("content-length"), request.stream(), staging.staged, budget
                 )
                 opts = submit.options(up.job)
                 if "name" in opts:  # the id carries the name the caller chose
                     job = await asyncio.to_thread(submit.fresh_id, area, submit._name(opts))
-                accepted = await asyncio.to_thread(submit.submit_upload, self.config, area, job, up, opts, self.objects)
+                accepted = await asyncio.to_thread(
+                    submit.submit_upload, self.config, area, job, up, opts, staging, budget, self.objects
+                )
         base = f"/v1/jobs/{accepted.job}"
         body_out: dict[str, Any] = {"id": accepted.job, "status_url": base, "events_url": f"{base}/events"}
         if accepted.notes:

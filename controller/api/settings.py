@@ -86,7 +86,11 @@ class ApiSettings:
     jwt: JwtSettings | None = None
     max_zip_entries: int = 10_000
     max_zip_bytes: int = 8 * 1024**3  # unpacked, per request
-    max_zip_ratio: int = 200  # an entry may unpack to at most this many times its compressed size
+    max_zip_ratio: int = 200  # an entry, and a whole archive, may unpack to at most this many times its packed size
+    max_zip_depth: int = 8  # folders an archive's entry may sit in
+    max_zip_name_bytes: int = 255  # one folder or file name in an archive
+    max_zip_path_bytes: int = 1024  # an archive entry's whole name
+    max_request_bytes: int = 8 * 1024**3  # one upload request's files and unpacked archives together
     public_url: str | None = None  # e.g. https://faces.example.com: webhooks carry absolute links
     metrics_token_sha256: tuple[str, ...] = ()  # GET /metrics takes one of these tokens; none: /metrics is off
 
@@ -142,13 +146,30 @@ def _abs_path(value: object, f: str) -> Path:
     return Path(text)
 
 
+_UPLOAD_KEYS = ("max_zip_depth", "max_zip_name_bytes", "max_zip_path_bytes", "max_request_bytes")
+
+
+def _upload_limits(data: dict[str, Any]) -> dict[str, int]:
+    """The upload limits of ``api:`` beyond the first ZIP ones (ApiSettings' defaults when missing)."""
+    d = ApiSettings()
+    return {
+        "max_zip_depth": check_int(data.get("max_zip_depth", d.max_zip_depth), "api.max_zip_depth", minimum=1),
+        "max_zip_name_bytes": check_int(
+            data.get("max_zip_name_bytes", d.max_zip_name_bytes), "api.max_zip_name_bytes", minimum=1
+        ),
+        "max_zip_path_bytes": check_int(
+            data.get("max_zip_path_bytes", d.max_zip_path_bytes), "api.max_zip_path_bytes", minimum=1
+        ),
+        "max_request_bytes": parse_size(data.get("max_request_bytes", d.max_request_bytes), "api.max_request_bytes"),
+    }
+
+
 def parse_api(value: object) -> ApiSettings:
     """``api:`` → ApiSettings; a missing section is the defaults (links and JWTs off)."""
     if value is None:
         return ApiSettings()
     known = ("listen", "signing_key_file", "previous_signing_key_files", "link_ttl", "jwt", "max_zip_entries",
-             "max_zip_bytes", "max_zip_ratio",
-             "metrics_token_sha256", "public_url")  # fmt: skip
+             "max_zip_bytes", "max_zip_ratio", "metrics_token_sha256", "public_url", *_UPLOAD_KEYS)  # fmt: skip
     data = _mapping(value, "api", known)
     listen = data.get("listen", DEFAULT_LISTEN)
     parse_listen(listen, "api.listen")
@@ -162,6 +183,7 @@ def parse_api(value: object) -> ApiSettings:
         max_zip_entries=check_int(data.get("max_zip_entries", 10_000), "api.max_zip_entries", minimum=1),
         max_zip_bytes=parse_size(data.get("max_zip_bytes", 8 * 1024**3), "api.max_zip_bytes"),
         max_zip_ratio=check_int(data.get("max_zip_ratio", 200), "api.max_zip_ratio", minimum=1),
+        **_upload_limits(data),
         metrics_token_sha256=_digests(data.get("metrics_token_sha256", []), "api.metrics_token_sha256"),
         public_url=None if data.get("public_url") is None else parse_public_url(data["public_url"]),
     )

@@ -11,12 +11,10 @@ record (controller/api/area.py) is written before the job file, so the job is ne
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -25,13 +23,14 @@ from contract.s3 import is_s3
 from controller import policy as admission
 from controller import yamlio
 from controller.api import quota
-from controller.api.area import Area, new_job_id, tree_bytes
+from controller.api.area import Area, new_job_id
 from controller.api.errors import ApiError
 from controller.api.objects import Objects
 from controller.api.quota import RETRY_AFTER, check_quota
 from controller.api.settings import Tenant
+from controller.api.sweep import Staging
 from controller.api.unzip import Unpacked, ZipLimits, unpack
-from controller.api.uploads import Upload
+from controller.api.uploads import Budget, Upload, too_large
 from controller.config import Config
 from controller.errors import FfswarmError, JobFileError
 from controller.job import remote
@@ -47,6 +46,8 @@ if TYPE_CHECKING:
 
 _NAME = re.compile(r"[a-z0-9-]{1,31}")
 _PATH_FIELDS = ("source", "targets", "output", "reference", "pairs")
+
+
 @dataclass(frozen=True)
 class Accepted:
     job: str
@@ -187,12 +188,34 @@ def options(raw: bytes | None) -> dict[str, Any]:
     return data
 
 
+def request_budget(config: Config, tenant: Tenant, area: Area, book: quota.QuotaBook = quota.BOOK) -> Budget:
+    """The bytes one upload request may leave in the area, its files and every archive's unpacked
+    bytes together: the least of ``api.max_request_bytes``, the tenant's ``quota.upload`` and what is
+    left of its ``quota.stored``. The one place the budget is decided."""
+    left = tenant.quota.stored - book.stored(area, tenant.quota.stored)
+    limits = [
+        (config.api.max_request_bytes, "api.max_request_bytes"),
+        (tenant.quota.upload, "this tenant's upload cap per request"),
+        (left, "what is left of this tenant's stored quota"),
+    ]
+    cap, why = min(limits, key=lambda x: x[0])
+    return Budget(max(cap, 0), why)
+
+
 def submit_upload(
-    config: Config, area: Area, job: str, up: Upload, data: dict[str, Any], objects: Objects | None = None
+    config: Config,
+    area: Area,
+    job: str,
+    up: Upload,
+    data: dict[str, Any],
+    staging: Staging,
+    budget: Budget,
+    objects: Objects | None = None,
 ) -> Accepted:
-    """Uploaded files (staged in ``up.staging``) into ``uploads/<job>/``, then validated and handed over.
-    Whatever fails, nothing of the job stays in the area."""
-    final = area.path / "uploads" / job
+    """Uploaded files (staged in ``staging``) unpacked, checked against the budget by the bytes
+    actually written, moved into ``uploads/<job>/``, then validated and handed over. Whatever
+    fails, nothing of the job stays in the area."""
+    placed = False
     try:
         sources = [p for p in up.files if p.field == "source"]
         if not sources:
@@ -200,41 +223,48 @@ def submit_upload(
         if not any(p.field == "targets" for p in up.files):
             raise ApiError(422, "invalid_job", "at least one target file is required", field="targets")
         notes: list[str] = []
-        limits = ZipLimits(config.api.max_zip_entries, config.api.max_zip_bytes, config.api.max_zip_ratio)
-        for p in up.files:
-            if p.kind == "zip":
-                assert p.path is not None
-                dest = p.path.with_suffix("")
-                got: Unpacked = unpack(p.path, p.path.name, dest, limits)
+        api = config.api
+        limits = ZipLimits(api.max_zip_entries, api.max_zip_bytes, api.max_zip_ratio, api.max_zip_depth,
+                           api.max_zip_name_bytes, api.max_zip_path_bytes)  # fmt: skip
+        files: list[str] = []
+        with up.folder.sub("targets") as folder:
+            for p in up.files:
+                if p.field != "targets":
+                    continue
+                if p.kind != "zip":
+                    files.append(p.name)
+                    continue
+                got: Unpacked = unpack(folder, p.name, p.name, limits, budget)
+                limits = replace(limits, total_bytes=limits.total_bytes - got.total)  # per request
                 notes += got.skipped
-                p.path.unlink()
-        os.rename(up.staging, final)
+                files += got.files
+                folder.remove(p.name)
+                budget.release(p.size)
+        written = up.folder.file_bytes()
+        if written > budget.cap:  # what is on the volume, whatever was counted on the way
+            raise too_large(budget, f"the upload ({written} bytes once unpacked)")
+        staging.place(job)
+        placed = True
         rel = f"uploads/{job}"
-        targets = sorted({f"{rel}/{d.relative_to(final).as_posix()}/*" for d in _file_folders(final / "targets")})
+        folders = {PurePosixPath("targets", f).parent.as_posix() for f in files}
+        targets = sorted(f"{rel}/{d}/*" for d in folders)
         if not targets:
             raise ApiError(422, "invalid_job", "no photo or video among the targets", field="targets")
-        stems = [f.stem for d in _file_folders(final / "targets") for f in d.iterdir() if f.is_file()]
+        stems = [PurePosixPath(f).stem for f in files]
         template = "{stem}{ext}" if len(stems) == len(set(stems)) else "{index}-{stem}{ext}"
         fields = {
             **data,
             "name": job,
-            "source": [f"{rel}/source/{p.path.name}" for p in sources if p.path is not None],
+            "source": [f"{rel}/source/{p.name}" for p in sources],
             "targets": targets,
         }
         fields.setdefault("output", f"out/{job}/{template}")
-        hand_over(config, area, job, validate(config, area, fields, job, objects), uploads=True)
-        quota.BOOK.add_stored(area, tree_bytes(final))
+        text = validate(config, area, fields, job, objects)
+        staging.confirm()
+        hand_over(config, area, job, text, uploads=True)
+        quota.BOOK.add_stored(area, written)
         return Accepted(job, tuple(notes))
     except BaseException:
-        shutil.rmtree(up.staging, ignore_errors=True)
-        shutil.rmtree(final, ignore_errors=True)
+        if placed:
+            staging.discard(job)
         raise
-
-
-def _file_folders(top: Path) -> list[Path]:
-    out = []
-    for folder, dirs, files in os.walk(top):
-        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
-        if files:
-            out.append(Path(folder))
-    return out

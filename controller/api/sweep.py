@@ -28,7 +28,6 @@ import errno
 import fcntl
 import json
 import os
-import shutil
 import socket
 import stat
 import threading
@@ -38,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from controller.api.errors import ApiError
+from controller.folder import Folder, remove_at
 from controller.job.owners import TENANTS
-from controller.volume import Volume
+from controller.volume import UnsafePath, Volume
 
 PREFIX = ".incoming-"
 LOCK_SUFFIX = ".lock"
@@ -63,7 +63,13 @@ def _live(key: tuple[int, int, str]) -> bool:
 
 class Staging:
     """``with Staging(data_root, tenant, id) as folder:`` a new, empty staging folder, held (locked)
-    by this process until the block ends; at the end whatever is left of it is removed, then the lock."""
+    by this process until the block ends; at the end whatever is left of it is removed, then the lock.
+
+    The uploads folder sits in the tenant's area, whose top the runner's uid owns: a runner may swap
+    ``uploads`` for a link at any moment. So the uploads folder is opened once (no link anywhere on
+    its path) and everything after goes through descriptors: the staging folder is ``staged`` (a
+    ``Folder``), ``place`` renames it into place in the folder held open, and then checks that the
+    path still leads there; else the job's folder is removed and the upload refused (409)."""
 
     def __init__(self, data_root: Path, tenant: str, upload_id: str) -> None:
         self.volume = Volume(data_root)
@@ -73,20 +79,63 @@ class Staging:
         self.dir_fd = -1
         self.lock_fd = -1
         self.key: tuple[int, int, str] | None = None
+        self.staged = Folder(-1, f"{self.rel}/{self.name}")
 
     def __enter__(self) -> Path:
-        self.volume.mkdirs(self.rel, mode=0o755)  # runners read uploads/<job>/: 0755 as before
-        self.dir_fd = self.volume.open_dir(self.rel, "staging an upload")
+        try:
+            self.volume.mkdirs(self.rel, mode=0o755)  # runners read uploads/<job>/: 0755 as before
+            self.dir_fd = self.volume.open_dir(self.rel, "staging an upload")
+        except UnsafePath as e:
+            mode = _lmode(self.folder.parent)
+            if e.link is None and (mode == 0 or stat.S_ISDIR(mode)):
+                raise  # not a link or a file put there (no space, no permission): the server's fault
+            raise _swapped() from None
         try:
             self.key = _key(self.dir_fd, self.name)
             with _LIVE_LOCK:  # before the lock file exists: this process's sweep never opens it
                 _LIVE.add(self.key)
             self._lock()
             os.mkdir(self.name, 0o755, dir_fd=self.dir_fd)
+            self.staged = Folder(os.open(self.name, _DIR, dir_fd=self.dir_fd), self.staged.rel)
         except BaseException:
             self._release()
             raise
         return self.folder
+
+    def intact(self) -> bool:
+        """Whether the uploads folder's path still leads, without a link, to the folder held open."""
+        try:
+            fd = self.volume.open_dir(self.rel, "checking the uploads folder")
+        except (OSError, UnsafePath):  # gone, or a link on its path
+            return False
+        try:
+            uploads = os.fstat(self.dir_fd)
+            now = os.fstat(fd)
+            return (uploads.st_dev, uploads.st_ino) == (now.st_dev, now.st_ino)
+        finally:
+            os.close(fd)
+
+    def place(self, job: str) -> None:
+        """The staging folder renamed to ``uploads/<job>`` in the uploads folder held open; 409 (and
+        the job's folder removed) when the uploads folder's path no longer leads there."""
+        self.confirm()
+        self.staged.close()
+        holder = Folder(self.dir_fd, self.rel)
+        holder.move(self.name, holder, job)
+        if not self.intact():
+            self.discard(job)
+            raise _swapped()
+
+    def confirm(self) -> None:
+        """409 when the uploads folder's path no longer leads to the folder held open (checked again
+        just before the job is handed over: its files are named by that path from then on)."""
+        if not self.intact():
+            raise _swapped()
+
+    def discard(self, job: str) -> None:
+        """``uploads/<job>`` (placed by this upload) removed through the folder held open."""
+        if self.dir_fd >= 0:
+            remove_at(self.dir_fd, job)
 
     def _lock(self) -> None:
         lock = self.name + LOCK_SUFFIX
@@ -112,6 +161,7 @@ class Staging:
         self._release()
 
     def _release(self) -> None:
+        self.staged.close()
         try:
             if self.dir_fd >= 0 and self.lock_fd >= 0:
                 _remove(self.dir_fd, self.name)  # gone already when it was moved into place
@@ -130,6 +180,23 @@ class Staging:
                 self.key = None
 
 
+def _lmode(path: Path) -> int:
+    """The mode of ``path`` itself (0 when it is gone); its parents are the API's own folders."""
+    try:
+        return os.lstat(path).st_mode
+    except FileNotFoundError:
+        return 0
+
+
+def _swapped() -> ApiError:
+    """The uploads folder replaced (by a link, or another folder) in the area a runner may write:
+    nothing is written through it, and retrying will not help until it is put right, so no Retry-After."""
+    return ApiError(
+        409, "unsafe_area", "uploads: not the area's own uploads folder (a link or a replaced folder); "
+        "nothing was written through it and nothing of this upload was kept",
+    )  # fmt: skip
+
+
 def _busy() -> ApiError:
     return ApiError(503, "busy", "the upload could not be staged; try again", headers={"Retry-After": "1"})
 
@@ -146,15 +213,7 @@ def _same(fd: int, name: str, dir_fd: int) -> bool:
 
 def _remove(dir_fd: int, name: str) -> None:
     """``name`` in ``dir_fd`` removed without following a link: a folder's tree, or the entry itself."""
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(name, dir_fd=dir_fd)  # fd-based on Linux: links inside are unlinked, never followed
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name, dir_fd=dir_fd)
+    remove_at(dir_fd, name)
 
 
 def sweep_uploads(data_root: Path, tenant: str, now: float | None = None) -> list[str]:

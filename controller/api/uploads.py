@@ -1,9 +1,13 @@
 """Multipart uploads, streamed to a staging folder inside the tenant's area with every byte counted.
 
-A request over the tenant's per-request cap is refused (413) as soon as it passes it (at once when
-Content-Length says so) and its staging folder removed: nothing half-made stays; a process killed
-mid-upload leaves its folder unlocked, and the next sweep of any API replica removes it
-(controller/api/sweep.py). Each file part is sniffed by its first bytes (never by name alone): a
+Each request has one byte ``Budget`` (controller/api/submit.py ``request_budget``): every file's
+bytes, and later every archive's unpacked bytes, are charged to it before they are written, and the
+file or archive that would pass it is refused (413, naming it); the request's body beyond its files
+(multipart framing, the job part) may add at most ``FRAMING`` bytes. On refusal the staging folder
+is emptied: nothing half-made stays; a process killed mid-upload leaves its folder unlocked, and the
+next sweep of any API replica removes it (controller/api/sweep.py). Everything is written through
+the staging folder's descriptor (controller/folder.py), never by a path a runner could
+swap for a link. Each file part is sniffed by its first bytes (never by name alone): a
 photo, a video or a ZIP, else 415. File names are reduced to one safe component; the extension
 follows what the content is.
 """
@@ -12,19 +16,19 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import BinaryIO
 
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from controller.api.errors import ApiError
+from controller.folder import Folder
+from controller.volume import write_all
 
 MAX_JOB_PART = 1024**2
 MAX_PARTS = 10_000
+FRAMING = MAX_JOB_PART + 4 * 1024**2  # body bytes that are not file content: the job part, part headers
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 IMAGE_EXT = {"jpeg": ".jpg", "png": ".png", "webp": ".webp", "bmp": ".bmp", "tiff": ".tif"}
 VIDEO_EXT = {"mp4": ".mp4", "mkv": ".mkv", "avi": ".avi"}
@@ -68,36 +72,68 @@ def safe_name(raw: str, fmt: str, kind: str) -> str:
 
 
 @dataclass
+class Budget:
+    """The bytes one request may leave on the volume, and those it has so far (``used``). ``why``
+    names the limit that sets ``cap``, for the 413."""
+
+    cap: int
+    why: str
+    used: int = 0
+
+    @property
+    def left(self) -> int:
+        return self.cap - self.used
+
+    def charge(self, n: int, what: str, file: str) -> None:
+        """``n`` more bytes of ``what`` (a file or an archive's entry), before they are written."""
+        if self.used + n > self.cap:
+            raise too_large(self, what, file)
+        self.used += n
+
+    def release(self, n: int) -> None:
+        """Bytes removed again (an archive, once unpacked)."""
+        self.used -= n
+
+
+def too_large(budget: Budget, what: str, file: str | None = None) -> ApiError:
+    return ApiError(
+        413, "too_large", f"{what} passed this request's budget of {budget.cap} bytes ({budget.why})", file=file
+    )
+
+
+@dataclass
 class Part:
     field: str
     filename: str
-    path: Path | None = None  # its temporary file while it arrives, then its final staged name
+    name: str = ""  # its name in the staging folder's ``<field>/`` once complete
     head: bytes = b""
     size: int = 0
     kind: str = ""
+    shown: str = ""  # as errors name it
 
 
 @dataclass
 class Upload:
-    staging: Path
+    folder: Folder  # the staging folder (held open; not closed by the Upload)
     job: bytes | None = None
     files: list[Part] = field(default_factory=list)
     total: int = 0
 
 
 class _Receiver:
-    def __init__(self, staging: Path, cap: int) -> None:
-        self.up = Upload(staging)
-        self.cap = cap
+    def __init__(self, folder: Folder, budget: Budget) -> None:
+        self.up = Upload(folder)
+        self.budget = budget
         self.headers: dict[bytes, bytes] = {}
         self._hf: list[bytes] = []
         self._hv: list[bytes] = []
         self.part: Part | None = None
-        self.fh: BinaryIO | None = None
+        self.fd = -1
+        self.parts: Folder | None = None  # ``.parts/``: files while they arrive
+        self.fields: dict[str, Folder] = {}  # ``source/``, ``targets/``
         self.job = bytearray()
         self.in_job = False
         self.names: set[str] = set()
-        self.error: ApiError | None = None
 
     def callbacks(self) -> dict[str, object]:
         return {
@@ -132,10 +168,10 @@ class _Receiver:
         if len(self.up.files) >= MAX_PARTS:
             raise ApiError(400, "bad_request", f"more than {MAX_PARTS} files in one request")
         self.part = Part(name, (filename or b"file").decode("utf-8", "replace"))
-        folder = self.up.staging / ".parts"
-        folder.mkdir(exist_ok=True)
-        self.part.path = folder / str(len(self.up.files))
-        self.fh = open(self.part.path, "xb")  # noqa: SIM115 (closed in end())
+        self.part.shown = safe_name(self.part.filename, "", "image")[:80]
+        if self.parts is None:
+            self.parts = self.up.folder.sub(".parts", create=True)
+        self.fd = self.parts.create(str(len(self.up.files)))
 
     def data(self, d: bytes, s: int, e: int) -> None:
         chunk = d[s:e]
@@ -144,28 +180,30 @@ class _Receiver:
             if len(self.job) > MAX_JOB_PART:
                 raise ApiError(413, "too_large", f"the job part is over {MAX_JOB_PART} bytes", field="job")
             return
-        assert self.part is not None and self.fh is not None
-        if len(self.part.head) < 16:
-            self.part.head += chunk[: 16 - len(self.part.head)]
-        self.part.size += len(chunk)
-        self.fh.write(chunk)
+        part = self.part
+        assert part is not None and self.fd >= 0
+        self.budget.charge(len(chunk), f"{part.field} file {part.shown!r}", part.shown)
+        if len(part.head) < 16:
+            part.head += chunk[: 16 - len(part.head)]
+        part.size += len(chunk)
+        write_all(self.fd, chunk)
 
     def end(self) -> None:
         if self.in_job:
             self.in_job = False
             self.up.job = bytes(self.job)
             return
-        assert self.part is not None and self.fh is not None and self.part.path is not None
-        self.fh.close()
-        self.fh = None
+        assert self.part is not None and self.fd >= 0 and self.parts is not None
+        os.close(self.fd)
+        self.fd = -1
         part, self.part = self.part, None
         found = sniff(part.head)
-        shown = safe_name(part.filename, "", "image")[:80]
         if found is None or (part.field == "source" and found[0] != "image"):
             what = "a photo" if part.field == "source" else "a photo, a video or a ZIP archive"
             raise ApiError(
-                415, "unsupported_media", f"{part.field} file {shown!r} is not {what}", field=part.field, file=shown
-            )
+                415, "unsupported_media", f"{part.field} file {part.shown!r} is not {what}",
+                field=part.field, file=part.shown,
+            )  # fmt: skip
         part.kind = found[0]
         name = safe_name(part.filename, found[1], found[0])
         stem, ext = os.path.splitext(name)
@@ -173,49 +211,53 @@ class _Receiver:
         while f"{part.field}/{name}" in self.names:
             name, n = f"{stem}-{n}{ext}", n + 1
         self.names.add(f"{part.field}/{name}")
-        final = self.up.staging / part.field / name
-        final.parent.mkdir(exist_ok=True)
-        assert part.path is not None
-        os.rename(part.path, final)
-        part.path = final
+        if part.field not in self.fields:
+            self.fields[part.field] = self.up.folder.sub(part.field, create=True)
+        self.parts.move(str(len(self.up.files)), self.fields[part.field], name)
+        part.name = name
         self.up.files.append(part)
 
     def close(self) -> None:
-        if self.fh is not None:
-            self.fh.close()
-            self.fh = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        for folder in [self.parts, *self.fields.values()]:
+            if folder is not None:
+                folder.close()
 
 
-async def receive(content_type: str, length: str | None, body: AsyncIterator[bytes], staging: Path, cap: int) -> Upload:
-    """Stream a multipart body into ``staging``: an empty folder this process holds
+async def receive(
+    content_type: str, length: str | None, body: AsyncIterator[bytes], folder: Folder, budget: Budget
+) -> Upload:
+    """Stream a multipart body into the staging ``folder``: an empty folder this process holds
     (controller/api/sweep.py ``Staging``: its lock proves the upload alive to other replicas' sweeps).
-    On any refusal the staging folder is removed before the error is raised."""
+    On any refusal the staging folder is emptied before the error is raised."""
     ctype, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
     if ctype != b"multipart/form-data" or not boundary:
         raise ApiError(415, "unsupported_media", "send JSON (application/json) or multipart/form-data")
+    cap = budget.left + FRAMING
     if length is not None and length.isdigit() and int(length) > cap:
-        raise ApiError(
-            413, "too_large", f"the request is {int(length)} bytes; this tenant may upload {cap} per request"
-        )
-    rx = _Receiver(staging, cap)
+        raise too_large(budget, f"the request ({int(length)} bytes)")
+    rx = _Receiver(folder, budget)
     try:
         parser = MultipartParser(boundary, rx.callbacks())  # type: ignore[arg-type]
         async for chunk in body:
             rx.up.total += len(chunk)
             if rx.up.total > cap:
-                raise ApiError(413, "too_large", f"the upload passed {cap} bytes, this tenant's cap per request")
+                raise too_large(budget, f"the request (over {cap} bytes with its framing)")
             parser.write(chunk)
         parser.finalize()
         if rx.part is not None or rx.in_job:
             raise ApiError(400, "bad_request", "the multipart body ended inside a part")
-        shutil.rmtree(staging / ".parts", ignore_errors=True)
+        rx.close()
+        folder.remove(".parts")
         return rx.up
     except MultipartParseError:
         rx.close()
-        shutil.rmtree(staging, ignore_errors=True)
+        folder.clear()
         raise ApiError(400, "bad_request", "the multipart body could not be parsed") from None
     except BaseException:
         rx.close()
-        shutil.rmtree(staging, ignore_errors=True)
+        folder.clear()
         raise
