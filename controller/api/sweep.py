@@ -45,7 +45,6 @@ PREFIX = ".incoming-"
 LOCK_SUFFIX = ".lock"
 SWEEP_SECONDS = 60.0
 UNLOCKED_STALE_SECONDS = 3600.0
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 _LIVE: set[tuple[int, int, str]] = set()  # (st_dev, st_ino of the uploads folder, staging name)
 _LIVE_LOCK = threading.Lock()

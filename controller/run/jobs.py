@@ -340,12 +340,6 @@ def _refuse_finished(rundir: RunDir, what: str) -> None:
         )
 
 
-def clear_cancel(config: Config, job_id: str) -> None:
-    _, rundir = open_run(config, job_id)
-    current = rundir.control()
-    rundir.write_control(Control(current.max_concurrent, cancel=False))
-
-
 def scale(config: Config, job_id: str, n: int) -> None:
     limit = config.policy.limits.max_concurrent
     if n > limit:
