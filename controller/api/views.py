@@ -22,9 +22,9 @@ from controller.api.errors import ApiError, not_found
 from controller.config import Config
 from controller.errors import FfswarmError
 from controller.job.owners import RECORDS, TENANTS
-from controller.run import handover, history, status, usage
+from controller.run import control, handover, history, status, usage
 from controller.run.fold import Fold
-from controller.run.rundir import Control, RunDir, read_nofollow
+from controller.run.rundir import RunDir, read_nofollow
 
 MAX_REASON = 4096
 EVENT_INTERVAL = 0.5  # progress at most every 500 ms
@@ -81,7 +81,7 @@ def cancel(config: Config, area: Area, job: str) -> dict[str, Any]:
             pass
         if status.finished(rundir):
             raise ApiError(409, "finished", f"job {job!r} already finished: nothing to cancel")
-        rundir.write_control(Control(rundir.control().max_concurrent, cancel=True))
+        control.flag_cancel(rundir)
         return {"job": job, "cancelled": True}
     try:
         os.unlink(config.data_root / "inbox" / f"{job}.yaml")

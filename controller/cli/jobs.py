@@ -15,7 +15,7 @@ from controller.cli import context
 from controller.cli import models as models_mod
 from controller.config import Config
 from controller.errors import FfswarmError, Interrupted, UsageError
-from controller.run import dryrun, handover, usecase
+from controller.run import control, dryrun, handover, usecase
 from controller.run import jobs as jobs_mod
 from controller.run import progress as progress_mod
 from controller.run import status as status_mod
@@ -221,7 +221,7 @@ def logs(ctx: click.Context, job: str, chunk: str | None, follow: bool) -> None:
 @click.pass_context
 def scale(ctx: click.Context, job: str, n: int) -> None:
     """Change how many chunk services of a running job may exist at once (followed within 2 s)."""
-    jobs_mod.scale(context.config(ctx), job, n)
+    control.scale(context.config(ctx), job, n)
     click.echo(f"job {job}: max_concurrent = {n}")
 
 
@@ -230,7 +230,7 @@ def scale(ctx: click.Context, job: str, n: int) -> None:
 @click.pass_context
 def cancel(ctx: click.Context, job: str) -> None:
     """Remove the job's services and mark it cancelled; committed outputs stay."""
-    removed = jobs_mod.cancel(context.config(ctx), job, context.backend(ctx))
+    removed = control.cancel(context.config(ctx), job, context.backend(ctx))
     click.echo(
         f"job {job}: cancelled ({removed} running chunk service(s) removed); committed outputs kept; "
         f"`ffswarm resume {job}` continues it"

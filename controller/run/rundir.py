@@ -278,6 +278,7 @@ class RunDir:
             raise RunFileError(f"{self.rel(path)}: {type(e).__name__}") from None
 
     def write_control(self, control: Control) -> None:
+        """Only controller/run/control.py changes a job's control.json (and create() writes the first)."""
         self._write(
             self.layout.control,
             json.dumps({"max_concurrent": control.max_concurrent, "cancel": control.cancel}).encode(),
