@@ -47,4 +47,3 @@ def unauthorized(message: str = "a valid Authorization: Bearer token is required
 def not_found(job: str) -> ApiError:
     """Another tenant's job reads exactly as one that does not exist (never 403)."""
     return ApiError(404, "not_found", f"no job {job!r}")
-

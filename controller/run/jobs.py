@@ -29,10 +29,10 @@ from controller.job.files import parse_job_text, raise_all, read_jobs
 from controller.job.plan import AUTO_MAX_CHUNK, ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
 from controller.job.resolve import ResolvedJob, resolve_job
 from controller.job.spec import JobSpec
-from controller.job.validate import FieldError
 from controller.run import identity, timings
 from controller.run.pack_checks import check_pack
 from controller.run.rundir import Control, RunDir, next_job_id
+from controller.settings.fields import FieldError
 from controller.swarm.backend import SwarmBackend
 from controller.swarm.servicespec import RunnerSettings, SecretMount, chunk_service
 

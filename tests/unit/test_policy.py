@@ -18,10 +18,10 @@ from controller.config import Config, parse_config
 from controller.errors import ConfigError, JobFileError
 from controller.job.files import load_job_file
 from controller.job.spec import JobSpec
-from controller.job.validate import FieldError
 from controller.job.video import VideoInfo, check_limits
 from controller.policy import Hook, Limits, Policy, check_counts, check_job, parse_policy
 from controller.run import jobs as jobs_mod
+from controller.settings.fields import FieldError
 
 EXAMPLE = """
 images: [registry.example.internal/ffswarm/runner@sha256:0123]

@@ -27,7 +27,7 @@ from moto.server import ThreadedMotoServer
 from contract.s3 import Credentials, S3Url
 from controller.config import parse_config
 from controller.errors import ConfigError, FfswarmError
-from controller.job.validate import FieldError
+from controller.settings.fields import FieldError
 from controller.storage.errors import ObjectMissing, StorageAccessError, StorageTemporaryError, TooManyObjects
 from controller.storage.s3 import S3Store, make_client
 from controller.storage.settings import S3Settings, parse_storage, read_credentials
