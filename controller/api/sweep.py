@@ -37,8 +37,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from contract.layout import TENANTS
 from controller.api.errors import ApiError
-from controller.job.owners import TENANTS
 from controller.volume import Volume
 
 PREFIX = ".incoming-"

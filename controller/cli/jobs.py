@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from contract.layout import RunLayout
+from contract.layout import DataRootLayout, RunLayout
 from controller.cli import context
 from controller.cli import models as models_mod
 from controller.config import Config
@@ -70,7 +70,8 @@ def submit(
     # the command's one backend, asked for the swarm's GPU slots (a dry run plans without it if Docker is away)
     prepared = jobs_mod.prepare(config, list(paths), new, lambda: context.backend(ctx))
     if detach:
-        click.echo(handover.describe(handover.hand_over(inbox or config.data_root / "inbox", prepared)))
+        box = inbox or DataRootLayout.host(config.data_root).inbox
+        click.echo(handover.describe(handover.hand_over(box, prepared)))
         return
     if dry_run:
         lookup = _image_lookup(ctx)
@@ -110,7 +111,7 @@ def _image_lookup(ctx: click.Context) -> Any:
 
 def _summary(config: Config, job: jobs_mod.PreparedJob, report: Report) -> None:
     root = config.data_root
-    standin = models_mod.is_standin(root / "models" / job.spec.models)
+    standin = models_mod.is_standin(DataRootLayout.host(root).pack(job.spec.models))
     note = job.spec.models + (" (STAND-IN test pack: not real face swaps)" if standin else "")
     head, *rest = summary(report, RunLayout.host(root, report.job).report, root, note)
     click.echo(head)

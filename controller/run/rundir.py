@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.errors import ManifestError
-from contract.layout import RUNS, AttemptLog, RunLayout, parse_attempt_log
+from contract.layout import AttemptLog, DataRootLayout, RunLayout, parse_attempt_log
 from contract.manifest import Manifest
 from contract.results import ChunkResults, ItemResult, chunk_results
 from controller.errors import FfswarmError
@@ -381,9 +381,10 @@ class RunDir:
 
 def next_job_id(data_root: Path, name: str, new: bool) -> str:
     """Job id = name; with --new the first free name-2, name-3 … when a run of that name exists."""
-    if not new or not os.path.lexists(data_root / RUNS / name):
+    runs = DataRootLayout.host(data_root).runs
+    if not new or not os.path.lexists(runs / name):
         return name
     n = 2
-    while os.path.lexists(data_root / RUNS / f"{name}-{n}"):
+    while os.path.lexists(runs / f"{name}-{n}"):
         n += 1
     return f"{name}-{n}"
