@@ -26,11 +26,7 @@ from controller.run.lanes import ROLE_LANE, remove_left
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, ROLE_RUNNER
 from tests.fixtures import photos
-from tests.integration.conftest import Workspace, chown_tree
-from tests.integration.test_api import Api, Tenants
-from tests.integration.test_api import api as api  # noqa: F401  (the fixtures)
-from tests.integration.test_api import tenant_settings as tenant_settings  # noqa: F401
-from tests.integration.test_api import tenants as tenants  # noqa: F401
+from tests.integration.conftest import Api, Tenants, Workspace, chown_tree
 from tests.integration.test_api_packing import remove_packs
 
 pytestmark = pytest.mark.integration
@@ -53,8 +49,8 @@ def _services(swarm: DockerSwarm, role: str, prefix: str) -> set[str]:
 
 def test_a_second_pack_runs_in_the_first_packs_lingering_service_and_a_dead_lane_is_not_trusted(
     workspace: Workspace,
-    tenants: Tenants,  # noqa: F811
-    api: Api,  # noqa: F811
+    tenants: Tenants,
+    api: Api,
     swarm: DockerSwarm,
 ) -> None:
     ws = workspace
@@ -66,8 +62,8 @@ def test_a_second_pack_runs_in_the_first_packs_lingering_service_and_a_dead_lane
 
 
 def _round(
-    tenants: Tenants,  # noqa: F811
-    api: Api,  # noqa: F811
+    tenants: Tenants,
+    api: Api,
     swarm: DockerSwarm,
     n: int,
     seen: dict[str, set[str]],
@@ -109,7 +105,7 @@ def _round(
     return jobs
 
 
-def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: set[str]) -> None:  # noqa: F811
+def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: set[str]) -> None:
     with api.client(tenants.keys[tenants.a]) as c:  # the tenant's area, made by the API
         assert c.get("/v1/jobs").status_code == 200
     area = ws.root / "tenants" / tenants.a / "in"

@@ -12,18 +12,7 @@ from contract.errors import ManifestError
 from contract.layout import RESERVED, DataRootLayout, RunLayout
 from contract.manifest import Item, Manifest, Segment
 from contract.results import ItemResult, ItemStatus
-
-
-def manifest(**kw: object) -> Manifest:
-    fields: dict[str, object] = {
-        "job": "j",
-        "chunk": "c0001",
-        "run_dir": "/data/runs/j",
-        "pack_dir": "/data/models/default",
-        "source": ("/data/s.jpg",),
-        "items": (Item("i000000", "/data/a.jpg", "/data/out/a.png"),),
-    }
-    return Manifest(**{**fields, **kw})  # type: ignore[arg-type]
+from tests.builders import manifest
 
 
 def test_overwrite_defaults_to_false_round_trips_and_is_left_out_at_its_default() -> None:

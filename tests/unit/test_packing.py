@@ -16,7 +16,7 @@ from controller.run.jobs import PreparedJob
 from controller.run.packing import Member, Packer, pack_key, width
 from controller.settings.fields import FieldError
 from controller.settings.packing import PackingSettings, parse_packing
-from tests.unit.api_helpers import JPEG, make_config
+from tests.builders import JPEG, make_config
 
 ON = PackingSettings(max_items=5, window=1.0)
 
