@@ -1,4 +1,9 @@
-"""The run folder: every path of ``runs/<job>/`` named once, for both of its readers.
+"""The data root's top folders and the run folder: every path of ``runs/<job>/`` named once, for
+both of its readers.
+
+``DataRootLayout`` names the folders ffswarm keeps for itself at the top of the data root (``runs/``,
+``models/``, ``inbox/``, ``tenants/``: never a job's outputs); ``RunLayout`` the files of one run
+folder.
 
 The controller sees the run folder under its host's data root, a runner under the container's
 ``/data``; both build a ``RunLayout`` over their own root and ask it for paths, so a file is never
@@ -45,6 +50,11 @@ from contract.paths import CONTAINER_DATA_ROOT
 P = TypeVar("P", bound=PurePath)
 
 RUNS = "runs"  # under the data root: one folder per job id
+MODELS = "models"  # under the data root: one folder per model pack (contract/pack.py)
+INBOX = "inbox"  # under the data root: job files handed to `serve` (controller/run/serve.py)
+TENANTS = "tenants"  # under the data root: the API's tenants' areas, and their job records in .jobs/
+RECORDS = ".jobs"  # under tenants/: one folder of job records per tenant (controller/job/owners.py)
+RESERVED = (RUNS, MODELS, INBOX, TENANTS)  # the data root's top folders that are ffswarm's, never outputs
 CHUNKS = "chunks"
 RESULTS = "results"
 LOGS = "logs"
@@ -103,6 +113,51 @@ def parse_attempt_log(name: str) -> AttemptLog | None:
     in logs/ (``identity.log``, a temporary name being written)."""
     m = _ATTEMPT_LOG.fullmatch(name)
     return None if m is None else AttemptLog(m["chunk"], int(m["attempt"]))
+
+
+@dataclass(frozen=True)
+class DataRootLayout(Generic[P]):
+    """The folders ffswarm keeps at the top of a data root ``root``, of the same kind as ``root``
+    (host Paths for the controller, container PurePosixPaths under ``/data`` for a runner)."""
+
+    root: P
+
+    @staticmethod
+    def host(data_root: Path) -> DataRootLayout[Path]:
+        return DataRootLayout(data_root)
+
+    @staticmethod
+    def container() -> DataRootLayout[PurePosixPath]:
+        return DataRootLayout(PurePosixPath(CONTAINER_DATA_ROOT))
+
+    @property
+    def runs(self) -> P:
+        return self.root / RUNS
+
+    @property
+    def models(self) -> P:
+        return self.root / MODELS
+
+    @property
+    def inbox(self) -> P:
+        return self.root / INBOX
+
+    @property
+    def tenants(self) -> P:
+        return self.root / TENANTS
+
+    @property
+    def records(self) -> P:
+        """Every tenant's job records (``tenants/.jobs/<tenant>/<job>.json``)."""
+        return self.root / TENANTS / RECORDS
+
+    def pack(self, name: str) -> P:
+        """A model pack's folder (``models/<name>``)."""
+        return self.root / MODELS / name
+
+    def run(self, job: str) -> RunLayout[P]:
+        """One job's run folder."""
+        return RunLayout(self.root / RUNS / job)
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ import yaml
 from controller import yamlio
 from controller.api.settings import ApiSettings, Tenant, check_tenant_storage, parse_api, parse_tenants
 from controller.errors import ConfigError
-from controller.job.validate import FieldError, parse_duration
 from controller.policy import Policy, Webhooks, parse_policy
-from controller.run.packing_settings import PackingSettings, parse_packing
+from controller.settings.fields import FieldError, parse_duration
+from controller.settings.packing import PackingSettings, parse_packing
 from controller.storage.settings import StorageSettings, parse_storage
 from controller.swarm.servicespec import VolumeSpec
 

@@ -12,12 +12,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from controller.errors import JobFileError
-from controller.job.spec import JobSpec
-from controller.job.validate import (
+from controller.settings.fields import (
     FieldError,
     check_bool,
     check_int,
@@ -27,6 +26,9 @@ from controller.job.validate import (
     parse_memory,
     show,
 )
+
+if TYPE_CHECKING:
+    from controller.job.spec import JobSpec
 
 _CONSTRAINT = re.compile(r"\s*([A-Za-z0-9_.-]+)\s*(==|!=)\s*([^\s=!]+)\s*")
 JOB_PLACEMENT_PREFIX = "node.labels."  # the only constraints a job may add

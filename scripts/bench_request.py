@@ -55,10 +55,10 @@ from controller.run import packs, serve_jobs, usecase  # noqa: E402
 from controller.run.inbox import Inbox  # noqa: E402
 from controller.run.jobs import owner  # noqa: E402
 from controller.run.packing import Member, Packer  # noqa: E402
-from controller.run.packing_settings import PackingSettings  # noqa: E402
 from controller.run.rundir import Control, RunDir  # noqa: E402
+from controller.settings.packing import PackingSettings  # noqa: E402
 from controller.swarm.backend import SwarmBackend  # noqa: E402
-from tests.unit.api_helpers import JPEG, KEYS, beat, make_config  # noqa: E402
+from tests.builders import JPEG, KEYS, beat, make_config  # noqa: E402
 
 OPTIONS = {"providers": ["cpu"], "resources": {"gpus": 1, "gpu_kind": "GPU", "memory": "2g"}, "retries": 1}
 IMAGE = "sha256:" + "0" * 64

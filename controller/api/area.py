@@ -23,12 +23,12 @@ from base64 import b32encode
 from dataclasses import replace
 from pathlib import Path
 
-from contract.layout import RUNS, RunLayout
-from controller.job.owners import JOB_ID, MAX_RECORD, RECORDS, TENANT, TENANTS, JobRecord
+from contract.layout import TENANTS, DataRootLayout, RunLayout
+from controller.job.owners import JOB_ID, MAX_RECORD, TENANT, JobRecord
 from controller.run.rundir import read_nofollow, write_atomic
 from controller.storage.area import StorageArea
 
-__all__ = ["JOB_ID", "TENANTS", "Area", "JobRecord", "new_job_id", "run_owner"]
+__all__ = ["JOB_ID", "Area", "JobRecord", "new_job_id", "run_owner"]
 
 
 def new_job_id(name: str) -> str:
@@ -57,15 +57,16 @@ class Area:
         self.tenant = tenant
         self.s3 = s3  # its part of the object store (tenants.<t>.s3), or None
         self.rel = f"{TENANTS}/{tenant}"  # as the data root names it
-        self.path = data_root / TENANTS / tenant
-        self.records = data_root / TENANTS / RECORDS / tenant
+        top = DataRootLayout.host(data_root)
+        self.path = top.tenants / tenant
+        self.records = top.records / tenant
 
     def ensure(self, runner: tuple[int, int] | None) -> None:
         """Create the area (owned by the runner when this process may chown) and the record folder."""
         for folder, owner in (
-            (self.root / TENANTS, None),
+            (DataRootLayout.host(self.root).tenants, None),
             (self.path, runner),
-            (self.root / TENANTS / RECORDS, None),
+            (DataRootLayout.host(self.root).records, None),
             (self.records, None),
         ):
             try:
@@ -89,12 +90,13 @@ class Area:
         return path.relative_to(self.path).as_posix()
 
     def id_taken(self, job: str) -> bool:
-        inbox = self.root / "inbox"
-        names = [self.root / RUNS / job]
+        top = DataRootLayout.host(self.root)
+        inbox = top.inbox
+        names = [top.run(job).dir]
         names += [inbox / f"{job}{s}" for s in (".yaml", ".yml")] + [inbox / "running" / f"{job}.yaml"]
         if any(os.path.lexists(p) for p in names):
             return True
-        recs = self.root / TENANTS / RECORDS
+        recs = top.records
         try:
             tenants = [e.name for e in os.scandir(recs) if e.is_dir(follow_symlinks=False)]
         except OSError:

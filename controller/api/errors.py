@@ -11,9 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from controller.errors import FfswarmError, JobFileError
-from controller.job.validate import FieldError
-
 
 class ApiError(Exception):
     def __init__(
@@ -50,19 +47,3 @@ def unauthorized(message: str = "a valid Authorization: Bearer token is required
 def not_found(job: str) -> ApiError:
     """Another tenant's job reads exactly as one that does not exist (never 403)."""
     return ApiError(404, "not_found", f"no job {job!r}")
-
-
-def from_field(e: FieldError, file: str | None = None) -> ApiError:
-    return ApiError(422, "invalid_job", e.reason, field=e.field, file=file)
-
-
-def from_ffswarm(e: FfswarmError, strip: str = "") -> ApiError:
-    """A controller error as the CLI words it; ``strip``: a path prefix (the tenant's area, relative
-    to the data root) removed so that paths read as the tenant knows them."""
-    if isinstance(e, JobFileError):
-        return ApiError(422, "invalid_job", _strip(e.reason, strip), field=e.field)
-    return ApiError(422, "invalid_job", _strip(str(e), strip))
-
-
-def _strip(text: str, prefix: str) -> str:
-    return text.replace(prefix, "") if prefix else text

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlencode
 
+from contract.layout import RECORDS, TENANTS
 from controller.api.errors import ApiError
-from controller.job.owners import JOB_ID, RECORDS, TENANTS
+from controller.job.owners import JOB_ID
 from controller.run.rundir import read_nofollow, write_atomic
 
 KID_LENGTH = 12  # hex digits of the key's sha256: names the key, says nothing usable about it

@@ -1,6 +1,6 @@
 """``POST /v1/jobs/{id}/scale`` and ``/retry``: `ffswarm scale` and `ffswarm retry` for a tenant's own job.
 
-Scale, like the CLI's (controller/run/jobs.py: scale), writes the run folder's control.json, which
+Scale, like the CLI's, writes the run folder's control.json (controller/run/control.py), which
 the job's controller reads; it is capped by the cluster's ``policy.limits.max_concurrent`` and, for a
 job on GPUs, by the tenant's ``quota.gpus``. A job not yet claimed by `serve` has no run folder: its
 job file in the inbox is replaced by one with the new ``max_concurrent`` — taken out first (as a
@@ -34,8 +34,8 @@ from controller.api.submit import inbox
 from controller.config import Config
 from controller.errors import FfswarmError, UsageError
 from controller.job.files import parse_job_text
-from controller.run import handover, status
-from controller.run.rundir import Control, RunDir, read_nofollow, write_atomic
+from controller.run import control, handover, status
+from controller.run.rundir import RunDir, read_nofollow, write_atomic
 
 MAX_BODY = 4096
 
@@ -102,13 +102,13 @@ def scale(config: Config, tenant: Tenant, area: Area, job: str, n: int) -> dict[
         try:
             frozen = rundir.read_job_file()
             finished = status.finished(rundir) and not retry_waiting(config, job)
-            current = rundir.control()
+            rundir.control()  # readable, or nothing is changed
         except FfswarmError:
             raise ApiError(409, "unreadable", f"job {job!r}'s run folder cannot be read; nothing was changed") from None
         _check_width(config, tenant, job, n, _gpus(frozen, "job.yaml"))
         if finished:
             raise ApiError(409, "finished", f"job {job!r} already finished: nothing to scale (POST …/retry re-runs it)")
-        rundir.write_control(Control(n, cancel=current.cancel))
+        control.set_width(rundir, n)
         return {"job": job, "max_concurrent": n}
     if rec.cancelled:
         raise ApiError(409, "finished", f"job {job!r} was cancelled: nothing to scale")
@@ -182,12 +182,9 @@ def retry(config: Config, tenant: Tenant, area: Area, job: str) -> dict[str, Any
             503, "no_controller", "no controller is serving the inbox; nothing was retried",
             headers={"Retry-After": RETRY_AFTER},
         )  # fmt: skip
-    control = rundir.control()
-    if control.cancel:  # as `ffswarm retry`: a cancelled job's remaining items run
-        rundir.write_control(Control(control.max_concurrent, cancel=False))
     write_atomic(retry_marker(area, job), json.dumps({"job": job, "retried": time.time()}).encode())
-    try:
-        handover.place(box, f"{job}.yaml", frozen.decode("utf-8"))
+    try:  # as `ffswarm retry`: a cancelled job's remaining items run
+        control.hand_back(rundir, box, frozen)
     except UsageError:  # a second retry won the race
         raise ApiError(409, "not_finished", f"job {job!r} is already queued for a retry") from None
     base = f"/v1/jobs/{job}"

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller.job.validate import FieldError, check_int, check_keys, check_str, show
 from controller.policy import Webhooks, parse_webhooks
+from controller.settings.fields import FieldError, check_int, check_keys, check_str, show
 from controller.storage.area import StorageArea, parse_area
 
 TENANT_NAME = r"[a-z0-9-]{1,40}"  # a folder under tenants/: no dots, so never a hidden name

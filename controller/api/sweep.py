@@ -36,9 +36,9 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from contract.layout import TENANTS
 from controller.api.errors import ApiError
 from controller.folder import Folder, remove_at
-from controller.job.owners import TENANTS
 from controller.volume import UnsafePath, Volume
 
 PREFIX = ".incoming-"

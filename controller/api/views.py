@@ -16,15 +16,15 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
+from contract.layout import RECORDS, TENANTS, DataRootLayout
 from contract.paths import user_text
 from controller.api.area import Area
 from controller.api.errors import ApiError, not_found
 from controller.config import Config
 from controller.errors import FfswarmError
-from controller.job.owners import RECORDS, TENANTS
-from controller.run import handover, history, status, usage
+from controller.run import control, handover, history, status, usage
 from controller.run.fold import Fold
-from controller.run.rundir import Control, RunDir, read_nofollow
+from controller.run.rundir import RunDir, read_nofollow
 
 MAX_REASON = 4096
 EVENT_INTERVAL = 0.5  # progress at most every 500 ms
@@ -40,10 +40,10 @@ def job_view(config: Config, area: Area, job: str) -> dict[str, Any]:
             row = status.job_status(rundir)
         except FfswarmError:
             row = {"job": job, "phase": "unreadable"}
-        if os.path.lexists(config.data_root / "inbox" / f"{job}.yaml"):  # handed back by POST …/retry
+        if os.path.lexists(DataRootLayout.host(config.data_root).inbox / f"{job}.yaml"):  # handed back by POST …/retry
             row = {**row, "phase": "queued"}
         return {**row, "owner": area.tenant, "created": rec.created, "usage": usage.of_rundir(rundir)}
-    box = config.data_root / "inbox"
+    box = DataRootLayout.host(config.data_root).inbox
     reason = read_nofollow(box / "failed" / f"{job}.yaml.reason.txt", MAX_REASON)
     if reason is not None or os.path.lexists(box / "failed" / f"{job}.yaml"):
         text = (reason or b"").decode("utf-8", "replace").replace(area.rel + "/", "")
@@ -75,16 +75,16 @@ def cancel(config: Config, area: Area, job: str) -> dict[str, Any]:
     rundir = RunDir(config.data_root, job, None, config.controller_ids())
     if rundir.exists():
         try:  # a retry serve has not claimed yet is withdrawn: the job stays as it had finished
-            os.unlink(config.data_root / "inbox" / f"{job}.yaml")
+            os.unlink(DataRootLayout.host(config.data_root).inbox / f"{job}.yaml")
             return {"job": job, "cancelled": True}
         except FileNotFoundError:
             pass
         if status.finished(rundir):
             raise ApiError(409, "finished", f"job {job!r} already finished: nothing to cancel")
-        rundir.write_control(Control(rundir.control().max_concurrent, cancel=True))
+        control.flag_cancel(rundir)
         return {"job": job, "cancelled": True}
     try:
-        os.unlink(config.data_root / "inbox" / f"{job}.yaml")
+        os.unlink(DataRootLayout.host(config.data_root).inbox / f"{job}.yaml")
     except FileNotFoundError:
         raise ApiError(409, "not_cancellable", f"job {job!r} is being started; try again in a moment") from None
     area.mark_cancelled(job)
@@ -236,6 +236,6 @@ def readiness(config: Config, signing_key: bytes | None) -> list[str]:
             reasons += [problem] if problem else []
     if config.api.signing_key_file is not None and not signing_key:
         reasons.append("the signing key was not read")
-    if not handover.serving(config.data_root / "inbox"):
+    if not handover.serving(DataRootLayout.host(config.data_root).inbox):
         reasons.append("no controller is serving the inbox (no live `ffswarm serve` heartbeat)")
     return reasons

@@ -8,7 +8,7 @@ import click
 from controller.api.settings import parse_listen
 from controller.cli import context
 from controller.errors import UsageError
-from controller.job.validate import FieldError
+from controller.settings.fields import FieldError
 
 
 @click.command()

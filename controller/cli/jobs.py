@@ -10,12 +10,12 @@ from typing import Any
 
 import click
 
-from contract.layout import RunLayout
+from contract.layout import DataRootLayout, RunLayout
 from controller.cli import context
 from controller.cli import models as models_mod
 from controller.config import Config
 from controller.errors import FfswarmError, Interrupted, UsageError
-from controller.run import dryrun, handover, usecase
+from controller.run import control, dryrun, handover, usecase
 from controller.run import jobs as jobs_mod
 from controller.run import progress as progress_mod
 from controller.run import status as status_mod
@@ -70,7 +70,8 @@ def submit(
     # the command's one backend, asked for the swarm's GPU slots (a dry run plans without it if Docker is away)
     prepared = jobs_mod.prepare(config, list(paths), new, lambda: context.backend(ctx))
     if detach:
-        click.echo(handover.describe(handover.hand_over(inbox or config.data_root / "inbox", prepared)))
+        box = inbox or DataRootLayout.host(config.data_root).inbox
+        click.echo(handover.describe(handover.hand_over(box, prepared)))
         return
     if dry_run:
         lookup = _image_lookup(ctx)
@@ -110,7 +111,7 @@ def _image_lookup(ctx: click.Context) -> Any:
 
 def _summary(config: Config, job: jobs_mod.PreparedJob, report: Report) -> None:
     root = config.data_root
-    standin = models_mod.is_standin(root / "models" / job.spec.models)
+    standin = models_mod.is_standin(DataRootLayout.host(root).pack(job.spec.models))
     note = job.spec.models + (" (STAND-IN test pack: not real face swaps)" if standin else "")
     head, *rest = summary(report, RunLayout.host(root, report.job).report, root, note)
     click.echo(head)
@@ -221,7 +222,7 @@ def logs(ctx: click.Context, job: str, chunk: str | None, follow: bool) -> None:
 @click.pass_context
 def scale(ctx: click.Context, job: str, n: int) -> None:
     """Change how many chunk services of a running job may exist at once (followed within 2 s)."""
-    jobs_mod.scale(context.config(ctx), job, n)
+    control.scale(context.config(ctx), job, n)
     click.echo(f"job {job}: max_concurrent = {n}")
 
 
@@ -230,7 +231,7 @@ def scale(ctx: click.Context, job: str, n: int) -> None:
 @click.pass_context
 def cancel(ctx: click.Context, job: str) -> None:
     """Remove the job's services and mark it cancelled; committed outputs stay."""
-    removed = jobs_mod.cancel(context.config(ctx), job, context.backend(ctx))
+    removed = control.cancel(context.config(ctx), job, context.backend(ctx))
     click.echo(
         f"job {job}: cancelled ({removed} running chunk service(s) removed); committed outputs kept; "
         f"`ffswarm resume {job}` continues it"

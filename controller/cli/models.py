@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from contract.errors import PackError
+from contract.layout import DataRootLayout
 from controller import models as models_mod
 from controller.cli import context
 from controller.errors import MissingInputError
@@ -40,7 +41,7 @@ def installed(models_dir: Path) -> list[str]:
 @click.pass_context
 def verify(ctx: click.Context, pack: str) -> None:
     """Check PACK's pack.yaml, every file's sha256, and each model's inputs/outputs for its role."""
-    models_dir = context.config(ctx).data_root / "models"
+    models_dir = DataRootLayout.host(context.config(ctx).data_root).models
     if pack not in installed(models_dir):
         found = ", ".join(installed(models_dir)) or "none"
         raise MissingInputError(
@@ -62,6 +63,6 @@ def verify(ctx: click.Context, pack: str) -> None:
 @click.pass_context
 def fetch(ctx: click.Context, pack: str, source: str, pack_sha256: str | None, allow_http: bool) -> None:
     """Download (resuming) or copy PACK, check every sha256, then install it in one swap."""
-    root = context.config(ctx).data_root / "models"
+    root = DataRootLayout.host(context.config(ctx).data_root).models
     target = models_mod.fetch(root, pack, source, log=click.echo, allow_http=allow_http, pack_sha256=pack_sha256)
     click.echo(f"installed {target}")

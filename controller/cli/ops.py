@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from contract.layout import DataRootLayout
 from controller.cli import context
 from controller.config import Config
 from controller.doctor import Check, run_checks
@@ -234,7 +235,7 @@ def serve(
     context.backend(ctx).check_manager()
     metrics = Metrics()
     http = metrics.serve_http(metrics_port, metrics_addr) if metrics_port else None
-    server = Server(config, Inbox(inbox or config.data_root / "inbox"), metrics, concurrent_jobs, poll)
+    server = Server(config, Inbox(inbox or DataRootLayout.host(config.data_root).inbox), metrics, concurrent_jobs, poll)
     signal.signal(signal.SIGTERM, lambda *_: server.stop.set())
     try:
         server.serve_forever()

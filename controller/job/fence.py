@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from contract.layout import RESERVED
 from controller.errors import JobFileError
 
-RESERVED = ("runs", "models", "inbox", "tenants")
 SHOWN = 3  # existing outputs named in a refusal
 
 

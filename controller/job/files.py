@@ -32,7 +32,7 @@ from controller.job.spec import (
     SwapperSettings,
     VideoSettings,
 )
-from controller.job.validate import (
+from controller.settings.fields import (
     FieldError,
     Reader,
     as_enum,

@@ -28,8 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-TENANTS = "tenants"
-RECORDS = ".jobs"
+from contract.layout import RECORDS, TENANTS
+
 TENANT = re.compile(r"[a-z0-9-]{1,40}")
 JOB_ID = re.compile(r"[a-z0-9-]{1,31}-[a-z2-7]{8}")
 SHA256 = re.compile(r"[0-9a-f]{64}")

@@ -20,7 +20,7 @@ from typing import Any
 
 from controller.errors import JobFileError, MissingInputError
 from controller.job.spec import Pair
-from controller.job.validate import FieldError, check_keys, show
+from controller.settings.fields import FieldError, check_keys, show
 from controller.volume import UnsafePath, Volume
 
 MAX_FILE_BYTES = 64 * 1024**2

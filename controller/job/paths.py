@@ -15,7 +15,7 @@ import posixpath
 from pathlib import Path
 from typing import Any
 
-from contract.layout import RUNS
+from contract.layout import MODELS, RUNS
 from contract.paths import CONTAINER_DATA_ROOT, user_text
 from contract.s3 import S3Url, is_s3
 
@@ -289,7 +289,7 @@ def _listing(folder: str) -> dict[str, str] | None:
     return listing
 
 
-RESERVED_TOP = (RUNS, "models")
+RESERVED_TOP = (RUNS, MODELS)  # never in a broad glob's matches
 
 
 def _check_form(rel: str, *, what: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 from contract.errors import ManifestError
 from contract.ffmpeg import SEGMENT_EXT
 from contract.identity_table import IDENTITY_ID, Identity
-from contract.layout import RunLayout
+from contract.layout import DataRootLayout, RunLayout
 from contract.manifest import (
     DETECTOR_SIZE,
     DETECTOR_THRESHOLD,
@@ -363,7 +363,7 @@ def chunk_manifests(plan: Plan, settings: ManifestSettings) -> dict[str, Manifes
             job=plan.job,
             chunk=c.id,
             run_dir=str(layout.dir),
-            pack_dir=_c(f"models/{settings.pack}"),
+            pack_dir=str(DataRootLayout.container().pack(settings.pack)),
             source=tuple(_c(s) for s in settings.sources),
             items=tuple(_manifest_item(i) for i in members[c.id]),
             processors=settings.processors,

@@ -22,7 +22,7 @@ from contract.photo import PHOTO_QUALITY, PHOTO_SCALE, quality_problem, scale_pr
 from contract.processors import FACE_ENHANCER_MODELS
 from contract.selector import AGE_LIMITS, DEFAULT_ORDER, GENDERS, ORDERS, age_problem
 from contract.swapper import SWAPPER_MODEL, SWAPPER_MODELS, SWAPPER_WEIGHT, own_boost, pixel_boost_problem
-from controller.job.validate import FieldError, check_choice, check_int, check_number, check_range, check_str, show
+from controller.settings.fields import FieldError, check_choice, check_int, check_number, check_range, check_str, show
 
 _NAME = r"[a-z0-9-]{1,40}"
 _GPU_KIND = r"[A-Za-z0-9_]+"

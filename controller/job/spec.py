@@ -31,7 +31,7 @@ from controller.job.settings import (
     SwapperSettings,
     VideoSettings,
 )
-from controller.job.validate import (
+from controller.settings.fields import (
     FieldError,
     check_bool,
     check_choice,

@@ -46,8 +46,8 @@ from controller.job.probe import (  # re-exported: planning's callers and tests 
 )
 from controller.job.resolve import Target
 from controller.job.spec import JobSpec, TargetKind
-from controller.job.validate import FieldError
 from controller.policy import Limits
+from controller.settings.fields import FieldError
 from controller.storage.errors import ObjectMissing
 from controller.storage.transfer import ObjectTooLarge
 

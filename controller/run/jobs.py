@@ -1,5 +1,5 @@
-"""A job before it runs: validate, plan, create or reopen the run folder; `scale` and `cancel`.
-(Running it is controller/run/usecase.py.)
+"""A job before it runs: validate, plan, create or reopen the run folder. (Running it is
+controller/run/usecase.py; changing its width or cancelling it, controller/run/control.py.)
 
 Everything that can be checked is checked before anything is created: every job file of a submit
 is parsed and resolved against the data root first, and one bad file stops the whole submit.
@@ -32,10 +32,10 @@ from controller.job.owners import area_rel
 from controller.job.plan import AUTO_MAX_CHUNK, ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
 from controller.job.resolve import ResolvedJob, resolve_job
 from controller.job.spec import JobSpec
-from controller.job.validate import FieldError
-from controller.run import identity, status, timings
+from controller.run import identity, timings
 from controller.run.pack_checks import check_pack
 from controller.run.rundir import Control, RunDir, next_job_id
+from controller.settings.fields import FieldError
 from controller.swarm.backend import SwarmBackend
 from controller.swarm.servicespec import (
     WHOLE_ROOT,
@@ -343,42 +343,3 @@ def open_run(config: Config, job_id: str) -> tuple[PreparedJob, RunDir]:
     job_file = rundir.layout.job_file
     spec = parse_job_text(rundir.read_job_file().decode("utf-8", "replace"), str(job_file))
     return PreparedJob(job_file, spec, None, rundir.plan(), job_id), rundir
-
-
-def cancel(config: Config, job_id: str, backend: SwarmBackend) -> int:
-    """Flag the job cancelled (a running controller stops) and remove its services now, so a job
-    whose controller is gone stops too. Committed outputs stay. A finished job is refused."""
-    job, rundir = open_run(config, job_id)
-    _refuse_finished(rundir, "cancel")
-    current = rundir.control()
-    rundir.write_control(Control(current.max_concurrent, cancel=True))
-    services = backend.services(job_id)
-    for svc in services:
-        backend.remove_service(svc.name)
-    backend.remove_exited_containers(job_id)
-    claims.release(config.data_root, job_id)
-    return len(services)
-
-
-def _refuse_finished(rundir: RunDir, what: str) -> None:
-    if status.finished(rundir):
-        raise UsageError(
-            f"job {rundir.job} already finished: nothing to {what} "
-            f"(`ffswarm retry {rundir.job}` re-runs its failed items, `ffswarm status {rundir.job}` shows it)"
-        )
-
-
-def clear_cancel(config: Config, job_id: str) -> None:
-    _, rundir = open_run(config, job_id)
-    current = rundir.control()
-    rundir.write_control(Control(current.max_concurrent, cancel=False))
-
-
-def scale(config: Config, job_id: str, n: int) -> None:
-    limit = config.policy.limits.max_concurrent
-    if n > limit:
-        raise UsageError(f"scale {job_id} {n}: asks for {n}, the limit is {limit} (the cluster's policy.limits)")
-    _, rundir = open_run(config, job_id)
-    _refuse_finished(rundir, "scale")
-    current = rundir.control()
-    rundir.write_control(Control(n, cancel=current.cancel))

@@ -33,7 +33,7 @@ from typing import Any
 
 from contract.manifest import FaceSelection
 from controller.run.jobs import PreparedJob
-from controller.run.packing_settings import PackingSettings
+from controller.settings.packing import PackingSettings
 
 # What the runner loads and how it treats every item: members of one pack agree on all of it. Every other
 # key of a job file is its own or does not reach a photo's manifest (NOT_SHARED; test_packing keeps the

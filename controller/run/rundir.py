@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.errors import ManifestError
-from contract.layout import RUNS, AttemptLog, RunLayout, parse_attempt_log
+from contract.layout import AttemptLog, DataRootLayout, RunLayout, parse_attempt_log
 from contract.manifest import Manifest
 from contract.results import ChunkResults, ItemResult, chunk_results
 from controller.errors import FfswarmError
@@ -278,6 +278,7 @@ class RunDir:
             raise RunFileError(f"{self.rel(path)}: {type(e).__name__}") from None
 
     def write_control(self, control: Control) -> None:
+        """Only controller/run/control.py changes a job's control.json (and create() writes the first)."""
         self._write(
             self.layout.control,
             json.dumps({"max_concurrent": control.max_concurrent, "cancel": control.cancel}).encode(),
@@ -380,9 +381,10 @@ class RunDir:
 
 def next_job_id(data_root: Path, name: str, new: bool) -> str:
     """Job id = name; with --new the first free name-2, name-3 … when a run of that name exists."""
-    if not new or not os.path.lexists(data_root / RUNS / name):
+    runs = DataRootLayout.host(data_root).runs
+    if not new or not os.path.lexists(runs / name):
         return name
     n = 2
-    while os.path.lexists(data_root / RUNS / f"{name}-{n}"):
+    while os.path.lexists(runs / f"{name}-{n}"):
         n += 1
     return f"{name}-{n}"

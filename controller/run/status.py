@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from contract.layout import RUNS, RunLayout
+from contract.layout import DataRootLayout, RunLayout
 from controller.config import Config
 from controller.errors import UsageError
 from controller.run import history
@@ -17,7 +17,7 @@ from controller.run.rundir import RunDir, Stage
 
 
 def collect(config: Config, job: str | None) -> list[dict[str, Any]]:
-    runs = config.data_root / RUNS
+    runs = DataRootLayout.host(config.data_root).runs
     if job:
         names = [job]
     else:

@@ -25,7 +25,7 @@ from controller.errors import EngineUnavailable, FfswarmError, JobFileError
 from controller.job import access, claims
 from controller.job.plan import Plan
 from controller.job.spec import OnComplete
-from controller.run import identity, join, timings
+from controller.run import control, identity, join, timings
 from controller.run import job_lease as lease
 from controller.run.chunks import ChunkRun, EventSink, Policy
 from controller.run.fold import Fold
@@ -33,7 +33,7 @@ from controller.run.hooks import job_tenant, on_complete, results_link
 from controller.run.jobs import PreparedJob, SwarmFactory, open_run, owner, prepare, runner_settings, start_run
 from controller.run.jobs import output_links as jobs_links
 from controller.run.report import Report, build_report
-from controller.run.rundir import Control, RunDir, Stage
+from controller.run.rundir import RunDir, Stage
 from controller.run.shares import Share
 from controller.run.supervisor import Supervisor
 from controller.swarm.backend import SwarmBackend, clear_containers
@@ -128,9 +128,7 @@ def check_encoder(job: PreparedJob, image: str, encoders: frozenset[str] | None)
 
 def _uncancel(rundir: RunDir, on_event: EventSink) -> None:
     """An explicit resume or submit of a cancelled job continues it: the cancel flag is cleared."""
-    control = rundir.control()
-    if control.cancel:
-        rundir.write_control(Control(control.max_concurrent, cancel=False))
+    if control.uncancel(rundir):
         log.get(job=rundir.job).info("job_uncancelled")
         on_event("job_uncancelled")
 

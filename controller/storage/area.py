@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contract.s3 import SCHEME, S3Url, check_bucket
-from controller.job.validate import FieldError, show
+from controller.settings.fields import FieldError, show
 
 __all__ = ["StorageArea", "parse_area"]
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from contract.s3 import MAX_CREDENTIALS_BYTES, SECRETS_DIR, Credentials, StorageAccess, parse_credentials
 from controller.api.settings import parse_ttl
 from controller.errors import ConfigError
-from controller.job.validate import FieldError, check_choice, check_keys, check_str, show
+from controller.settings.fields import FieldError, check_choice, check_keys, check_str, show
 
 Addressing = Literal["path", "virtual"]
 MAX_LINK_TTL = 7 * 86400  # SigV4 presigned URLs live at most 7 days

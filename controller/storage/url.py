@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contract.s3 import S3Url
-from controller.job.validate import FieldError
+from controller.settings.fields import FieldError
 
 __all__ = ["S3Url", "parse_url"]
 

@@ -2,26 +2,36 @@
 
 Nothing here is mocked. Each test gets a unique job name; everything it creates (services,
 containers, run folder, inputs and outputs under the data root) carries that name and is removed in
-teardown.
+teardown. Also here: `ffswarm serve` as a process (``Serve``, the ``serve`` fixture) and the
+two-tenant API set-up (``tenants``, ``api``; a module overrides ``tenant_settings`` or
+``config_extra`` to configure them).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from controller.config import Config, load_config
+from controller.run.handover import serving
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.servicespec import LABEL_JOB, RunnerSettings, ServiceSpec, chunk_service
 from tests.polling import Polling, remove_container
@@ -172,3 +182,161 @@ def assert_committed_once(ws: Workspace, expected_outputs: int) -> None:
     names = sorted(p.name for p in out.iterdir())
     assert len(names) == expected_outputs == len(done)
     assert not [n for n in names if n.startswith(".")], names
+
+
+# --- `ffswarm serve` as a process, and the two-tenant API set-up ----------------------------------
+
+LINK_TTL = 6  # seconds: the API's signed links expire soon (test_api.py waits for one to)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Serve:
+    """One `ffswarm serve` subprocess on a test's own inbox; killed in teardown."""
+
+    def __init__(self, inbox: Path, port: int, concurrent_jobs: int = 2) -> None:
+        self.inbox, self.port, self.concurrent_jobs = inbox, port, concurrent_jobs
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        cmd = [sys.executable, "-m", "controller.cli", "--json-logs", "--config", str(CONFIG), "serve",
+               "--inbox", str(self.inbox), "--metrics-port", str(self.port), "--metrics-addr", "127.0.0.1",
+               "--poll", "0.3", "--concurrent-jobs", str(self.concurrent_jobs)]  # fmt: skip
+        log = open(self.inbox.parent / "serve.log", "a")  # noqa: SIM115  (the child keeps it; closed when it ends)
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        log.close()
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(30)
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
+
+
+@pytest.fixture
+def serve(workspace: Workspace) -> Iterator[Serve]:
+    s = Serve(workspace.dir / "inbox", free_port())
+    yield s
+    s.kill()
+
+
+@dataclass
+class Tenants:
+    a: str
+    b: str
+    keys: dict[str, str]
+
+
+@dataclass
+class Api:
+    url: str
+    proc: subprocess.Popen[str]
+    log: Path
+
+    def client(self, key: str | None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+
+@pytest.fixture
+def tenants(workspace: Workspace) -> Iterator[Tenants]:
+    suffix = workspace.job[-6:]
+    t = Tenants(f"a-{suffix}", f"b-{suffix}", {})
+    t.keys = {t.a: f"key-a-{suffix}", t.b: f"key-b-{suffix}"}
+    yield t
+    root = workspace.root
+    for name in (t.a, t.b):
+        shutil.rmtree(root / "tenants" / name, ignore_errors=True)
+        shutil.rmtree(root / "tenants" / ".jobs" / name, ignore_errors=True)
+
+
+@pytest.fixture
+def tenant_settings() -> dict[str, dict[str, Any]]:
+    """Each tenant's settings beyond its key (weight, quota), by name; a test module overrides it."""
+    return {}
+
+
+@pytest.fixture
+def config_extra() -> dict[str, Any]:
+    """Cluster config keys beyond the dev config's (packing …); a test module overrides it."""
+    return {}
+
+
+def _config(
+    ws: Workspace, t: Tenants, secrets: Path, settings: dict[str, dict[str, Any]], extra: dict[str, Any]
+) -> Path:
+    """The dev config plus an API (signed links that expire soon) and the two tenants."""
+    (secrets / "api").write_bytes(b"integration-signing-key-" + ws.job.encode())
+    data = yaml.safe_load(CONFIG.read_text())
+    data["api"] = {"signing_key_file": str(secrets / "api"), "link_ttl": LINK_TTL}
+    data["tenants"] = {
+        name: {"api_keys_sha256": [hashlib.sha256(key.encode()).hexdigest()], **settings.get(name, {})}
+        for name, key in t.keys.items()
+    }
+    data.update(extra)
+    path = secrets / "ffswarm.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture
+def api(
+    workspace: Workspace,
+    tenants: Tenants,
+    tmp_path: Path,
+    swarm: DockerSwarm,
+    tenant_settings: dict[str, dict[str, Any]],
+    config_extra: dict[str, Any],
+) -> Iterator[Api]:
+    config = _config(workspace, tenants, tmp_path, tenant_settings, config_extra)
+    inbox = workspace.root / "inbox"
+    serve = Serve(inbox, free_port())
+    serve_log = tmp_path / "serve.log"
+    cmd = [sys.executable, "-m", "controller.cli", "--json-logs", "--config", str(config), "serve",
+           "--inbox", str(inbox), "--metrics-port", "0", "--poll", "0.3", "--concurrent-jobs", "2"]  # fmt: skip
+    with open(serve_log, "a") as log:
+        serve.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    port = free_port()
+    api_log = tmp_path / "api.log"
+    cmd = [sys.executable, "-m", "controller.cli", "--json-logs", "--config", str(config), "api",
+           "--listen", f"127.0.0.1:{port}"]  # fmt: skip
+    with open(api_log, "a") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    running = Api(f"http://127.0.0.1:{port}", proc, api_log)
+    jobs: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the API answers and serve's heartbeat is fresh
+            assert proc.poll() is None, api_log.read_text()[-3000:]
+            assert serve.proc.poll() is None, serve_log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "api or serve did not come up"
+            try:
+                if httpx.get(f"{running.url}/healthz", timeout=2).status_code == 200 and serving(inbox):
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        yield running
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        serve.kill()
+        for name in (tenants.a, tenants.b):
+            folder = workspace.root / "tenants" / ".jobs" / name
+            jobs += [p.stem for p in folder.glob("*.json")] if folder.is_dir() else []
+        for job in jobs:
+            for svc in swarm.client.api.services(filters={"label": f"{LABEL_JOB}={job}"}):
+                swarm.remove_service(svc["ID"])
+            for c in swarm.client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job}"}):
+                remove_container(c)
+            shutil.rmtree(workspace.root / "runs" / job, ignore_errors=True)
+            for p in inbox.glob(f"**/{job}.yaml*"):
+                p.unlink(missing_ok=True)

@@ -4,150 +4,22 @@ read back over HTTP, and another tenant seeing none of it."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
-import shutil
-import subprocess
-import sys
 import time
 import zipfile
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-import yaml
 
-from controller.run.handover import serving
-from controller.swarm.docker import DockerSwarm
-from controller.swarm.servicespec import LABEL_JOB
 from tests.fixtures import photos
-from tests.integration.conftest import CONFIG, ROOT, Workspace
-from tests.integration.test_ops_serve import Serve, free_port
-from tests.polling import remove_container
+from tests.integration.conftest import Api, Tenants, Workspace
 
 pytestmark = pytest.mark.integration
 
-LINK_TTL = 6  # seconds: the test waits for a link to expire
 PHOTOS = 20
-
-
-@dataclass
-class Tenants:
-    a: str
-    b: str
-    keys: dict[str, str]
-
-
-@dataclass
-class Api:
-    url: str
-    proc: subprocess.Popen[str]
-    log: Path
-
-    def client(self, key: str | None) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
-
-
-@pytest.fixture
-def tenants(workspace: Workspace) -> Iterator[Tenants]:
-    suffix = workspace.job[-6:]
-    t = Tenants(f"a-{suffix}", f"b-{suffix}", {})
-    t.keys = {t.a: f"key-a-{suffix}", t.b: f"key-b-{suffix}"}
-    yield t
-    root = workspace.root
-    for name in (t.a, t.b):
-        shutil.rmtree(root / "tenants" / name, ignore_errors=True)
-        shutil.rmtree(root / "tenants" / ".jobs" / name, ignore_errors=True)
-
-
-@pytest.fixture
-def tenant_settings() -> dict[str, dict[str, Any]]:
-    """Each tenant's settings beyond its key (weight, quota), by name; a test module overrides it."""
-    return {}
-
-
-@pytest.fixture
-def config_extra() -> dict[str, Any]:
-    """Cluster config keys beyond the dev config's (packing …); a test module overrides it."""
-    return {}
-
-
-def _config(
-    ws: Workspace, t: Tenants, secrets: Path, settings: dict[str, dict[str, Any]], extra: dict[str, Any]
-) -> Path:
-    """The dev config plus an API (signed links that expire soon) and the two tenants."""
-    (secrets / "api").write_bytes(b"integration-signing-key-" + ws.job.encode())
-    data = yaml.safe_load(CONFIG.read_text())
-    data["api"] = {"signing_key_file": str(secrets / "api"), "link_ttl": LINK_TTL}
-    data["tenants"] = {
-        name: {"api_keys_sha256": [hashlib.sha256(key.encode()).hexdigest()], **settings.get(name, {})}
-        for name, key in t.keys.items()
-    }
-    data.update(extra)
-    path = secrets / "ffswarm.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-@pytest.fixture
-def api(
-    workspace: Workspace,
-    tenants: Tenants,
-    tmp_path: Path,
-    swarm: DockerSwarm,
-    tenant_settings: dict[str, dict[str, Any]],
-    config_extra: dict[str, Any],
-) -> Iterator[Api]:
-    config = _config(workspace, tenants, tmp_path, tenant_settings, config_extra)
-    inbox = workspace.root / "inbox"
-    serve = Serve(inbox, free_port())
-    serve_log = tmp_path / "serve.log"
-    cmd = [sys.executable, "-m", "controller.cli", "--json-logs", "--config", str(config), "serve",
-           "--inbox", str(inbox), "--metrics-port", "0", "--poll", "0.3", "--concurrent-jobs", "2"]  # fmt: skip
-    with open(serve_log, "a") as log:
-        serve.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
-    port = free_port()
-    api_log = tmp_path / "api.log"
-    cmd = [sys.executable, "-m", "controller.cli", "--json-logs", "--config", str(config), "api",
-           "--listen", f"127.0.0.1:{port}"]  # fmt: skip
-    with open(api_log, "a") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
-    running = Api(f"http://127.0.0.1:{port}", proc, api_log)
-    jobs: list[str] = []
-    try:
-        deadline = time.monotonic() + 60
-        while True:  # the API answers and serve's heartbeat is fresh
-            assert proc.poll() is None, api_log.read_text()[-3000:]
-            assert serve.proc.poll() is None, serve_log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "api or serve did not come up"
-            try:
-                if httpx.get(f"{running.url}/healthz", timeout=2).status_code == 200 and serving(inbox):
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        yield running
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        serve.kill()
-        for name in (tenants.a, tenants.b):
-            folder = workspace.root / "tenants" / ".jobs" / name
-            jobs += [p.stem for p in folder.glob("*.json")] if folder.is_dir() else []
-        for job in jobs:
-            for svc in swarm.client.api.services(filters={"label": f"{LABEL_JOB}={job}"}):
-                swarm.remove_service(svc["ID"])
-            for c in swarm.client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job}"}):
-                remove_container(c)
-            shutil.rmtree(workspace.root / "runs" / job, ignore_errors=True)
-            for p in inbox.glob(f"**/{job}.yaml*"):
-                p.unlink(missing_ok=True)
 
 
 def _zip(entries: dict[str, bytes]) -> bytes:

@@ -22,11 +22,7 @@ import pytest
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, ROLE_RUNNER
 from tests.fixtures import photos
-from tests.integration.conftest import Workspace, chown_tree
-from tests.integration.test_api import Api, Tenants
-from tests.integration.test_api import api as api  # noqa: F401  (the fixtures)
-from tests.integration.test_api import tenant_settings as tenant_settings  # noqa: F401
-from tests.integration.test_api import tenants as tenants  # noqa: F401
+from tests.integration.conftest import Api, Tenants, Workspace, chown_tree
 from tests.polling import remove_container
 
 pytestmark = pytest.mark.integration
@@ -60,8 +56,8 @@ def _any_services(swarm: DockerSwarm, jobs: list[str]) -> set[str]:
 
 def test_forty_small_jobs_of_two_tenants_share_a_few_chunk_services_each_keeping_its_own(
     workspace: Workspace,
-    tenants: Tenants,  # noqa: F811
-    api: Api,  # noqa: F811
+    tenants: Tenants,
+    api: Api,
     swarm: DockerSwarm,
 ) -> None:
     ws = workspace
@@ -85,7 +81,7 @@ def remove_packs(swarm: DockerSwarm, root: Path, packs: set[str], labels: tuple[
         (root / "inbox" / "packs" / f"{pack}.yaml").unlink(missing_ok=True)
 
 
-def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: set[str]) -> None:  # noqa: F811
+def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: set[str]) -> None:
     keys = {tenants.a: tenants.keys[tenants.a], tenants.b: tenants.keys[tenants.b]}
     faces = photos.face_photos(ws.dir / "src", JOBS + 4)
     blank = photos.no_face_photo(ws.dir / "src")

@@ -18,11 +18,7 @@ from controller.swarm.backend import ENDED
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.servicespec import LABEL_ROLE, ROLE_RUNNER
 from tests.fixtures import photos
-from tests.integration.conftest import Workspace
-from tests.integration.test_api import Api, Tenants
-from tests.integration.test_api import api as api  # noqa: F401  (the fixtures)
-from tests.integration.test_api import config_extra as config_extra  # noqa: F401
-from tests.integration.test_api import tenants as tenants  # noqa: F401
+from tests.integration.conftest import Api, Tenants, Workspace
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +26,7 @@ BIG, SMALL = 10, 3  # one-photo chunks
 
 
 @pytest.fixture
-def tenant_settings(tenants: Tenants) -> dict[str, dict[str, Any]]:  # noqa: F811
+def tenant_settings(tenants: Tenants) -> dict[str, dict[str, Any]]:
     return {tenants.a: {"weight": 1}, tenants.b: {"weight": 1}}
 
 
@@ -46,8 +42,8 @@ def _live_chunks(swarm: DockerSwarm, job: str) -> int:
 
 def test_a_newcomer_gets_a_gpu_as_soon_as_one_frees_and_never_waits_behind_a_big_job(
     workspace: Workspace,
-    tenants: Tenants,  # noqa: F811
-    api: Api,  # noqa: F811
+    tenants: Tenants,
+    api: Api,
     swarm: DockerSwarm,
 ) -> None:
     ws = workspace

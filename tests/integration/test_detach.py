@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from controller.run.handover import HEARTBEAT_DIR, Heartbeat, serving
-from tests.integration.conftest import Workspace
-from tests.integration.test_ops_serve import Serve, free_port, job_text, wait_for
+from tests.integration.conftest import Serve, Workspace, free_port
+from tests.integration.test_ops_serve import job_text, wait_for
 
 pytestmark = pytest.mark.integration
 

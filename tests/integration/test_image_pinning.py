@@ -15,8 +15,8 @@ import yaml
 
 from controller.config import Config
 from controller.swarm.docker import DockerSwarm
-from tests.integration.conftest import ServiceWatch, Workspace
-from tests.integration.test_ops_serve import Serve, drop, free_port, job_text, wait_for
+from tests.integration.conftest import Serve, ServiceWatch, Workspace, free_port
+from tests.integration.test_ops_serve import drop, job_text, wait_for
 
 pytestmark = pytest.mark.integration
 

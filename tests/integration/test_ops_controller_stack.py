@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from controller.swarm.docker import DockerSwarm
-from tests.integration.conftest import ROOT, Workspace
-from tests.integration.test_ops_serve import drop, free_port, job_text
+from tests.integration.conftest import ROOT, Workspace, free_port
+from tests.integration.test_ops_serve import drop, job_text
 
 pytestmark = pytest.mark.integration
 DOCKER_ENV = {**os.environ, "DOCKER_API_VERSION": "1.41"}

@@ -3,63 +3,17 @@
 from __future__ import annotations
 
 import re
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.servicespec import LABEL_JOB
 from tests.fixtures import photos
-from tests.integration.conftest import CONFIG, ROOT, Workspace, chown_tree
+from tests.integration.conftest import Serve, Workspace, chown_tree
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Serve:
-    """One `ffswarm serve` subprocess on a test's own inbox; killed in teardown."""
-
-    def __init__(self, inbox: Path, port: int, concurrent_jobs: int = 2) -> None:
-        self.inbox, self.port, self.concurrent_jobs = inbox, port, concurrent_jobs
-        self.proc: subprocess.Popen[str] | None = None
-
-    def start(self) -> None:
-        cmd = [sys.executable, "-m", "controller.cli", "--json-logs", "--config", str(CONFIG), "serve",
-               "--inbox", str(self.inbox), "--metrics-port", str(self.port), "--metrics-addr", "127.0.0.1",
-               "--poll", "0.3", "--concurrent-jobs", str(self.concurrent_jobs)]  # fmt: skip
-        log = open(self.inbox.parent / "serve.log", "a")  # noqa: SIM115  (the child keeps it; closed when it ends)
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
-        log.close()
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(30)
-
-    def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
-
-
-@pytest.fixture
-def serve(workspace: Workspace) -> Iterator[Serve]:
-    s = Serve(workspace.dir / "inbox", free_port())
-    yield s
-    s.kill()
 
 
 def drop(inbox: Path, name: str, text: str) -> None:

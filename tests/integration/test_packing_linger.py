@@ -28,11 +28,7 @@ from controller.run.lanes import ROLE_LANE, remove_left
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, ROLE_RUNNER
 from tests.fixtures import photos
-from tests.integration.conftest import Workspace, chown_tree
-from tests.integration.test_api import Api, Tenants
-from tests.integration.test_api import api as api  # noqa: F401  (the fixtures)
-from tests.integration.test_api import tenant_settings as tenant_settings  # noqa: F401
-from tests.integration.test_api import tenants as tenants  # noqa: F401
+from tests.integration.conftest import Api, Tenants, Workspace, chown_tree
 from tests.integration.test_api_packing import remove_packs
 
 pytestmark = pytest.mark.integration
@@ -55,8 +51,8 @@ def _services(swarm: DockerSwarm, role: str, prefix: str) -> set[str]:
 
 def test_a_second_pack_runs_in_the_first_packs_lingering_service_and_a_dead_lane_is_not_trusted(
     workspace: Workspace,
-    tenants: Tenants,  # noqa: F811
-    api: Api,  # noqa: F811
+    tenants: Tenants,
+    api: Api,
     swarm: DockerSwarm,
 ) -> None:
     ws = workspace
@@ -68,8 +64,8 @@ def test_a_second_pack_runs_in_the_first_packs_lingering_service_and_a_dead_lane
 
 
 def _round(
-    tenants: Tenants,  # noqa: F811
-    api: Api,  # noqa: F811
+    tenants: Tenants,
+    api: Api,
     swarm: DockerSwarm,
     n: int,
     seen: dict[str, set[str]],
@@ -113,7 +109,7 @@ def _round(
     return jobs
 
 
-def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: set[str]) -> None:  # noqa: F811
+def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: set[str]) -> None:
     faces = photos.face_photos(ws.dir / "faces", 4 + 5 * ROUND)
     blank = photos.no_face_photo(ws.dir / "blank")
     for tenant in (tenants.a, tenants.b):

@@ -18,9 +18,8 @@ import pytest
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.servicespec import LABEL_JOB
 from tests.fixtures import photos
-from tests.integration.conftest import Workspace, chown_tree
-from tests.integration.test_ops_serve import Serve, drop
-from tests.integration.test_ops_serve import serve as serve  # noqa: F401  (the fixture)
+from tests.integration.conftest import Serve, Workspace, chown_tree
+from tests.integration.test_ops_serve import drop
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 import pytest
-import yaml
 
 from controller.config import Config, parse_config
 from controller.errors import MissingInputError
@@ -16,7 +15,7 @@ from controller.job import access
 from controller.run import join
 from controller.run.jobs import prepare, start_run
 from controller.run.rundir import RunDir
-from tests.unit.test_submit_checks import BASE
+from tests import builders
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown")
 
@@ -26,11 +25,7 @@ IMAGE = "sha256:" + "1" * 64
 
 def data_root(tmp_path: Path, **config: str) -> tuple[Config, Path]:
     """A data root owned by the runner (as scripts/dev-swarm.sh makes it) with a pack and a source."""
-    root = tmp_path / "root"
-    (root / "models" / "default").mkdir(parents=True)
-    (root / "models" / "default" / "pack.yaml").write_text(yaml.safe_dump({"name": "default", "files": BASE}))
-    (root / "faces").mkdir()
-    (root / "faces" / "star.jpg").write_bytes(b"x")
+    root = builders.data_root(tmp_path, photos=("faces/star.jpg",))
     for p in (root, *root.rglob("*")):
         os.chown(p, *RUNNER)
     return parse_config(tmp_path / "ffswarm.yaml", {"data_root": str(root), **config}), root

@@ -18,7 +18,7 @@ from controller.api.area import Area
 from controller.job.plan import Chunk, Plan, PlannedItem
 from controller.run import job_lease
 from controller.run.rundir import Control, RunDir, Stage
-from tests.unit.api_helpers import Env, beat, make_config, serve_api
+from tests.builders import Env, api_env
 
 JOB = "party-abcdefgh"
 OUT = f"tenants/acme/out/{JOB}"
@@ -26,10 +26,7 @@ OUT = f"tenants/acme/out/{JOB}"
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[Env]:
-    config, key = make_config(tmp_path)
-    beat(config)
-    for url in serve_api(config):
-        yield Env(config, config.data_root, url, key)
+    yield from api_env(tmp_path)
 
 
 def new_run(env: Env, chunks: int) -> RunDir:

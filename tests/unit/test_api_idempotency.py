@@ -15,7 +15,7 @@ import pytest
 
 from controller.api import idempotency
 from controller.api.area import Area
-from tests.unit.api_helpers import JPEG, KEYS, PNG, Env, beat, make_config, serve_api
+from tests.builders import JPEG, KEYS, PNG, Env, beat, make_config, serve_api
 
 BODY = {"source": "faces/me.jpg", "targets": ["crowd/*.jpg"], "resources": {"gpus": 0}}
 

@@ -16,7 +16,7 @@ import yaml
 from controller.api.app import make_app
 from controller.config import Config, parse_config
 from controller.errors import ConfigError
-from tests.unit.api_helpers import JWT_SECRET, Env, beat, make_config, serve_api
+from tests.builders import JWT_SECRET, Env, beat, make_config, serve_api
 
 
 def reconfigured(tmp_path: Path, change: Any) -> Config:

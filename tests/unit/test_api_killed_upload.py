@@ -25,7 +25,7 @@ import pytest
 from controller.api.sweep import LOCK_SUFFIX, Staging, every, sweep_uploads
 from controller.config import Config
 from controller.volume import UnsafePath
-from tests.unit.api_helpers import JPEG, KEYS, beat, make_config
+from tests.builders import JPEG, KEYS, beat, make_config
 
 ROOT = Path(__file__).resolve().parents[2]
 BOUNDARY = "killedupload0123456789"

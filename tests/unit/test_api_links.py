@@ -20,7 +20,7 @@ from controller.config import Config, parse_config
 from controller.job.plan import Chunk, Plan, PlannedItem
 from controller.run.hooks import results_link
 from controller.run.rundir import Control, RunDir
-from tests.unit.api_helpers import JPEG, Env, beat, make_config, serve_api
+from tests.builders import JPEG, Env, beat, make_config, serve_api
 
 JOB = "party-abcdefgh"
 OLD_KEY = b"the-key-before-the-rotation-0123456789"

@@ -12,7 +12,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.config import parse_config
-from tests.unit.api_helpers import JPEG, Env, beat, make_config, serve_api
+from tests.builders import JPEG, Env, beat, make_config, serve_api
 
 METRICS_TOKEN = "prometheus-scrape-token"
 

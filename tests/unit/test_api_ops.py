@@ -26,7 +26,7 @@ from controller.run.hooks import DELIVERED, on_complete, results_link
 from controller.run.inbox import Inbox
 from controller.run.jobs import start_run
 from controller.run.rundir import RunDir, Stage
-from tests.unit.api_helpers import JPEG, Env, beat, make_config, serve_api
+from tests.builders import JPEG, Env, api_env
 from tests.unit.test_hooks import Server, loopback
 
 IMAGE = "sha256:" + "1" * 64
@@ -34,10 +34,7 @@ IMAGE = "sha256:" + "1" * 64
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[Env]:
-    config, key = make_config(tmp_path, quota={"jobs_queued": 2, "gpus": 4})
-    beat(config)
-    for url in serve_api(config):
-        yield Env(config, config.data_root, url, key)
+    yield from api_env(tmp_path, quota={"jobs_queued": 2, "gpus": 4})
 
 
 def submit(env: Env, **fields: object) -> str:

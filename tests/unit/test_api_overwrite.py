@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from controller.config import parse_config
-from tests.unit.api_helpers import JPEG, Env, beat, make_config, serve_api
+from tests.builders import JPEG, Env, beat, make_config, serve_api
 
 
 def post(tmp_path: Path, allow: bool | None) -> tuple[int, dict[str, object]]:

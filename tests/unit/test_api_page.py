@@ -19,7 +19,7 @@ from contract.results import ItemResult, ItemStatus
 from controller.api.area import Area
 from controller.job.plan import Chunk, Plan, PlannedItem
 from controller.run.rundir import Control, RunDir
-from tests.unit.api_helpers import KEYS, Env, beat, make_config, serve_api
+from tests.builders import KEYS, Env, api_env
 
 JOB = "party-abcdefgh"
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,10 +43,7 @@ SHOWN_REASON = "no face found in in/2.jpg"  # as the tenant reads it: from its a
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[Env]:
-    config, key = make_config(tmp_path)
-    beat(config)
-    for url in serve_api(config):
-        yield Env(config, config.data_root, url, key)
+    yield from api_env(tmp_path)
 
 
 def photo(width: int, height: int, shade: int) -> bytes:

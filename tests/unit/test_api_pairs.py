@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
 from controller.job.files import parse_job_text
-from tests.unit.api_helpers import JPEG, Env
-from tests.unit.test_api_submit import env  # noqa: F401 (the fixture)
+from tests.builders import JPEG, Env, api_env
 
 
-def test_a_tenants_pairs_are_read_in_its_area_and_handed_over_from_the_data_root(env: Env) -> None:  # noqa: F811
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    yield from api_env(tmp_path, quota={"upload": "64k", "jobs_queued": 3})  # as the submit tests' API
+
+
+def test_a_tenants_pairs_are_read_in_its_area_and_handed_over_from_the_data_root(env: Env) -> None:
     area = env.area()
     with env.client() as c:
         c.get("/v1/jobs")  # the area is made on first use

@@ -11,15 +11,12 @@ import pytest
 
 from controller.api.area import Area
 from controller.api.quota import STORED_SECONDS, QuotaBook
-from tests.unit.api_helpers import JPEG, Env, beat, make_config, serve_api
+from tests.builders import JPEG, Env, api_env, make_config
 
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[Env]:
-    config, key = make_config(tmp_path, quota={"upload": "64k", "stored": "50k", "jobs_queued": 100})
-    beat(config)
-    for url in serve_api(config):
-        yield Env(config, config.data_root, url, key)
+    yield from api_env(tmp_path, quota={"upload": "64k", "stored": "50k", "jobs_queued": 100})
 
 
 def _upload(env: Env, name: str, size: int):  # type: ignore[no-untyped-def]

@@ -12,16 +12,14 @@ from pathlib import Path
 import pytest
 
 from controller.run.handover import HEARTBEAT_DIR
-from tests.unit.api_helpers import Env, beat, make_config, serve_api
+from tests.builders import Env, api_env, beat
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand a folder to another uid")
 
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[Env]:
-    config, key = make_config(tmp_path)
-    for url in serve_api(config):
-        yield Env(config, config.data_root, url, key)
+    yield from api_env(tmp_path, heartbeat=False)
 
 
 def ready(env: Env, tenant: str | None = "acme") -> tuple[int, dict[str, object]]:

@@ -16,17 +16,14 @@ from contract.results import ItemResult, ItemStatus
 from controller.api.area import Area
 from controller.job.plan import Chunk, Plan, PlannedItem
 from controller.run.rundir import Control, RunDir
-from tests.unit.api_helpers import Env, beat, make_config, serve_api
+from tests.builders import Env, api_env
 
 JOB = "party-abcdefgh"
 
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[Env]:
-    config, key = make_config(tmp_path)
-    beat(config)
-    for url in serve_api(config):
-        yield Env(config, config.data_root, url, key)
+    yield from api_env(tmp_path)
 
 
 def finished_run(env: Env, job: str = JOB, tenant: str = "acme", report: bool = True) -> RunDir:

@@ -26,7 +26,7 @@ from controller.api.area import Area
 from controller.api.openapi import document
 from controller.job.plan import Chunk, Plan, PlannedItem
 from controller.run.rundir import Control, RunDir
-from tests.unit.api_helpers import KEYS, beat, make_config, serve_api
+from tests.builders import KEYS, beat, make_config, serve_api
 
 JOB = "party-abcdefgh"
 MAX_EXAMPLES = 25

@@ -12,15 +12,12 @@ import pytest
 import yaml
 
 from controller.job.files import parse_job_text
-from tests.unit.api_helpers import JPEG, JWT_SECRET, MP4, PNG, Env, beat, leftovers, make_config, serve_api, zip_bytes
+from tests.builders import JPEG, JWT_SECRET, MP4, PNG, Env, api_env, leftovers, zip_bytes
 
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[Env]:
-    config, key = make_config(tmp_path, quota={"upload": "64k", "jobs_queued": 3})
-    beat(config)
-    for url in serve_api(config):
-        yield Env(config, config.data_root, url, key)
+    yield from api_env(tmp_path, quota={"upload": "64k", "jobs_queued": 3})
 
 
 def token(sub: str = "acme", exp: float | None = None, alg: str = "HS256", key: bytes = JWT_SECRET) -> str:

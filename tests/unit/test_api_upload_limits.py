@@ -18,7 +18,7 @@ import yaml
 from structlog.testing import capture_logs
 
 from controller.config import parse_config
-from tests.unit.api_helpers import JPEG, Env, beat, leftovers, make_config, serve_api, zip_bytes
+from tests.builders import JPEG, Env, beat, leftovers, make_config, serve_api, zip_bytes
 
 
 def _env(tmp_path: Path, quota: dict[str, object], api: dict[str, object] | None = None) -> Iterator[Env]:

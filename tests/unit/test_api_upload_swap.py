@@ -14,7 +14,7 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from tests.unit.api_helpers import JPEG, Env, beat, make_config, serve_api, zip_bytes
+from tests.builders import JPEG, Env, beat, make_config, serve_api, zip_bytes
 
 BOUNDARY = "swapboundary0123456789"
 

@@ -4,25 +4,15 @@ results per attempt, and a result line's commit record (size, sha256) and note."
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from contract.errors import ManifestError
-from contract.layout import RunLayout
+from contract.layout import RESERVED, DataRootLayout, RunLayout
 from contract.manifest import Item, Manifest, Segment
 from contract.results import ItemResult, ItemStatus
-
-
-def manifest(**kw: object) -> Manifest:
-    fields: dict[str, object] = {
-        "job": "j",
-        "chunk": "c0001",
-        "run_dir": "/data/runs/j",
-        "pack_dir": "/data/models/default",
-        "source": ("/data/s.jpg",),
-        "items": (Item("i000000", "/data/a.jpg", "/data/out/a.png"),),
-    }
-    return Manifest(**{**fields, **kw})  # type: ignore[arg-type]
+from tests.builders import manifest
 
 
 def test_overwrite_defaults_to_false_round_trips_and_is_left_out_at_its_default() -> None:
@@ -53,6 +43,16 @@ def test_results_are_named_per_attempt() -> None:
     assert str(layout.results("c0003", 2)) == "/data/runs/j/results/c0003.a2.jsonl"
     assert str(layout.legacy_results("c0003")) == "/data/runs/j/results/c0003.jsonl"
     assert manifest().results_path(4) == "/data/runs/j/results/c0001.a4.jsonl"
+
+
+def test_the_data_roots_own_folders_are_named_once() -> None:
+    top = DataRootLayout.host(Path("/srv/ffswarm"))
+    assert (top.runs, top.models, top.inbox, top.tenants) == tuple(Path("/srv/ffswarm", name) for name in RESERVED)
+    assert top.records == Path("/srv/ffswarm/tenants/.jobs")
+    assert top.pack("default") == Path("/srv/ffswarm/models/default")
+    assert top.run("j") == RunLayout.host(Path("/srv/ffswarm"), "j")
+    assert str(DataRootLayout.container().pack("default")) == manifest().pack_dir == "/data/models/default"
+    assert RESERVED == ("runs", "models", "inbox", "tenants")  # what a job's outputs may never be under
 
 
 def test_a_result_line_carries_its_commit_record_and_older_lines_still_parse() -> None:

@@ -6,7 +6,6 @@ against the pack's ``model:`` — with stand-in models made by code (tests/fixtu
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,11 +14,10 @@ import cv2
 import numpy as np
 import onnxruntime as ort
 import pytest
-import yaml
 from onnx import TensorProto, helper
 
 from contract.errors import ManifestError
-from contract.manifest import Item, Manifest
+from contract.manifest import Manifest
 from contract.pack import check_spec, wrong_model
 from controller import models as controller_models
 from controller.config import parse_config
@@ -29,6 +27,8 @@ from controller.run.jobs import manifest_settings, prepare
 from runner_image import faces, models, processors
 from runner_image.errors import MissingInput
 from runner_image.face_enhancers import ENHANCER_SIZE, FFHQ_512, FaceEnhancer, weight_feed
+from tests import builders
+from tests.builders import manifest
 from tests.fixtures import photos
 from tests.fixtures.standin_enhancers import add_enhancer, codeformer_model, same_contract_model
 from tests.fixtures.standin_pack import _finish, build_pack, enhancer_model
@@ -88,19 +88,6 @@ def test_an_unknown_key_is_refused_with_a_suggestion() -> None:
 
 
 # --- the manifest ------------------------------------------------------------------------------------
-
-
-def manifest(**kw: object) -> Manifest:
-    fields: dict[str, object] = {
-        "job": "j",
-        "chunk": "c0001",
-        "run_dir": "/data/runs/j",
-        "pack_dir": "/data/models/default",
-        "source": ("/data/s.jpg",),
-        "items": (Item("i000000", "/data/a.jpg", "/data/out/a.png"),),
-    }
-    fields.update(kw)
-    return Manifest(**fields)  # type: ignore[arg-type]
 
 
 def test_the_manifest_round_trips_model_and_weight() -> None:
@@ -288,14 +275,7 @@ def pack_files(model: str | None) -> dict[str, Any]:
 
 
 def submit(tmp_path: Path, files: dict[str, Any], extra: str) -> list[Any]:
-    root = tmp_path / "root"
-    (root / "models" / "default").mkdir(parents=True)
-    (root / "models" / "default" / "pack.yaml").write_text(yaml.safe_dump({"name": "default", "files": files}))
-    for folder, name in (("faces", "star.jpg"), ("crowd", "a.jpg")):
-        (root / folder).mkdir()
-        (root / folder / name).write_bytes(b"x")
-    if os.geteuid() == 0:  # runners run as the data root's owner, never root
-        os.chown(root, 10001, 10001)
+    root = builders.data_root(tmp_path, files)
     job = tmp_path / "job.yaml"
     job.write_text(JOB + extra)
     config = parse_config(tmp_path / "ffswarm.yaml", {"data_root": str(root)})

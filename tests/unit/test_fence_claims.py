@@ -15,6 +15,7 @@ from controller.job import claims
 from controller.job.resolve import resolve_job
 from controller.job.spec import JobSpec
 from controller.volume import UnsafePath
+from tests import builders
 
 
 def _root(tmp_path: Path) -> Path:
@@ -28,7 +29,7 @@ def _root(tmp_path: Path) -> Path:
 
 
 def _spec(output: str, name: str = "j", **kw: object) -> JobSpec:
-    return JobSpec(name=name, source=("faces/a.jpg",), targets=("alice/photos/*.jpg",), output=output, **kw)  # type: ignore[arg-type]
+    return builders.job_spec(name=name, targets=("alice/photos/*.jpg",), output=output, **kw)
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:

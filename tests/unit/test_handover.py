@@ -20,24 +20,11 @@ from controller.run.handover import HEARTBEAT_DIR, Heartbeat, HeartbeatFile, han
 from controller.run.jobs import PreparedJob, prepare
 from controller.run.metrics import Metrics
 from controller.run.serve import Inbox, Outcome, Server
-
-PACK = {
-    "det_10g.onnx": {"role": "detector", "sha256": "0" * 64},
-    "w600k_r50.onnx": {"role": "recognizer", "sha256": "0" * 64},
-    "inswapper_128.onnx": {"role": "swapper", "sha256": "0" * 64},
-}
+from tests import builders
 
 
 def data_root(tmp_path: Path) -> tuple[Config, Path]:
-    root = tmp_path / "root"
-    (root / "models" / "default").mkdir(parents=True)
-    (root / "models" / "default" / "pack.yaml").write_text(yaml.safe_dump({"name": "default", "files": PACK}))
-    (root / "faces").mkdir()
-    (root / "faces" / "star.jpg").write_bytes(b"x")
-    (root / "crowd").mkdir()
-    (root / "crowd" / "a.jpg").write_bytes(b"x")
-    if os.geteuid() == 0:  # runners run as the data root's owner, never root (as scripts/dev-swarm.sh sets it up)
-        os.chown(root, 10001, 10001)
+    root = builders.data_root(tmp_path)
     config_file = tmp_path / "ffswarm.yaml"
     config_file.write_text(yaml.safe_dump({"data_root": str(root)}))
     return parse_config(config_file, {"data_root": str(root)}), root

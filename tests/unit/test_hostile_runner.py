@@ -20,9 +20,7 @@ from contract.results import ItemResult, ItemStatus
 from runner_image.errors import Terminated
 from runner_image.safefs import EXISTS
 from runner_image.volume import ResultsLog
-from tests.unit.test_runner_chunk import JOB, assets, data, results, run, temp_files, write_manifest
-
-__all__ = ["assets", "data"]  # fixtures, used by name
+from tests.unit.test_runner_chunk import JOB, results, run, temp_files, write_manifest
 
 OUT = "out/astronaut.png"
 

@@ -18,8 +18,9 @@ from controller.run.rundir import RunDir
 from controller.run.usecase import supervise
 from controller.swarm.backend import NodeState, ServiceState
 from controller.swarm.servicespec import LABEL_ROLE
+from tests import builders
 from tests.fakes import FakeSwarm, Outcome
-from tests.unit.test_submit_checks import BASE, setup
+from tests.unit.test_submit_checks import setup
 
 IMAGE = "sha256:" + "1" * 64
 IDENTITY = "ffswarm-j-identity"
@@ -38,7 +39,7 @@ def job_from_text(
     tmp_path: Path, text: str, adjust: Callable[[PreparedJob], PreparedJob] = lambda j: j
 ) -> tuple[Config, PreparedJob, RunDir]:
     """A job file's run folder, started, on a small data root (photos crowd/{a,b}.jpg, faces/*.jpg)."""
-    root = setup(tmp_path, BASE)
+    root = setup(tmp_path, builders.PACK)
     for rel in ("crowd/b.jpg", "faces/ref.jpg", "faces/blank.jpg"):
         (root / rel).write_bytes(b"x")
     config = parse_config(

@@ -16,8 +16,8 @@ import pytest
 from contract.results import ItemResult, ItemStatus
 from controller.errors import UsageError
 from controller.job.plan import Chunk, Plan, PlannedItem
+from controller.run import control
 from controller.run import job_lease as lease
-from controller.run import jobs as jobs_mod
 from controller.run.chunks import ChunkRun
 from controller.run.failures import ChunkState
 from controller.run.lease import who
@@ -208,7 +208,7 @@ def test_cancel_and_scale_of_a_finished_job_are_refused(tmp_path: Path) -> None:
     rd.enter(Stage.ENDED)
     rd.write_report({"job": "j"})
     swarm = FakeSwarm()
-    for refused in (lambda: jobs_mod.cancel(config, "j", swarm), lambda: jobs_mod.scale(config, "j", 3)):
+    for refused in (lambda: control.cancel(config, "j", swarm), lambda: control.scale(config, "j", 3)):
         with pytest.raises(UsageError, match=r"^job j already finished") as e:
             refused()
         assert e.value.exit_code == 2
@@ -222,7 +222,7 @@ def test_cancel_of_a_job_that_runs_is_accepted(tmp_path: Path) -> None:
     rd = run_folder(tmp_path)
     rd.enter(Stage.CHUNKS)
     with lease.held(rd):
-        assert jobs_mod.cancel(config, "j", FakeSwarm()) == 0
+        assert control.cancel(config, "j", FakeSwarm()) == 0
     assert rd.control().cancel
 
 

@@ -19,7 +19,7 @@ from controller.job import owners
 from controller.run import serve, usecase
 from controller.run.inbox import Inbox
 from controller.run.rundir import RunDir
-from tests.unit.api_helpers import JPEG, beat, make_config
+from tests.builders import JPEG, beat, make_config
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand files to another uid")
 

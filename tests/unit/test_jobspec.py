@@ -25,7 +25,7 @@ from controller.job.spec import (
     VideoSettings,
     expand_output,
 )
-from controller.job.validate import FieldError
+from controller.settings.fields import FieldError
 
 # The job-file example of the first design (v1), verbatim; docs/job-file.md documents every key.
 DESIGN_EXAMPLE = """\

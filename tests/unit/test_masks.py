@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from controller.job.settings import MaskSettings
 from controller.run.jobs import prepare
 from runner_image import masks
 from runner_image.errors import MissingInput
+from tests import builders
 from tests.fixtures import photos
 from tests.fixtures.standin_masks import OCCLUDER_FILE, PARSER_FILE, face_parser_model, occluder_model
 from tests.fixtures.standin_pack import build_pack, recognizer_model
@@ -205,16 +205,8 @@ def test_the_mask_models_are_needed_only_for_their_types() -> None:
 
 
 def submit_root(tmp_path: Path, extra: dict[str, str]) -> Path:
-    root = tmp_path / "root"
     files = {n: {"role": r, "sha256": "0" * 64} for n, r in {**BASE, **extra}.items()}
-    (root / "models" / "default").mkdir(parents=True)
-    (root / "models" / "default" / "pack.yaml").write_text(yaml.safe_dump({"name": "default", "files": files}))
-    for rel in ("faces/star.jpg", "crowd/a.jpg"):
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(b"x")
-    if os.geteuid() == 0:  # runners run as the data root's owner, never root
-        os.chown(root, 10001, 10001)
-    return root
+    return builders.data_root(tmp_path, files)
 
 
 def test_submit_refuses_a_mask_type_whose_model_the_pack_lacks(tmp_path: Path) -> None:

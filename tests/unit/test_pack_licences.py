@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from controller.cli import cli
 from controller.config import parse_config
 from controller.errors import JobFileError, MissingInputError
 from controller.run.jobs import prepare
+from tests import builders
 from tests.fixtures.standin_pack import build_pack
 
 SHA = "0" * 64
@@ -92,16 +92,7 @@ def test_not_commercial_lists_only_the_models_the_processors_load() -> None:
 
 
 def setup(tmp_path: Path, files: dict[str, Any]) -> Path:
-    root = tmp_path / "root"
-    (root / "models" / "default").mkdir(parents=True)
-    (root / "models" / "default" / "pack.yaml").write_text(yaml.safe_dump({"name": "default", "files": files}))
-    (root / "faces").mkdir()
-    (root / "faces" / "star.jpg").write_bytes(b"x")
-    (root / "crowd").mkdir()
-    (root / "crowd" / "a.jpg").write_bytes(b"x")
-    if os.geteuid() == 0:  # runners run as the data root's owner, never root
-        os.chown(root, 10001, 10001)
-    return root
+    return builders.data_root(tmp_path, files)
 
 
 def job(tmp_path: Path, extra: str = "") -> Path:

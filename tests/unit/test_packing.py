@@ -11,12 +11,12 @@ import pytest
 
 from controller.config import Config
 from controller.job.files import parse_job_text
-from controller.job.validate import FieldError
 from controller.run import packs, usecase
 from controller.run.jobs import PreparedJob
 from controller.run.packing import Member, Packer, pack_key, width
-from controller.run.packing_settings import PackingSettings, parse_packing
-from tests.unit.api_helpers import JPEG, make_config
+from controller.settings.fields import FieldError
+from controller.settings.packing import PackingSettings, parse_packing
+from tests.builders import JPEG, make_config
 
 ON = PackingSettings(max_items=5, window=1.0)
 

@@ -24,9 +24,10 @@ from controller.job.plan import chunk_manifests
 from controller.run.jobs import manifest_settings
 from runner_image import align, faces, models, pixel_boost, processors, swap
 from runner_image.faces import Face
+from tests.builders import manifest
 from tests.fixtures import photos
 from tests.fixtures.standin_pack import build_pack
-from tests.unit.test_face_enhancers import JOB, manifest, submit
+from tests.unit.test_face_enhancers import JOB, submit
 
 # --- the job file ------------------------------------------------------------------------------------
 
@@ -212,14 +213,10 @@ def counting(loaded: models.Models) -> tuple[Any, Counting]:
     return SimpleNamespace(session=session, input_size=loaded.swapper.input_size, emap=loaded.swapper.emap), session
 
 
-def _manifest(**kw: object) -> Manifest:
-    return manifest(**kw)
-
-
 def _apply(loaded: models.Models, image: np.ndarray, identity: np.ndarray, **kw: object) -> np.ndarray:
     frame = image.copy()
     found = faces.detect(loaded.detector, image)
-    for p in processors.build(_manifest(**kw), loaded, identity):
+    for p in processors.build(manifest(**kw), loaded, identity):
         p.apply(frame, found, lambda stage, seconds: None)
     return frame
 
@@ -421,7 +418,7 @@ def test_the_packs_own_model_or_none_recorded_is_accepted_and_the_settings_reach
 def test_jobs_with_other_face_swapper_settings_do_not_pack_together(tmp_path: Path) -> None:
     from controller.job.files import parse_job_text
     from controller.run.packing import pack_key
-    from tests.unit.api_helpers import JPEG
+    from tests.builders import JPEG
     from tests.unit.test_packing import ON, _job
 
     files = {"in/0.jpg": JPEG, "faces/me.jpg": JPEG}

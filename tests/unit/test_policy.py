@@ -6,7 +6,6 @@ is created (no run folder, no output folder).
 
 from __future__ import annotations
 
-import os
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,12 @@ import yaml
 from controller.config import Config, parse_config
 from controller.errors import ConfigError, JobFileError
 from controller.job.files import load_job_file
-from controller.job.spec import JobSpec
-from controller.job.validate import FieldError
 from controller.job.video import VideoInfo, check_limits
 from controller.policy import Hook, Limits, Policy, check_counts, check_job, parse_policy
 from controller.run import jobs as jobs_mod
+from controller.settings.fields import FieldError
+from tests import builders
+from tests.builders import job_spec
 
 EXAMPLE = """
 images: [registry.example.internal/ffswarm/runner@sha256:0123]
@@ -38,18 +38,9 @@ webhooks:
 
 
 def setup(tmp_path: Path, policy: str | None = None) -> tuple[Config, Path]:
-    root = tmp_path / "root"
-    (root / "models" / "default").mkdir(parents=True)
     pack = {r: {"role": r2, "sha256": "0" * 64} for r, r2 in (("d.onnx", "detector"), ("r.onnx", "recognizer"))}
     pack["s.onnx"] = {"role": "swapper", "sha256": "0" * 64}
-    (root / "models" / "default" / "pack.yaml").write_text(yaml.safe_dump({"name": "default", "files": pack}))
-    (root / "faces").mkdir()
-    (root / "faces" / "star.jpg").write_bytes(b"x")
-    (root / "crowd").mkdir()
-    for n in range(3):
-        (root / "crowd" / f"{n}.jpg").write_bytes(b"x")
-    if os.geteuid() == 0:
-        os.chown(root, 10001, 10001)
+    root = builders.data_root(tmp_path, pack, ("faces/star.jpg", *(f"crowd/{n}.jpg" for n in range(3))))
     data: dict[str, Any] = {"data_root": str(root)}
     if policy is not None:
         data["policy"] = yaml.safe_load(policy)
@@ -69,10 +60,6 @@ def refused(config: Config, f: Path) -> JobFileError:
     assert not (config.data_root / "runs").exists()  # nothing else happened
     assert not (config.data_root / "out").exists()
     return e.value
-
-
-def spec(**fields: Any) -> JobSpec:
-    return JobSpec(name="j", source=("faces/a.jpg",), targets=("in/*.jpg",), output="out/{name}", **fields)
 
 
 # -- the config ------------------------------------------------------------------------------------------
@@ -257,9 +244,9 @@ def test_a_video_over_the_limits_is_refused_before_it_is_cut(
     info: VideoInfo, seconds: float, field: str, reason: str
 ) -> None:
     with pytest.raises(FieldError) as e:
-        check_limits(info, "v.mp4", spec(segment_seconds=seconds), Limits())
+        check_limits(info, "v.mp4", job_spec(segment_seconds=seconds), Limits())
     assert (e.value.field, e.value.reason) == (field, reason + " (the cluster's policy.limits)")
-    check_limits(_video(), "v.mp4", spec(), Limits())  # a 1080p 10 s video is fine
+    check_limits(_video(), "v.mp4", job_spec(), Limits())  # a 1080p 10 s video is fine
 
 
 # -- hooks and webhooks at submit ---------------------------------------------------------------------
@@ -272,8 +259,8 @@ def test_a_hook_the_policy_does_not_define_is_refused(tmp_path: Path) -> None:
     )
     config, _ = setup(tmp_path / "2", EXAMPLE)
     with pytest.raises(JobFileError, match=r"'other' is not a hook in the cluster's policy \(notify-crm\)"):
-        check_job(config.policy, spec(on_complete=_on_complete(hook="other")), "j.yaml")
-    check_job(config.policy, spec(on_complete=_on_complete(hook="notify-crm")), "j.yaml")
+        check_job(config.policy, job_spec(on_complete=_on_complete(hook="other")), "j.yaml")
+    check_job(config.policy, job_spec(on_complete=_on_complete(hook="notify-crm")), "j.yaml")
 
 
 def test_webhooks_are_off_without_allowed_hosts(tmp_path: Path) -> None:
@@ -285,12 +272,12 @@ def test_webhooks_are_off_without_allowed_hosts(tmp_path: Path) -> None:
 def test_a_webhook_host_must_be_allowed(tmp_path: Path) -> None:
     policy = parse_policy(yaml.safe_load(EXAMPLE))
     with pytest.raises(JobFileError) as e:
-        check_job(policy, spec(on_complete=_on_complete(webhook="https://evil.example/x")), "j.yaml")
+        check_job(policy, job_spec(on_complete=_on_complete(webhook="https://evil.example/x")), "j.yaml")
     assert str(e.value) == (
         "j.yaml: on_complete.webhook: host 'evil.example' is not in the cluster's policy.webhooks.allow_hosts "
         "(hooks.example.internal)"
     )
-    check_job(policy, spec(on_complete=_on_complete(webhook="https://HOOKS.example.internal/done")), "j.yaml")
+    check_job(policy, job_spec(on_complete=_on_complete(webhook="https://HOOKS.example.internal/done")), "j.yaml")
 
 
 def _on_complete(**fields: Any) -> Any:
@@ -325,7 +312,7 @@ def test_overwrite_true_is_refused_at_admission_unless_the_policy_allows_it(tmp_
     assert str(err).startswith(f"{tmp_path / 'job.yaml'}: overwrite: true is not allowed")
     allowed = parse_policy({"allow_overwrite": True})
     assert allowed.allow_overwrite and not parse_policy({}).allow_overwrite
-    check_job(allowed, spec(overwrite=True), "j.yaml")
-    check_job(parse_policy({}), spec(overwrite=False), "j.yaml")  # asking for the default is fine
+    check_job(allowed, job_spec(overwrite=True), "j.yaml")
+    check_job(parse_policy({}), job_spec(overwrite=False), "j.yaml")  # asking for the default is fine
     with pytest.raises(ConfigError, match=r"policy\.allow_overwrite"):
         setup(tmp_path / "again", "allow_overwrite: maybe\n")

@@ -24,8 +24,8 @@ from controller.run.jobs import start_run
 from controller.run.rundir import RunDir
 from controller.swarm.render import render_runner_stack
 from controller.swarm.servicespec import LABEL_JOB
+from tests.builders import JPEG, beat, make_config
 from tests.fakes import FakeSwarm
-from tests.unit.api_helpers import JPEG, beat, make_config
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand a file to another uid")
 

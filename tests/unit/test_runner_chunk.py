@@ -27,33 +27,10 @@ from contract.manifest import FaceSelection, Item, Limits, Manifest, NoFacePolic
 from contract.results import ItemResult, ItemStatus, chunk_results
 from runner_image.__main__ import main
 from runner_image.errors import Terminated
+from tests.builders import RUNNER_JOB
 from tests.fixtures import photos
-from tests.fixtures.standin_pack import build_pack
 
-JOB, RUN = "job1", "/data/runs/job1"
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Pack and photos built once per module; each test copies them into its own data root."""
-    base = tmp_path_factory.mktemp("assets")
-    build_pack(base / "models" / "default")
-    inputs = base / "in"
-    photos.astronaut(inputs)
-    photos.group(inputs)
-    photos.no_face_photo(inputs)
-    photos.not_an_image(inputs)
-    photos.face_photos(inputs, 4)
-    shutil.copyfile(inputs / "face_01.jpg", inputs / "source.jpg")
-    return base
-
-
-@pytest.fixture
-def data(tmp_path: Path, assets: Path) -> Path:
-    root = tmp_path / "data"
-    shutil.copytree(assets, root)
-    (root / "runs" / JOB / "chunks").mkdir(parents=True)
-    return root
+JOB, RUN = RUNNER_JOB, f"/data/runs/{RUNNER_JOB}"
 
 
 def write_manifest(root: Path, names: list[str], *, chunk: str = "c0001", ext: str = ".png", **kw: Any) -> str:

@@ -1,7 +1,6 @@
 """Identity once at submit (``python -m runner_image identity``) and ``faces: reference``, end to end
 in-process with the stand-in pack; plus the manifest/IdentityRequest/IdentityResult contract."""
 
-# ruff: noqa: F811  (the chunk tests' fixtures are imported and used as parameters)
 from __future__ import annotations
 
 import json
@@ -13,17 +12,16 @@ import pytest
 
 from contract.errors import ManifestError
 from contract.identity import IdentityRequest, IdentityResult, SourceFaces
-from contract.manifest import FaceSelection, Item, Manifest, NoFacePolicy
+from contract.manifest import FaceSelection, Manifest, NoFacePolicy
 from contract.results import ItemStatus
 from runner_image.__main__ import main
+from tests.builders import manifest as _manifest
 from tests.fixtures import photos
-from tests.unit.test_runner_chunk import (  # noqa: F401  (fixtures)
+from tests.unit.test_runner_chunk import (
     JOB,
     RUN,
-    assets,
     by_input,
     changed,
-    data,
     only_near,
     pixels,
     results,
@@ -171,19 +169,6 @@ def test_reference_matching_nobody_follows_the_no_face_policy(refdata: Path) -> 
 
 
 # --- the contract ------------------------------------------------------------------------------------
-
-
-def _manifest(**kw: object) -> Manifest:
-    fields: dict[str, object] = {
-        "job": "j",
-        "chunk": "c0001",
-        "run_dir": "/data/runs/j",
-        "pack_dir": "/data/models/default",
-        "source": ("/data/s.jpg",),
-        "items": (Item("i000000", "/data/a.jpg", "/data/out/a.jpg"),),
-    }
-    fields.update(kw)
-    return Manifest(**fields)  # type: ignore[arg-type]
 
 
 def test_new_manifest_fields_round_trip_and_stay_out_at_defaults() -> None:

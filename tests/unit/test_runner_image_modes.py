@@ -11,9 +11,7 @@ import numpy as np
 from contract.manifest import Item
 from contract.results import ItemResult, ItemStatus
 from tests.fixtures import photos
-from tests.unit.test_runner_chunk import assets, data, results, run, write_manifest
-
-__all__ = ["assets", "data"]  # fixtures, used by name
+from tests.unit.test_runner_chunk import results, run, write_manifest
 
 
 def astronaut(root: Path) -> np.ndarray:

@@ -15,9 +15,7 @@ from contract.errors import ManifestError
 from contract.handoff import Handoff
 from contract.manifest import Item, Manifest
 from contract.results import ItemStatus
-from tests.unit.test_runner_chunk import JOB, RUN, assets, data, log_lines, results, run, write_manifest
-
-__all__ = ["assets", "data"]  # the fixtures
+from tests.unit.test_runner_chunk import JOB, RUN, log_lines, results, run, write_manifest
 
 HANDOFF = "/data/runs/.lanes/lane-one.json"
 

@@ -17,7 +17,7 @@ from contract.identity_table import Identity
 from contract.manifest import SCHEMA_IDENTITIES, Item, Manifest
 from contract.results import ItemStatus
 from runner_image.__main__ import main
-from tests.unit.test_runner_chunk import JOB, RUN, assets, by_input, data, pixels, results, run  # noqa: F401
+from tests.unit.test_runner_chunk import JOB, RUN, by_input, pixels, results, run
 
 PEOPLE = {
     "s000000": ("/data/in/face_01.jpg",),
@@ -99,7 +99,7 @@ def check_pairs(root: Path) -> None:
     assert np.abs(other - pixels(root / "out/pairs/face_03.png")).max() > 40  # …and not another one
 
 
-def test_each_pair_swaps_its_own_person_and_a_faceless_source_fails_only_its_pairs(data: Path) -> None:  # noqa: F811 (the fixture)
+def test_each_pair_swaps_its_own_person_and_a_faceless_source_fails_only_its_pairs(data: Path) -> None:
     answer = answer_people(data)
     assert answer.answered and answer.error is None
     assert answer.identities["s000002"].error == "source photo in/no_face.jpg: no face detected"
@@ -110,6 +110,6 @@ def test_each_pair_swaps_its_own_person_and_a_faceless_source_fails_only_its_pai
     check_pairs(data)
 
 
-def test_a_version_2_manifest_without_the_identity_step_embeds_its_people_itself(data: Path) -> None:  # noqa: F811 (the fixture)
+def test_a_version_2_manifest_without_the_identity_step_embeds_its_people_itself(data: Path) -> None:
     assert run(data, pairs_manifest(data)) == 3
     check_pairs(data)

@@ -10,10 +10,11 @@ import cv2
 import numpy as np
 import pytest
 
-from contract.manifest import Item, Manifest
+from contract.manifest import Item
 from contract.results import ItemStatus
 from runner_image import faces, models, pipeline, processors, swap
 from runner_image.volume import DataRoot
+from tests.builders import manifest as _manifest
 from tests.fixtures import photos
 from tests.fixtures.standin_pack import build_pack
 
@@ -40,19 +41,6 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
 def _identity(loaded: models.Models, image: np.ndarray) -> np.ndarray:
     found = faces.detect(loaded.detector, image)
     return faces.identity([faces.embed(loaded.recognizer, image, found[:1])[0]])
-
-
-def _manifest(**kw: object) -> Manifest:
-    fields: dict[str, object] = {
-        "job": "j",
-        "chunk": "c0001",
-        "run_dir": "/data/runs/j",
-        "pack_dir": "/data/models/default",
-        "source": ("/data/s.jpg",),
-        "items": (Item("i000000", "/data/a.jpg", "/data/out/a.png"),),
-    }
-    fields.update(kw)
-    return Manifest(**fields)  # type: ignore[arg-type]
 
 
 def _apply(

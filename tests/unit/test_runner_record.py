@@ -13,9 +13,7 @@ from contract.attempt import AttemptRecord
 from contract.manifest import NoFacePolicy
 from runner_image import pipeline
 from runner_image.errors import Terminated
-from tests.unit.test_runner_chunk import JOB, assets, data, run, temp_files, write_manifest
-
-__all__ = ["assets", "data"]  # the fixtures, shared with test_runner_chunk
+from tests.unit.test_runner_chunk import JOB, run, temp_files, write_manifest
 
 
 def record_of(root: Path, chunk: str = "c0001", attempt: int = 1) -> AttemptRecord:

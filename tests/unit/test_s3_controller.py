@@ -15,87 +15,20 @@ import http.server
 import socket
 import threading
 import traceback
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-from moto.server import ThreadedMotoServer
 
 from contract.s3 import Credentials, S3Url
 from controller.config import parse_config
 from controller.errors import ConfigError, FfswarmError
-from controller.job.validate import FieldError
+from controller.settings.fields import FieldError
 from controller.storage.errors import ObjectMissing, StorageAccessError, StorageTemporaryError, TooManyObjects
 from controller.storage.s3 import S3Store, make_client
 from controller.storage.settings import S3Settings, parse_storage, read_credentials
 from controller.storage.url import parse_url
-from tests.fixtures.s3_server import make_user
-
-REGION = "us-east-1"
-MANY = 60  # listed 7 a page (MaxKeys): nine pages
-POLICY = {
-    "Version": "2012-10-17",
-    "Statement": [
-        {"Effect": "Allow", "Action": "s3:*", "Resource": "*"},
-        {"Effect": "Deny", "Action": "s3:*", "Resource": ["arn:aws:s3:::forbidden", "arn:aws:s3:::forbidden/*"]},
-    ],
-}
-KEYS = ["crowd/a.jpg", "crowd/b.jpg", "crowd/c.png", "crowd/sub/d.jpg", "crowd/sub/deep/e.png", "crowd/f.jpg.txt",
-        "crowd/", "crowdy/g.jpg", "other/h.jpg"]  # fmt: skip
-
-
-@dataclass
-class Moto:
-    endpoint: str
-    creds: Credentials
-    cred_file: Path
-
-    def settings(self, cred_file: Path | None = None) -> S3Settings:
-        return S3Settings(
-            credentials_secret="ffswarm-s3",
-            credentials_file=cred_file or self.cred_file,
-            endpoint_url=self.endpoint,
-            region=REGION,
-            addressing="path",
-            link_ttl=3600,
-        )
-
-    def store(self, creds: Credentials | None = None, max_attempts: int = 1) -> S3Store:
-        settings = self.settings()
-        return S3Store(settings, make_client(settings, creds or self.creds, max_attempts=max_attempts))
-
-    def auth(self, on: bool) -> None:
-        """moto's IAM authentication: on from the next request (0 free actions), or off (∞)."""
-        httpx.post(f"{self.endpoint}/moto-api/reset-auth", content=b"0" if on else b"inf").raise_for_status()
-
-
-@pytest.fixture(scope="module")
-def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Moto]:
-    from moto.moto_api._internal.models import moto_api_backend
-
-    moto_api_backend.reset()  # moto's state is process-wide: another module's server made this user already
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{server._server.server_port}"
-    key, s3 = make_user(endpoint, POLICY, ["media", "forbidden", "bulk"])
-    for k in KEYS:
-        s3.put_object(Bucket="media", Key=k, Body=k.encode())
-    s3.put_object(Bucket="media", Key="meta/x.jpg", Body=b"photo", Metadata={"ffswarm-job": "j1"})
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda i: s3.put_object(Bucket="bulk", Key=f"many/{i:05d}.jpg", Body=b"x"), range(MANY)))
-    cred_file = tmp_path_factory.mktemp("secrets") / "ffswarm-s3"
-    cred_file.write_text(f"AWS_ACCESS_KEY_ID={key['AccessKeyId']}\nAWS_SECRET_ACCESS_KEY={key['SecretAccessKey']}\n")
-    m = Moto(endpoint, Credentials(key["AccessKeyId"], key["SecretAccessKey"]), cred_file)
-    m.auth(True)
-    try:
-        yield m
-    finally:
-        m.auth(False)  # the setting is moto's, process-wide: leave it as found
-        server.stop()
-
+from tests.fixtures.moto_server import MANY, Moto
 
 # --- URLs -------------------------------------------------------------------------------------------
 

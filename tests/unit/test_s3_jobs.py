@@ -1,9 +1,8 @@
 """Jobs with s3:// paths, on the controller's side (issue 19, docs/storage.md): submit lists the
-globs in the store (moto's S3 server on loopback, its authentication on: tests/unit/test_s3_controller.py),
+globs in the store (moto's S3 server on loopback, its authentication on: tests/fixtures/moto_server.py),
 plans the objects' URLs, and writes manifests that name the store and the secret's file, never the
 secret; the runner services get the secret by reference and the operator's network."""
 
-# ruff: noqa: F811  (``moto``: test_s3_controller.py's server fixture, imported, then asked for by name)
 from __future__ import annotations
 
 import json
@@ -14,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from contract.manifest import Manifest
 from controller.config import Config, parse_config
@@ -23,8 +21,8 @@ from controller.job.plan import chunk_manifests
 from controller.run.jobs import manifest_settings, output_links, prepare, runner_settings
 from controller.swarm.docker import secret_references
 from controller.swarm.servicespec import RUNNER_NETWORK, chunk_service
-from tests.unit.test_s3_controller import Moto, moto  # noqa: F401  (the server, as a fixture)
-from tests.unit.test_submit_checks import BASE
+from tests import builders
+from tests.fixtures.moto_server import Moto
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -40,11 +38,7 @@ IMAGE = "sha256:" + "1" * 64
 
 
 def config(tmp_path: Path, m: Moto | None, **extra: Any) -> Config:
-    root = tmp_path / "root"
-    (root / "models" / "default").mkdir(parents=True, exist_ok=True)
-    (root / "models" / "default" / "pack.yaml").write_text(yaml.safe_dump({"name": "default", "files": BASE}))
-    (root / "faces").mkdir(exist_ok=True)
-    (root / "faces" / "star.jpg").write_bytes(b"x")
+    root = builders.data_root(tmp_path, photos=("faces/star.jpg",))
     for p in (root, *root.rglob("*")):
         os.chown(p, 10001, 10001)
     data: dict[str, Any] = {"data_root": str(root), "runner_user": RUNNER, **extra}

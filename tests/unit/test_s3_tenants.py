@@ -1,10 +1,9 @@
 """A tenant's part of the object store (tenants.<t>.s3, issue 19): the config that gives it, the API
 refusing every s3:// URL outside it, presigned output links, and results.zip streaming committed
 objects — over real HTTP on loopback, against moto's S3 server with its IAM auth on
-(tests/unit/test_s3_controller.py). moto cannot serve a presigned request with auth on (it answers
+(tests/fixtures/moto_server.py). moto cannot serve a presigned request with auth on (it answers
 500), so the one download through a link turns auth off for that request."""
 
-# ruff: noqa: F811  (``moto``: test_s3_controller.py's server fixture, imported, then asked for by name)
 from __future__ import annotations
 
 import hashlib
@@ -32,8 +31,8 @@ from controller.errors import ConfigError
 from controller.job.files import parse_job_text
 from controller.job.plan import Chunk, Plan, PlannedItem
 from controller.run.rundir import Control, RunDir
-from tests.unit.api_helpers import JPEG, Env, beat, make_config, serve_api
-from tests.unit.test_s3_controller import REGION, Moto, moto  # noqa: F401  (the server, as a fixture)
+from tests.builders import JPEG, Env, beat, make_config, serve_api
+from tests.fixtures.moto_server import REGION, Moto
 
 AREA = "s3://media/acme/"
 JOB = "party-abcdefgh"

@@ -30,6 +30,8 @@ from controller.job.settings import SelectorSettings
 from controller.run.jobs import prepare
 from runner_image import genderage, selector
 from runner_image.faces import Face
+from tests import builders
+from tests.builders import manifest
 from tests.fixtures import photos
 from tests.fixtures.standin_genderage import FILE as GENDERAGE_FILE
 from tests.fixtures.standin_genderage import genderage_model
@@ -313,20 +315,10 @@ BASE = {"det_10g.onnx": "detector", "w600k_r50.onnx": "recognizer", "inswapper_1
 
 
 def submit_root(tmp_path: Path, genderage_in_pack: bool) -> Path:
-    root = tmp_path / "root"
     files = {n: {"role": r, "sha256": "0" * 64} for n, r in BASE.items()}
     if genderage_in_pack:
         files[GENDERAGE_FILE] = {"role": "genderage", "sha256": "0" * 64}
-    (root / "models" / "default").mkdir(parents=True)
-    (root / "models" / "default" / "pack.yaml").write_text(yaml.safe_dump({"name": "default", "files": files}))
-    for rel in ("faces/star.jpg", "crowd/a.jpg"):
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(b"x")
-    import os
-
-    if os.geteuid() == 0:  # runners run as the data root's owner, never root
-        os.chown(root, 10001, 10001)
-    return root
+    return builders.data_root(tmp_path, files)
 
 
 def test_submit_refuses_a_filtering_job_whose_pack_has_no_genderage(tmp_path: Path) -> None:
@@ -359,18 +351,6 @@ def test_a_runner_without_filters_never_needs_genderage(data: Path) -> None:
 
 
 # -------------------------------------------------------------------------------------------- manifest
-
-
-def manifest(**kw: Any) -> Manifest:
-    fields: dict[str, Any] = {
-        "job": "j",
-        "chunk": "c0001",
-        "run_dir": "/data/runs/j",
-        "pack_dir": "/data/models/default",
-        "source": ("/data/s.jpg",),
-        "items": (Item("i000000", "/data/a.jpg", "/data/out/a.jpg"),),
-    }
-    return Manifest(**{**fields, **kw})
 
 
 def test_the_manifest_round_trips_the_selector_and_leaves_defaults_out() -> None:

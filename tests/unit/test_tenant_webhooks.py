@@ -27,7 +27,7 @@ from controller.policy import check_job
 from controller.run.report import Counts, Report
 from controller.run.rundir import Control, RunDir
 from controller.run.usecase import call_hooks
-from tests.unit.api_helpers import Env, beat, make_config, serve_api
+from tests.builders import Env, beat, make_config, serve_api
 
 SECRETS = {"cluster": b"cluster-webhook-secret-0123456789", "acme": b"acme-webhook-secret-0123456789ab",
            "globex": b"globex-webhook-secret-0123456789"}  # fmt: skip

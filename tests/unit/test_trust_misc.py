@@ -123,9 +123,9 @@ def test_render_job_validates_the_job_id(tmp_path: Path, ref: str) -> None:
 
 def test_scale_is_bounded_by_the_policy(tmp_path: Path) -> None:
     from controller.errors import UsageError
-    from controller.run import jobs as jobs_mod
+    from controller.run import control
 
     config = parse_config(tmp_path / "ffswarm.yaml", {"data_root": str(tmp_path)})
     with pytest.raises(UsageError, match=r"^scale j 65: asks for 65, the limit is 64 \(the cluster's policy.limits\)$"):
-        jobs_mod.scale(config, "j", 65)
+        control.scale(config, "j", 65)
     assert not (tmp_path / "runs").exists()

@@ -20,7 +20,7 @@ from controller.run.failures import ChunkState
 from controller.run.metrics import Metrics
 from controller.run.report import Report, build_report
 from controller.run.rundir import Control, RunDir
-from tests.unit.api_helpers import Env, make_config, serve_api
+from tests.builders import Env, make_config, serve_api
 
 JOB_FILE = b"name: j\nsource: in/face.jpg\ntargets: [in/*.jpg]\noutput: out/{stem}{ext}\n" + (
     b"resources: {gpus: 2}\ntimeout: 600\n"

@@ -12,8 +12,8 @@ import pytest
 
 from controller.errors import JobFileError
 from controller.job.spec import JobSpec, VideoSettings
-from controller.job.validate import FieldError
 from controller.run.usecase import check_encoder
+from controller.settings.fields import FieldError
 
 
 def job(codec: str) -> Any:

@@ -1,8 +1,9 @@
-"""Field checks shared by the job spec's dataclasses and its YAML reader.
+"""Field checks shared by every settings parser: the job spec's dataclasses and its YAML reader, and
+the config file's sections.
 
 Each check raises ``FieldError`` naming the (dotted) field, so a spec built in code and a spec read
 from a file fail with the same words; the reader adds the file name and turns it into
-``JobFileError``.
+``JobFileError`` (or ``ConfigError``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract.handoff import LINGER_MAX
-from controller.job.validate import FieldError
+from controller.settings.fields import FieldError
 
 MAX_PACK_ITEMS = 1000  # one pack's photos at most (the largest chunk `auto` makes)
 

@@ -1,5 +1,8 @@
-"""A real `ffswarm api` server (uvicorn on 127.0.0.1, a random port) over a temporary data root,
-with two tenants, JWTs and signed links configured, and a fresh heartbeat standing for `serve`."""
+"""What tests build, in one place: manifests, job specs, data roots, and the two-tenant API set-up.
+
+The API set-up is a real `ffswarm api` server (uvicorn on 127.0.0.1, a random port) over a temporary
+data root, with two tenants, JWTs and signed links configured, and a fresh heartbeat standing for
+`serve` (``api_env``; a test module's ``env`` fixture yields from it)."""
 
 from __future__ import annotations
 
@@ -10,16 +13,19 @@ import socket
 import threading
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
 import yaml
 
+from contract.manifest import Item, Manifest
 from controller.api.app import make_app
 from controller.config import Config, parse_config
+from controller.job.spec import JobSpec
 from controller.run.handover import HeartbeatFile
 
 JPEG = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + b"\x11" * 200
@@ -27,11 +33,48 @@ PNG = b"\x89PNG\r\n\x1a\n" + b"\x22" * 200
 MP4 = b"\x00\x00\x00\x18ftypmp42" + b"\x33" * 200
 KEYS = {"acme": "acme-secret-key", "globex": "globex-secret-key"}
 JWT_SECRET = b"jwt-hs256-secret-for-tests-only-" + b"0123456789abcdef" * 3
+RUNNER_JOB = "job1"  # the job whose run folder the runner tests' data roots hold (tests/conftest.py: data)
 PACK = {
     "det_10g.onnx": {"role": "detector", "sha256": "0" * 64},
     "w600k_r50.onnx": {"role": "recognizer", "sha256": "0" * 64},
     "inswapper_128.onnx": {"role": "swapper", "sha256": "0" * 64},
 }
+
+
+def manifest(**kw: Any) -> Manifest:
+    """A one-photo chunk manifest of job ``j``; ``kw``: the fields a test is about."""
+    fields: dict[str, Any] = {
+        "job": "j",
+        "chunk": "c0001",
+        "run_dir": "/data/runs/j",
+        "pack_dir": "/data/models/default",
+        "source": ("/data/s.jpg",),
+        "items": (Item("i000000", "/data/a.jpg", "/data/out/a.png"),),
+    }
+    return Manifest(**{**fields, **kw})
+
+
+def job_spec(**kw: Any) -> JobSpec:
+    """A job ``j``: faces/a.jpg onto in/*.jpg, outputs under out/; ``kw``: the fields a test is about."""
+    fields: dict[str, Any] = {"name": "j", "source": ("faces/a.jpg",), "targets": ("in/*.jpg",), "output": "out/{name}"}
+    return JobSpec(**{**fields, **kw})
+
+
+def data_root(
+    tmp_path: Path, pack_files: Mapping[str, object] = PACK, photos: Iterable[str] = ("faces/star.jpg", "crowd/a.jpg")
+) -> Path:
+    """``tmp_path/root``: the default model pack listing ``pack_files`` (stand-in checksums) and a
+    stand-in file at each of ``photos``; the root belongs to the runner's uid when this runs as root
+    (runners run as the data root's owner, never root, as scripts/dev-swarm.sh sets it up)."""
+    root = tmp_path / "root"
+    (root / "models" / "default").mkdir(parents=True, exist_ok=True)
+    (root / "models" / "default" / "pack.yaml").write_text(yaml.safe_dump({"name": "default", "files": pack_files}))
+    for rel in photos:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"x")
+    if os.geteuid() == 0:
+        os.chown(root, 10001, 10001)
+    return root
 
 
 @dataclass
@@ -55,12 +98,8 @@ class Env:
 
 
 def make_config(tmp_path: Path, quota: dict[str, object] | None = None) -> tuple[Config, bytes]:
-    root = tmp_path / "root"
-    (root / "models" / "default").mkdir(parents=True)
-    (root / "models" / "default" / "pack.yaml").write_text(yaml.safe_dump({"name": "default", "files": PACK}))
+    root = data_root(tmp_path, photos=())
     (root / "inbox").mkdir()
-    if os.geteuid() == 0:  # runners never run as root: the data root belongs to the runner's uid
-        os.chown(root, 10001, 10001)
     secrets = tmp_path / "secrets"
     secrets.mkdir()
     (secrets / "jwt").write_bytes(JWT_SECRET)
@@ -104,6 +143,16 @@ def serve_api(config: Config) -> Iterator[str]:
 def beat(config: Config) -> None:
     # fresh for an hour: a module's tests may run long after it was written (the schema test's /readyz)
     HeartbeatFile(config.data_root / "inbox", concurrent_jobs=2, interval=3600).beat(running=0)
+
+
+def api_env(tmp_path: Path, quota: dict[str, object] | None = None, heartbeat: bool = True) -> Iterator[Env]:
+    """The two-tenant API served over a fresh data root (each tenant's ``quota``), for as long as the
+    caller iterates; ``heartbeat``: a live `serve` stands behind the inbox."""
+    config, key = make_config(tmp_path, quota)
+    if heartbeat:
+        beat(config)
+    for url in serve_api(config):
+        yield Env(config, config.data_root, url, key)
 
 
 def zip_bytes(entries: dict[str, bytes]) -> bytes:

@@ -1,0 +1,48 @@
+"""Fixtures shared by test modules (the builders they use are in tests/builders.py; the dev swarm's
+fixtures in tests/integration/conftest.py).
+
+- ``assets`` and ``data``: the runner tests' data root, the stand-in pack and real photos built once
+  per module, copied into each test's own data root with the run folder of ``RUNNER_JOB``;
+- ``moto``: moto's S3 server on loopback, one per module (tests/fixtures/moto_server.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.builders import RUNNER_JOB
+from tests.fixtures import photos
+from tests.fixtures.moto_server import Moto, moto_server
+from tests.fixtures.standin_pack import build_pack
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Pack and photos built once per module; each test copies them into its own data root."""
+    base = tmp_path_factory.mktemp("assets")
+    build_pack(base / "models" / "default")
+    inputs = base / "in"
+    photos.astronaut(inputs)
+    photos.group(inputs)
+    photos.no_face_photo(inputs)
+    photos.not_an_image(inputs)
+    photos.face_photos(inputs, 4)
+    shutil.copyfile(inputs / "face_01.jpg", inputs / "source.jpg")
+    return base
+
+
+@pytest.fixture
+def data(tmp_path: Path, assets: Path) -> Path:
+    root = tmp_path / "data"
+    shutil.copytree(assets, root)
+    (root / "runs" / RUNNER_JOB / "chunks").mkdir(parents=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Moto]:
+    yield from moto_server(tmp_path_factory)
