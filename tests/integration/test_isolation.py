@@ -131,4 +131,3 @@ def test_a_tenants_runner_sees_only_its_area_its_run_folder_and_the_models(
     assert (out / "out.jpg").read_bytes() == b"x"
     assert not os.path.lexists(other_run / "results" / "c0000.a1.jsonl")
     shutil.rmtree(other_run, ignore_errors=True)
-
