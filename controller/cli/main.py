@@ -3,21 +3,66 @@
 from __future__ import annotations
 
 import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
+from typing import Any
 
 import click
 
 from controller import log
 from controller.cli import api, jobs, models, ops
+from controller.cli.extras import missing_extra
 from controller.errors import FfswarmError
 
 
-@click.group()
+def version() -> str:
+    """The installed distribution's version; from a checkout that is not installed, pyproject's."""
+    try:
+        return metadata.version("ffswarm")
+    except metadata.PackageNotFoundError:
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        try:
+            return str(tomllib.loads(pyproject.read_text())["project"]["version"])
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "unknown"
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"ffswarm {version()}")
+        ctx.exit()
+
+
+class _Root(click.Group):
+    """The root group: a command that needs an extra that is not installed (pyproject's api, s3 …)
+    ends with one line naming the extra, not a ModuleNotFoundError traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as e:
+            missing = missing_extra(e, ctx.invoked_subcommand)
+            if missing is None:
+                raise
+            raise missing from None
+
+
+@click.group(cls=_Root)
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Print ffswarm's version and exit.",
+)
 @click.option(
     "--config",
     "config_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Config file (else $FFSWARM_CONFIG, ./ffswarm.yaml, ~/.config/ffswarm/config.yaml).",
+    help="Config file (else $FFSWARM_CONFIG, ./ffswarm.yaml, $XDG_CONFIG_HOME/ffswarm/config.yaml).",
 )
 @click.option("--json-logs/--console-logs", default=None, help="Log format (default: console on a terminal).")
 @click.option("-v", "--verbose", is_flag=True, help="On a terminal, also print every chunk's events above the bar.")
