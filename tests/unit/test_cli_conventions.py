@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from controller.cli import cli
+from tests import builders
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
@@ -131,6 +132,23 @@ def test_api_without_the_api_extra_says_which_extra_in_one_line(tmp_path: Path) 
     (line,) = proc.stderr.splitlines()  # one line, no traceback
     assert line.startswith('ffswarm: `ffswarm api` needs the "api" extra (')
     assert line.endswith("is not installed): pip install 'ffswarm[api]'")
+
+
+def test_a_job_with_s3_paths_without_the_s3_extra_says_which_extra(tmp_path: Path) -> None:
+    root = builders.data_root(tmp_path, photos=("faces/star.jpg",))
+    (tmp_path / "s3-credentials").write_text("[default]\n")
+    config = tmp_path / "ffswarm.yaml"
+    config.write_text(
+        f"data_root: {root}\nrunner_user: '10001:10001'\nstorage: {{s3: {{endpoint_url: 'http://127.0.0.1:9', "
+        f"credentials_secret: ffswarm-s3, credentials_file: {tmp_path / 's3-credentials'}}}}}\n"
+    )
+    job = tmp_path / "job.yaml"
+    job.write_text("name: j\nsource: faces/star.jpg\ntargets: ['s3://media/crowd/*.jpg']\noutput: 'out/{stem}.png'\n")
+    proc = _ffswarm_without_extras(["--config", str(config), "submit", "--dry-run", str(job)], tmp_path)
+    assert proc.returncode == 69, proc.stderr[-2000:]
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith('ffswarm: `ffswarm submit` needs the "s3" extra (')
+    assert line.endswith("is not installed): pip install 'ffswarm[s3]'")
 
 
 def test_commands_that_need_no_extra_work_without_them(tmp_path: Path) -> None:
