@@ -73,6 +73,17 @@ def cli(ctx: click.Context, config_path: str | None, json_logs: bool | None, ver
     ctx.obj = {"config_path": config_path, "console": console}
 
 
+@click.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the shell's completion script (bash: eval "$(ffswarm completion bash)" in ~/.bashrc)."""
+    from click.shell_completion import get_completion_class
+
+    script = get_completion_class(shell)
+    assert script is not None  # click knows the three shells the argument allows
+    click.echo(script(cli, {}, "ffswarm", "_FFSWARM_COMPLETE").source(), nl=False)
+
+
 # Every command, added here and nowhere else (`ffswarm --help` lists them by name).
 cli.add_command(jobs.submit)
 cli.add_command(jobs.resume)
@@ -87,6 +98,7 @@ cli.add_command(ops.nodes)
 cli.add_command(ops.doctor)
 cli.add_command(models.models)
 cli.add_command(api.api)
+cli.add_command(completion)
 
 
 def main() -> None:

@@ -175,6 +175,14 @@ def test_completion_script_for_each_shell(shell: str, words: str) -> None:
     assert words in result.output
 
 
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_the_completion_command_prints_the_same_script(shell: str) -> None:
+    by_env = CliRunner().invoke(cli, [], prog_name="ffswarm", env={"_FFSWARM_COMPLETE": f"{shell}_source"})
+    result = CliRunner().invoke(cli, ["completion", shell], prog_name="ffswarm")
+    assert result.exit_code == 0
+    assert result.output == by_env.output
+
+
 def test_completion_completes_command_names() -> None:
     env = {"_FFSWARM_COMPLETE": "bash_complete", "COMP_WORDS": "ffswarm st", "COMP_CWORD": "1"}
     result = CliRunner().invoke(cli, [], prog_name="ffswarm", env=env)
