@@ -97,24 +97,29 @@ def _ids(path: Path, data: dict[str, Any], key: str) -> tuple[int, int] | None:
     return int(ids.group(1)), int(ids.group(2))
 
 
+def user_config_file() -> Path:
+    """The user's own config file: ``$XDG_CONFIG_HOME/ffswarm/config.yaml``, else
+    ``~/.config/ffswarm/config.yaml`` (the XDG base directory spec: an empty or relative
+    ``XDG_CONFIG_HOME`` counts as unset)."""
+    xdg = os.environ.get("XDG_CONFIG_HOME", "")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".config"
+    return base / "ffswarm" / "config.yaml"
+
+
+SEARCH_ORDER = "--config, $FFSWARM_CONFIG, ./ffswarm.yaml, $XDG_CONFIG_HOME/ffswarm/config.yaml (~/.config/ffswarm/)"
+
+
 def find_config(explicit: str | None) -> Path:
-    candidates = (
-        [explicit]
-        if explicit
-        else [
-            os.environ.get("FFSWARM_CONFIG"),
-            "ffswarm.yaml",
-            str(Path.home() / ".config" / "ffswarm" / "config.yaml"),
-        ]
-    )
+    """The config file: ``explicit`` (--config) alone when given, else the first that exists of
+    ``$FFSWARM_CONFIG``, ``./ffswarm.yaml`` and the user's own (user_config_file)."""
+    candidates = [explicit] if explicit else [os.environ.get("FFSWARM_CONFIG"), "ffswarm.yaml", str(user_config_file())]
     for c in candidates:
         if c and Path(c).is_file():
             return Path(c)
     if explicit:
         raise ConfigError(f"config file {explicit} does not exist")
     raise ConfigError(
-        "no ffswarm config found (--config, $FFSWARM_CONFIG, ./ffswarm.yaml, ~/.config/ffswarm/config.yaml); "
-        "scripts/dev-swarm.sh writes one for a local dev swarm"
+        f"no ffswarm config found ({SEARCH_ORDER}); scripts/dev-swarm.sh writes one for a local dev swarm"
     )
 
 

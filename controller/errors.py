@@ -53,3 +53,10 @@ class InternalError(FfswarmError):
 
 class Interrupted(FfswarmError):
     exit_code = 130
+
+
+class MissingExtra(FfswarmError):
+    """A command needs an optional part of ffswarm that is not installed (EX_UNAVAILABLE, like a
+    Swarm that is not there); the message names the extra and the pip command that adds it."""
+
+    exit_code = 69

@@ -18,6 +18,8 @@ from controller.settings.fields import FieldError
 @click.pass_context
 def api(ctx: click.Context, listen: str | None) -> None:
     """Serve the HTTP API for tenants (docs/api.md); jobs it accepts go to the inbox `serve` watches."""
+    from controller.api.app import serve  # first: without the "api" extra, that is all there is to say
+
     config = context.config(ctx)
     try:
         host, port = parse_listen(listen or config.api.listen, "--listen")
@@ -25,7 +27,5 @@ def api(ctx: click.Context, listen: str | None) -> None:
         raise UsageError(str(e)) from None
     if not config.tenants:
         raise UsageError(f"{config.path}: no tenants: add a tenants: section (docs/api.md#config)")
-    from controller.api.app import serve
-
     click.echo(f"ffswarm api: serving {len(config.tenants)} tenant(s) on http://{host}:{port}", err=True)
     serve(config, host, port)
