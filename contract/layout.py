@@ -13,7 +13,7 @@ spelled twice. Every file has one writer (docs/architecture.md, "The controller/
 ``job.yaml``, ``plan.json``           controller, at the first submit
 ``job.sha256``                        controller, at the first submit: the job file's digest
 ``owner``                             controller (`serve`), for API jobs: the tenant that owns it
-``packed``                            controller (`serve`): a packed job's pack (controller/run/packs.py)
+``packed``                            controller (`serve`): a packed job's pack (controller/serve/packs.py)
 ``members.json``                      controller (`serve`), in a pack's folder: its jobs and their items
 ``chunks/<chunk>.json``               controller: the chunk manifest (contract/manifest.py)
 ``control.json``                      ``ffswarm scale`` / ``cancel``
@@ -51,7 +51,7 @@ P = TypeVar("P", bound=PurePath)
 
 RUNS = "runs"  # under the data root: one folder per job id
 MODELS = "models"  # under the data root: one folder per model pack (contract/pack.py)
-INBOX = "inbox"  # under the data root: job files handed to `serve` (controller/run/serve.py)
+INBOX = "inbox"  # under the data root: job files handed to `serve` (controller/serve/daemon.py)
 TENANTS = "tenants"  # under the data root: the API's tenants' areas, and their job records in .jobs/
 RECORDS = ".jobs"  # under tenants/: one folder of job records per tenant (controller/job/owners.py)
 RESERVED = (RUNS, MODELS, INBOX, TENANTS)  # the data root's top folders that are ffswarm's, never outputs

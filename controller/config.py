@@ -55,7 +55,7 @@ class Config:
     tenants: Mapping[str, Tenant] = field(default_factory=dict)  # who may use the API (docs/api.md#config)
     packing: PackingSettings = field(
         default_factory=PackingSettings
-    )  # `serve` packs small jobs (controller/run/packing.py)
+    )  # `serve` packs small jobs (controller/serve/packing.py)
     storage: StorageSettings = field(default_factory=StorageSettings)  # s3:// inputs and outputs (docs/storage.md)
 
     def runner_uid_gid(self) -> str:

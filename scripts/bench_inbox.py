@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from controller.run.inbox import JOB_SUFFIXES, SETTLE_SECONDS, Inbox  # noqa: E402
+from controller.serve.inbox import JOB_SUFFIXES, SETTLE_SECONDS, Inbox  # noqa: E402
 
 MAX_FILES = 200_000
 FREE = 4  # job slots free: serve asks for the oldest this many

@@ -51,11 +51,13 @@ sys.path.insert(0, str(REPO))
 from contract.results import ItemResult, ItemStatus  # noqa: E402
 from controller.api.app import make_app  # noqa: E402
 from controller.config import Config  # noqa: E402
-from controller.run import packs, serve_jobs, usecase  # noqa: E402
-from controller.run.inbox import Inbox  # noqa: E402
+from controller.run import usecase  # noqa: E402
 from controller.run.jobs import owner  # noqa: E402
-from controller.run.packing import Member, Packer  # noqa: E402
 from controller.run.rundir import Control, RunDir  # noqa: E402
+from controller.serve import jobs as serve_jobs  # noqa: E402
+from controller.serve import packs  # noqa: E402
+from controller.serve.inbox import Inbox  # noqa: E402
+from controller.serve.packing import Member, Packer  # noqa: E402
 from controller.settings.packing import PackingSettings  # noqa: E402
 from controller.swarm.backend import SwarmBackend  # noqa: E402
 from tests.builders import JPEG, KEYS, beat, make_config  # noqa: E402

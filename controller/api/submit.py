@@ -35,10 +35,10 @@ from controller.config import Config
 from controller.errors import FfswarmError, JobFileError
 from controller.job import remote
 from controller.job.files import JobFileErrors, parse_job, parse_job_text
+from controller.job.pack_checks import check_pack
 from controller.job.resolve import resolve_job
 from controller.job.spec import JobSpec
 from controller.run import handover
-from controller.run.pack_checks import check_pack
 from controller.storage.errors import StorageTemporaryError
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ from controller.run import usecase
 from controller.run.fold import Fold
 from controller.run.metrics import Metrics
 from controller.run.rundir import RunDir
-from controller.run.serve import Inbox, Server
+from controller.serve.daemon import Inbox, Server
 from controller.swarm import render as render_mod
 from controller.swarm.admin import SwarmAdmin
 from controller.swarm.docker import DockerSwarm
@@ -57,7 +57,7 @@ _NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 def run_tenant(config: Config, job: str) -> str | None:
     """The tenant whose API job ``job``'s run folder is: the ``owner`` `serve` wrote there
-    (controller/run/serve_jobs.py record_owner), when the run folder and that file are the
+    (controller/serve/jobs.py record_owner), when the run folder and that file are the
     controller's own (reached without links; owned by root or the controller, never the runner;
     writable by no one else; the file a regular one with one link) and it names a configured tenant.
     None otherwise: the job renders as a CLI job, whose outputs may not enter ``tenants/``."""

@@ -15,16 +15,22 @@ import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from contract.layout import RunLayout, parse_results_name, results_name
 from contract.results import read_results
 from controller.run.failures import ChunkState, FailureClass
-from controller.run.shares import Share
 from controller.swarm.backend import NodeState
 from controller.volume import UnsafePath, Volume
 
 EventSink = Callable[..., None]
+
+
+class Share(Protocol):
+    """A job's seat in a GPU share book (under `serve`: controller/serve/shares.py): how many chunks
+    it may have running now, given what it asked for, wants and has. The use case only asks it."""
+
+    def limit(self, asked: int, want: int, running: int) -> int: ...
 
 
 @dataclass
@@ -211,7 +217,7 @@ class Policy:
     backoff_max: float = 30.0
     max_node_losses: int = 10
     engine_outage: float = 120.0  # how long the watch waits for an engine that stopped answering
-    share: Share | None = None  # under `serve`: the job's seat in the GPU share book (controller/run/shares.py)
+    share: Share | None = None  # under `serve`: the job's seat in the GPU share book (controller/serve/shares.py)
 
     def limit(self, asked: int, waiting: int, running: int) -> int:
         """Chunks the job may have running now: what it asked for (`scale`), within its GPU share."""

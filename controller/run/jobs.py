@@ -29,11 +29,11 @@ from controller.errors import FfswarmError, JobFileError, MissingInputError, Usa
 from controller.job import access, claims, remote, video
 from controller.job.files import parse_job_text, raise_all, read_jobs
 from controller.job.owners import area_rel
+from controller.job.pack_checks import check_pack
 from controller.job.plan import AUTO_MAX_CHUNK, ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
 from controller.job.resolve import ResolvedJob, resolve_job
 from controller.job.spec import JobSpec
 from controller.run import identity, timings
-from controller.run.pack_checks import check_pack
 from controller.run.rundir import Control, RunDir, next_job_id
 from controller.settings.fields import FieldError
 from controller.swarm.backend import SwarmBackend
@@ -56,9 +56,9 @@ class PreparedJob:
     job_id: str
     folders: tuple[str, ...] = ()  # output folders to create for the runner (access.check_job)
     # No identity step: each chunk's runner embeds the people its own items use (a pack: its members'
-    # people are few per chunk, and the step's container would cost the pack seconds; packs.py)
+    # people are few per chunk, and the step's container would cost the pack seconds; controller/serve/packs.py)
     people_in_chunks: bool = False
-    linger: float = 0.0  # a pack's: its chunk services may wait this long for the next pack (lanes.py)
+    linger: float = 0.0  # a pack's: its chunk services may wait this long for the next pack (controller/serve/lanes.py)
     tenant: str | None = None  # an API job's (or a pack's) tenant: its runners see only its area
 
 

@@ -5,7 +5,7 @@ a random id per holder, a label people read), when it started, the heartbeat its
 ``interval`` seconds, and a start counter only the inbox uses. Another controller takes a lease over
 only when it has expired: ``EXPIRY`` heartbeats missed, or its holder was a process of this machine's
 boot and pid namespace that has ended. Users: controller/run/job_lease.py (``runs/<job>/lease.json``)
-and controller/run/inbox.py (``running/.<claimed>.lease``).
+and controller/serve/inbox.py (``running/.<claimed>.lease``).
 
 A lease lives on the shared volume, where a compromised runner can write, so it is read back as
 hostile input (``Record.parse``): at most ``MAX_BYTES``, every field's type and range checked, and a

@@ -113,7 +113,7 @@ class RunDir:
         self.made_folders: list[str] = []  # output folders made for this job now (undone if it is refused)
         self.stage: Stage | None = None  # what this controller is doing with the job (written to state.json)
         # False: files are written without fsyncs, the caller syncs once (hundreds of packed jobs'
-        # folders made or ended together: controller/run/packs.py)
+        # folders made or ended together: controller/serve/packs.py)
         self.durable = True
 
     def rel(self, path: Path) -> str:

@@ -27,14 +27,13 @@ from controller.job.plan import Plan
 from controller.job.spec import OnComplete
 from controller.run import control, identity, join, timings
 from controller.run import job_lease as lease
-from controller.run.chunks import ChunkRun, EventSink, Policy
+from controller.run.chunks import ChunkRun, EventSink, Policy, Share
 from controller.run.fold import Fold
 from controller.run.hooks import job_tenant, on_complete, results_link
 from controller.run.jobs import PreparedJob, SwarmFactory, open_run, owner, prepare, runner_settings, start_run
 from controller.run.jobs import output_links as jobs_links
 from controller.run.report import Report, build_report
 from controller.run.rundir import RunDir, Stage
-from controller.run.shares import Share
 from controller.run.supervisor import Supervisor
 from controller.swarm.backend import SwarmBackend, clear_containers
 
@@ -85,7 +84,7 @@ def run(
     """One prepared job start to report (`submit`, `serve`), continuing its run when the folder exists.
     The job's lease is held meanwhile: a job another controller runs is refused (exit 69). With
     `uncancel` (an explicit `submit` of the job's file), a cancelled job's remaining items run.
-    ``first``: a first try at some of its chunks under the lease (a pack's lane, controller/run/lanes.py),
+    ``first``: a first try at some of its chunks under the lease (a pack's lane, controller/serve/lanes.py),
     given the run folder and image; the chunks it returns have ended there and are not run again."""
     rundir, image = open_or_start(config, backend, job)
     with lease.held(rundir):

@@ -1,4 +1,4 @@
-"""`packing:` in the cluster config (controller/run/packing.py packs small jobs with it)."""
+"""`packing:` in the cluster config (controller/serve/packing.py packs small jobs with it)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ class PackingSettings:
     max_items: int = 0
     window: float = 1.0  # seconds a bucket stays open after its first job (longer while slots are busy)
     pack_items: int = MAX_PACK_ITEMS
-    linger: float = 0.0  # seconds a pack's chunk service waits for the next pack (controller/run/lanes.py)
+    linger: float = 0.0  # seconds a pack's chunk service waits for the next pack (controller/serve/lanes.py)
 
     @property
     def on(self) -> bool:

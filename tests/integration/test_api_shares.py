@@ -1,5 +1,5 @@
 """Two tenants' jobs share the dev swarm's 2 GPUs (observed on the swarm): a tenant with a big job
-does not keep a newcomer's small job waiting behind it (controller/run/shares.py).
+does not keep a newcomer's small job waiting behind it (controller/serve/shares.py).
 
 Equal weights on 2 GPUs give one GPU each; how weights split more GPUs (3:1 of 4, quotas, chunks of
 two GPUs) is proven on the share book itself (tests/unit/test_gpu_shares.py): the dev swarm has two.

@@ -20,12 +20,13 @@ from controller.api.settings import ApiSettings
 from controller.config import Config
 from controller.job.spec import OnComplete
 from controller.policy import Policy
-from controller.run import job_lease, serve, usecase
+from controller.run import job_lease, usecase
 from controller.run.fold import Fold
 from controller.run.hooks import DELIVERED, on_complete, results_link
-from controller.run.inbox import Inbox
 from controller.run.jobs import start_run
 from controller.run.rundir import RunDir, Stage
+from controller.serve import daemon as serve
+from controller.serve.inbox import Inbox
 from tests.builders import JPEG, Env, api_env
 from tests.unit.test_hooks import Server, loopback
 

@@ -1,12 +1,12 @@
 """`serve` shares the swarm's GPUs between running jobs by tenant weight, within quotas
-(controller/run/shares.py): what each job's supervisor is allowed to run, round by round."""
+(controller/serve/shares.py): what each job's supervisor is allowed to run, round by round."""
 
 from __future__ import annotations
 
 import threading
 
 from controller.run.chunks import Policy
-from controller.run.shares import ShareBook
+from controller.serve.shares import ShareBook
 
 
 def book(total: int | None) -> ShareBook:

@@ -19,7 +19,7 @@ from controller.run import handover
 from controller.run.handover import HEARTBEAT_DIR, Heartbeat, HeartbeatFile, hand_over, serving
 from controller.run.jobs import PreparedJob, prepare
 from controller.run.metrics import Metrics
-from controller.run.serve import Inbox, Outcome, Server
+from controller.serve.daemon import Inbox, Outcome, Server
 from tests import builders
 
 

@@ -47,9 +47,8 @@ KNOWN_TWO_WAY = {
     # and the API's settings to leaves below both.
     frozenset({"controller.api", "controller.run"}): "run/hooks.py → api/links.py, api/settings.py",
 }
-# Where DockerSwarm may be built: the CLI (the composition root) and the serve daemon, which lives in
-# controller/run/serve*.py until it moves to controller/serve/.
-SWARM_BUILDERS = ("controller.cli", "controller.serve", "controller.run.serve", "controller.run.serve_jobs")
+# Where DockerSwarm may be built: the CLI (the composition root) and the serve daemon (controller/serve/).
+SWARM_BUILDERS = ("controller.cli", "controller.serve")
 
 
 @dataclass(frozen=True)
@@ -302,6 +301,7 @@ def test_the_graph_sees_real_imports() -> None:
     assert "controller.run.supervisor" in g["controller.run.usecase"]  # from controller.run.supervisor import …
     assert "controller.run.join" in g["controller.run.usecase"]  # from controller.run import join
     assert "controller.job" in g["controller.run.jobs"]  # runs controller/job/__init__.py on the way
+    assert "controller.run.usecase" in g["controller.serve.jobs"]  # serve runs jobs through the use case
     assert "controller.cli.main" in g["controller.cli"]  # a package's own __init__ importing its module
     assert "controller.cli" not in g["controller.cli.jobs"]  # … is not an edge back from inside it
     assert "contract.manifest" in g["contract.identity"]

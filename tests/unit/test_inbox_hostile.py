@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from controller.config import Config, parse_config
-from controller.run.inbox import Inbox
 from controller.run.lease import Owner, Record
 from controller.run.metrics import Metrics
-from controller.run.serve import Outcome, Server
+from controller.serve.daemon import Outcome, Server
+from controller.serve.inbox import Inbox
 
 SECRET = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"
 
@@ -228,7 +228,8 @@ def test_serve_leaves_a_live_controllers_running_file_alone_and_fails_a_symlink(
 
 
 def test_serve_never_writes_a_traceback_into_a_reason(tmp_path: Path) -> None:
-    from controller.run import serve, usecase
+    from controller.run import usecase
+    from controller.serve import daemon as serve
 
     inbox = _inbox(tmp_path)
     job = inbox.path / "a.yaml"

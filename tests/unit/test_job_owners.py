@@ -16,9 +16,10 @@ from controller.api.area import Area
 from controller.config import Config
 from controller.errors import JobFileError
 from controller.job import owners
-from controller.run import serve, usecase
-from controller.run.inbox import Inbox
+from controller.run import usecase
 from controller.run.rundir import RunDir
+from controller.serve import daemon as serve
+from controller.serve.inbox import Inbox
 from tests.builders import JPEG, beat, make_config
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand files to another uid")

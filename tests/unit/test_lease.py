@@ -15,8 +15,8 @@ import pytest
 
 from controller.run import job_lease
 from controller.run import lease as leases
-from controller.run.inbox import Inbox
 from controller.run.lease import Owner, Record
+from controller.serve.inbox import Inbox
 from tests.unit.test_job_life import run_folder
 
 TAKERS = 8

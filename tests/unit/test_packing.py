@@ -1,4 +1,4 @@
-"""Packing small jobs (controller/run/packing.py, packs.py): which jobs pack together, when a pack is
+"""Packing small jobs (controller/serve/packing.py, packs.py): which jobs pack together, when a pack is
 launched, and the pack a set of jobs becomes. The pack running on the swarm, each job keeping its own
 status, report and outputs: tests/integration/test_api_packing.py."""
 
@@ -11,9 +11,10 @@ import pytest
 
 from controller.config import Config
 from controller.job.files import parse_job_text
-from controller.run import packs, usecase
+from controller.run import usecase
 from controller.run.jobs import PreparedJob
-from controller.run.packing import Member, Packer, pack_key, width
+from controller.serve import packs
+from controller.serve.packing import Member, Packer, pack_key, width
 from controller.settings.fields import FieldError
 from controller.settings.packing import PackingSettings, parse_packing
 from tests.builders import JPEG, make_config
@@ -170,7 +171,7 @@ def test_every_job_file_key_is_either_shared_by_a_pack_or_a_jobs_own() -> None:
     from dataclasses import fields
 
     from controller.job.spec import JobSpec
-    from controller.run.packing import NOT_SHARED, SHARED_KEYS
+    from controller.serve.packing import NOT_SHARED, SHARED_KEYS
 
     names = {f.name for f in fields(JobSpec)}
     assert set(SHARED_KEYS) | set(NOT_SHARED) == names and not set(SHARED_KEYS) & set(NOT_SHARED)
@@ -186,10 +187,10 @@ def test_jobs_with_different_selectors_are_not_packed_together(tmp_path: Path) -
 
 
 def test_a_lane_is_handed_only_a_pack_of_its_kind_while_its_runner_still_waits(tmp_path: Path) -> None:
-    """controller/run/lanes.py's book of idle lanes: by pack key, within the runner's linger (less a
+    """controller/serve/lanes.py's book of idle lanes: by pack key, within the runner's linger (less a
     margin), never older than the pack's chunk timeout; expired ones are given up."""
-    from controller.run.lanes import MARGIN, Lane, Lanes
     from controller.run.rundir import RunDir
+    from controller.serve.lanes import MARGIN, Lane, Lanes
 
     now = [100.0]
     lanes = Lanes(lambda: None, linger=30.0, clock=lambda: now[0])  # type: ignore[arg-type,return-value]
@@ -230,8 +231,8 @@ def test_a_pack_with_linger_tells_its_chunk_runners_to_wait_on_their_hand_off_fi
 def test_a_new_lane_starts_only_where_a_gpu_is_not_held_by_another_lane(tmp_path: Path) -> None:
     """Lanes hold their GPUs while they wait: a new one would sit pending behind them. So with every GPU
     held by a lane, a pack waits for one of its kind to be idle, or retires an idle one of another kind."""
-    from controller.run.lanes import Lane, Lanes
     from controller.run.rundir import RunDir
+    from controller.serve.lanes import Lane, Lanes
 
     class Removed:  # what the book asks of the swarm here: removing a retired lane's service
         def __init__(self) -> None:

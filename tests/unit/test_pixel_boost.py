@@ -417,7 +417,7 @@ def test_the_packs_own_model_or_none_recorded_is_accepted_and_the_settings_reach
 
 def test_jobs_with_other_face_swapper_settings_do_not_pack_together(tmp_path: Path) -> None:
     from controller.job.files import parse_job_text
-    from controller.run.packing import pack_key
+    from controller.serve.packing import pack_key
     from tests.builders import JPEG
     from tests.unit.test_packing import ON, _job
 

@@ -18,10 +18,11 @@ from controller.api.area import Area
 from controller.cli import ops
 from controller.config import Config
 from controller.errors import JobFileError
-from controller.run import serve, usecase
-from controller.run.inbox import Inbox
+from controller.run import usecase
 from controller.run.jobs import start_run
 from controller.run.rundir import RunDir
+from controller.serve import daemon as serve
+from controller.serve.inbox import Inbox
 from controller.swarm.render import render_runner_stack
 from controller.swarm.servicespec import LABEL_JOB
 from tests.builders import JPEG, beat, make_config

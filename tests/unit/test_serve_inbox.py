@@ -9,7 +9,7 @@ from pathlib import Path
 
 from controller.config import Config, parse_config
 from controller.run.metrics import Metrics
-from controller.run.serve import Inbox, Outcome, Server
+from controller.serve.daemon import Inbox, Outcome, Server
 
 
 def serve_once(tmp_path: Path, outcome: Outcome) -> tuple[Inbox, list[Path]]:

@@ -13,7 +13,7 @@ from controller.cli import ops
 from controller.config import Config, parse_config
 from controller.run import timings
 from controller.run.metrics import Metrics
-from controller.run.serve import MAX_STARTS, Inbox, Outcome, Server
+from controller.serve.daemon import MAX_STARTS, Inbox, Outcome, Server
 
 GOOD = {"cold_start_s": 4.0, "item_s": 0.5, "job": "j", "measured_at": 1.0}
 

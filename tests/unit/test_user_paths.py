@@ -17,12 +17,14 @@ from controller.config import Config, parse_config
 from controller.errors import MissingInputError
 from controller.job.paths import relative_text
 from controller.job.plan import TargetRef, make_plan
-from controller.run import serve, serve_jobs, usecase
+from controller.run import usecase
 from controller.run.chunks import ChunkRun
 from controller.run.failures import ChunkState, last_words
 from controller.run.metrics import Metrics
 from controller.run.report import build_report
 from controller.run.rundir import Control, RunDir
+from controller.serve import daemon as serve
+from controller.serve import jobs as serve_jobs
 
 
 def test_user_path_is_relative_to_the_data_root() -> None:

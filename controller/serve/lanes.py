@@ -34,7 +34,7 @@ from controller.errors import EngineUnavailable, FfswarmError
 from controller.run.attempts import read_record
 from controller.run.chunks import create_results_file
 from controller.run.rundir import RunDir
-from controller.run.shares import Share
+from controller.serve.shares import Share
 from controller.swarm.backend import ENDED, LOST_STATES, PENDING_STATES, SwarmBackend
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, RunnerSettings, chunk_service

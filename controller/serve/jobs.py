@@ -1,10 +1,10 @@
-"""How `serve` runs one job file, or a pack of small ones (controller/run/serve.py is the inbox loop).
+"""How `serve` runs one job file, or a pack of small ones (controller/serve/daemon.py is the inbox loop).
 
 A file the HTTP API handed over (controller/api/submit.py) is a tenant's job when the API's owner
 record claims it for exactly the bytes claimed (controller/job/owners.py): it is resolved inside
 that tenant's area alone, and its run folder records ``owner``. Any other file is a CLI job, whose
-outputs never enter ``tenants/``. Jobs share the swarm's GPUs by tenant weight (controller/run/shares.py);
-small ones may be packed together (controller/run/packing.py, packs.py).
+outputs never enter ``tenants/``. Jobs share the swarm's GPUs by tenant weight (controller/serve/shares.py);
+small ones may be packed together (controller/serve/packing.py, packs.py).
 """
 
 from __future__ import annotations
@@ -24,15 +24,16 @@ from controller.errors import CapacityError, FfswarmError, JobFileError
 from controller.job import owners
 from controller.job.paths import relative_text
 from controller.redact import printable
-from controller.run import job_lease, packs, usecase
-from controller.run.inbox import original_name
-from controller.run.lanes import Lanes
+from controller.run import job_lease, usecase
 from controller.run.metrics import Metrics
-from controller.run.packing import Member, Packer
 from controller.run.report import Report, summary
 from controller.run.rundir import RunDir, read_nofollow
-from controller.run.shares import Share, ShareBook
 from controller.run.usecase import SinkFactory
+from controller.serve import packs
+from controller.serve.inbox import original_name
+from controller.serve.lanes import Lanes
+from controller.serve.packing import Member, Packer
+from controller.serve.shares import Share, ShareBook
 from controller.swarm.docker import DockerSwarm
 
 MAX_REASON_CHARS = 20_000
@@ -48,7 +49,7 @@ class Outcome:
     ok: bool
     reason: str | None
     retry: bool = False  # the swarm could not take the job now (exit 69): try again later, not failed/
-    packed: bool = False  # held for a pack: the packer has the file now (controller/run/packing.py)
+    packed: bool = False  # held for a pack: the packer has the file now (controller/serve/packing.py)
     delay: float | None = None  # with retry: seconds before it is looked at again (None: the server's)
 
 
@@ -71,7 +72,7 @@ def run_job_file(
     """One job file, start to report, as `ffswarm submit FILE` would run it (continuing its run).
     The reason names paths relative to the data root (inbox/running/NAME.yaml, hidden/in/a.jpg), as
     whoever dropped the file knows them: neither this host's data root nor the container's /data.
-    ``book``: the GPU share book of the jobs this `serve` runs at once (controller/run/shares.py)."""
+    ``book``: the GPU share book of the jobs this `serve` runs at once (controller/serve/shares.py)."""
     return _shown(config, _run_job_file(config, path, metrics, running or Running(book)))
 
 

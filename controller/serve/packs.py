@@ -1,4 +1,4 @@
-"""A pack: small jobs run together as one pairs job, each job still its own (controller/run/packing.py).
+"""A pack: small jobs run together as one pairs job, each job still its own (controller/serve/packing.py).
 
 The pack is an ordinary job with its own run folder (``runs/pack-<id>/``): a pairs job whose every
 target swaps in its own job's person and writes its own job's output, planned, retried and resumed
@@ -44,12 +44,12 @@ from controller.run.chunks import ChunkRun
 from controller.run.failures import ChunkState
 from controller.run.fold import Fold
 from controller.run.jobs import PreparedJob, open_run, owner, runner_settings
-from controller.run.lanes import Lanes
-from controller.run.packing import Member, pack_key
 from controller.run.report import Report, build_report
 from controller.run.rundir import Control, RunDir, Stage, read_nofollow
-from controller.run.shares import Share
 from controller.run.usecase import SinkFactory
+from controller.serve.lanes import Lanes
+from controller.serve.packing import Member, pack_key
+from controller.serve.shares import Share
 from controller.swarm.backend import SwarmBackend
 
 # Keys of a job file that are each job's own, never the pack's
@@ -313,7 +313,7 @@ def start(
     runner = PackRun(config, backend, pack, jobs)
 
     def in_lane(rundir: RunDir, image: str) -> tuple[str, ...]:
-        """A first try in a lingering service (controller/run/lanes.py), under the pack's lease."""
+        """A first try in a lingering service (controller/serve/lanes.py), under the pack's lease."""
         assert lanes is not None
         key = pack_key(members[0].job, config.packing, config.image) or ""
         settings = runner_settings(config, prepared, image)

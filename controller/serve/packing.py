@@ -4,7 +4,7 @@ A platform's typical request is one selfie onto one photo. Run alone, each pays 
 chunk service, a container start and a model load for one photo (0.96 jobs/s measured on ae3bc90,
 against 30–45 photos/s of the runner in process). `serve` therefore holds a small job for a moment
 (``packing.window``) and runs it together with the others that arrived meanwhile and agree on
-everything the runner loads and every rule an item follows: one *pack* job (controller/run/packs.py),
+everything the runner loads and every rule an item follows: one *pack* job (controller/serve/packs.py),
 a pairs job whose every target keeps its own job's person, output and result, while each job keeps
 its own run folder, status, events, report, webhook and inbox file.
 

@@ -6,10 +6,11 @@ shared volume (`<data_root>/inbox/`), so any manager can take over. A file moves
     inbox/NAME.yaml → inbox/running/NAME.<uuid>.yaml → inbox/done/NAME.yaml
                                                      ↘ inbox/failed/NAME.yaml + NAME.yaml.reason.txt
 
-The inbox is read as a hostile folder (controller/run/inbox.py): only regular files are taken, a
+The inbox is read as a hostile folder (controller/serve/inbox.py): only regular files are taken, a
 claim never replaces a file, and each claim carries a lease this controller renews with its
-heartbeat. While it serves, the controller also rewrites a heartbeat beside the inbox (handover.py),
-so that `ffswarm submit --detach` knows someone will run the file it drops there.
+heartbeat. While it serves, the controller also rewrites a heartbeat beside the inbox
+(controller/run/handover.py), so that `ffswarm submit --detach` knows someone will run the file it
+drops there.
 
 A file the HTTP API handed over (controller/api/submit.py) is a tenant's job when the API's owner
 record claims it for exactly the bytes claimed (controller/job/owners.py): it is resolved inside
@@ -18,8 +19,8 @@ outputs never enter ``tenants/``.
 
 The controller keeps no state of its own: a file in running/ whose lease has expired (its controller
 is gone) is taken over and submitted again, and submitting a job whose run folder exists continues
-it (jobs.py): committed items are not redone and chunk services that are still alive are adopted by
-their labels. A live controller's files are never taken over.
+it (controller/run/jobs.py): committed items are not redone and chunk services that are still alive
+are adopted by their labels. A live controller's files are never taken over.
 """
 
 from __future__ import annotations
@@ -35,11 +36,9 @@ from controller import log
 from controller.config import Config
 from controller.errors import FfswarmError
 from controller.run.handover import HEARTBEAT_SECONDS, HeartbeatFile, live_owners
-from controller.run.inbox import JOB_SUFFIXES, SETTLE_SECONDS, Inbox
-from controller.run.lanes import Lanes
 from controller.run.metrics import Metrics
-from controller.run.packing import Member, Packer, width
-from controller.run.serve_jobs import (
+from controller.serve.inbox import JOB_SUFFIXES, SETTLE_SECONDS, Inbox
+from controller.serve.jobs import (
     Outcome,
     Running,
     SwarmGpus,
@@ -48,7 +47,9 @@ from controller.run.serve_jobs import (
     run_job_file,
     run_pack,
 )
-from controller.run.shares import ShareBook
+from controller.serve.lanes import Lanes
+from controller.serve.packing import Member, Packer, width
+from controller.serve.shares import ShareBook
 from controller.swarm.docker import DockerSwarm
 
 __all__ = [
@@ -96,12 +97,12 @@ class Server:
         self.metrics = metrics
         self.concurrent_jobs = concurrent_jobs
         self.poll = poll
-        # GPU slots shared between the jobs running at once, by tenant weight (controller/run/shares.py)
+        # GPU slots shared between the jobs running at once, by tenant weight (controller/serve/shares.py)
         self.book = ShareBook(SwarmGpus(config))
-        # Small jobs packed into shared chunk services (controller/run/packing.py): then a job slot is
+        # Small jobs packed into shared chunk services (controller/serve/packing.py): then a job slot is
         # taken by a job that runs alone or by a pack, and files are read ahead of the slots.
         self.packer = Packer(config.packing, config.image) if config.packing.on else None
-        # packing.linger: packs' chunk services wait for the next pack (controller/run/lanes.py)
+        # packing.linger: packs' chunk services wait for the next pack (controller/serve/lanes.py)
         linger = config.packing.linger if self.packer else 0.0
         self.lanes: Lanes | None = None
         self.slots = threading.Semaphore(concurrent_jobs) if self.packer else None
