@@ -98,17 +98,24 @@ class Api:
                 raise ApiError(400, "bad_request", "the body is not JSON") from None
             accepted = await asyncio.to_thread(submit.submit_json, self.config, tenant, area, data, self.objects)
         else:
-            await asyncio.to_thread(quota.check_quota, self.config, tenant, area)
-            name = "job"
-            job = await asyncio.to_thread(submit.fresh_id, area, name)
-            with Staging(self.config.data_root, tenant.name, job) as staging:  # locked until it is moved or gone
-                up = await uploads.receive(
-                    ctype, request.headers.get("content-length"), request.stream(), staging, tenant.quota.upload
-                )
-                opts = submit.options(up.job)
-                if "name" in opts:  # the id carries the name the caller chose
-                    job = await asyncio.to_thread(submit.fresh_id, area, submit._name(opts))
-                accepted = await asyncio.to_thread(submit.submit_upload, self.config, area, job, up, opts, self.objects)
+            slot = await asyncio.to_thread(quota.reserve, self.config, tenant, area)  # given back unless handed over
+            try:
+                name = "job"
+                job = await asyncio.to_thread(submit.fresh_id, area, name)
+                with Staging(self.config.data_root, tenant.name, job) as staging:  # locked until it is moved or gone
+                    up = await uploads.receive(
+                        ctype, request.headers.get("content-length"), request.stream(), staging, tenant.quota.upload
+                    )
+                    opts = submit.options(up.job)
+                    if "name" in opts:  # the id carries the name the caller chose
+                        job = await asyncio.to_thread(submit.fresh_id, area, submit._name(opts))
+                    await asyncio.to_thread(slot.bind, job)
+                    accepted = await asyncio.to_thread(
+                        submit.submit_upload, self.config, area, job, up, opts, self.objects
+                    )
+                await asyncio.to_thread(slot.commit)
+            finally:
+                await asyncio.to_thread(slot.release)  # a no-op once committed
         base = f"/v1/jobs/{accepted.job}"
         body_out: dict[str, Any] = {"id": accepted.job, "status_url": base, "events_url": f"{base}/events"}
         if accepted.notes:

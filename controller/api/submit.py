@@ -27,7 +27,7 @@ from controller.api import quota
 from controller.api.area import Area, new_job_id, tree_bytes
 from controller.api.errors import ApiError
 from controller.api.objects import Objects
-from controller.api.quota import RETRY_AFTER, check_quota
+from controller.api.quota import RETRY_AFTER
 from controller.api.settings import Tenant
 from controller.api.unzip import Unpacked, ZipLimits, unpack
 from controller.api.uploads import Upload
@@ -163,11 +163,14 @@ def default_output(area: Area, data: Mapping[str, Any], job: str) -> str:
 def submit_json(config: Config, tenant: Tenant, area: Area, data: object, objects: Objects | None = None) -> Accepted:
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_job", "the body must be a JSON object of job fields")
-    check_quota(config, tenant, area)
-    job = fresh_id(area, _name(data))
-    fields = {**data, "name": job}
-    fields.setdefault("output", default_output(area, data, job))
-    hand_over(config, area, job, validate(config, area, fields, job, objects), uploads=False)
+    with quota.reserve(config, tenant, area) as slot:  # given back unless the job is handed over
+        job = fresh_id(area, _name(data))
+        fields = {**data, "name": job}
+        fields.setdefault("output", default_output(area, data, job))
+        text = validate(config, area, fields, job, objects)
+        slot.bind(job)  # before the inbox: the job's end (which may come at once) finds its slot
+        hand_over(config, area, job, text, uploads=False)
+        slot.commit()
     return Accepted(job)
 
 
