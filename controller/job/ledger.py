@@ -323,6 +323,9 @@ class Reservation:
             return
         if self.bytes or kept:
             self.release_bytes(self.bytes, kept)
+        if self.name.startswith(_PENDING):  # never bound to a job: nothing would give the slot back
+            self.release()
+            return
         self._close()
 
     def release(self) -> None:
