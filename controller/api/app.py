@@ -24,6 +24,7 @@ from controller.api import usage as api_usage
 from controller.api.area import Area, run_owner
 from controller.api.auth import Authenticator, JwtVerifier, read_key_file
 from controller.api.errors import ApiError, not_found
+from controller.api.fairness import Fairness
 from controller.api.metrics import ApiMetrics
 from controller.api.openapi import document
 from controller.api.settings import Tenant
@@ -44,6 +45,7 @@ class Api:
         key = config.api.signing_key_file
         self.signing_key = read_key_file(key, "api.signing_key_file").strip() if key else None
         self.objects = objects.Objects(config.storage.s3)  # the store, for tenants with an s3 area
+        self.fairness = Fairness()  # each tenant's request rate and requests in flight (controller/api/fairness.py)
         self.log = log.get(component="api")
 
     def area(self, tenant: Tenant) -> Area:
@@ -52,7 +54,8 @@ class Api:
         return area
 
     def tenant(self, request: Request) -> Tenant:
-        return self.auth.tenant(request.headers.get("authorization"))
+        known = getattr(request.state, "tenant", None)  # found by the fairness gate already
+        return known if isinstance(known, Tenant) else self.auth.tenant(request.headers.get("authorization"))
 
     def sweep(self) -> None:
         """Uploads whose receiving process is gone (``uploads/.incoming-*`` with no live lock, any
@@ -238,7 +241,7 @@ def make_app(config: Config) -> Starlette:
     api.sweep()
 
     def g(handler: Handler) -> Handler:
-        return _guard(handler, api.log)
+        return _guard(api.fairness.wrap(handler, api.auth), api.log)  # a tenant's limits before its body is read
 
     routes = [
         Route("/v1/jobs", g(api.post_job_once), methods=["POST"]),

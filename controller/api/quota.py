@@ -19,6 +19,7 @@ added from the ledger.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -67,7 +68,7 @@ class QuotaBook:
             with ledger.transaction() as tx:
                 now = self.clock()
                 counts = tx.counts
-                if counts is None:  # the first time, or a torn file: built from the tenant's records
+                if counts is None or counts.counted_at == -math.inf:  # new or torn: built from the records
                     alive = still_queued(config, _records(area)[0])
                     counts = ledger.recount(tx, alive.intersection, now, also=alive)
                 elif counts.jobs >= quota.jobs_queued or now - counts.counted_at >= RECOUNT_SECONDS:

@@ -247,3 +247,15 @@ def test_a_submit_costs_the_same_with_10_or_200_jobs_queued(tmp_path: Path, monk
             n += 1
             cost[queued] = calls()
     assert cost[10] == cost[200] and cost[10] < 40, cost
+
+
+def test_jobs_queued_before_the_ledger_existed_count_from_the_first_submit(setup: tuple[Config, Area]) -> None:
+    config, area = setup
+    for n in range(QUOTA):  # an API without the ledger accepted these: records and inbox files only
+        area.write_record(f"old{n}-abcdefgh", uploads=False)
+        (config.data_root / "inbox" / f"old{n}-abcdefgh.yaml").write_text("x")
+    book = QuotaBook()
+    assert book.stored(area, 10**9) == 0  # a budget read first makes the ledger, counting nothing yet
+    with pytest.raises(ApiError) as e:
+        book.reserve(config, config.tenants["acme"], area)
+    assert e.value.status == 429 and f"{QUOTA} jobs are not finished" in e.value.message
