@@ -92,6 +92,13 @@ class Api:
     async def post_job(self, request: Request) -> Response:
         tenant = self.tenant(request)
         area = await asyncio.to_thread(self.area, tenant)
+        slot = await asyncio.to_thread(quota.reserve, self.config, tenant, area)  # 429 when full
+        try:
+            return await self._post_job(request, tenant, area, slot)
+        finally:
+            await asyncio.to_thread(slot.release)  # the slot given back unless the job was handed over
+
+    async def _post_job(self, request: Request, tenant: Tenant, area: Area, slot: quota.Reservation) -> Response:
         ctype = request.headers.get("content-type", "")
         if ctype.split(";")[0].strip().lower() == "application/json":
             body = await _capped_body(request, MAX_JSON)
@@ -99,26 +106,20 @@ class Api:
                 data = json.loads(body)
             except ValueError:
                 raise ApiError(400, "bad_request", "the body is not JSON") from None
-            accepted = await asyncio.to_thread(submit.submit_json, self.config, tenant, area, data, self.objects)
+            accepted = await asyncio.to_thread(submit.submit_json, self.config, tenant, area, data, self.objects, slot)
         else:
-            slot = await asyncio.to_thread(quota.reserve, self.config, tenant, area)  # given back unless handed over
-            try:
-                name = "job"
-                job = await asyncio.to_thread(submit.fresh_id, area, name)
-                with Staging(self.config.data_root, tenant.name, job) as staging:  # locked until it is moved or gone
-                    up = await uploads.receive(
-                        ctype, request.headers.get("content-length"), request.stream(), staging, tenant.quota.upload
-                    )
-                    opts = submit.options(up.job)
-                    if "name" in opts:  # the id carries the name the caller chose
-                        job = await asyncio.to_thread(submit.fresh_id, area, submit._name(opts))
-                    await asyncio.to_thread(slot.bind, job)
-                    accepted = await asyncio.to_thread(
-                        submit.submit_upload, self.config, area, job, up, opts, self.objects
-                    )
+            name = "job"
+            job = await asyncio.to_thread(submit.fresh_id, area, name)
+            with Staging(self.config.data_root, tenant.name, job) as staging:  # locked until it is moved or gone
+                up = await uploads.receive(
+                    ctype, request.headers.get("content-length"), request.stream(), staging, tenant.quota.upload
+                )
+                opts = submit.options(up.job)
+                if "name" in opts:  # the id carries the name the caller chose
+                    job = await asyncio.to_thread(submit.fresh_id, area, submit._name(opts))
+                await asyncio.to_thread(slot.bind, job)  # before the inbox: the job's end finds its slot
+                accepted = await asyncio.to_thread(submit.submit_upload, self.config, area, job, up, opts, self.objects)
                 await asyncio.to_thread(slot.commit)
-            finally:
-                await asyncio.to_thread(slot.release)  # a no-op once committed
         base = f"/v1/jobs/{accepted.job}"
         body_out: dict[str, Any] = {"id": accepted.job, "status_url": base, "events_url": f"{base}/events"}
         if accepted.notes:
