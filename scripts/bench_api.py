@@ -162,7 +162,8 @@ def main() -> int:
         port = free_port()
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         cmd = [sys.executable, "-m", "controller.cli", "--config", str(config), "api", "--listen", f"127.0.0.1:{port}"]
-        server = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        log = open(Path(tmp) / "api.log", "wb")  # noqa: SIM115 (closed once the API has stopped)
+        server = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log)
         stop = threading.Event()
         heart = threading.Thread(target=beat_until, args=(root / "inbox", stop), daemon=True)
         heart.start()
@@ -197,6 +198,9 @@ def main() -> int:
                 tracer.wait(30)
                 with open(Path(tmp) / "strace.txt") as summary:
                     calls = syscalls(summary)
+        except BaseException:
+            print((Path(tmp) / "api.log").read_text(errors="replace")[-3000:], file=sys.stderr)  # the API's last words
+            raise
         finally:
             stop.set()
             server.terminate()
@@ -204,6 +208,7 @@ def main() -> int:
                 server.wait(10)
             except subprocess.TimeoutExpired:
                 server.kill()
+            log.close()
         inbox = root / "inbox"
         lost = [j for j in ids if not (inbox / f"{j}.yaml").is_file()]
         dupes = len(ids) - len(set(ids))
