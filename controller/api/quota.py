@@ -122,8 +122,9 @@ class QuotaBook:
         return self.ledger(area).job_ended(job)
 
     def unfinished(self, config: Config, area: Area, enough: int) -> int:
-        """The tenant's jobs not yet ended, counted from its records up to ``enough``: the full count
-        the ledger is built from, remembering jobs seen ended (only a retry runs one again)."""
+        """The tenant's jobs not yet ended, counted from all its records up to ``enough`` (remembering
+        jobs seen ended: only a retry runs one again). Not on a submit's path: a cross-check of the
+        ledger's count, by the older rule (a job ends with its done/failed file or its report)."""
         with self._lock:
             view = self._views.setdefault(area.path, _View())
         jobs, retried = _records(area)

@@ -114,12 +114,6 @@ class OverQuota(Exception):
         self.have = have
 
 
-@dataclass(frozen=True)
-class Limits:
-    jobs: int
-    stored: int
-
-
 class Ledger:
     """One tenant's ledger under a data root."""
 

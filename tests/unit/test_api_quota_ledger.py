@@ -264,3 +264,20 @@ def test_jobs_queued_before_the_ledger_existed_count_from_the_first_submit(setup
     with pytest.raises(ApiError) as e:
         book.reserve(config, config.tenants["acme"], area)
     assert e.value.status == 429 and f"{QUOTA} jobs are not finished" in e.value.message
+
+
+def test_a_refused_submit_gives_its_slot_back(tmp_path: Path) -> None:
+    config, key = make_config(tmp_path, quota={"jobs_queued": 1})
+    beat(config)
+    for url in serve_api(config):
+        env = Env(config, config.data_root, url, key)
+        with env.client() as c:
+            c.get("/v1/jobs")
+            (env.area() / "me.jpg").write_bytes(JPEG)
+            for _ in range(3):  # each refused after it took the only slot
+                bad = c.post("/v1/jobs", json={"source": "me.jpg", "targets": ["missing/*.jpg"]})
+                assert bad.status_code == 422, bad.text
+            ok = c.post("/v1/jobs", json={"source": "me.jpg", "targets": ["me.jpg"], "resources": {"gpus": 0}})
+            assert ok.status_code == 202, ok.text
+            assert c.post("/v1/jobs", json={"source": "me.jpg", "targets": ["me.jpg"]}).status_code == 429
+    assert jobs_counted(Area(config.data_root, "acme")) == 1
