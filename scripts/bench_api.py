@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """How fast `ffswarm api` takes jobs: posts N one-photo JSON jobs from C concurrent clients to a real
 `ffswarm api` (uvicorn, its own process) on loopback over a temporary data root, then prints accepted/s
-and the p50/p99 submit latency, and checks that none is lost: every 202 became its inbox file.
+and the p50/p99 submit latency, and checks that none is lost: every 202 became its inbox file. It also
+prints the API process's CPU per accepted request (its utime + stime from /proc, all threads, over the
+posting only), and with ``--strace`` the volume operations per request: strace attaches to the running
+API for the posting only (start-up imports not counted) and counts file, fsync, rename and flock calls.
 
     .venv/bin/python scripts/bench_api.py                    # 1,000 jobs, 50 clients
     .venv/bin/python scripts/bench_api.py --jobs 200 --clients 10
+    .venv/bin/python scripts/bench_api.py --strace           # + syscalls per request (slower: traced)
 
 Bounded and loopback only: 127.0.0.1, a temporary folder removed at the end, at most 20,000 jobs and
 200 clients, a deadline on the whole run. A fresh heartbeat stands for `ffswarm serve` (the API hands
@@ -18,6 +22,7 @@ import argparse
 import asyncio
 import hashlib
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -26,6 +31,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 import httpx
 import yaml
@@ -57,7 +63,8 @@ def data_root(tmp: Path) -> tuple[Path, Path]:
         "tenants": {
             TENANT: {
                 "api_keys_sha256": [hashlib.sha256(KEY.encode()).hexdigest()],
-                "quota": {"jobs_queued": 1_000_000},
+                # the bench is one tenant flooding on purpose: its fairness limits out of the way
+                "quota": {"jobs_queued": 1_000_000, "requests_per_second": 100_000, "requests_in_flight": 1000},
             }
         },
     }
@@ -112,6 +119,31 @@ async def post_all(url: str, jobs: int, clients: int) -> tuple[list[float], dict
     return latencies, codes, ids
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, all its threads (/proc/<pid>/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+VOLUME_CALLS = "trace=%file,fsync,fdatasync,rename,renameat,renameat2,flock,getdents64"
+
+
+def trace(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """strace counting the API's volume calls from now on (all threads); stopped with SIGINT."""
+    cmd = ["strace", "-f", "-c", "-e", VOLUME_CALLS, "-o", str(out), "-p", str(pid)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def syscalls(summary: IO[str]) -> dict[str, int]:
+    """{syscall: calls} from strace -c's table."""
+    counts: dict[str, int] = {}
+    for line in summary:
+        parts = line.split()
+        if len(parts) >= 5 and parts[0].replace(".", "").isdigit() and parts[-1] != "total":
+            counts[parts[-1]] = int(parts[3])
+    return counts
+
+
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
 
@@ -121,6 +153,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1000, help="jobs to post (at most 20000)")
     parser.add_argument("--clients", type=int, default=50, help="concurrent clients (at most 200)")
     parser.add_argument("--deadline", type=float, default=600, help="seconds the whole run may take")
+    parser.add_argument("--strace", action="store_true", help="count the API's volume syscalls per request")
     args = parser.parse_args()
     if not (1 <= args.jobs <= 20_000 and 1 <= args.clients <= 200):
         parser.error("--jobs is 1..20000, --clients 1..200")
@@ -129,7 +162,8 @@ def main() -> int:
         port = free_port()
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         cmd = [sys.executable, "-m", "controller.cli", "--config", str(config), "api", "--listen", f"127.0.0.1:{port}"]
-        server = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        log = open(Path(tmp) / "api.log", "wb")  # noqa: SIM115 (closed once the API has stopped)
+        server = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log)
         stop = threading.Event()
         heart = threading.Thread(target=beat_until, args=(root / "inbox", stop), daemon=True)
         heart.start()
@@ -150,11 +184,23 @@ def main() -> int:
             area.mkdir(parents=True, exist_ok=True)
             for n, name in enumerate(["face.jpg"] + [f"p{n}.jpg" for n in range(10)]):
                 (area / name).write_bytes(photo(n))
-            t0 = time.perf_counter()
+            tracer = trace(server.pid, Path(tmp) / "strace.txt") if args.strace else None
+            if tracer is not None:
+                time.sleep(1.0)  # attached to every thread before the first request
+            cpu0, t0 = cpu_seconds(server.pid), time.perf_counter()
             latencies, codes, ids = asyncio.run(
                 asyncio.wait_for(post_all(url, args.jobs, args.clients), timeout=args.deadline)
             )
-            wall = time.perf_counter() - t0
+            wall, cpu = time.perf_counter() - t0, cpu_seconds(server.pid) - cpu0
+            calls: dict[str, int] = {}
+            if tracer is not None:
+                tracer.send_signal(signal.SIGINT)
+                tracer.wait(30)
+                with open(Path(tmp) / "strace.txt") as summary:
+                    calls = syscalls(summary)
+        except BaseException:
+            print((Path(tmp) / "api.log").read_text(errors="replace")[-3000:], file=sys.stderr)  # the API's last words
+            raise
         finally:
             stop.set()
             server.terminate()
@@ -162,6 +208,7 @@ def main() -> int:
                 server.wait(10)
             except subprocess.TimeoutExpired:
                 server.kill()
+            log.close()
         inbox = root / "inbox"
         lost = [j for j in ids if not (inbox / f"{j}.yaml").is_file()]
         dupes = len(ids) - len(set(ids))
@@ -173,6 +220,12 @@ def main() -> int:
             f"  submit latency  p50 {percentile(ms, 50):.1f} ms · p99 {percentile(ms, 99):.1f} ms · max {ms[-1]:.1f} ms"
         )
         print(f"  answers         {dict(sorted(codes.items()))}")
+        per = max(accepted, 1)
+        print(f"  API CPU         {1000 * cpu / per:.1f} ms per accepted request ({cpu:.1f} s over {wall:.1f} s)")
+        if args.strace:  # traced: the CPU and rate above are the traced ones (slower)
+            top = sorted(calls.items(), key=lambda kv: -kv[1])
+            shown = " · ".join(f"{name} {n / per:.1f}" for name, n in top[:12])
+            print(f"  volume calls    {sum(calls.values()) / per:.1f} per accepted request: {shown}")
         print(f"  lost            {len(lost)} (accepted but no inbox file) · duplicate ids {dupes}")
         ok = accepted == args.jobs and not lost and not dupes
         print("bench_api: ok: every job accepted and in the inbox" if ok else "bench_api: FAILED")

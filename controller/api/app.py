@@ -24,6 +24,7 @@ from controller.api import usage as api_usage
 from controller.api.area import Area, run_owner
 from controller.api.auth import Authenticator, JwtVerifier, read_key_file
 from controller.api.errors import ApiError, not_found
+from controller.api.fairness import Fairness
 from controller.api.metrics import ApiMetrics
 from controller.api.openapi import document
 from controller.api.settings import Tenant
@@ -44,6 +45,7 @@ class Api:
         self.link_keys = _link_keys(config)
         self.signing_key = self.link_keys.current if self.link_keys else None  # readiness: was it read
         self.objects = objects.Objects(config.storage.s3)  # the store, for tenants with an s3 area
+        self.fairness = Fairness()  # each tenant's request rate and requests in flight (controller/api/fairness.py)
         self.log = log.get(component="api")
 
     def area(self, tenant: Tenant) -> Area:
@@ -52,7 +54,8 @@ class Api:
         return area
 
     def tenant(self, request: Request) -> Tenant:
-        return self.auth.tenant(request.headers.get("authorization"))
+        known = getattr(request.state, "tenant", None)  # found by the fairness gate already
+        return known if isinstance(known, Tenant) else self.auth.tenant(request.headers.get("authorization"))
 
     def sweep(self) -> None:
         """Uploads whose receiving process is gone (``uploads/.incoming-*`` with no live lock, any
@@ -102,6 +105,13 @@ class Api:
     async def post_job(self, request: Request) -> Response:
         tenant = self.tenant(request)
         area = await asyncio.to_thread(self.area, tenant)
+        slot = await asyncio.to_thread(quota.reserve, self.config, tenant, area)  # 429 when full
+        try:
+            return await self._post_job(request, tenant, area, slot)
+        finally:
+            await asyncio.to_thread(slot.release)  # the slot given back unless the job was handed over
+
+    async def _post_job(self, request: Request, tenant: Tenant, area: Area, slot: quota.Reservation) -> Response:
         ctype = request.headers.get("content-type", "")
         if ctype.split(";")[0].strip().lower() == "application/json":
             body = await _capped_body(request, MAX_JSON)
@@ -109,10 +119,12 @@ class Api:
                 data = json.loads(body)
             except ValueError:
                 raise ApiError(400, "bad_request", "the body is not JSON") from None
-            accepted = await asyncio.to_thread(submit.submit_json, self.config, tenant, area, data, self.objects)
+            accepted = await asyncio.to_thread(submit.submit_json, self.config, tenant, area, data, self.objects, slot)
         else:
-            await asyncio.to_thread(quota.check_quota, self.config, tenant, area)
             budget = await asyncio.to_thread(submit.request_budget, self.config, tenant, area)
+            declared = request.headers.get("content-length", "")
+            if declared.isdigit():  # the bytes it says it brings, held against other requests while it runs
+                await asyncio.to_thread(quota.reserve_bytes, slot, tenant, min(int(declared), budget.cap))
             name = "job"
             job = await asyncio.to_thread(submit.fresh_id, area, name)
             staging = Staging(self.config.data_root, tenant.name, job)
@@ -123,9 +135,11 @@ class Api:
                 opts = submit.options(up.job)
                 if "name" in opts:  # the id carries the name the caller chose
                     job = await asyncio.to_thread(submit.fresh_id, area, submit._name(opts))
+                await asyncio.to_thread(slot.bind, job)  # before the inbox: the job's end finds its slot
                 accepted = await asyncio.to_thread(
                     submit.submit_upload, self.config, area, job, up, opts, staging, budget, self.objects
                 )
+                await asyncio.to_thread(slot.commit)  # its reserved bytes given back: submit_upload counted them
         base = f"/v1/jobs/{accepted.job}"
         body_out: dict[str, Any] = {"id": accepted.job, "status_url": base, "events_url": f"{base}/events"}
         if accepted.notes:
@@ -272,7 +286,7 @@ def make_app(config: Config) -> Starlette:
     api.sweep()
 
     def g(handler: Handler) -> Handler:
-        return _guard(handler, api.log)
+        return _guard(api.fairness.wrap(handler, api.auth), api.log)  # a tenant's limits before its body is read
 
     routes = [
         Route("/v1/jobs", g(api.post_job_once), methods=["POST"]),

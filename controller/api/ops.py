@@ -28,7 +28,7 @@ from typing import Any
 from controller import yamlio
 from controller.api.area import Area, JobRecord
 from controller.api.errors import ApiError, not_found
-from controller.api.quota import RETRY_AFTER, check_quota
+from controller.api.quota import RETRY_AFTER, reserve
 from controller.api.settings import Tenant
 from controller.api.submit import inbox
 from controller.config import Config
@@ -175,17 +175,19 @@ def retry(config: Config, tenant: Tenant, area: Area, job: str) -> dict[str, Any
         )  # fmt: skip
     if rec.sha256 is None or rec.sha256 != hashlib.sha256(frozen).hexdigest():
         raise ApiError(409, "not_retryable", f"job {job!r}'s job file is not the one handed over; submit it again")
-    check_quota(config, tenant, area)
     box = inbox(config)
     if not handover.serving(box):
         raise ApiError(
             503, "no_controller", "no controller is serving the inbox; nothing was retried",
             headers={"Retry-After": RETRY_AFTER},
         )  # fmt: skip
-    write_atomic(retry_marker(area, job), json.dumps({"job": job, "retried": time.time()}).encode())
-    try:  # as `ffswarm retry`: a cancelled job's remaining items run
-        control.hand_back(rundir, box, frozen)
-    except UsageError:  # a second retry won the race
-        raise ApiError(409, "not_finished", f"job {job!r} is already queued for a retry") from None
+    with reserve(config, tenant, area) as slot:  # the job counts again until it ends; given back on refusal
+        write_atomic(retry_marker(area, job), json.dumps({"job": job, "retried": time.time()}).encode())
+        slot.bind(job)
+        try:  # as `ffswarm retry`: a cancelled job's remaining items run
+            control.hand_back(rundir, box, frozen)
+        except UsageError:  # a second retry won the race
+            raise ApiError(409, "not_finished", f"job {job!r} is already queued for a retry") from None
+        slot.commit()
     base = f"/v1/jobs/{job}"
     return {"id": job, "status_url": base, "events_url": f"{base}/events", "items": todo}

@@ -1,23 +1,29 @@
-"""A tenant's quotas (``quota.jobs_queued``, ``quota.stored``), checked on every submit and retry.
+"""A tenant's quotas (``quota.jobs_queued``, ``quota.stored``), reserved on every submit and retry.
 
-Counted naively, each submit looked at every job the tenant ever had (four stats each) and walked
-every file of its area: 68% of the API's CPU at 300 one-photo requests (py-spy, scripts/bench_small.py),
-and a 50,000-selfie campaign's last request would have cost ~200,000 stats. Instead, per tenant area:
+A submit reads the tenant's counts from its quota ledger (controller/job/ledger.py) in O(1) and takes
+a job slot there atomically — across threads, processes and API replicas on the same volume — before
+it does anything else: two requests at the quota's edge never both get the last slot. The slot is
+bound to the job's id before the job reaches the inbox, kept when it is handed over (`serve`
+subtracts it when the job ends) and given back when the request is refused.
 
-- unfinished jobs: one listing of the area's records each time; a job once seen ended is not looked
-  at again unless its ``.retry`` record says it was retried (an ended job only runs again by a retry,
-  controller/api/ops.py), so a check costs the listing plus a stat or four per unfinished job;
-- stored bytes: the area walked at most every STORED_SECONDS, the bytes of uploads this process
-  accepted meanwhile added to the last count. Several API replicas each add only their own uploads,
-  so the area may pass its quota by what the others accepted within those seconds.
+What counts as unfinished is what `serve` has not ended: the job's file is still in the inbox or in
+``inbox/running/``. The fast count is recounted from the ledger's files (each checked that way, at
+most the quota's worth) whenever it says "over quota" and every RECOUNT_SECONDS, so a job that ended
+without its decrement (a controller killed in between, a queued job cancelled) never keeps a tenant
+out. The first time (no ledger yet), the ledger is built from the tenant's records.
+
+Stored bytes: the area is walked at most every STORED_SECONDS (by whichever request finds the walk
+due, across replicas), and the bytes accepted since, plus those reserved by requests in flight, are
+added from the ledger.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,33 +32,101 @@ from controller.api.area import JOB_ID, Area
 from controller.api.errors import ApiError
 from controller.api.settings import Tenant
 from controller.config import Config
+from controller.job.ledger import RECOUNT_SECONDS, STORED_SECONDS, Counts, Ledger, OverQuota, Reservation
+from controller.serve.inbox import JOB_SUFFIXES, original_name
+
+__all__ = ["BOOK", "RECOUNT_SECONDS", "STORED_SECONDS", "QuotaBook", "Reservation", "check_quota", "reserve"]
 
 RETRY_AFTER = "30"
-STORED_SECONDS = 5.0
 
 
 @dataclass
 class _View:
     ended: set[str] = field(default_factory=set)  # jobs seen ended (and not retried since)
-    stored: int = 0
-    stored_at: float = -float("inf")
 
 
 class QuotaBook:
-    """What this API process knows of each tenant area's jobs and bytes (thread-safe)."""
+    """The tenants' quota ledgers as this API process uses them (thread-safe; the ledgers are on the
+    volume, so every replica sees the same counts). ``clock``: wall-clock seconds, shared by replicas."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self._lock = threading.Lock()
         self._views: dict[Path, _View] = {}
 
-    def _view(self, area: Area) -> _View:
-        with self._lock:
-            return self._views.setdefault(area.path, _View())
+    def ledger(self, area: Area) -> Ledger:
+        return Ledger(area.root, area.tenant)
+
+    def reserve(self, config: Config, tenant: Tenant, area: Area, nbytes: int = 0) -> Reservation:
+        """A job slot (and ``nbytes``) for one request; 429 ``over_quota`` when the tenant has no slot
+        left or its area is full. Release it unless the job is handed over (``with`` does that).
+        One ledger transaction, two when the area's walk is due (walked between them, unlocked)."""
+        ledger = self.ledger(area)
+        quota = tenant.quota
+        walked: tuple[int, int, float] | None = None  # (bytes, accepted when the walk began, when)
+        while True:
+            with ledger.transaction() as tx:
+                now = self.clock()
+                counts = tx.counts
+                if counts is None or counts.counted_at == -math.inf:  # new or torn: built from the records
+                    alive = still_queued(config, _records(area)[0])
+                    counts = ledger.recount(tx, alive.intersection, now, also=alive)
+                elif counts.jobs >= quota.jobs_queued or now - counts.counted_at >= RECOUNT_SECONDS:
+                    counts = ledger.recount(tx, lambda js: still_queued(config, js), now)
+                walk = walked is None and _walk_due(counts, now)
+                if walked is not None:
+                    _walk_done(counts, *walked)
+                    tx.save(counts)
+                elif walk:  # claimed here, walked unlocked, then back here
+                    counts.walk_started = now
+                    tx.save(counts)
+                    since, started = counts.accepted, now
+                if not walk:
+                    if counts.jobs >= quota.jobs_queued:
+                        raise _over_jobs(counts.jobs, quota.jobs_queued)
+                    if counts.stored >= quota.stored or (nbytes and counts.stored + nbytes > quota.stored):
+                        raise _over_bytes(quota.stored)
+                    return ledger.reserve(tx, nbytes)
+            walked = (area.stored_bytes(quota.stored), since, started)
+
+    def _walked(self, ledger: Ledger, area: Area, stop_after: int) -> Counts:
+        """The ledger's counts, the area walked first when its walk is due (claimed in the ledger, so
+        one replica walks and the others go on with the last figure meanwhile)."""
+        with ledger.transaction() as tx:
+            now = self.clock()
+            counts = tx.counts or Counts()
+            if not _walk_due(counts, now):
+                return counts
+            counts.walk_started = now
+            since = counts.accepted
+            tx.save(counts)
+        total = area.stored_bytes(stop_after)
+        with ledger.transaction() as tx:
+            counts = tx.counts or Counts()
+            _walk_done(counts, total, since, now)
+            tx.save(counts)
+            return counts
+
+    def stored(self, area: Area, stop_after: int) -> int:
+        """Bytes the tenant's area holds or has promised to requests in flight (all replicas')."""
+        return self._walked(self.ledger(area), area, stop_after).stored
+
+    def add_stored(self, area: Area, n: int) -> None:
+        """Bytes just put in the area (an accepted upload): counted at once, by every replica."""
+        with self.ledger(area).transaction() as tx:
+            counts = tx.counts or Counts()
+            counts.accepted += max(n, 0)
+            tx.save(counts)
+
+    def job_ended(self, area: Area, job: str) -> bool:
+        return self.ledger(area).job_ended(job)
 
     def unfinished(self, config: Config, area: Area, enough: int) -> int:
-        """The tenant's jobs not yet ended, counted up to ``enough``."""
-        view = self._view(area)
+        """The tenant's jobs not yet ended, counted from all its records up to ``enough`` (remembering
+        jobs seen ended: only a retry runs one again). Not on a submit's path: a cross-check of the
+        ledger's count, by the older rule (a job ends with its done/failed file or its report)."""
+        with self._lock:
+            view = self._views.setdefault(area.path, _View())
         jobs, retried = _records(area)
         count = 0
         with self._lock:
@@ -69,25 +143,39 @@ class QuotaBook:
                 break
         return count
 
-    def stored(self, area: Area, stop_after: int) -> int:
-        view = self._view(area)
-        with self._lock:
-            fresh = self.clock() - view.stored_at < STORED_SECONDS
-            if fresh:
-                return view.stored
-        total = area.stored_bytes(stop_after)
-        with self._lock:
-            view.stored, view.stored_at = total, self.clock()
-        return total
-
-    def add_stored(self, area: Area, n: int) -> None:
-        """Bytes this process just put in the area (an accepted upload)."""
-        view = self._view(area)
-        with self._lock:
-            view.stored += max(n, 0)
-
 
 BOOK = QuotaBook()
+
+
+def _walk_due(counts: Counts, now: float) -> bool:
+    return now - counts.walked_at >= STORED_SECONDS and now - counts.walk_started >= STORED_SECONDS
+
+
+def _walk_done(counts: Counts, total: int, accepted_before: int, at: float) -> None:
+    """The walk's figure in; bytes accepted while it walked stay counted (maybe twice until the next)."""
+    counts.walked, counts.walked_at = total, at
+    counts.accepted = max(counts.accepted - accepted_before, 0)
+
+
+def still_queued(config: Config, jobs: Collection[str]) -> set[str]:
+    """Of these jobs, those `serve` has not ended: their file in the inbox or claimed in running/.
+    The inbox is looked at before and after the listing of running/, so a job being claimed or put
+    back between the two is seen in one of them."""
+    box = config.data_root / "inbox"
+
+    def waiting(job: str) -> bool:
+        return any(os.path.lexists(box / f"{job}{s}") for s in JOB_SUFFIXES)
+
+    out = {j for j in jobs if waiting(j)}
+    rest = set(jobs) - out
+    if rest:
+        try:
+            running = {original_name(e.name).rsplit(".", 1)[0] for e in os.scandir(box / "running")}
+        except OSError:
+            running = set()
+        out |= rest & running
+        out |= {j for j in rest - running if waiting(j)}
+    return out
 
 
 def _records(area: Area) -> tuple[set[str], set[str]]:
@@ -113,16 +201,39 @@ def ended(config: Config, job: str, area: Area) -> bool:
     return os.path.isfile(RunLayout.host(config.data_root, job).report)
 
 
+def _over_jobs(have: int, quota: int) -> ApiError:
+    return ApiError(
+        429, "over_quota", f"{have} jobs are not finished; this tenant may have {quota}",
+        headers={"Retry-After": RETRY_AFTER},
+    )  # fmt: skip
+
+
+def _over_bytes(quota: int) -> ApiError:
+    return ApiError(
+        429, "over_quota", f"the tenant's area holds {quota} bytes or more, its quota",
+        headers={"Retry-After": RETRY_AFTER},
+    )  # fmt: skip
+
+
+def reserve(config: Config, tenant: Tenant, area: Area, nbytes: int = 0, book: QuotaBook = BOOK) -> Reservation:
+    """A job slot for one request (QuotaBook.reserve); 429 while the tenant's jobs or area are full."""
+    return book.reserve(config, tenant, area, nbytes)
+
+
+def reserve_bytes(res: Reservation, tenant: Tenant, n: int) -> None:
+    """``n`` more bytes for a request in flight; 429 when they would fill the tenant's area."""
+    try:
+        res.reserve_bytes(n, tenant.quota.stored)
+    except OverQuota:
+        raise _over_bytes(tenant.quota.stored) from None
+
+
+def release_bytes(res: Reservation, n: int, kept: int = 0) -> None:
+    """``n`` reserved bytes given back; ``kept`` of them are now in the area."""
+    res.release_bytes(n, kept)
+
+
 def check_quota(config: Config, tenant: Tenant, area: Area, book: QuotaBook = BOOK) -> None:
-    """429 while the tenant has as many unfinished jobs as its quota, or its area is full."""
-    queued = book.unfinished(config, area, tenant.quota.jobs_queued)
-    if queued >= tenant.quota.jobs_queued:
-        raise ApiError(
-            429, "over_quota", f"{queued} jobs are not finished; this tenant may have {tenant.quota.jobs_queued}",
-            headers={"Retry-After": RETRY_AFTER},
-        )  # fmt: skip
-    if book.stored(area, tenant.quota.stored) >= tenant.quota.stored:
-        raise ApiError(
-            429, "over_quota", f"the tenant's area holds {tenant.quota.stored} bytes or more, its quota",
-            headers={"Retry-After": RETRY_AFTER},
-        )  # fmt: skip
+    """429 while the tenant has as many unfinished jobs as its quota, or its area is full (a slot
+    taken and given back at once: a check, not a reservation)."""
+    book.reserve(config, tenant, area).release()

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.policy import Webhooks, parse_webhooks
-from controller.settings.fields import FieldError, check_int, check_keys, check_str, show
+from controller.settings.fields import FieldError, check_int, check_keys, check_number, check_str, show
 from controller.storage.area import StorageArea, parse_area
 
 TENANT_NAME = r"[a-z0-9-]{1,40}"  # a folder under tenants/: no dots, so never a hidden name
@@ -37,12 +37,14 @@ _PUBLIC_URL = re.compile(r"https?://[A-Za-z0-9.-]+(:\d{1,5})?(/[A-Za-z0-9._~/-]*
 @dataclass(frozen=True)
 class Quota:
     """Per tenant: GPU slots at once (None: no cap of its own), jobs not yet finished, bytes one
-    request may upload, bytes its area may hold."""
+    request may upload, bytes its area may hold, requests a second and at once (per API replica)."""
 
     gpus: int | None = None
     jobs_queued: int = 100
     upload: int = 2 * 1024**3
     stored: int = 200 * 1024**3
+    requests_per_second: float = 50.0
+    requests_in_flight: int = 16
 
 
 @dataclass(frozen=True)
@@ -316,7 +318,8 @@ def check_tenant_storage(tenants: Mapping[str, Tenant], storage_configured: bool
 def _quota(value: object, f: str) -> Quota:
     if value is None:
         return Quota()
-    data = _mapping(value, f, ("gpus", "jobs_queued", "upload", "stored"))
+    keys = ("gpus", "jobs_queued", "upload", "stored", "requests_per_second", "requests_in_flight")
+    data = _mapping(value, f, keys)
     d = Quota()
     gpus = data.get("gpus")
     return Quota(
@@ -324,4 +327,10 @@ def _quota(value: object, f: str) -> Quota:
         jobs_queued=check_int(data.get("jobs_queued", d.jobs_queued), f"{f}.jobs_queued", minimum=1),
         upload=parse_size(data.get("upload", d.upload), f"{f}.upload"),
         stored=parse_size(data.get("stored", d.stored), f"{f}.stored"),
+        requests_per_second=check_number(
+            data.get("requests_per_second", d.requests_per_second), f"{f}.requests_per_second", above=0
+        ),
+        requests_in_flight=check_int(
+            data.get("requests_in_flight", d.requests_in_flight), f"{f}.requests_in_flight", minimum=1
+        ),
     )

@@ -26,7 +26,7 @@ from controller.api import quota
 from controller.api.area import Area, new_job_id
 from controller.api.errors import ApiError
 from controller.api.objects import Objects
-from controller.api.quota import RETRY_AFTER, check_quota
+from controller.api.quota import RETRY_AFTER
 from controller.api.settings import Tenant
 from controller.api.sweep import Staging
 from controller.api.unzip import Unpacked, ZipLimits, unpack
@@ -162,14 +162,28 @@ def default_output(area: Area, data: Mapping[str, Any], job: str) -> str:
     return area.s3.url(rel) if area.s3 is not None and in_store else rel
 
 
-def submit_json(config: Config, tenant: Tenant, area: Area, data: object, objects: Objects | None = None) -> Accepted:
+def submit_json(
+    config: Config,
+    tenant: Tenant,
+    area: Area,
+    data: object,
+    objects: Objects | None = None,
+    slot: quota.Reservation | None = None,
+) -> Accepted:
+    """``slot``: the request's job slot (quota.reserve), taken here when not given; released by
+    whoever took it unless the job is handed over."""
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_job", "the body must be a JSON object of job fields")
-    check_quota(config, tenant, area)
+    if slot is None:
+        with quota.reserve(config, tenant, area) as own:
+            return submit_json(config, tenant, area, data, objects, own)
     job = fresh_id(area, _name(data))
     fields = {**data, "name": job}
     fields.setdefault("output", default_output(area, data, job))
-    hand_over(config, area, job, validate(config, area, fields, job, objects), uploads=False)
+    text = validate(config, area, fields, job, objects)
+    slot.bind(job)  # before the inbox: the job's end (which may come at once) finds its slot
+    hand_over(config, area, job, text, uploads=False)
+    slot.commit()
     return Accepted(job)
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from controller import log
 from controller.config import Config
 from controller.errors import FfswarmError
+from controller.job import ledger
 from controller.run.handover import HEARTBEAT_SECONDS, HeartbeatFile, live_owners
 from controller.run.metrics import Metrics
 from controller.serve.inbox import JOB_SUFFIXES, SETTLE_SECONDS, Inbox
@@ -94,6 +95,7 @@ class Server:
         if inbox.max_bytes is None:
             inbox.max_bytes = config.policy.limits.job_file
         inbox.interval = heartbeat_every  # leases are renewed with the heartbeat
+        inbox.on_end = self._job_ended  # a tenant's job leaves its quota ledger's count (controller/job/ledger.py)
         self.metrics = metrics
         self.concurrent_jobs = concurrent_jobs
         self.poll = poll
@@ -185,6 +187,12 @@ class Server:
         for m in members:
             self._active[m.claimed.name] = thread
         thread.start()
+
+    def _job_ended(self, job: str) -> None:
+        try:
+            ledger.job_ended(self.config.data_root, self.config.tenants, job)
+        except (OSError, FfswarmError) as e:  # the API's recount sets the count right later
+            self.log.warning("quota_ledger_not_updated", job=job, error=type(e).__name__)
 
     def _held(self) -> list[Path]:
         """Files claimed and held: by a job or pack thread, or waiting in the packer."""

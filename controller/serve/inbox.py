@@ -31,6 +31,7 @@ import re
 import stat
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from controller.errors import UsageError
@@ -77,6 +78,9 @@ class Inbox:
         self.interval = interval  # lease renewal interval (the server's heartbeat)
         self.owner = Owner.me()
         self._index: dict[str, tuple[int, float]] = {}  # waiting entries: name -> (inode, mtime) when first seen
+        # told the job's id when its file reaches done/ or failed/ (the API's quota ledger; the
+        # server sets it); must not raise
+        self.on_end: Callable[[str], None] | None = None
 
     @property
     def running(self) -> Path:
@@ -193,6 +197,7 @@ class Inbox:
         except FileNotFoundError:
             return None
         self.write_reason(moved, f"{self._shown(moved)}: {why}")
+        self._ended(path.name)
         return moved
 
     # -- leases ----------------------------------------------------------------------------------------
@@ -263,10 +268,16 @@ class Inbox:
         folder = self.done if ok else self.failed
         target = _place(claimed, folder, original_name(claimed.name))
         self._forget(claimed)
+        self._ended(claimed.name)
         if reason is not None:
             where = f"{self.running.name}/{claimed.name}"
             self.write_reason(target, reason.replace(where, f"{folder.name}/{target.name}"))
         return target
+
+    def _ended(self, name: str) -> None:
+        stem, suffix = os.path.splitext(original_name(name))
+        if self.on_end is not None and suffix in JOB_SUFFIXES:
+            self.on_end(stem)
 
     def write_reason(self, target: Path, reason: str) -> Path:
         """``<target>.reason.txt``, created anew (a planted file or link of that name is removed, not
