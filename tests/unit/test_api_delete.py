@@ -1,0 +1,216 @@
+"""Deleting finished jobs (controller/run/deletion.py): ``DELETE /v1/jobs/{id}`` over real HTTP,
+`ffswarm delete`, and the retention `serve` applies — on real files of fabricated finished jobs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from contract.results import ItemResult, ItemStatus
+from controller.api import links
+from controller.api.area import Area
+from controller.cli.main import cli
+from controller.errors import FfswarmError
+from controller.job import claims
+from controller.job.plan import Chunk, Plan, PlannedItem
+from controller.run.rundir import Control, RunDir
+from tests.builders import JPEG, Env, api_env
+
+JOB = "party-abcdefgh"
+OTHER = "other-abcdefgh"
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    yield from api_env(tmp_path, quota={"upload": "64k", "stored": "50k", "jobs_queued": 100})
+
+
+def finished_job(root: Path, job: str, tenant: str | None = "acme", size: int = 1000, report: bool = True) -> RunDir:
+    """A job as `serve` leaves it once it ended: uploads, two committed outputs (result lines with
+    their size and sha256), a shared input it read, its report, inbox done file, links record and
+    retry marker."""
+    top = f"tenants/{tenant}" if tenant else "cli"
+    if tenant is not None:
+        area = Area(root, tenant)
+        area.ensure(None)
+        area.write_record(job, uploads=True)
+        up = root / top / "uploads" / job
+        up.mkdir(parents=True)
+        (up / "t.jpg").write_bytes(JPEG + b"\0" * size)
+        links.revoke(root, tenant, job)
+        (area.records / f"{job}.retry").write_text("{}")
+    shared = root / top / "in" / "shared.jpg"
+    shared.parent.mkdir(parents=True, exist_ok=True)
+    shared.write_bytes(JPEG)
+    outs = [f"{top}/out/{job}/{n}.jpg" for n in range(2)]
+    items = tuple(PlannedItem(f"i{n:06d}", f"{top}/in/shared.jpg", out, "image") for n, out in enumerate(outs))
+    rd = RunDir(root, job)
+    rd.create(b"name: x\n", Plan(job, items, (Chunk("c0000", tuple(i.id for i in items)),)), {}, Control(1), "sha256:x")
+    lines = []
+    for item in items:
+        body = JPEG + job.encode() * size
+        (root / item.output).parent.mkdir(parents=True, exist_ok=True)
+        (root / item.output).write_bytes(body)
+        digest = hashlib.sha256(body).hexdigest()
+        r = ItemResult(item.id, ItemStatus.OK, 1, f"/data/{item.input}", f"/data/{item.output}",
+                       started=1, finished=2, size=len(body), sha256=digest)  # fmt: skip
+        lines.append(r.to_line())
+    (rd.path / "results" / "c0000.jsonl").write_text("".join(lines))
+    if report:
+        rd.write_report({"job": job, "items": {"ok": 2}})
+        done = root / "inbox" / "done"
+        done.mkdir(parents=True, exist_ok=True)
+        (done / f"{job}.yaml").write_text("name: x\n")
+    return rd
+
+
+def files(root: Path) -> set[str]:
+    """Every file and link under the data root (folders left out), relative to it."""
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_symlink() or not p.is_dir()}
+
+
+def of(job: str, tenant: str = "acme") -> set[str]:
+    """The paths a tenant's finished job above owns."""
+    return {
+        f"tenants/{tenant}/uploads/{job}/t.jpg",
+        f"tenants/{tenant}/out/{job}/0.jpg",
+        f"tenants/{tenant}/out/{job}/1.jpg",
+        f"tenants/.jobs/{tenant}/{job}.json",
+        f"tenants/.jobs/{tenant}/{job}.links",
+        f"tenants/.jobs/{tenant}/{job}.retry",
+        f"inbox/done/{job}.yaml",
+    }
+
+
+def _upload(env: Env, size: int):  # type: ignore[no-untyped-def]
+    with env.client() as c:
+        body = JPEG + b"\0" * size
+        return c.post("/v1/jobs", files=[("source", ("me.jpg", JPEG)), ("targets", ("t.jpg", body))])
+
+
+def test_delete_removes_exactly_the_jobs_files_and_frees_the_quota(env: Env) -> None:
+    finished_job(env.root, JOB, size=10_000)  # about 30 kB of the 50 kB quota
+    finished_job(env.root, OTHER, size=10)
+    refused = _upload(env, 30_000)
+    assert refused.status_code == 429, refused.text
+    assert "DELETE /v1/jobs/{id}" in refused.json()["error"]["message"]
+    before = files(env.root)
+    assert of(JOB) <= before
+    with env.client() as c:
+        r = c.delete(f"/v1/jobs/{JOB}")
+        assert r.status_code == 204 and r.content == b""
+        assert c.get(f"/v1/jobs/{JOB}").status_code == 404
+        assert c.get("/v1/jobs").json()["jobs"] == [OTHER]
+        assert c.delete(f"/v1/jobs/{JOB}").status_code == 404  # gone
+    after = files(env.root)
+    gone = before - after
+    assert {p for p in gone if not p.startswith(f"runs/{JOB}/")} == of(JOB)
+    assert not (env.root / "runs" / JOB).exists()
+    assert not (env.area() / "out" / JOB).exists() and not (env.area() / "uploads" / JOB).exists()
+    assert (env.area() / "in" / "shared.jpg").read_bytes() == JPEG  # the shared input stays
+    assert of(OTHER) <= after and (env.root / "runs" / OTHER / "report.json").exists()
+    passed = _upload(env, 30_000)  # the freed bytes count at once
+    assert passed.status_code == 202, passed.text
+
+
+def test_a_running_or_queued_job_is_409_and_another_tenants_404(env: Env) -> None:
+    results = finished_job(env.root, JOB, report=False).path / "results" / "c0000.jsonl"
+    results.write_text(results.read_text().splitlines(keepends=True)[0])  # one item still runs
+    queued = "queued-abcdefgh"
+    Area(env.root, "acme").write_record(queued, uploads=False)
+    env.inbox_file(queued).write_text("name: x\n")
+    finished_job(env.root, OTHER)
+    before = files(env.root)
+    with env.client() as c:
+        for job in (JOB, queued):
+            r = c.delete(f"/v1/jobs/{job}")
+            assert r.status_code == 409 and r.json()["error"]["code"] == "not_finished", r.text
+    with env.client("globex") as c:
+        r = c.delete(f"/v1/jobs/{OTHER}")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+        assert c.delete("/v1/jobs/..%2f..%2fetc").status_code == 404
+    assert files(env.root) == before  # nothing touched
+
+
+def test_outputs_another_job_claims_and_links_swapped_in_are_left(env: Env) -> None:
+    finished_job(env.root, JOB)
+    area = env.area()
+    claimed = f"tenants/acme/out/{JOB}/1.jpg"
+    claims.claim(env.root, OTHER, [claimed], "other.yaml")  # another job claims it now
+    # the uploads folder swapped for a link to a folder of the tenant's own: the link goes, not what it names
+    keep = area / "keep"
+    keep.mkdir()
+    (keep / "t.jpg").write_bytes(b"keep me")
+    up = area / "uploads" / JOB
+    for p in up.iterdir():
+        p.unlink()
+    up.rmdir()
+    up.symlink_to(keep)
+    with env.client() as c:
+        assert c.delete(f"/v1/jobs/{JOB}").status_code == 204
+    assert (env.root / claimed).exists()  # claimed by the other job
+    assert not (area / f"out/{JOB}/0.jpg").exists()
+    assert not os.path.lexists(up) and (keep / "t.jpg").read_bytes() == b"keep me"
+
+    # an output folder swapped for a link to a copy of the outputs: nothing behind the link is removed
+    job = "swap-abcdefgh"
+    finished_job(env.root, job)
+    out = area / "out" / job
+    copy = area / "copy"
+    out.rename(copy)
+    out.symlink_to(copy)
+    with env.client() as c:
+        assert c.delete(f"/v1/jobs/{job}").status_code == 204
+    assert sorted(p.name for p in copy.iterdir()) == ["0.jpg", "1.jpg"]
+    assert not (env.root / "runs" / job).exists()
+
+
+def test_a_packs_folder_goes_with_its_last_member(env: Env) -> None:
+    pack = "pack-abcdefgh"
+    (env.root / "runs" / pack).mkdir(parents=True)
+    (env.root / "runs" / pack / "members.json").write_text(json.dumps({JOB: {}, OTHER: {}}))
+    for job in (JOB, OTHER):
+        rd = finished_job(env.root, job)
+        (rd.path / "packed").write_text(pack)
+    with env.client() as c:
+        assert c.delete(f"/v1/jobs/{JOB}").status_code == 204
+        assert (env.root / "runs" / pack).is_dir()  # OTHER's run folder remains
+        assert c.delete(f"/v1/jobs/{OTHER}").status_code == 204
+    assert not (env.root / "runs" / pack).exists()
+
+
+def test_ffswarm_delete_a_cli_job(env: Env, tmp_path: Path) -> None:
+    job = "cli-job"
+    results = finished_job(env.root, job, tenant=None, report=False).path / "results" / "c0000.jsonl"
+    results.write_text(results.read_text().splitlines(keepends=True)[0])  # one item still runs
+    path = tmp_path / "ffswarm.yaml"
+    r = CliRunner().invoke(cli, ["--config", str(path), "delete", job])
+    # main() exits with the error's exit code and prints its message (tests/unit/test_cli_conventions.py)
+    assert isinstance(r.exception, FfswarmError) and r.exception.exit_code == 2
+    assert str(r.exception) == "job 'cli-job' is running; delete it once it has finished (or cancel it first)"
+    assert (env.root / "runs" / job).is_dir()
+    RunDir(env.root, job).write_report({"job": job})  # ended: its report written
+    r = CliRunner().invoke(cli, ["--config", str(path), "delete", job])
+    assert r.exit_code == 0, r.output
+    assert not (env.root / "runs" / job).exists()
+    assert (env.root / "cli" / "out" / job / "0.jpg").exists()  # outputs only with --outputs
+
+    finished_job(env.root, "cli-two", tenant=None)
+    r = CliRunner().invoke(cli, ["--config", str(path), "delete", "--outputs", "cli-two"])
+    assert r.exit_code == 0, r.output
+    assert not (env.root / "cli" / "out" / "cli-two").exists() and not (env.root / "inbox/done/cli-two.yaml").exists()
+    assert (env.root / "cli" / "in" / "shared.jpg").exists()
+
+    finished_job(env.root, JOB)  # a tenant's job: as DELETE does it
+    r = CliRunner().invoke(cli, ["--config", str(path), "delete", JOB])
+    assert r.exit_code == 0 and "tenant acme" in r.output, r.output
+    assert not (env.area() / "out" / JOB).exists() and Area(env.root, "acme").record(JOB) is None
+    r = CliRunner().invoke(cli, ["--config", str(path), "delete", "nojob"])
+    assert isinstance(r.exception, FfswarmError) and r.exception.exit_code == 66
+    assert str(r.exception) == "no job 'nojob'"
