@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -15,12 +16,15 @@ from click.testing import CliRunner
 from contract.results import ItemResult, ItemStatus
 from controller.api import links
 from controller.api.area import Area
+from controller.api.settings import parse_tenants
 from controller.cli.main import cli
 from controller.errors import FfswarmError
 from controller.job import claims
 from controller.job.plan import Chunk, Plan, PlannedItem
 from controller.run.rundir import Control, RunDir
-from tests.builders import JPEG, Env, api_env
+from controller.serve.retention import Retention
+from controller.settings.fields import FieldError
+from tests.builders import JPEG, Env, api_env, make_config
 
 JOB = "party-abcdefgh"
 OTHER = "other-abcdefgh"
@@ -214,3 +218,51 @@ def test_ffswarm_delete_a_cli_job(env: Env, tmp_path: Path) -> None:
     r = CliRunner().invoke(cli, ["--config", str(path), "delete", "nojob"])
     assert isinstance(r.exception, FfswarmError) and r.exception.exit_code == 66
     assert str(r.exception) == "no job 'nojob'"
+
+
+DAY = 86400.0
+
+
+def test_retention_deletes_only_jobs_finished_longer_ago_at_most_once_a_minute(tmp_path: Path) -> None:
+    config, _ = make_config(tmp_path)
+    acme = dataclasses.replace(config.tenants["acme"], retention=7 * 86400)
+    config = dataclasses.replace(config, tenants={**config.tenants, "acme": acme})
+    root = config.data_root
+    now = 1_900_000_000.0
+    old, young, running, kept = "old-abcdefgh", "young-abcdefgh", "running-abcdefgh", "globex-abcdefgh"
+    for job, tenant, age in ((old, "acme", 8 * DAY), (young, "acme", 7 * DAY - 10), (kept, "globex", 30 * DAY)):
+        rd = finished_job(root, job, tenant)
+        for f in (rd.layout.report, root / "inbox" / "done" / f"{job}.yaml"):
+            os.utime(f, (now - age, now - age))
+    cancelled = "cancelled-abcdefgh"  # cancelled before it ran: its record's time
+    area = Area(root, "acme")
+    area.write_record(cancelled, uploads=False)
+    area.mark_cancelled(cancelled)
+    os.utime(area.records / f"{cancelled}.json", (now - 9 * DAY, now - 9 * DAY))
+    results = finished_job(root, running, report=False).path / "results" / "c0000.jsonl"
+    results.write_text(results.read_text().splitlines(keepends=True)[0])  # one item still runs
+    os.utime(results, (now - 30 * DAY, now - 30 * DAY))
+    clock = [now]
+    sweep = Retention(config, clock=lambda: clock[0])
+
+    assert sweep.tick() == [cancelled, old]
+    assert not (root / "runs" / old).exists() and not (area.path / "out" / old).exists()
+    assert (root / "runs" / young).is_dir() and (root / "runs" / running).is_dir()
+    assert (root / "runs" / kept).is_dir()  # globex has no retention
+    clock[0] = now + 30  # the young job is past its 7 days now, but the sweep ran under a minute ago
+    assert sweep.tick() == [] and (root / "runs" / young).is_dir()
+    clock[0] = now + 61
+    assert sweep.tick() == [young]
+    assert not of(young) & files(root)
+    assert area.jobs() == [running]
+
+
+def test_retention_is_read_as_days_or_a_duration() -> None:
+    key = {"api_keys_sha256": ["a" * 64]}
+    assert parse_tenants({"a": {**key, "retention": "7d"}})["a"].retention == 7 * 86400
+    assert parse_tenants({"a": {**key, "retention": "36h"}})["a"].retention == 36 * 3600
+    assert parse_tenants({"a": key})["a"].retention is None
+    with pytest.raises(
+        FieldError, match=r"tenants\.a\.retention: must be a duration like 7d, 36h or 90m, got '7 days'"
+    ):
+        parse_tenants({"a": {**key, "retention": "7 days"}})
