@@ -128,6 +128,20 @@ def phase(config: Config, job: str, tenant: str | None) -> str:
     return "queued"  # handed over, not claimed yet (or being claimed this moment)
 
 
+def _phase_now(config: Config, job: str) -> str | None:
+    """The job's phase from the inbox and run folder alone, when it is not finished; None otherwise."""
+    vol = Volume(config.data_root)
+    if _lexists(vol, f"{INBOX}/{job}.yaml"):
+        return "queued"
+    if _lexists(vol, f"{INBOX}/running/{job}.yaml"):
+        return "running"
+    rundir = RunDir(config.data_root, job)
+    try:
+        return None if not rundir.exists() or status.finished(rundir) else "running"
+    except FfswarmError:
+        return "running"
+
+
 def _unfinished(row_phase: object) -> str:
     """A run not over, as its status says it (a stopped run can be resumed: not finished either)."""
     return row_phase if row_phase in ("running", "stopped") else "running"
@@ -154,7 +168,12 @@ def delete_job(config: Config, job: str, tenant: str | None, outputs: bool = Tru
     vol = Volume(config.data_root)
     out = Deleted(job)
     if tenant is not None:
-        vol.write_atomic(f"{_records(tenant)}/{job}.deleting", b"", durable=False)
+        marker = f"{_records(tenant)}/{job}.deleting"
+        vol.write_atomic(marker, b"", durable=False)
+        again = _phase_now(config, job)  # a retry handed back meanwhile keeps the job
+        if again is not None:
+            vol.unlink(marker)
+            raise NotFinished(job, again)
     pack = None
     rundir = RunDir(config.data_root, job)
     if rundir.exists():
