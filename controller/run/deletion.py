@@ -247,9 +247,9 @@ def _written(config: Config, rundir: RunDir) -> Iterator[tuple[str, int | None, 
         if r is not None and r.output is not None and r.status.value == "ok":
             yield item.output, r.size, r.sha256
     for video in fold.plan.videos:
-        s = fold.video_status(video)
-        if s is not None and not s.is_failure():
-            yield video.output, None, None  # no digest recorded: goes only with its own claim
+        j = fold.joined.get(video.id)
+        if j is not None and j.output is not None and j.status.value == "ok":
+            yield video.output, j.size, j.sha256  # the join's line: no digest, goes only with its own claim
 
 
 def _inside(rel: str, tenant: str | None) -> bool:
