@@ -20,11 +20,11 @@ from controller.api.settings import parse_tenants
 from controller.cli.main import cli
 from controller.errors import FfswarmError
 from controller.job import claims
-from controller.job.plan import Chunk, Plan, PlannedItem
+from controller.job.plan import Chunk, Plan, PlannedItem, PlannedVideo
 from controller.run.rundir import Control, RunDir
 from controller.serve.retention import Retention
 from controller.settings.fields import FieldError
-from tests.builders import JPEG, Env, api_env, make_config
+from tests.builders import JPEG, MP4, Env, api_env, make_config
 
 JOB = "party-abcdefgh"
 OTHER = "other-abcdefgh"
@@ -266,3 +266,27 @@ def test_retention_is_read_as_days_or_a_duration() -> None:
         FieldError, match=r"tenants\.a\.retention: must be a duration like 7d, 36h or 90m, got '7 days'"
     ):
         parse_tenants({"a": {**key, "retention": "7 days"}})
+
+
+def test_a_joined_video_goes_only_while_it_is_what_its_join_wrote(env: Env) -> None:
+    root = env.root
+    videos = []
+    for job, body in ((JOB, MP4), (OTHER, MP4)):
+        Area(root, "acme").write_record(job, uploads=False)
+        video = PlannedVideo("v000000", "tenants/acme/in/v.mp4", f"tenants/acme/out/{job}/v.mp4")
+        rd = RunDir(root, job)
+        rd.create(b"name: x\n", Plan(job, (), (), (video,)), {}, Control(1), "sha256:x")
+        out = root / video.output
+        out.parent.mkdir(parents=True)
+        out.write_bytes(body)
+        line = ItemResult(video.id, ItemStatus.OK, 1, f"/data/{video.input}", f"/data/{video.output}",
+                          size=len(body), sha256=hashlib.sha256(body).hexdigest())  # fmt: skip
+        (rd.path / "joins.jsonl").write_text(line.to_line())
+        rd.write_report({"job": job})
+        videos.append(out)
+    videos[1].write_bytes(MP4 + b"rewritten since by someone else")
+    with env.client() as c:
+        assert c.delete(f"/v1/jobs/{JOB}").status_code == 204
+        assert c.delete(f"/v1/jobs/{OTHER}").status_code == 204
+    assert not videos[0].exists() and not videos[0].parent.exists()
+    assert videos[1].read_bytes().endswith(b"someone else")  # not what its join wrote: kept
