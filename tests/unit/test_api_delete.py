@@ -7,6 +7,8 @@ import dataclasses
 import hashlib
 import json
 import os
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,10 +20,14 @@ from controller.api import links
 from controller.api.area import Area
 from controller.api.settings import parse_tenants
 from controller.cli.main import cli
+from controller.config import Config
 from controller.errors import FfswarmError
 from controller.job import claims
 from controller.job.plan import Chunk, Plan, PlannedItem, PlannedVideo
+from controller.run.metrics import Metrics
 from controller.run.rundir import Control, RunDir
+from controller.serve.daemon import Outcome, Server
+from controller.serve.inbox import Inbox
 from controller.serve.retention import Retention
 from controller.settings.fields import FieldError
 from tests.builders import JPEG, MP4, Env, api_env, make_config
@@ -290,3 +296,28 @@ def test_a_joined_video_goes_only_while_it_is_what_its_join_wrote(env: Env) -> N
         assert c.delete(f"/v1/jobs/{OTHER}").status_code == 204
     assert not videos[0].exists() and not videos[0].parent.exists()
     assert videos[1].read_bytes().endswith(b"someone else")  # not what its join wrote: kept
+
+
+def test_serve_applies_retention_from_its_loop(tmp_path: Path) -> None:
+    config, _ = make_config(tmp_path)
+    acme = dataclasses.replace(config.tenants["acme"], retention=86400)
+    config = dataclasses.replace(config, tenants={**config.tenants, "acme": acme})
+    rd = finished_job(config.data_root, JOB)
+    later = rd.layout.report.stat().st_mtime + 2 * DAY  # the clock the sweep reads: two days on
+
+    def run(config: Config, path: Path, metrics: Metrics) -> Outcome:
+        return Outcome(True, None)
+
+    server = Server(config, Inbox(config.data_root / "inbox"), Metrics(), poll=0.05, run=run, heartbeat_every=0.1)
+    server.retention = Retention(config, clock=lambda: later)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while rd.path.exists():
+            assert time.monotonic() < deadline, "serve never applied the retention"
+            time.sleep(0.05)
+    finally:
+        server.stop.set()
+        t.join(5)
+    assert Area(config.data_root, "acme").jobs() == []
