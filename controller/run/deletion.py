@@ -89,6 +89,31 @@ def _lexists(vol: Volume, rel: str) -> bool:
         return False
 
 
+def _inbox(vol: Volume, folder: str, job: str) -> list[str]:
+    """Names in ``inbox/<folder>`` that are the job's: claimed (``running/<job>.<uuid>.yaml``), or
+    ended, a second time under a new name (``done/<job>.<time>-<hex>.yaml``) and with its reason."""
+    name = re.escape(job)
+    if folder == "running":
+        pattern = re.compile(rf"{name}\.[0-9a-f]{{32}}\.ya?ml")
+    else:
+        pattern = re.compile(rf"{name}(?:\.[0-9]{{8}}T[0-9]{{6}}-[0-9a-f]{{8}})?\.ya?ml(?:\.reason\.txt)?")
+    try:
+        fd = vol.open_dir(f"{INBOX}/{folder}", "list")
+    except (OSError, UnsafePath):
+        return []
+    try:
+        return sorted(n for n in os.listdir(fd) if pattern.fullmatch(n))
+    finally:
+        os.close(fd)
+
+
+def _queued(vol: Volume, job: str) -> str | None:
+    """``queued`` while the job's file waits in the inbox, ``running`` while `serve` holds it claimed."""
+    if _lexists(vol, f"{INBOX}/{job}.yaml") or _lexists(vol, f"{INBOX}/{job}.yml"):
+        return "queued"  # not claimed yet, or handed back for a retry
+    return "running" if _inbox(vol, "running", job) else None
+
+
 def read_record(config: Config, tenant: str, job: str) -> JobRecord | None:
     data = read_nofollow(config.data_root / _records(tenant) / f"{job}.json", MAX_RECORD)
     return None if data is None else JobRecord.parse(data, job, tenant)
@@ -107,10 +132,9 @@ def phase(config: Config, job: str, tenant: str | None) -> str:
             raise NoSuchJob(f"no job {job!r}")
         if _lexists(vol, f"{_records(tenant)}/{job}.deleting"):
             return "finished"  # a deletion cut short: its run folder may be gone already
-    if _lexists(vol, f"{INBOX}/{job}.yaml"):  # not claimed yet, or handed back for a retry
-        return "queued"
-    if _lexists(vol, f"{INBOX}/running/{job}.yaml"):
-        return "running"
+    waiting = _queued(vol, job)
+    if waiting is not None:
+        return waiting
     rundir = RunDir(config.data_root, job)
     if rundir.exists():
         try:
@@ -130,11 +154,9 @@ def phase(config: Config, job: str, tenant: str | None) -> str:
 
 def _phase_now(config: Config, job: str) -> str | None:
     """The job's phase from the inbox and run folder alone, when it is not finished; None otherwise."""
-    vol = Volume(config.data_root)
-    if _lexists(vol, f"{INBOX}/{job}.yaml"):
-        return "queued"
-    if _lexists(vol, f"{INBOX}/running/{job}.yaml"):
-        return "running"
+    waiting = _queued(Volume(config.data_root), job)
+    if waiting is not None:
+        return waiting
     rundir = RunDir(config.data_root, job)
     try:
         return None if not rundir.exists() or status.finished(rundir) else "running"
@@ -186,8 +208,9 @@ def delete_job(config: Config, job: str, tenant: str | None, outputs: bool = Tru
         _remove(vol, f"{TENANTS}/{tenant}/uploads/{job}", out)
     _remove(vol, f"{RUNS}/{job}", out)
     claims.release(config.data_root, job)
-    for rel in (f"{INBOX}/done/{job}.yaml", f"{INBOX}/failed/{job}.yaml", f"{INBOX}/failed/{job}.yaml.reason.txt"):
-        _remove(vol, rel, out)
+    for folder in ("done", "failed"):
+        for name in _inbox(vol, folder, job):
+            _remove(vol, f"{INBOX}/{folder}/{name}", out)
     if pack is not None:
         _remove_pack(config, vol, pack, out)
     if tenant is not None:

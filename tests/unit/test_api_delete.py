@@ -106,6 +106,8 @@ def _upload(env: Env, size: int):  # type: ignore[no-untyped-def]
 
 def test_delete_removes_exactly_the_jobs_files_and_frees_the_quota(env: Env) -> None:
     finished_job(env.root, JOB, size=10_000)  # about 30 kB of the 50 kB quota
+    again = env.root / "inbox" / "done" / f"{JOB}.20260101T000000-0123abcd.yaml"  # it ended twice (a retry)
+    again.write_text("name: x\n")
     finished_job(env.root, OTHER, size=10)
     refused = _upload(env, 30_000)
     assert refused.status_code == 429, refused.text
@@ -120,7 +122,7 @@ def test_delete_removes_exactly_the_jobs_files_and_frees_the_quota(env: Env) -> 
         assert c.delete(f"/v1/jobs/{JOB}").status_code == 404  # gone
     after = files(env.root)
     gone = before - after
-    assert {p for p in gone if not p.startswith(f"runs/{JOB}/")} == of(JOB)
+    assert {p for p in gone if not p.startswith(f"runs/{JOB}/")} == of(JOB) | {f"inbox/done/{again.name}"}
     assert not (env.root / "runs" / JOB).exists()
     assert not (env.area() / "out" / JOB).exists() and not (env.area() / "uploads" / JOB).exists()
     assert (env.area() / "in" / "shared.jpg").read_bytes() == JPEG  # the shared input stays
@@ -135,10 +137,14 @@ def test_a_running_or_queued_job_is_409_and_another_tenants_404(env: Env) -> Non
     queued = "queued-abcdefgh"
     Area(env.root, "acme").write_record(queued, uploads=False)
     env.inbox_file(queued).write_text("name: x\n")
+    retried = "retried-abcdefgh"  # finished once, handed back and claimed by serve again
+    finished_job(env.root, retried)
+    (env.root / "inbox" / "running").mkdir()
+    (env.root / "inbox" / "running" / f"{retried}.{'0' * 32}.yaml").write_text("name: x\n")
     finished_job(env.root, OTHER)
     before = files(env.root)
     with env.client() as c:
-        for job in (JOB, queued):
+        for job in (JOB, queued, retried):
             r = c.delete(f"/v1/jobs/{job}")
             assert r.status_code == 409 and r.json()["error"]["code"] == "not_finished", r.text
     with env.client("globex") as c:
