@@ -32,6 +32,7 @@ from controller.api.sweep import Staging, every, sweep_uploads
 from controller.config import Config
 from controller.errors import FfswarmError
 from controller.job import access
+from controller.run import deletion
 
 Handler = Callable[[Request], Awaitable[Response]]
 MAX_JSON = 1024**2
@@ -173,6 +174,12 @@ class Api:
         area = await asyncio.to_thread(self.area, self.tenant(request))
         return JSONResponse(await asyncio.to_thread(views.cancel, self.config, area, request.path_params["job"]))
 
+    async def delete_job(self, request: Request) -> Response:
+        """A finished job's files, outputs and records removed (controller/run/deletion.py); 204."""
+        area = await asyncio.to_thread(self.area, self.tenant(request))
+        await asyncio.to_thread(delete_finished, self.config, area, request.path_params["job"])
+        return Response(status_code=204)
+
     async def post_job_once(self, request: Request) -> Response:
         """POST /v1/jobs: with an Idempotency-Key, at most one job per tenant and key (idempotency.py)."""
         if request.headers.get("idempotency-key") is None:
@@ -241,6 +248,19 @@ class Api:
         return JSONResponse({"ready": True})
 
 
+def delete_finished(config: Config, area: Area, job: str) -> None:
+    """The caller's finished job deleted; 404 for any other job, 409 ``not_finished`` while it is
+    queued or running."""
+    if area.owns(job) is None:
+        raise not_found(job)
+    try:
+        deletion.delete_job(config, job, area.tenant)
+    except deletion.NoSuchJob:
+        raise not_found(job) from None
+    except deletion.NotFinished as e:
+        raise ApiError(409, "not_finished", str(e)) from None
+
+
 def _link_keys(config: Config) -> links.SigningKeys | None:
     """The key links are signed with and the previous ones still accepted, read once at start."""
     key = config.api.signing_key_file
@@ -292,6 +312,7 @@ def make_app(config: Config) -> Starlette:
         Route("/v1/jobs", g(api.post_job_once), methods=["POST"]),
         Route("/v1/jobs", g(api.list_jobs), methods=["GET"]),
         Route("/v1/jobs/{job}", g(api.get_job), methods=["GET"]),
+        Route("/v1/jobs/{job}", g(api.delete_job), methods=["DELETE"]),
         Route("/v1/jobs/{job}/report", g(api.get_report), methods=["GET"]),
         Route("/v1/jobs/{job}/events", g(api.events), methods=["GET"]),
         Route("/v1/jobs/{job}/results.zip", g(api.results), methods=["GET"]),

@@ -166,7 +166,13 @@ def document() -> dict[str, Any]:
                     "summary": "One job's status (as `ffswarm status --json`)",
                     "parameters": [_JOB_ID],
                     "responses": {"200": _json({"$ref": "#/components/schemas/Job"}), **_errors(401, 404)},
-                }
+                },
+                "delete": {
+                    "operationId": "deleteJob",
+                    "summary": "Delete a finished job: its uploads, the outputs it wrote, run folder, links, record",
+                    "parameters": [_JOB_ID],
+                    "responses": {"204": {"description": "deleted"}, **_errors(401, 404, 409)},
+                },
             },
             "/v1/jobs/{job}/report": {
                 "get": {

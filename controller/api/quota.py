@@ -210,7 +210,9 @@ def _over_jobs(have: int, quota: int) -> ApiError:
 
 def _over_bytes(quota: int) -> ApiError:
     return ApiError(
-        429, "over_quota", f"the tenant's area holds {quota} bytes or more, its quota",
+        429, "over_quota",
+        f"the tenant's area holds {quota} bytes or more, its quota: delete finished jobs "
+        "(DELETE /v1/jobs/{id}) or ask for a larger quota.stored",
         headers={"Retry-After": RETRY_AFTER},
     )  # fmt: skip
 

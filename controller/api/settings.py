@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.policy import Webhooks, parse_webhooks
-from controller.settings.fields import FieldError, check_int, check_keys, check_number, check_str, show
+from controller.settings.fields import FieldError, check_int, check_keys, check_number, check_str, parse_duration, show
 from controller.storage.area import StorageArea, parse_area
 
 TENANT_NAME = r"[a-z0-9-]{1,40}"  # a folder under tenants/: no dots, so never a hidden name
@@ -56,6 +56,7 @@ class Tenant:
     s3: StorageArea | None = None  # its part of the object store; None: its jobs name no s3:// object
     jwt_subjects: tuple[str, ...] = ()  # JWT ``sub`` values that mean this tenant (beside the tenant claim)
     webhooks: Webhooks = field(default_factory=Webhooks)  # its own hosts and signing key; default: off
+    retention: int | None = None  # seconds after which `serve` deletes a finished job; None: kept
 
 
 @dataclass(frozen=True)
@@ -264,7 +265,7 @@ def parse_tenants(value: object) -> Mapping[str, Tenant]:
         if not isinstance(name, str) or not re.fullmatch(TENANT_NAME, name):
             raise FieldError("tenants", f"tenant name {show(name)} must be 1 to 40 characters of a-z, 0-9 and -")
         f = f"tenants.{name}"
-        known = ("api_keys_sha256", "quota", "weight", "s3", "jwt_subjects", "webhooks")
+        known = ("api_keys_sha256", "quota", "weight", "s3", "jwt_subjects", "webhooks", "retention")
         data = _mapping(body if body is not None else {}, f, known)
         keys = data.get("api_keys_sha256", [])
         if not isinstance(keys, list):
@@ -283,8 +284,23 @@ def parse_tenants(value: object) -> Mapping[str, Tenant]:
             s3=None if data.get("s3") is None else parse_area(data["s3"], name, f"{f}.s3"),
             jwt_subjects=_subjects(data.get("jwt_subjects", []), f"{f}.jwt_subjects", name, seen_subjects),
             webhooks=parse_webhooks(data.get("webhooks"), f"{f}.webhooks"),
+            retention=None if data.get("retention") is None else parse_retention(data["retention"], f"{f}.retention"),
         )
     return out
+
+
+def parse_retention(value: object, f: str) -> int:
+    """``7d``, ``36h``, ``90m``, or any duration parse_duration takes → seconds."""
+    if not (isinstance(value, str) and "d" in value):
+        return parse_duration(value, f)
+    m = re.fullmatch(r"(\d+)d((?:\d+[hms])*)", value)
+    try:
+        seconds = int(m.group(1)) * 86400 + (parse_duration(m.group(2), f) if m.group(2) else 0) if m else 0
+    except FieldError:
+        seconds = 0
+    if not seconds:
+        raise FieldError(f, f"must be a duration like 7d, 36h or 90m, got {show(value)}")
+    return seconds
 
 
 def _subjects(value: object, f: str, tenant: str, seen: dict[str, str]) -> tuple[str, ...]:

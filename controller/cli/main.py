@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from controller import log
-from controller.cli import api, jobs, models, ops
+from controller.cli import api, delete, jobs, models, ops
 from controller.cli.extras import missing_extra
 from controller.errors import FfswarmError
 
@@ -92,6 +92,7 @@ cli.add_command(jobs.status)
 cli.add_command(jobs.logs)
 cli.add_command(jobs.scale)
 cli.add_command(jobs.cancel)
+cli.add_command(delete.delete)
 cli.add_command(ops.render)
 cli.add_command(ops.serve)
 cli.add_command(ops.nodes)

@@ -54,6 +54,11 @@ def _read_holder(vol: Volume, path: str) -> str | None:
     return text if _ID.fullmatch(text) else None
 
 
+def holder_of(data_root: Path, output_rel: str) -> str | None:
+    """The job whose claim on ``output_rel`` (relative to the data root) exists now; None: no claim."""
+    return _read_holder(Volume(data_root), _claim_path(key(output_rel)))
+
+
 def live(data_root: Path, job: str, claimed_at: float | None = None, now: float | None = None) -> bool:
     """Whether ``job`` may still write its outputs: its run has not ended and was not cancelled.
     A job without a run folder is live only while its claim is younger than ORPHAN_SECONDS."""

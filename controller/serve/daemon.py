@@ -50,6 +50,7 @@ from controller.serve.jobs import (
 )
 from controller.serve.lanes import Lanes
 from controller.serve.packing import Member, Packer, width
+from controller.serve.retention import Retention
 from controller.serve.shares import ShareBook
 from controller.swarm.docker import DockerSwarm
 
@@ -121,6 +122,7 @@ class Server:
             swarm = functools.partial(DockerSwarm, config.docker_host)
             live = functools.partial(live_owners, inbox.path)
             self.lanes = Lanes(swarm, linger, capacity=self.book.total, owner=self.heartbeat.path.stem, live=live)
+        self.retention = Retention(config)  # tenants.<t>.retention: old finished jobs deleted (at most once a minute)
         self.log = log.get(component="serve", inbox=str(inbox.path))
 
     def start_job(self, claimed: Path) -> None:
@@ -254,6 +256,7 @@ class Server:
                 self._beat()
                 self._resume_expired()
                 self._tidy_lanes()
+                self.retention.tick()
                 beat_due = time.monotonic() + self.heartbeat.interval
             self._active = {k: t for k, t in self._active.items() if t.is_alive()}
             free = self._launch_packs() if self.packer else self.concurrent_jobs - len(self._active)
