@@ -17,7 +17,7 @@ from controller.errors import ConfigError
 from controller.policy import Policy, Webhooks, parse_policy
 from controller.settings.fields import FieldError, parse_duration
 from controller.settings.packing import PackingSettings, parse_packing
-from controller.storage.settings import StorageSettings, parse_storage
+from controller.storage.settings import S3Settings, StorageSettings, parse_storage
 from controller.swarm.servicespec import VolumeSpec
 
 DEFAULT_IMAGE = "ffswarm/runner:dev"
@@ -78,6 +78,17 @@ class Config:
             return self.policy.webhooks
         found = self.tenants.get(tenant)
         return found.webhooks if found is not None else Webhooks(name=f"tenants.{tenant}.webhooks")
+
+    def s3(self, tenant: str | None) -> S3Settings | None:
+        """How a job reaches the object store: the cluster's ``storage.s3`` for a CLI job (tenant None);
+        for a tenant's job, the same endpoint with the tenant's own credentials when ``tenants.<t>.s3``
+        names them, the cluster's when it is the plain area URL, and None for a tenant with no area
+        (or one the config no longer names): its runners get no keys at all."""
+        if self.storage.s3 is None or tenant is None:
+            return self.storage.s3
+        found = self.tenants.get(tenant)
+        area = found.s3 if found is not None else None
+        return None if area is None else self.storage.s3.for_area(area)
 
     def controller_ids(self) -> tuple[int, int]:
         """Who owns what the controller keeps in a run folder (job.yaml, plan.json, chunks/, state …):
@@ -166,7 +177,9 @@ def parse_config(path: Path, data: dict[str, Any]) -> Config:
         api, tenants = parse_api(data.get("api")), parse_tenants(data.get("tenants"))
         packing = parse_packing(data.get("packing"))
         storage = parse_storage(data.get("storage"))
-        check_tenant_storage(tenants, storage.s3 is not None)
+        s3 = storage.s3
+        secret, cred_file = (None, None) if s3 is None else (s3.credentials_secret, str(s3.credentials_file))
+        check_tenant_storage(tenants, s3 is not None, secret, cred_file)
     except FieldError as e:
         raise ConfigError(f"{path}: {e}") from None
     return Config(

@@ -2,8 +2,9 @@
 for its ``s3://`` outputs (status, report, items, the item route's 302), the store bound to its area
 for checking a job at submit, and the committed objects results.zip streams.
 
-One S3 client per API process, made on first use from ``storage.s3`` (its credentials file read then,
-not at start, so an API without object storage never needs the secret). Links are signed locally
+One S3 client per credentials file, made on first use: a tenant whose ``tenants.<t>.s3`` names its
+own keys is served with a client of its own, never the cluster's (``storage.s3``); the file is read
+then, not at start, so an API without object storage never needs a secret. Links are signed locally
 (nothing is asked of the server) and live ``storage.s3.link_ttl``. Only objects inside the caller's
 area (``tenants.<t>.s3``) are ever linked or read, whatever a run folder says.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contract.s3 import S3Url, is_s3
@@ -46,38 +48,46 @@ class Objects:
 
     def __init__(self, settings: S3Settings | None) -> None:
         self.settings = settings
-        self._client: Any = None
+        self._clients: dict[Path, Any] = {}  # credentials file → its client
         self._lock = threading.Lock()
 
-    def client(self) -> Any:
+    def settings_for(self, area: StorageArea | None) -> S3Settings:
+        """How the store is reached for ``area``'s tenant: its own credentials, or the cluster's."""
         if self.settings is None:
             raise ApiError(503, "storage_unavailable", "object storage is not configured on this API")
+        return self.settings.for_area(area)
+
+    def client(self, area: StorageArea | None = None) -> Any:
+        """The client made from the credentials ``area``'s tenant uses (the cluster's without one)."""
+        settings = self.settings_for(area)
         with self._lock:
-            if self._client is None:
+            made = self._clients.get(settings.credentials_file)
+            if made is None:
                 from controller.storage.s3 import make_client  # boto3: only for an API that uses the store
 
                 try:
-                    self._client = make_client(self.settings)
+                    made = self._clients[settings.credentials_file] = make_client(settings)
                 except FfswarmError:  # the credentials file: its error names it; never said to a tenant
                     raise ApiError(
                         503, "storage_unavailable", "object storage cannot be used now; try again later",
                         headers={"Retry-After": "30"},
                     ) from None  # fmt: skip
-            return self._client
+            return made
 
     def store(self, area: StorageArea | None = None) -> S3Store:
-        """The store; bound to a tenant's area when given (every URL outside it is refused)."""
+        """The store; bound to a tenant's area when given (every URL outside it is refused) and reached
+        with that tenant's credentials."""
         from controller.storage.s3 import S3Store
         from controller.storage.tenant import TenantStore
 
-        assert self.settings is not None  # client() refused otherwise
-        client = self.client()
-        return S3Store(self.settings, client) if area is None else TenantStore(self.settings, client, area)
+        settings, client = self.settings_for(area), self.client(area)
+        return S3Store(settings, client) if area is None else TenantStore(settings, client, area)
 
-    def link(self, url: str) -> str | None:
-        """A presigned GET link for one object; None when none can be made (no storage, no credentials)."""
+    def link(self, url: str, area: StorageArea | None = None) -> str | None:
+        """A presigned GET link for one object, signed with ``area``'s tenant's credentials; None when
+        none can be made (no storage, no credentials)."""
         try:
-            return self.store().presign_get(S3Url.parse(url))
+            return self.store(area).presign_get(S3Url.parse(url))
         except (ApiError, FfswarmError, ValueError):
             return None
 
@@ -113,12 +123,15 @@ def committed_objects(fold: Fold, area: Area) -> list[Committed]:
     return sorted(out, key=lambda c: c.item)
 
 
-def output_urls(objects: Objects, outputs: list[Committed], limit: int = MAX_LINKS) -> dict[str, Any]:
+def output_urls(
+    objects: Objects, outputs: list[Committed], limit: int = MAX_LINKS, area: StorageArea | None = None
+) -> dict[str, Any]:
     """``{"output_urls": {item: link}}`` for at most ``limit`` objects (the first in item order), and
-    ``output_urls_more``: how many more there are (their links: the report, the items, results.zip)."""
+    ``output_urls_more``: how many more there are (their links: the report, the items, results.zip).
+    Signed with ``area``'s tenant's credentials."""
     if not outputs:
         return {}
-    links = {c.item: objects.link(c.url) for c in outputs[:limit]}
+    links = {c.item: objects.link(c.url, area) for c in outputs[:limit]}
     out: dict[str, Any] = {"output_urls": {k: v for k, v in links.items() if v is not None}}
     if len(outputs) > limit:
         out["output_urls_more"] = len(outputs) - limit
@@ -134,7 +147,7 @@ def job_links(config: Config, area: Area, job: str, objects: Objects) -> dict[st
         fold = Fold.read(rundir.plan(), rundir)
     except (FfswarmError, ValueError, OSError):  # a run folder being written or odd: links next time
         return {}
-    return output_urls(objects, committed_objects(fold, area))
+    return output_urls(objects, committed_objects(fold, area), area=area.s3)
 
 
 def fresh_links(report: dict[str, Any], area: Area, objects: Objects) -> dict[str, Any]:
@@ -147,7 +160,7 @@ def fresh_links(report: dict[str, Any], area: Area, objects: Objects) -> dict[st
     for key, entry in items.items():
         if isinstance(entry, dict) and ("output_url" in entry or is_s3(entry.get("output"))):
             entry = {k: v for k, v in entry.items() if k != "output_url"}
-            link = objects.link(entry["output"]) if in_area(area, entry.get("output")) else None
+            link = objects.link(entry["output"], area.s3) if in_area(area, entry.get("output")) else None
             if link is not None:
                 entry["output_url"] = link
         fresh[key] = entry

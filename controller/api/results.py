@@ -130,7 +130,7 @@ def _object(
         leave("object storage is not configured on this API")
         return
     try:
-        body = open_object(store.client(), S3Url.parse(obj.url))
+        body = open_object(store.client(area.s3), S3Url.parse(obj.url))
     except ObjectMissing:
         leave("the object no longer exists")
         return

@@ -315,8 +315,15 @@ def _subjects(value: object, f: str, tenant: str, seen: dict[str, str]) -> tuple
     return tuple(value)
 
 
-def check_tenant_storage(tenants: Mapping[str, Tenant], storage_configured: bool) -> None:
-    """A tenant's ``s3:`` area needs ``storage.s3`` (the endpoint and credentials) in the same config."""
+def check_tenant_storage(
+    tenants: Mapping[str, Tenant],
+    storage_configured: bool,
+    cluster_secret: str | None = None,
+    cluster_file: str | None = None,
+) -> None:
+    """A tenant's ``s3:`` area needs ``storage.s3`` (the endpoint and credentials) in the same config;
+    areas never overlap, and a tenant's own credentials secret is neither the cluster's nor another
+    tenant's (either would hand its runners keys that reach beyond its area)."""
     seen: list[StorageArea] = []
     for name, tenant in tenants.items():
         if tenant.s3 is None:
@@ -328,6 +335,19 @@ def check_tenant_storage(tenants: Mapping[str, Tenant], storage_configured: bool
         for other in seen:  # one tenant's area inside another's would let either read the other's objects
             if str(tenant.s3).startswith(str(other)) or str(other).startswith(str(tenant.s3)):
                 raise FieldError(f"tenants.{name}.s3", f"{tenant.s3} overlaps tenant {other.tenant}'s area {other}")
+        secret = tenant.s3.credentials_secret
+        if secret is not None:
+            if secret == cluster_secret:
+                raise FieldError(f"tenants.{name}.s3.credentials_secret",
+                                 f"{secret!r} is storage.s3's secret: a tenant's own keys need a secret of their "
+                                 "own (or give only the area URL)")  # fmt: skip
+            if tenant.s3.credentials_file == cluster_file:
+                raise FieldError(f"tenants.{name}.s3.credentials_file", "is storage.s3's credentials_file: a "
+                                 "tenant's own keys need a file of their own")  # fmt: skip
+            for other in seen:
+                if other.credentials_secret == secret:
+                    raise FieldError(f"tenants.{name}.s3.credentials_secret",
+                                     f"{secret!r} is also tenant {other.tenant}'s secret")  # fmt: skip
         seen.append(tenant.s3)
 
 

@@ -28,7 +28,7 @@ from contract.identity_table import Identity, identity_id
 from contract.layout import RunLayout
 from contract.manifest import SCHEMA_IDENTITIES, SCHEMA_VERSION
 from contract.paths import CONTAINER_DATA_ROOT, user_path, user_text
-from contract.s3 import S3Url
+from contract.s3 import S3Url, StorageAccess
 from controller.config import Config
 from controller.errors import CapacityError, FfswarmError, JobFileError, MissingInputError
 from controller.job.resolve import ResolvedJob
@@ -62,8 +62,11 @@ def wait_limit(config: Config) -> float:
     return float(config.schedule_timeout) + STEP_TIMEOUT + 60.0
 
 
-def request_for(config: Config, spec: JobSpec, resolved: ResolvedJob, job_id: str) -> IdentityRequest:
-    """A pairs job asks for every distinct person (an identity table); any other job for one."""
+def request_for(
+    config: Config, spec: JobSpec, resolved: ResolvedJob, job_id: str, tenant: str | None = None
+) -> IdentityRequest:
+    """A pairs job asks for every distinct person (an identity table); any other job for one. Its
+    objects are read with the job's credentials (``tenant``'s own for a tenant's job, Config.s3)."""
     root = config.data_root
     people = {identity_id(n): Identity(tuple(_c(root, p) for p in ps)) for n, ps in enumerate(resolved.identities)}
     return IdentityRequest(
@@ -77,8 +80,13 @@ def request_for(config: Config, spec: JobSpec, resolved: ResolvedJob, job_id: st
         reference=_c(root, resolved.reference) if resolved.reference else None,
         detector_threshold=spec.detector.threshold,
         detector_size=spec.detector.size,
-        storage=config.storage.s3.access() if config.storage.s3 and resolved.uses_s3 else None,
+        storage=_access(config, tenant) if resolved.uses_s3 else None,
     )
+
+
+def _access(config: Config, tenant: str | None) -> StorageAccess | None:
+    s3 = config.s3(tenant)
+    return None if s3 is None else s3.access()
 
 
 def prepare(rundir: RunDir, request: IdentityRequest) -> None:

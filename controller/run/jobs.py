@@ -20,7 +20,7 @@ from contract.identity_table import identity_id
 from contract.layout import RUNS
 from contract.masks import Masks
 from contract.photo import PhotoTuning
-from contract.s3 import S3Url, is_s3
+from contract.s3 import S3Url, StorageAccess, is_s3
 from contract.selector import Selector
 from contract.swapper import SwapperTuning
 from controller import policy as admission
@@ -142,8 +142,9 @@ def _prepare_one(
 
 def store_for(config: Config, spec: JobSpec, tenant: str | None = None) -> Any:
     """The object store, made (its credentials file read) only for a job that may name s3:// objects;
-    for a tenant's job, bound to its area (tenants.<t>.s3), or none when it has no area."""
-    s3 = config.storage.s3
+    for a tenant's job, bound to its area (tenants.<t>.s3) and reached with the tenant's credentials
+    (Config.s3), or none when it has no area."""
+    s3 = config.s3(tenant)
     if s3 is None or not (remote.s3_fields(spec) or spec.pairs_file is not None):
         return None
     from controller.storage.s3 import S3Store, make_client  # boto3: imported only by jobs that use it
@@ -151,14 +152,16 @@ def store_for(config: Config, spec: JobSpec, tenant: str | None = None) -> Any:
 
     if tenant is None:
         return S3Store.from_settings(s3)
-    area = config.tenants[tenant].s3 if tenant in config.tenants else None
-    return None if area is None else TenantStore(s3, make_client(s3), area)
+    area = config.tenants[tenant].s3
+    assert area is not None  # Config.s3 gives none for a tenant without an area
+    return TenantStore(s3, make_client(s3), area)
 
 
-def output_links(config: Config) -> Callable[[str], str | None] | None:
-    """For report.json: an s3:// output's presigned GET link (signed here, valid storage.s3.link_ttl);
-    None when no link can be made (the credentials file unreadable: said in the log, not the report)."""
-    s3 = config.storage.s3
+def output_links(config: Config, tenant: str | None = None) -> Callable[[str], str | None] | None:
+    """For report.json: an s3:// output's presigned GET link (signed here with the job's credentials:
+    the tenant's own for a tenant's job, Config.s3; valid storage.s3.link_ttl); None when no link can
+    be made (the credentials file unreadable: said in the log, not the report)."""
+    s3 = config.s3(tenant)
     if s3 is None:
         return None
     made: list[Any] = []
@@ -238,7 +241,7 @@ def manifest_settings(config: Config, job: PreparedJob, ident: IdentityResult | 
         masks=Masks(job.spec.mask.types, job.spec.mask.regions),
         swapper=SwapperTuning(**dataclasses.asdict(job.spec.face_swapper)),  # model, pixel_boost, weight
         photo=PhotoTuning(job.spec.photo.quality, job.spec.photo.scale),
-        storage=config.storage.s3.access() if config.storage.s3 and job.resolved.uses_s3 else None,
+        storage=storage_access(config, job.tenant) if job.resolved.uses_s3 else None,
         linger=job.linger,
     )
 
@@ -275,10 +278,18 @@ def data_mounts(config: Config, job: PreparedJob) -> tuple[DataMount, ...]:
     )
 
 
+def storage_access(config: Config, tenant: str | None) -> StorageAccess | None:
+    """The store as the job's manifests name it: the credentials file is the Swarm secret its
+    runners mount (_storage_mounts), the tenant's own for a tenant's job (Config.s3)."""
+    s3 = config.s3(tenant)
+    return None if s3 is None else s3.access()
+
+
 def _storage_mounts(config: Config, job: PreparedJob) -> dict[str, Any]:
     """A job that uses s3://: the credentials secret (mode 0400, the runner's own) and the operator's
-    network to the store (docs/storage.md#network)."""
-    s3 = config.storage.s3
+    network to the store (docs/storage.md#network). A tenant's job mounts only its tenant's secret
+    (the cluster's when its area names none) and a tenant without an area none; a CLI job the cluster's."""
+    s3 = config.s3(job.tenant)
     if s3 is None or not uses_s3(job):
         return {}
     uid, gid = config.runner_uid_gid().split(":")
@@ -325,7 +336,7 @@ def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
     if not rundir.exists():
         assert job.resolved is not None
         rundir.make_dirs()
-        request = identity.request_for(config, job.spec, job.resolved, job.job_id)
+        request = identity.request_for(config, job.spec, job.resolved, job.job_id, job.tenant)
         if job.people_in_chunks:  # the request alone: what the job reads (usage's bytes in); no step runs
             rundir.write_file(rundir.layout.identity_request, request.to_json().encode())
         else:

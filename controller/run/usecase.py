@@ -188,12 +188,11 @@ def supervise(
 
     sup, runs = _identity_and_chunks(config, backend, job, rundir, image, emit, started, share, settled)
     rundir.enter(Stage.VIDEOS)
-    store = video_store(config, plan)
+    store = video_store(config, plan, job.tenant)
     runs = join.finish(plan, rundir, job.spec, sup.run, runs, emit, store)  # redo bad segments, join videos
     rundir.enter(Stage.REPORT)
-    report = _record_timing(
-        config, job, rundir, plan, build_report(plan, rundir, runs, image, started, jobs_links(config)), logger
-    )
+    links = jobs_links(config, job.tenant)  # signed with the job's own credentials
+    report = _record_timing(config, job, rundir, plan, build_report(plan, rundir, runs, image, started, links), logger)
     path = rundir.write_report(report.to_dict())
     emit("job_finished", report=str(path), **vars(report.counts))
     report = call_hooks(config, job.spec.on_complete, rundir, report, path)
@@ -202,14 +201,16 @@ def supervise(
     return report
 
 
-def video_store(config: Config, plan: Plan) -> Any:
+def video_store(config: Config, plan: Plan, tenant: str | None = None) -> Any:
     """The object store, for a plan with a video whose original or output is an ``s3://`` object
-    (the join reads and writes it); None otherwise (boto3 never imported)."""
-    if config.storage.s3 is None or not any(is_s3(v.input) or is_s3(v.output) for v in plan.videos):
+    (the join reads and writes it, with the job's credentials: Config.s3); None otherwise (boto3
+    never imported)."""
+    s3 = config.s3(tenant)
+    if s3 is None or not any(is_s3(v.input) or is_s3(v.output) for v in plan.videos):
         return None
     from controller.storage.s3 import S3Store
 
-    return S3Store.from_settings(config.storage.s3)
+    return S3Store.from_settings(s3)
 
 
 def call_hooks(config: Config, hooks: OnComplete, rundir: RunDir, report: Report, path: Path) -> Report:

@@ -1,4 +1,7 @@
-"""A tenant's part of the object store (config ``tenants.<t>.s3: s3://BUCKET/PREFIX/``, docs/api.md#object-storage).
+"""A tenant's part of the object store (config ``tenants.<t>.s3``, docs/api.md#object-storage): either
+``s3://BUCKET/PREFIX/`` (the area, reached with the cluster's ``storage.s3`` credentials) or
+``{area: s3://BUCKET/PREFIX/, credentials_secret: NAME, credentials_file: PATH}`` (the area and the
+tenant's own keys: its runners get only that Swarm secret, the controller and the API read only that file).
 
 Pure data, no boto3: the config is parsed with it on hosts that never talk to S3. An area is a bucket
 and a key prefix ending in ``/`` (or the whole bucket, ``s3://BUCKET/``). A URL lies in the area when
@@ -12,9 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contract.s3 import SCHEME, S3Url, check_bucket
-from controller.settings.fields import FieldError, show
+from controller.settings.fields import FieldError, check_keys, check_str, show
 
-__all__ = ["StorageArea", "parse_area"]
+__all__ = ["SECRET_NAME", "StorageArea", "parse_area"]
+
+SECRET_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"  # a Docker secret name
 
 
 @dataclass(frozen=True)
@@ -22,6 +27,10 @@ class StorageArea:
     tenant: str
     bucket: str
     prefix: str  # "" (the whole bucket) or a key prefix ending in "/"
+    # The tenant's own keys: the Swarm secret its runners mount, and the controller's and the API's copy
+    # (same format as storage.s3.credentials_file). None: the cluster's storage.s3 credentials.
+    credentials_secret: str | None = None
+    credentials_file: str | None = None
 
     def __str__(self) -> str:
         return f"{SCHEME}{self.bucket}/{self.prefix}"
@@ -47,8 +56,31 @@ class StorageArea:
 
 
 def parse_area(value: object, tenant: str, field: str) -> StorageArea:
+    """``tenants.<t>.s3``: the URL alone, or a mapping of the area and the tenant's own credentials.
+    A refusal is a FieldError naming ``field`` or its key."""
+    if not isinstance(value, dict):
+        return _parse_url(value, tenant, field)
+    check_keys(value, ("area", "credentials_secret", "credentials_file"), parent=field)
+    if "area" not in value:
+        raise FieldError(f"{field}.area", "is required: the tenant's s3://BUCKET/PREFIX/")
+    area = _parse_url(value["area"], tenant, f"{field}.area")
+    secret, cred_file = value.get("credentials_secret"), value.get("credentials_file")
+    if secret is None:
+        if cred_file is not None:  # the runners would mount the cluster's keys while the controller used these
+            raise FieldError(f"{field}.credentials_secret", "is required with credentials_file: the Swarm "
+                             "secret holding the same keys for the tenant's runners")  # fmt: skip
+        return area
+    secret = check_str(secret, f"{field}.credentials_secret", pattern=SECRET_NAME,
+                       hint="a Docker secret name (letters, digits, _ . -, at most 64)")  # fmt: skip
+    cred_file = f"/run/secrets/{secret}" if cred_file is None else cred_file
+    if not isinstance(cred_file, str) or not cred_file.startswith("/"):
+        raise FieldError(f"{field}.credentials_file", f"must be an absolute path, got {show(cred_file)}")
+    return StorageArea(tenant, area.bucket, area.prefix, secret, cred_file)
+
+
+def _parse_url(value: object, tenant: str, field: str) -> StorageArea:
     """``s3://BUCKET/PREFIX/`` or ``s3://BUCKET/`` → StorageArea; hostile config: no glob, a valid
-    bucket and key, ending in ``/``. A refusal is a FieldError naming ``field``."""
+    bucket and key, ending in ``/``."""
     if not isinstance(value, str) or not value.startswith(SCHEME):
         raise FieldError(field, f"must be an s3://BUCKET/PREFIX/ URL, got {show(value)}")
     if not value.endswith("/"):

@@ -89,10 +89,13 @@ class S3Object:
 def make_client(
     settings: S3Settings, credentials: Credentials | None = None, *, max_attempts: int = MAX_ATTEMPTS
 ) -> Any:
-    """A boto3 S3 client for the config; credentials from ``storage.s3.credentials_file`` unless given.
+    """A boto3 S3 client for the config; credentials from its credentials file (the cluster's
+    ``storage.s3.credentials_file`` or a tenant's, S3Settings.for_area) unless given.
 
     A session of its own: nothing comes from ~/.aws, a profile or AWS_* variables of this process."""
-    creds = credentials if credentials is not None else read_credentials(settings.credentials_file)
+    creds = credentials
+    if creds is None:
+        creds = read_credentials(settings.credentials_file, settings.credentials_field)
     config = BotoConfig(
         region_name=settings.region,
         signature_version="s3v4",

@@ -9,7 +9,7 @@ and the line, never a value read from it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,10 +17,10 @@ from contract.s3 import MAX_CREDENTIALS_BYTES, SECRETS_DIR, Credentials, Storage
 from controller.api.settings import parse_ttl
 from controller.errors import ConfigError
 from controller.settings.fields import FieldError, check_choice, check_keys, check_str, show
+from controller.storage.area import SECRET_NAME, StorageArea
 
 Addressing = Literal["path", "virtual"]
 MAX_LINK_TTL = 7 * 86400  # SigV4 presigned URLs live at most 7 days
-SECRET_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"  # a Docker secret name
 _ENDPOINT = re.compile(r"https?://[A-Za-z0-9.-]+(:\d{1,5})?/?|https?://\[[0-9a-fA-F:]+\](:\d{1,5})?/?")
 _REGION = r"[a-z0-9-]{1,32}"
 NETWORK_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
@@ -39,11 +39,24 @@ class S3Settings:
     # An attachable overlay network the operator made that reaches the store; runners of jobs that
     # use s3:// join it beside their internal one (docs/storage.md#network). None: none is joined.
     network: str | None = None
+    credentials_field: str = "storage.s3.credentials_file"  # how errors about the file name it
 
     def access(self) -> StorageAccess:
         """The store as manifests name it: the credentials are the Swarm secret mounted in the runner."""
         secret = f"{SECRETS_DIR}{self.credentials_secret}"
         return StorageAccess(self.endpoint_url, self.region, self.addressing, credentials_file=secret)
+
+    def for_area(self, area: StorageArea | None) -> S3Settings:
+        """The store as a tenant's job reaches it: this endpoint, with the tenant's own credentials when
+        its ``tenants.<t>.s3`` names them (the cluster's otherwise: the old string form)."""
+        if area is None or area.credentials_secret is None or area.credentials_file is None:
+            return self
+        return replace(
+            self,
+            credentials_secret=area.credentials_secret,
+            credentials_file=Path(area.credentials_file),
+            credentials_field=f"tenants.{area.tenant}.s3.credentials_file",
+        )
 
 
 @dataclass(frozen=True)
@@ -101,10 +114,11 @@ def parse_s3(value: object) -> S3Settings:
     )
 
 
-def read_credentials(path: Path) -> Credentials:
-    """The credentials file (its format: contract/s3.py parse_credentials). Every error names the file
-    and the line number, never a character of the line: a malformed line may well be the secret."""
-    where = f"storage.s3.credentials_file {path}"
+def read_credentials(path: Path, field: str = "storage.s3.credentials_file") -> Credentials:
+    """The credentials file (its format: contract/s3.py parse_credentials). Every error names the
+    config key (``field``), the file and the line number, never a character of the line: a malformed
+    line may well be the secret."""
+    where = f"{field} {path}"
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_CREDENTIALS_BYTES + 1)

@@ -1,6 +1,7 @@
 """The object store as one tenant's job sees it: an S3Store that carries the tenant's area
 (config ``tenants.<t>.s3``), so that the job's checks (controller/job/remote.py) refuse every
-``s3://`` URL outside it before anything is listed, read or written."""
+``s3://`` URL outside it before anything is listed, read or written. Its settings and client are the
+tenant's own credentials when its area names them (S3Settings.for_area), never the cluster's then."""
 
 from __future__ import annotations
 

@@ -210,8 +210,9 @@ class DockerSwarm:
         missing = [m.name for m in spec.secrets if not found.get(m.name)]
         if missing:
             raise ConfigError(
-                f"the Swarm secret {missing[0]!r} (storage.s3.credentials_secret) does not exist: "
-                f"create it with `docker secret create {missing[0]} FILE` (docs/storage.md#config)"
+                f"the Swarm secret {missing[0]!r} (storage.s3.credentials_secret, or a tenant's "
+                f"tenants.<t>.s3.credentials_secret) does not exist: create it with "
+                f"`docker secret create {missing[0]} FILE` (docs/storage.md#config)"
             )
         return secret_references(spec, {m.name: str(found[m.name]) for m in spec.secrets})
 
