@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import signal
-import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +23,6 @@ from controller.cli import context
 from controller.config import Config
 from controller.doctor import Check, run_checks
 from controller.errors import CapacityError, FfswarmError, UsageError
-from controller.job import owners
 from controller.job.files import read_jobs
 from controller.job.plan import ID
 from controller.run import jobs as jobs_mod
@@ -40,7 +37,6 @@ from controller.swarm.docker import DockerSwarm
 from controller.swarm.gpuconfig import GPU_KIND, daemon_json, gpus_from_list, parse_nvidia_smi, runtime_toml_line
 from controller.swarm.gpuconfig import render as render_gpu_config
 from controller.swarm.servicespec import RUNNER_NETWORK, ServiceSpec, chunk_service
-from controller.volume import UnsafePath
 
 
 def _emit(text: str, out: Path | None) -> None:
@@ -52,42 +48,6 @@ def _emit(text: str, out: Path | None) -> None:
 
 
 # -- render -------------------------------------------------------------------------------------------
-_NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-def run_tenant(config: Config, job: str) -> str | None:
-    """The tenant whose API job ``job``'s run folder is: the ``owner`` `serve` wrote there
-    (controller/serve/jobs.py record_owner), when the run folder and that file are the
-    controller's own (reached without links; owned by root or the controller, never the runner;
-    writable by no one else; the file a regular one with one link) and it names a configured tenant.
-    None otherwise: the job renders as a CLI job, whose outputs may not enter ``tenants/``."""
-    if not config.tenants or not ID.fullmatch(job):
-        return None
-    trusted = owners.trusted_uids(config.controller_ids()[0], jobs_mod.owner(config)[0])
-    rundir = RunDir(config.data_root, job)
-    try:
-        folder = rundir.volume.open_dir(rundir.path)
-    except (OSError, UnsafePath):
-        return None
-    try:
-        st = os.fstat(folder)
-        if st.st_uid not in trusted or st.st_mode & 0o022:
-            return None
-        fd = os.open(rundir.layout.owner.name, _NOFOLLOW, dir_fd=folder)
-    except OSError:
-        return None
-    finally:
-        os.close(folder)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid not in trusted or st.st_mode & 0o022:
-            return None
-        name = os.read(fd, 64).decode("ascii", "replace").strip()
-    finally:
-        os.close(fd)
-    return name if owners.TENANT.fullmatch(name) and name in config.tenants else None
-
-
 def job_services(
     config: Config, ref: str, attempt: int, swarm: Callable[[], DockerSwarm] | None = None
 ) -> list[ServiceSpec]:
@@ -100,7 +60,7 @@ def job_services(
     path = Path(ref)
     if path.is_file():
         found, _ = read_jobs([path], config.policy.limits.job_file)  # its errors: from render_ready, in full
-        tenant = run_tenant(config, found[0][1].name) if len(found) == 1 else None
+        tenant = jobs_mod.run_tenant(config, found[0][1].name) if len(found) == 1 else None
         prepared, rundir, image = usecase.render_ready(config, backend(), path, tenant)
     else:
         if not ID.fullmatch(ref):  # a job id names a folder under runs/: nothing else may
@@ -110,7 +70,7 @@ def job_services(
             raise UsageError(
                 f"{ref!r} is neither a job file nor a job with a run folder under {config.data_root / 'runs'}"
             )
-        tenant = run_tenant(config, ref)  # an API job is resolved inside its tenant's area, as serve did
+        tenant = jobs_mod.run_tenant(config, ref)  # an API job is resolved inside its tenant's area, as serve did
         prepared = dataclasses.replace(
             jobs_mod.prepare(config, [rundir.layout.job_file], new=False, swarm=backend, tenant=tenant)[0], job_id=ref
         )

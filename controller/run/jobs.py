@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import posixpath
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +28,11 @@ from contract.swapper import SwapperTuning
 from controller import policy as admission
 from controller.config import Config
 from controller.errors import FfswarmError, JobFileError, MissingInputError, UsageError
-from controller.job import access, claims, remote, video
+from controller.job import access, claims, owners, remote, video
 from controller.job.files import parse_job_text, raise_all, read_jobs
 from controller.job.owners import area_rel
 from controller.job.pack_checks import check_pack
-from controller.job.plan import AUTO_MAX_CHUNK, ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
+from controller.job.plan import AUTO_MAX_CHUNK, ID, ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
 from controller.job.resolve import ResolvedJob, resolve_job
 from controller.job.spec import JobSpec
 from controller.run import identity, timings
@@ -45,6 +47,7 @@ from controller.swarm.servicespec import (
     chunk_service,
     tenant_mounts,
 )
+from controller.volume import UnsafePath
 
 
 @dataclass(frozen=True)
@@ -346,6 +349,43 @@ def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
     return rundir
 
 
+_NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def run_tenant(config: Config, job: str) -> str | None:
+    """The tenant whose API job ``job``'s run folder is: the ``owner`` `serve` wrote there
+    (controller/serve/jobs.py record_owner), when the run folder and that file are the
+    controller's own (reached without links; owned by root or the controller, never the runner;
+    writable by no one else; the file a regular one with one link) and it names a configured tenant.
+    None otherwise: the job is a CLI job (its outputs may not enter ``tenants/``, its runners see the
+    whole data root). ``ffswarm render``, ``resume`` and ``retry`` reopen a job with it."""
+    if not config.tenants or not ID.fullmatch(job):
+        return None
+    trusted = owners.trusted_uids(config.controller_ids()[0], owner(config)[0])
+    rundir = RunDir(config.data_root, job)
+    try:
+        folder = rundir.volume.open_dir(rundir.path)
+    except (OSError, UnsafePath):
+        return None
+    try:
+        st = os.fstat(folder)
+        if st.st_uid not in trusted or st.st_mode & 0o022:
+            return None
+        fd = os.open(rundir.layout.owner.name, _NOFOLLOW, dir_fd=folder)
+    except OSError:
+        return None
+    finally:
+        os.close(folder)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid not in trusted or st.st_mode & 0o022:
+            return None
+        name = os.read(fd, 64).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
+    return name if owners.TENANT.fullmatch(name) and name in config.tenants else None
+
+
 def open_run(config: Config, job_id: str) -> tuple[PreparedJob, RunDir]:
     """A job as its run folder recorded it (frozen job file, plan): what resume and retry continue."""
     rundir = RunDir(config.data_root, job_id, owner(config), config.controller_ids())
@@ -353,4 +393,4 @@ def open_run(config: Config, job_id: str) -> tuple[PreparedJob, RunDir]:
         raise UsageError(f"no job {job_id!r}: {rundir.path} has no {rundir.layout.plan.name}")
     job_file = rundir.layout.job_file
     spec = parse_job_text(rundir.read_job_file().decode("utf-8", "replace"), str(job_file))
-    return PreparedJob(job_file, spec, None, rundir.plan(), job_id), rundir
+    return PreparedJob(job_file, spec, None, rundir.plan(), job_id, tenant=run_tenant(config, job_id)), rundir

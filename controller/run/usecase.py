@@ -137,7 +137,7 @@ def render_ready(
 ) -> tuple[PreparedJob, RunDir, str]:
     """`render JOB_FILE`: the run folder started (image pinned as for every run) and its identity
     answered, so that the stack's runners find their manifests and the answer. ``tenant``: the
-    owner of an API job's run folder, as `serve` resolved it (controller/cli/ops.py run_tenant)."""
+    owner of an API job's run folder, as `serve` resolved it (controller/run/jobs.py run_tenant)."""
     job = one_job(config, path, lambda: backend, tenant=tenant)
     rundir, image = open_or_start(config, backend, job)
     ensure_identity(config, backend, job, rundir, image)

@@ -18,7 +18,7 @@ from controller.api.area import Area
 from controller.cli import ops
 from controller.config import Config
 from controller.errors import JobFileError
-from controller.run import usecase
+from controller.run import jobs, usecase
 from controller.run.jobs import start_run
 from controller.run.rundir import RunDir
 from controller.serve import daemon as serve
@@ -71,7 +71,7 @@ def render(config: Config, job: str) -> list[str]:
 
 def test_an_api_jobs_run_folder_renders_as_its_tenants_job(tmp_path: Path) -> None:
     config, job = started_tenant_job(tmp_path)
-    assert ops.run_tenant(config, job) == "acme"
+    assert jobs.run_tenant(config, job) == "acme"
     chunks = [c.id for c in RunDir(config.data_root, job).plan().chunks]
     names = render(config, job)
     assert len(names) == len(chunks) >= 1 and all(job in n for n in names)
@@ -94,7 +94,7 @@ def test_an_api_jobs_stack_mounts_only_its_tenants_folders(tmp_path: Path) -> No
 
 
 def refused_as_a_cli_job(config: Config, job: str) -> None:
-    assert ops.run_tenant(config, job) is None
+    assert jobs.run_tenant(config, job) is None
     with pytest.raises(JobFileError) as e:  # as before: a CLI job's outputs may not enter tenants/
         render(config, job)
     assert e.value.field == "output" and "tenants/" in e.value.reason
@@ -113,7 +113,7 @@ def test_an_owner_file_others_may_write_or_a_link_is_a_cli_job(tmp_path: Path) -
     owner.chmod(0o666)
     refused_as_a_cli_job(config, job)
     owner.chmod(0o640)
-    assert ops.run_tenant(config, job) == "acme"
+    assert jobs.run_tenant(config, job) == "acme"
     copy = tmp_path / "owner"
     copy.write_text("acme\n")
     owner.unlink()
@@ -136,3 +136,19 @@ def test_a_run_folder_without_an_owner_file_is_a_cli_job_as_before(tmp_path: Pat
     config, job = started_tenant_job(tmp_path)
     RunDir(config.data_root, job).layout.owner.unlink()
     refused_as_a_cli_job(config, job)
+
+
+def test_a_reopened_api_job_keeps_its_tenant_and_its_runners_narrow_view(tmp_path: Path) -> None:
+    """`ffswarm resume`/`retry` reopen a job from its run folder: a tenant's job stays the tenant's,
+    so its runners still see only the tenant's folders (and get only its storage keys)."""
+    config, job = started_tenant_job(tmp_path)
+    prepared, _ = jobs.open_run(config, job)
+    assert prepared.tenant == "acme"
+    assert {m.rel for m in jobs.data_mounts(config, prepared)} == {
+        "tenants/acme",
+        f"tenants/acme/out/{job}",
+        f"runs/{job}",
+        "models/default",
+    }
+    os.unlink(config.data_root / "runs" / job / "owner")  # no owner record: a CLI job, as before
+    assert jobs.open_run(config, job)[0].tenant is None
