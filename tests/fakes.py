@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from controller.errors import EngineUnavailable
 from controller.swarm.backend import NodeState, ServiceState, TaskState
-from controller.swarm.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_JOB, ServiceSpec
+from controller.swarm.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_JOB, LABEL_ROLE, ServiceSpec
 
 
 @dataclass(frozen=True)
@@ -147,6 +147,20 @@ class FakeSwarm:
 
     def alive(self) -> list[str]:
         return list(self._svcs)
+
+    def role_services(self, role: str) -> list[tuple[str, dict[str, str], bool]]:
+        """Every service with this role label: name, labels, whether its task has ended (DockerSwarm's)."""
+        return [
+            (name, dict(svc.spec.labels), svc.polls >= 3 and svc.outcome.state not in ("pending", "running"))
+            for name, svc in self._svcs.items()
+            if svc.spec.labels.get(LABEL_ROLE) == role
+        ]
+
+    def end(self, name: str, outcome: Outcome) -> None:
+        """A service's container ends now as ``outcome`` says (killed, crashed): seen at the next poll."""
+        svc = self._svcs[name]
+        svc.outcome = outcome
+        svc.polls = max(svc.polls, 3)
 
     def add_orphan(self, spec: ServiceSpec, outcome: Outcome) -> None:
         """A service left by an earlier controller (for adoption tests)."""

@@ -13,12 +13,14 @@ under; anything else counts as no record.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from contract.attempt import MAX_BYTES, AttemptRecord
 from contract.errors import RecordError
+from contract.exits import RunnerExit
 from controller.run.failures import last_words
-from controller.run.rundir import RunDir, read_nofollow
+from controller.run.rundir import RunDir, read_nofollow, write_atomic
 
 
 def read_record(rundir: RunDir, chunk: str, attempt: int) -> AttemptRecord | None:
@@ -60,6 +62,33 @@ def failure_reason(rundir: RunDir, chunk: str, attempt: int, log_text: str) -> s
     if record is None:
         return last_words(log_text)
     return record.reason if record.ended else None
+
+
+def runner_reason(rundir: RunDir, chunk: str, attempt: int, service_logs: Callable[[], str]) -> str | None:
+    """The runner's own reason for an attempt that failed: its attempt record's. A runner that died
+    before writing one leaves its last words in its log; one that died before opening its log file
+    (bad image, crash at import) still leaves them: ``service_logs`` (its service's) are copied into
+    the run folder, since removing the service loses them."""
+    path = rundir.log_path(chunk, attempt)
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        text = service_logs()
+        if text:
+            write_atomic(path, text.encode(), rundir.owner)
+    return failure_reason(rundir, chunk, attempt, text)
+
+
+def recorded_exit(rundir: RunDir, chunk: str, attempt: int) -> int | None:
+    """The exit code an attempt's record says it ended with (None: not ended, or no record); an
+    ending that is no runner exit code (terminated) reads as -1."""
+    record = read_record(rundir, chunk, attempt)
+    if record is None or record.exit is None:
+        return None
+    try:
+        return int(RunnerExit[record.exit])
+    except KeyError:
+        return -1
 
 
 def models_loaded(log: Path) -> tuple[str, float] | None:

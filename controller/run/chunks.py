@@ -46,6 +46,8 @@ class Attempt:
     results_read: int = 0  # bytes of this attempt's results file already read (read_results)
     items_recorded: set[str] = field(default_factory=set)  # items with a result line of this attempt
     outage: bool = False  # the engine went away while it ran: an infrastructure ending is the engine's
+    label: str = ""  # the job label its service is listed under ("" the job's own; a lane's its own)
+    lane: bool = False  # it runs in a lane (controller/run/launch.py Launched)
 
     def read_results(self, path: Path) -> int:
         """How many items this attempt has recorded a result for, reading only what was appended to
@@ -162,6 +164,16 @@ class ChunkRun:
         self.failure = failure
         self.reason = att.reason
         return "chunk_failed"
+
+    def drop_lane(self, failure: FailureClass, reason: str) -> str:
+        """The lane the current attempt ran in failed it: queued again at once for a fresh service
+        of its own, not counted against retries (the lane, not the chunk, is given up). Returns the
+        event that says it: ``chunk_lane_dropped``."""
+        att = self.current
+        att.outcome = failure.value
+        att.reason = f"{reason}: {att.reason}" if att.reason else reason
+        self.requeue()
+        return "chunk_lane_dropped"
 
     def lose_node(self, node: NodeState) -> None:
         """The current attempt's node is gone: never the chunk's fault, so its retries are not used

@@ -1,6 +1,8 @@
-"""Runs a job's chunks as one-shot services: the window, the watch, the classification, the retries.
+"""Runs a job's chunks: the window, the watch, the classification, the retries.
 
-The supervisor is the only place that decides what happens to a chunk. It talks to the Swarm only
+The supervisor is the only place that decides what happens to a chunk. It starts every attempt
+through a launcher (a one-shot service, or a pack's lane: controller/run/launch.py) and watches
+each the same way, by its service's tasks and its attempt record. It talks to the Swarm only
 through the SwarmBackend protocol (real daemon in production, an in-memory fake in unit tests) and
 keeps its truth in the run folder and the services' labels, so a restarted controller can adopt the
 services it finds (docs/architecture.md: the controller keeps no state of its own). Chunk records and
@@ -16,10 +18,11 @@ from typing import Any
 
 from controller.errors import EngineUnavailable
 from controller.run import history
-from controller.run.attempts import failure_reason
+from controller.run.attempts import recorded_exit, runner_reason
 from controller.run.chunks import Attempt, ChunkRun, EventSink, Policy, create_results_file
 from controller.run.failures import ChunkState, FailureClass, classify_exit, describe_exit
-from controller.run.rundir import RunDir, write_atomic
+from controller.run.launch import FreshLauncher, Launched, Launcher
+from controller.run.rundir import RunDir
 from controller.swarm.backend import (
     ENDED,
     LOST_STATES,
@@ -30,14 +33,7 @@ from controller.swarm.backend import (
     SwarmBackend,
     clear_containers,
 )
-from controller.swarm.servicespec import (
-    LABEL_ATTEMPT,
-    LABEL_CHUNK,
-    LABEL_ROLE,
-    ROLE_RUNNER,
-    RunnerSettings,
-    chunk_service,
-)
+from controller.swarm.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_ROLE, ROLE_RUNNER, RunnerSettings
 
 
 class Supervisor:
@@ -51,15 +47,14 @@ class Supervisor:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         sizes: Mapping[str, int] | None = None,
+        launcher: Launcher | None = None,
     ) -> None:
         self.backend = backend
+        self.launcher = launcher or FreshLauncher(backend, settings)
         self.sizes = dict(sizes or {})  # chunk id -> items (from the plan): tells an ending chunk
         self._nodes_at = -math.inf
-        self.rundir = rundir
-        self.settings = settings
-        self.policy = policy
-        self.clock = clock
-        self.sleep = sleep
+        self.rundir, self.settings, self.policy = rundir, settings, policy
+        self.clock, self.sleep = clock, sleep
         self.chunks: dict[str, ChunkRun] = {}
         self.nodes: dict[str, NodeState] = {}
         self.events: JobEvents | None = None
@@ -95,6 +90,8 @@ class Supervisor:
             self._adopt(queue, keep_steps=gate is not None)
             self._loop(queue, gate)
         finally:
+            for run in (r for r in self._running() if r.current.lane):  # no one adopts a lane's attempt: dropped
+                self._release(run)
             if self.events is not None:
                 self.events.close()
                 self.events = None
@@ -128,7 +125,8 @@ class Supervisor:
         self._fill(queue, self.policy.limit(limit, len(queue), len(self._running())))  # within a GPU share
         if gate is not None and gate():
             gate = None
-        by_name = {s.name: s for s in self.backend.services(self.settings.job)}
+        labels = dict.fromkeys([self.settings.job, *(r.current.label for r in self._running() if r.current.label)])
+        by_name = {s.name: s for label in labels for s in self.backend.services(label)}
         for run in self._running():
             self._watch(run, by_name.get(run.current.service), queue)
         self._save_state()
@@ -270,25 +268,39 @@ class Supervisor:
     def _start(self, run: ChunkRun, queue: deque[str]) -> None:
         attempt = run.last_attempt + 1
         run.last_attempt = attempt
-        spec = chunk_service(self.settings, run.id, attempt, run.avoidance(self.nodes.values(), self.settings.gpus > 0))
+        avoid = run.avoidance(self.nodes.values(), self.settings.gpus > 0)
         try:  # before the service: NFS lookup caching cannot hide a file that exists first
             create_results_file(self.rundir.layout, run.id, attempt, self.rundir.owner)
         except OSError as e:  # the runner creates it itself; say why it was not made here
             self.emit("results_file_not_created", chunk=run.id, attempt=attempt, reason=e.strerror or str(e))
         try:
-            self.backend.create_service(spec)
+            got = self.launcher.start(run.id, attempt, avoid)
         except EngineUnavailable:
             queue.appendleft(run.id)  # started after the outage, or adopted if the engine made it anyway
             raise
-        run.attempts.append(Attempt(attempt, spec.name, started=self.clock()))
+        run.attempts.append(Attempt(attempt, got.service, started=self.clock(), label=got.label, lane=got.lane))
         run.state = ChunkState.RUNNING
-        self.emit("chunk_started", chunk=run.id, attempt=attempt, service=spec.name)
+        self.emit("chunk_started", chunk=run.id, attempt=attempt, service=got.service)
+
+    def _release(self, run: ChunkRun, reusable: bool = False) -> None:
+        att = run.current
+        self.launcher.release(Launched(att.service, att.label or self.settings.job, att.lane), reusable)
 
     # -- one chunk --------------------------------------------------------------------------------
     def _watch(self, run: ChunkRun, svc: ServiceState | None, queue: deque[str]) -> None:
         att = run.current
         now = self.clock()
+        if att.lane and (code := recorded_exit(self.rundir, run.id, att.attempt)) is not None:
+            # a lane outlives its attempt: the attempt record says when (and how) the attempt ended
+            if (failure := classify_exit(code)) is None:
+                self._finish(run, code)
+            else:
+                att.exit_code = code
+                self._end(run, failure, describe_exit(code), queue)
+            return
         if svc is None:
+            if att.lane:
+                self._release(run)
             self._fail(run, FailureClass.INFRASTRUCTURE, "service disappeared (removed outside ffswarm)", queue)
             return
         task = svc.latest_task()
@@ -296,79 +308,67 @@ class Supervisor:
             att.node = task.node_id
             node = self.nodes.get(task.node_id)
             if node is not None and node.state != "ready" and task.state not in ("complete", "failed"):
-                self._node_lost(run, svc, node, queue)
+                self._node_lost(run, node, queue)
                 return
         exited = self.events.exit_code(att.service) if self.events is not None else None
         if exited is not None and classify_exit(exited) is None and (task is None or task.state not in ENDED):
             # Its container exited here with a code that ends the chunk (0, or 3: some items failed):
             # done now, not when the swarm's task record catches up (70-150 ms later on 20.10).
-            self._finish(run, svc, exited)
+            self._finish(run, exited)
             return
         if task is None or task.state in PENDING_STATES:
             if now - att.started > self.policy.schedule_timeout:
                 why = task.message if task and task.message else "no task was scheduled"
-                self._end(
-                    run,
-                    svc,
-                    FailureClass.UNSCHEDULABLE,
-                    f"not scheduled within {self.policy.schedule_timeout:.0f}s: {why}",
-                    queue,
-                )
+                why = f"not scheduled within {self.policy.schedule_timeout:.0f}s: {why}"
+                self._end(run, FailureClass.UNSCHEDULABLE, why, queue)
             return
-        if task.state == "complete":
-            self._finish(run, svc, 0)
-        elif task.state == "failed":
-            code = task.exit_code if task.exit_code is not None else -1
-            failure = classify_exit(code)
+        if task.state == "complete" and not att.lane:
+            self._finish(run, 0)
+        elif task.state in ("complete", "failed"):  # a lane's runner that exited before its attempt ended failed it
+            code = task.exit_code if task.exit_code is not None else (0 if task.state == "complete" else -1)
+            failure = classify_exit(code) or (FailureClass.INFRASTRUCTURE if att.lane else None)
             if failure is None:
-                self._finish(run, svc, code)
+                self._finish(run, code)
             else:
                 att.exit_code = code
-                self._end(run, svc, failure, f"{describe_exit(code)}: {task.message}".rstrip(": "), queue)
+                self._end(run, failure, f"{describe_exit(code)}: {task.message}".rstrip(": "), queue)
         elif task.state == "rejected":
-            self._end(run, svc, FailureClass.INFRASTRUCTURE, f"task rejected: {task.message}", queue)
+            self._end(run, FailureClass.INFRASTRUCTURE, f"task rejected: {task.message}", queue)
         elif task.state in LOST_STATES:
-            self._end(run, svc, FailureClass.INFRASTRUCTURE, f"task {task.state}: {task.message or 'node lost'}", queue)
+            self._end(run, FailureClass.INFRASTRUCTURE, f"task {task.state}: {task.message or 'node lost'}", queue)
         else:  # preparing, starting, running
             if task.state == "running" and att.running_since is None:
                 att.running_since = now
                 self.emit("chunk_running", chunk=run.id, attempt=att.attempt, node=task.node_id)
             if att.running_since is not None and now - att.running_since > self.policy.timeout:
-                self._end(run, svc, FailureClass.INFRASTRUCTURE, f"timed out after {self.policy.timeout:.0f}s", queue)
+                self._end(run, FailureClass.INFRASTRUCTURE, f"timed out after {self.policy.timeout:.0f}s", queue)
 
-    def _finish(self, run: ChunkRun, svc: ServiceState, code: int) -> None:
+    def _finish(self, run: ChunkRun, code: int) -> None:
         att = run.current
         att.exit_code = code
         att.outcome = "done"
         run.state = ChunkState.DONE
-        self.backend.remove_service(svc.name)
+        self._release(run, reusable=True)
         self.emit("chunk_done", chunk=run.id, attempt=att.attempt, exit_code=code)
 
-    def _end(self, run: ChunkRun, svc: ServiceState, failure: FailureClass, reason: str, queue: deque[str]) -> None:
+    def _end(self, run: ChunkRun, failure: FailureClass, reason: str, queue: deque[str]) -> None:
         self._keep_logs(run)
-        self.backend.remove_service(svc.name)
+        self._release(run)
         self._fail(run, failure, reason, queue)
 
     def _keep_logs(self, run: ChunkRun) -> None:
-        """Put the runner's own reason into the attempt's: its attempt record's (controller/run/attempts.py).
-        A runner that died before writing one leaves its last words in its log; one that died before
-        opening its log file (bad image, crash at import) still leaves them: its service logs are
-        copied into the run folder, since removing the service loses them."""
-        path = self.rundir.log_path(run.id, run.current.attempt)
-        try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            text = self.backend.service_logs(run.current.service)
-            if text:
-                write_atomic(path, text.encode(), self.rundir.owner)
-        words = failure_reason(self.rundir, run.id, run.current.attempt, text)
-        if words:
-            run.current.reason = words
+        """Put the runner's own reason into the attempt's (controller/run/attempts.py runner_reason)."""
+        att = run.current  # a lane's service logs are every chunk's it ran: not this attempt's
+        logs = (lambda: "") if att.lane else (lambda: self.backend.service_logs(att.service))
+        att.reason = runner_reason(self.rundir, run.id, att.attempt, logs) or att.reason
 
-    def _node_lost(self, run: ChunkRun, svc: ServiceState, node: NodeState, queue: deque[str]) -> None:
+    def _node_lost(self, run: ChunkRun, node: NodeState, queue: deque[str]) -> None:
         """Swarm (engine 20.10) never moves a task off a dead node: the controller does. Node loss is
-        not the chunk's fault and does not use up its retries."""
-        self.backend.remove_service(svc.name)
+        not the chunk's fault and does not use up its retries (a lane's: the lane is dropped)."""
+        self._release(run)
+        if run.current.lane:
+            self._fail(run, FailureClass.INFRASTRUCTURE, f"node {node.hostname or node.node_id} is {node.state}", queue)
+            return
         run.lose_node(node)
         if run.node_losses > self.policy.max_node_losses:
             self._fail(run, FailureClass.INFRASTRUCTURE, f"lost {run.node_losses} nodes", queue)
@@ -379,9 +379,9 @@ class Supervisor:
         self.emit("chunk_node_lost", chunk=run.id, attempt=att.attempt, node=node.node_id, reason=att.reason)
 
     def _fail(self, run: ChunkRun, failure: FailureClass, reason: str, queue: deque[str]) -> None:
-        event = run.end_attempt(failure, reason, self.policy, self.clock())
-        att = run.current
-        if event == "chunk_engine_lost":
+        att, now = run.current, self.clock()  # a lane that failed its attempt is dropped: run again fresh
+        event = run.drop_lane(failure, reason) if att.lane else run.end_attempt(failure, reason, self.policy, now)
+        if event in ("chunk_engine_lost", "chunk_lane_dropped"):
             queue.appendleft(run.id)
             self.emit(event, chunk=run.id, attempt=att.attempt, reason=att.reason)
             return
@@ -391,7 +391,7 @@ class Supervisor:
 
     def _cancel_all(self, queue: deque[str]) -> None:
         for run in self._running():
-            self.backend.remove_service(run.current.service)
+            self._release(run)
             run.current.outcome = "cancelled"
         for run in self.chunks.values():
             if not run.state.is_terminal():

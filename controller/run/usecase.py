@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from controller.run.fold import Fold
 from controller.run.hooks import job_tenant, on_complete, results_link
 from controller.run.jobs import PreparedJob, SwarmFactory, open_run, owner, prepare, runner_settings, start_run
 from controller.run.jobs import output_links as jobs_links
+from controller.run.launch import LaunchFactory
 from controller.run.report import Report, build_report
 from controller.run.rundir import RunDir, Stage
 from controller.run.supervisor import Supervisor
@@ -79,20 +80,19 @@ def run(
     *,
     uncancel: bool = False,
     share: Share | None = None,
-    first: Callable[[RunDir, str], Collection[str]] | None = None,
+    launch: LaunchFactory | None = None,
 ) -> Report:
     """One prepared job start to report (`submit`, `serve`), continuing its run when the folder exists.
     The job's lease is held meanwhile: a job another controller runs is refused (exit 69). With
     `uncancel` (an explicit `submit` of the job's file), a cancelled job's remaining items run.
-    ``first``: a first try at some of its chunks under the lease (a pack's lane, controller/serve/lanes.py),
-    given the run folder and image; the chunks it returns have ended there and are not run again."""
+    ``launch``: what starts its chunks' attempts (a pack's lanes: controller/serve/lanes.py; None: a
+    fresh service each, controller/run/launch.py)."""
     rundir, image = open_or_start(config, backend, job)
     with lease.held(rundir):
         on_event = fan_out([make(rundir, job) for make in sinks])
         if uncancel:
             _uncancel(rundir, on_event)
-        settled = first(rundir, image) if first is not None else ()
-        return supervise(config, backend, job, rundir, image, on_event, share, settled)
+        return supervise(config, backend, job, rundir, image, on_event, share, launch)
 
 
 def submit(
@@ -173,10 +173,9 @@ def supervise(
     image: str,
     on_event: EventSink | None = None,
     share: Share | None = None,
-    settled: Collection[str] = (),
+    launch: LaunchFactory | None = None,
 ) -> Report:
-    """The stages of a job whose run folder exists, each recorded in state.json as it starts
-    (``settled``: chunks that ended in a first try, not run again)."""
+    """The stages of a job whose run folder exists, each recorded in state.json as it starts."""
     plan = rundir.plan()
     started = time.time()
     logger = log.get(job=job.job_id)
@@ -186,7 +185,7 @@ def supervise(
         if on_event:
             on_event(event, **fields)
 
-    sup, runs = _identity_and_chunks(config, backend, job, rundir, image, emit, started, share, settled)
+    sup, runs = _identity_and_chunks(config, backend, job, rundir, image, emit, started, share, launch)
     rundir.enter(Stage.VIDEOS)
     store = video_store(config, plan, job.tenant)
     runs = join.finish(plan, rundir, job.spec, sup.run, runs, emit, store)  # redo bad segments, join videos
@@ -238,7 +237,7 @@ def _identity_and_chunks(
     emit: EventSink,
     started: float,
     share: Share | None = None,
-    settled: Collection[str] = (),
+    launch: LaunchFactory | None = None,
 ) -> tuple[Supervisor, dict[str, ChunkRun]]:
     """The identity step (when its answer is still pending) beside the pending chunks, to their ends."""
     plan = rundir.plan()
@@ -251,9 +250,10 @@ def _identity_and_chunks(
     )
     settings = runner_settings(config, job, image)
     sizes = {c.id: len(c.items) for c in plan.chunks}
-    sup = Supervisor(backend, rundir, settings, policy, on_event=emit, sizes=sizes)
+    launcher = launch(backend, rundir, settings) if launch is not None else None
+    sup = Supervisor(backend, rundir, settings, policy, on_event=emit, sizes=sizes, launcher=launcher)
     fold = Fold.read(plan, rundir)
-    todo = [c for c in fold.pending_chunks() if c not in settled]
+    todo = fold.pending_chunks()
     step = identity.start(config, backend, settings, rundir, str(job.file))
     rundir.enter(Stage.IDENTITY if step is not None else Stage.CHUNKS)
     segments = fold.segments()[0]

@@ -1,20 +1,22 @@
-"""Lanes: pack chunk services that linger for the next pack (``packing.linger``, issue "Many small requests").
+"""Lanes: pack chunk services that linger for the next pack (``packing.linger``).
 
-Every chunk service pays a container start and a model load before its first photo: 36–41% of a
-pack's chunk time on the dev swarm at 10 one-photo requests a second (scripts/bench_small.py). With
-``packing.linger``, `serve` runs a one-chunk pack's chunk in a *lane*: a service whose runner, after
-the chunk, keeps its models loaded and waits up to ``linger`` seconds for the next pack of the same
-kind (runner_image/linger.py). The next such pack is handed to it through the lane's hand-off file
+Every chunk service pays a container start and a model load before its first photo. With
+``packing.linger``, a one-chunk pack's chunk runs in a *lane*: a service whose runner, after the
+chunk, keeps its models loaded and waits up to ``linger`` seconds for the next pack of the same kind
+(runner_image/linger.py). The next such pack is handed to it through the lane's hand-off file
 (contract/handoff.py) — in the run folder of the pack that started the lane, ``chunks/`` (only the
-controller writes there) — instead of starting a service of its own.
+controller writes there) — instead of starting a service of its own. Lanes are bound to their pack
+key, which includes the tenant: no lane ever runs two tenants' photos.
 
-A lane is a first try, never the only one: the pack's chunk runs in it as attempt n (its own results,
-attempt record and log, as any attempt), and the pack then runs as always (usecase.run), which finds
-that chunk done — or, if the lane's runner died, timed out or ended the attempt for a reason of its
-own, runs the chunk again in a service of its own, redoing nothing committed. A lane's service has a
-role and job label of its own (``lane``), so no job's supervisor adopts or removes it; `serve` removes
-it when the lane has expired, at its stop, and at its start (a lane an earlier `serve` left). A lane is
-not used once it is older than the pack's chunk timeout: no runner gets more than that.
+`serve` hands the pack's use case a `LaneLauncher` (the launcher seam, controller/run/launch.py); the
+pack's supervisor starts the chunk's attempt through it and watches it like any attempt, by its
+attempt record and its lane service's tasks. An attempt that ended with its items recorded gives the
+lane back for the next pack; a lane whose runner died, timed out, went unscheduled, lost its node or
+ended the attempt for a reason of its own is dropped (its service removed) and the chunk runs again
+in a fresh service of its own, without using the job's retries, redoing nothing committed. A lane's
+service has a role and job label of its own (``lane``), so no job's supervisor adopts or removes it
+as a job's service; `serve` removes it when the lane has expired, at its stop, and at its start (a
+lane an earlier `serve` left). A lane is not used once it is older than the pack's chunk timeout.
 """
 
 from __future__ import annotations
@@ -25,26 +27,27 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from contract.exits import RunnerExit
 from contract.handoff import Handoff
 from contract.layout import RunLayout
 from controller import log
 from controller.errors import EngineUnavailable, FfswarmError
-from controller.run.attempts import read_record
-from controller.run.chunks import create_results_file
+from controller.run.launch import Launched, Launcher
 from controller.run.rundir import RunDir
-from controller.serve.shares import Share
-from controller.swarm.backend import ENDED, LOST_STATES, PENDING_STATES, SwarmBackend
-from controller.swarm.docker import DockerSwarm
+from controller.swarm.backend import SwarmBackend
 from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, RunnerSettings, chunk_service
 
 ROLE_LANE = "lane"
 LABEL_LANE_OWNER = "io.ffswarm.lane-owner"  # the `serve` whose lane it is (its heartbeat's name)
 MARGIN = 2.0  # seconds: a lane whose runner stops waiting sooner than this is not handed a chunk
-POLL = 0.1  # seconds between looks at the attempt record while a lane runs a chunk
-SWARM_POLL = 1.0  # … and at the lane's service
-ENDED_FINE = {RunnerExit.OK.name, RunnerExit.ITEMS_FAILED.name}
+POLL = 0.1  # seconds between looks for an idle lane while every GPU is held by lanes
+
+
+class LaneSwarm(SwarmBackend, Protocol):
+    """The swarm as lanes use it: a job's backend, and every service of a role (DockerSwarm)."""
+
+    def role_services(self, role: str) -> list[tuple[str, dict[str, str], bool]]: ...
 
 
 @dataclass
@@ -63,13 +66,14 @@ class Lane:
 class Lanes:
     """The lanes of one `serve` (thread-safe)."""
 
-    backend: Callable[[], DockerSwarm]
+    backend: Callable[[], LaneSwarm]
     linger: float
     # how many lanes may exist at once: the swarm's GPUs (None: unknown, then one per pack at a time)
     capacity: Callable[[], int | None] = lambda: None
     owner: str = ""  # this `serve` (its heartbeat's name): every lane it starts says so
     live: Callable[[], set[str]] = set  # the owners serving now (fresh heartbeats)
     clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep  # obtain's wait for an idle lane
     _idle: list[Lane] = field(default_factory=list)
     _busy: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -103,7 +107,7 @@ class Lanes:
                 return None, True
             if self.clock() >= deadline:
                 return None, False
-            time.sleep(POLL)
+            self.sleep(POLL)
 
     def take(self, key: str, max_age: float) -> Lane | None:
         """An idle lane of this kind that waits long enough and is young enough; None: start one."""
@@ -122,7 +126,7 @@ class Lanes:
             self._busy = max(self._busy - 1, 0)
             self._idle.append(lane)
 
-    def _done(self, lane: Lane | None) -> None:
+    def drop(self, lane: Lane | None) -> None:
         """A taken lane (or the room for one) that ran no chunk to its end: removed."""
         with self._lock:
             self._busy = max(self._busy - 1, 0)
@@ -166,64 +170,15 @@ class Lanes:
         except (EngineUnavailable, FfswarmError) as e:
             log.get(component="lanes").warning("lane_not_removed", service=lane.service, error=str(e))
 
-    # -- one pack's chunk in a lane ----------------------------------------------------------------
-    def run(
-        self,
-        key: str,
-        rundir: RunDir,
-        settings: RunnerSettings,
-        timeout: float,
-        schedule_timeout: float,
-        share: Share | None = None,
-    ) -> tuple[str, ...]:
-        """Run a one-chunk pack's chunk in a lane (an idle one, or one started now); the chunk when
-        its attempt ended there with its items recorded (some may have failed on their own, as in a
-        service of its own). None returned: the pack runs its chunk as always."""
-        plan = rundir.plan()
-        if len(plan.chunks) != 1:
-            return ()
-        chunk = plan.chunks[0].id
-        attempt = rundir.last_attempt(chunk) + 1
-        logger = log.get(job=rundir.job, component="lanes")
-        backend = self.backend()
-        lane, start = self.obtain(key, timeout, settings.gpus, schedule_timeout)
-        if lane is None and not start:
-            return ()
-        try:
-            create_results_file(rundir.layout, chunk, attempt, rundir.owner)
-        except OSError:
-            if lane is not None:
-                self.give_back(lane)
-            else:
-                self._done(None)
-            return ()
-        if share is not None:
-            share.limit(1, 1, 1)  # the GPU it takes, reserved in the share book meanwhile
-        manifest = str(RunLayout.container(rundir.job).manifest(chunk))
-        try:
-            if lane is not None:
-                lane.seq += 1
-                self._hand(lane, Handoff(lane.seq, manifest, attempt))
-            else:
-                lane = self._start(key, rundir, settings, chunk, attempt, backend)
-            logger.info("lane_handed", chunk=chunk, attempt=attempt, service=lane.service, seq=lane.seq)
-            ok = self._wait(lane, rundir, chunk, attempt, timeout, schedule_timeout, backend)
-        except (EngineUnavailable, FfswarmError, OSError) as e:
-            logger.warning("lane_failed", error=str(e))
-            ok = False
-        if ok and lane is not None:
-            self.give_back(lane)
-        else:
-            self._done(lane)
-        logger.info("lane_chunk", chunk=chunk, attempt=attempt, ok=ok, service=lane.service if lane else None)
-        return (chunk,) if ok else ()
+    # -- one pack's chunk in a lane (through LaneLauncher) --------------------------------------------
+    def hand(self, lane: Lane, rundir: RunDir, chunk: str, attempt: int) -> Lane:
+        """Hand an idle lane (taken) the attempt of ``rundir``'s ``chunk``: its runner runs it next."""
+        lane.seq += 1
+        self._hand(lane, Handoff(lane.seq, str(RunLayout.container(rundir.job).manifest(chunk)), attempt))
+        return lane
 
-    def _hand(self, lane: Lane, handoff: Handoff) -> None:
-        lane.home.write_file(lane.home.layout.lane_handoff(lane.chunk), handoff.to_json().encode())
-
-    def _start(
-        self, key: str, rundir: RunDir, settings: RunnerSettings, chunk: str, attempt: int, backend: SwarmBackend
-    ) -> Lane:
+    def open(self, key: str, rundir: RunDir, settings: RunnerSettings, chunk: str, attempt: int) -> Lane:
+        """A new lane (room for it taken by `obtain`) whose service runs the attempt first."""
         label = f"lane-{rundir.job}-{chunk}"[:80]
         lane = Lane(key, f"ffswarm-{label}", label, rundir, chunk, self.clock())
         self._hand(lane, Handoff(0))  # before the service: its runner finds the file from the start
@@ -233,52 +188,63 @@ class Lanes:
             name=lane.service,
             labels={**spec.labels, LABEL_JOB: label, LABEL_ROLE: ROLE_LANE, LABEL_LANE_OWNER: self.owner},
         )
-        backend.create_service(spec)
+        self.backend().create_service(spec)
         return lane
 
-    def _wait(
-        self,
-        lane: Lane,
-        rundir: RunDir,
-        chunk: str,
-        attempt: int,
-        timeout: float,
-        schedule_timeout: float,
-        backend: SwarmBackend,
-    ) -> bool:
-        """Until the attempt's record says it ended (True when its items were recorded), its lane's
-        service ended, went unscheduled for ``schedule_timeout`` or lost its node first, or
-        ``timeout`` passed (False)."""
-        start = self.clock()
-        looked = -float("inf")
-        while self.clock() - start < timeout:
-            record = read_record(rundir, chunk, attempt)
-            if record is not None and record.exit is not None:
-                return record.exit in ENDED_FINE
-            if self.clock() - looked >= SWARM_POLL:
-                looked = self.clock()
-                if not self._alive(lane, backend, self.clock() - start < schedule_timeout):
-                    record = read_record(rundir, chunk, attempt)  # written just before it ended
-                    return record is not None and record.exit in ENDED_FINE
-            time.sleep(POLL)
-        return False
-
-    @staticmethod
-    def _alive(lane: Lane, backend: SwarmBackend, may_wait: bool) -> bool:
-        services = [s for s in backend.services(lane.label) if s.name == lane.service]
-        task = services[0].latest_task() if services else None
-        if task is None or task.state in PENDING_STATES:
-            return bool(services) and may_wait  # not scheduled yet
-        if task.state in ENDED or task.state in LOST_STATES or task.state == "rejected":
-            return False
-        if task.node_id:
-            node = next((n for n in backend.nodes() if n.node_id == task.node_id), None)
-            if node is not None and node.state != "ready":
-                return False
-        return True
+    def _hand(self, lane: Lane, handoff: Handoff) -> None:
+        lane.home.write_file(lane.home.layout.lane_handoff(lane.chunk), handoff.to_json().encode())
 
 
-def remove_left(swarm: DockerSwarm, live: set[str]) -> int:
+@dataclass
+class LaneLauncher:
+    """A one-chunk pack's attempts (controller/run/launch.py): its chunk's first attempt handed to an
+    idle lane of its kind, or to a lane started for it; a fresh service of its own when no lane can
+    be had, and for every later attempt (the supervisor drops a lane that failed its attempt)."""
+
+    lanes: Lanes
+    key: str  # what its runner loads (packing.pack_key): only a lane of this kind takes it
+    rundir: RunDir  # the pack's
+    settings: RunnerSettings
+    fresh: Launcher
+    max_age: float  # the pack's chunk timeout: no lane older than that is used
+    wait: float  # how long to wait for an idle lane while every GPU is held by lanes
+    _taken: dict[str, Lane] = field(default_factory=dict)  # service -> the lane running an attempt
+    _tried: set[str] = field(default_factory=set)  # chunks already given to a lane
+
+    def start(self, chunk: str, attempt: int, avoid: tuple[str, ...]) -> Launched:
+        if chunk in self._tried or avoid:
+            return self.fresh.start(chunk, attempt, avoid)
+        self._tried.add(chunk)
+        logger = log.get(job=self.rundir.job, component="lanes")
+        lane, room = self.lanes.obtain(self.key, self.max_age, self.settings.gpus, self.wait)
+        if lane is None and not room:
+            return self.fresh.start(chunk, attempt, avoid)
+        try:
+            if lane is not None:
+                lane = self.lanes.hand(lane, self.rundir, chunk, attempt)
+            else:
+                lane = self.lanes.open(self.key, self.rundir, self.settings, chunk, attempt)
+        except (EngineUnavailable, FfswarmError, OSError) as e:
+            logger.warning("lane_failed", error=str(e))
+            self.lanes.drop(lane)
+            return self.fresh.start(chunk, attempt, avoid)
+        logger.info("lane_handed", chunk=chunk, attempt=attempt, service=lane.service, seq=lane.seq)
+        self._taken[lane.service] = lane
+        return Launched(lane.service, lane.label, lane=True)
+
+    def release(self, launched: Launched, reusable: bool) -> None:
+        lane = self._taken.pop(launched.service, None)
+        if lane is None:
+            self.fresh.release(launched, reusable)
+            return
+        log.get(job=self.rundir.job, component="lanes").info("lane_chunk", service=lane.service, ok=reusable)
+        if reusable:
+            self.lanes.give_back(lane)
+        else:
+            self.lanes.drop(lane)
+
+
+def remove_left(swarm: LaneSwarm, live: set[str]) -> int:
     """Lane services no live `serve` owns (``live``: the owners whose heartbeat is fresh, this one
     included), and any whose runner has exited, are removed: a lane left by a `serve` that stopped or
     died would otherwise go on with a chunk that the pack's next controller runs again."""

@@ -43,14 +43,16 @@ from controller.run import job_lease, usecase
 from controller.run.chunks import ChunkRun
 from controller.run.failures import ChunkState
 from controller.run.fold import Fold
-from controller.run.jobs import PreparedJob, open_run, owner, runner_settings
+from controller.run.jobs import PreparedJob, open_run, owner
+from controller.run.launch import FreshLauncher, Launcher
 from controller.run.report import Report, build_report
 from controller.run.rundir import Control, RunDir, Stage, read_nofollow
 from controller.run.usecase import SinkFactory
-from controller.serve.lanes import Lanes
+from controller.serve.lanes import LaneLauncher, Lanes
 from controller.serve.packing import Member, pack_key
 from controller.serve.shares import Share
 from controller.swarm.backend import SwarmBackend
+from controller.swarm.servicespec import RunnerSettings
 
 # Keys of a job file that are each job's own, never the pack's
 OWN_KEYS = {"name", "source", "targets", "pairs", "pairs_file", "output", "on_complete", "reference",
@@ -312,17 +314,18 @@ def start(
     os.sync()
     runner = PackRun(config, backend, pack, jobs)
 
-    def in_lane(rundir: RunDir, image: str) -> tuple[str, ...]:
-        """A first try in a lingering service (controller/serve/lanes.py), under the pack's lease."""
+    def in_lanes(swarm: SwarmBackend, rundir: RunDir, settings: RunnerSettings) -> Launcher:
+        """A one-chunk pack's chunk handed to a lingering service (controller/serve/lanes.py)."""
         assert lanes is not None
         key = pack_key(members[0].job, config.packing, config.image) or ""
-        settings = runner_settings(config, prepared, image)
         timeout, schedule = float(prepared.spec.timeout), float(config.schedule_timeout)
-        return lanes.run(key, rundir, settings, timeout, schedule, share)
+        return LaneLauncher(lanes, key, rundir, settings, FreshLauncher(swarm, settings), timeout, schedule)
+
+    launch = in_lanes if lanes is not None and len(prepared.plan.chunks) == 1 else None
 
     def run_pack() -> Report:
         try:
-            return usecase.run(config, backend, prepared, sinks, share=share, first=in_lane if lanes else None)
+            return usecase.run(config, backend, prepared, sinks, share=share, launch=launch)
         finally:
             if chunks_done is not None:
                 chunks_done()

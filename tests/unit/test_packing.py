@@ -242,10 +242,16 @@ def test_a_new_lane_starts_only_where_a_gpu_is_not_held_by_another_lane(tmp_path
             self.names.append(name)
 
     removed = Removed()
-    lanes = Lanes(lambda: removed, linger=30.0, capacity=lambda: 2)  # type: ignore[arg-type,return-value]
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    lanes = Lanes(lambda: removed, linger=30.0, capacity=lambda: 2, clock=lambda: now[0], sleep=sleep)  # type: ignore[arg-type,return-value]
     assert lanes.obtain("a", 600, 1, wait=0) == (None, True)  # room: start one
     assert lanes.obtain("a", 600, 1, wait=0) == (None, True)  # and a second, on the second GPU
     assert lanes.obtain("a", 0.0 + 600, 1, wait=0.2) == (None, False)  # both GPUs held: none came in time
+    assert now[0] >= 0.2  # it waited on the injected clock
     home = RunDir(tmp_path, "pack-abcdefgh")
     home.make_dirs()
     mine = Lane("a", "ffswarm-lane-1", "lane-1", home, "c0000", born=lanes.clock())

@@ -91,3 +91,21 @@ def test_every_sink_gets_every_event_and_the_textfile_the_jobs_gpu_count(tmp_pat
     assert events["a"] == events["b"] and events["a"][0] == "job_started" and events["a"][-1] == "job_finished"
     assert made[0].sink.state.gpus_per_chunk == 0
     assert "ffswarm_jobs_finished_total" in textfile.read_text()
+
+
+def test_every_chunk_attempt_starts_through_the_launcher_the_caller_gives(tmp_path: Path) -> None:
+    """`serve` hands a pack's use case its lanes this way (controller/serve/lanes.py LaneLauncher)."""
+    from controller.run.launch import FreshLauncher, Launched
+
+    config, job, rundir = new_job(tmp_path)
+    rundir.layout.identity.write_text(IdentityResult(source_embedding=EMBEDDING).to_json())
+    started: list[tuple[str, int]] = []
+
+    class Recording(FreshLauncher):
+        def start(self, chunk: str, attempt: int, avoid: tuple[str, ...]) -> Launched:
+            started.append((chunk, attempt))
+            return super().start(chunk, attempt, avoid)
+
+    swarm = FakeSwarm()
+    usecase.run(config, swarm, job, launch=lambda backend, run, settings: Recording(backend, settings))
+    assert started and started == [(c.id, 1) for c in job.plan.chunks]
