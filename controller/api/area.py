@@ -103,10 +103,11 @@ class Area:
             tenants = []
         return any(os.path.lexists(recs / t / f"{job}.json") for t in tenants)
 
-    def write_record(self, job: str, uploads: bool, sha256: str | None = None) -> JobRecord:
-        """``sha256``: of the job file about to be handed to the inbox (serve checks it)."""
+    def write_record(self, job: str, uploads: bool, sha256: str | None = None, durable: bool = True) -> JobRecord:
+        """``sha256``: of the job file about to be handed to the inbox (serve checks it);
+        ``durable=False``: not fsynced here (the caller flushes, controller/api/commit.py)."""
         rec = JobRecord(job, self.tenant, time.time(), uploads, sha256=sha256)
-        write_atomic(self.records / f"{job}.json", rec.to_json())
+        write_atomic(self.records / f"{job}.json", rec.to_json(), durable=durable)
         return rec
 
     def remove_record(self, job: str) -> None:
