@@ -70,12 +70,15 @@ class Area:
             (self.records, None),
         ):
             try:
-                os.mkdir(folder, 0o755)
-                if owner is not None and os.geteuid() == 0:
-                    os.chown(folder, *owner)
-            except FileExistsError:
-                pass
-            st = os.lstat(folder)
+                st = os.lstat(folder)  # there already on every request but the first: no mkdir tried
+            except FileNotFoundError:
+                try:
+                    os.mkdir(folder, 0o755)
+                    if owner is not None and os.geteuid() == 0:
+                        os.chown(folder, *owner)
+                except FileExistsError:
+                    pass
+                st = os.lstat(folder)
             if not stat.S_ISDIR(st.st_mode):  # a link or a file where the area should be: never followed
                 raise OSError(f"{self.root_rel(folder)} is not a folder")
             if owner is None and (st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022):
