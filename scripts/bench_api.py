@@ -125,7 +125,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-VOLUME_CALLS = "trace=%file,fsync,fdatasync,rename,renameat,renameat2,flock,getdents64"
+VOLUME_CALLS = "trace=%file,fsync,fdatasync,syncfs,sync,rename,renameat,renameat2,flock,getdents64"
 
 
 def trace(pid: int, out: Path) -> subprocess.Popen[bytes]:

@@ -103,14 +103,19 @@ class Api:
 
     # --- routes -------------------------------------------------------------------------------
 
+    def area_and_slot(self, tenant: Tenant) -> tuple[Area, quota.Reservation]:
+        """The tenant's area and a job slot in it (429 when full), in one trip to a worker thread."""
+        area = self.area(tenant)
+        return area, quota.reserve(self.config, tenant, area)
+
     async def post_job(self, request: Request) -> Response:
         tenant = self.tenant(request)
-        area = await asyncio.to_thread(self.area, tenant)
-        slot = await asyncio.to_thread(quota.reserve, self.config, tenant, area)  # 429 when full
+        area, slot = await asyncio.to_thread(self.area_and_slot, tenant)
         try:
             return await self._post_job(request, tenant, area, slot)
         finally:
-            await asyncio.to_thread(slot.release)  # the slot given back unless the job was handed over
+            if not slot.done:  # the slot given back unless the job was handed over (then nothing to do)
+                await asyncio.to_thread(slot.release)
 
     async def _post_job(self, request: Request, tenant: Tenant, area: Area, slot: quota.Reservation) -> Response:
         ctype = request.headers.get("content-type", "")

@@ -70,12 +70,15 @@ class Area:
             (self.records, None),
         ):
             try:
-                os.mkdir(folder, 0o755)
-                if owner is not None and os.geteuid() == 0:
-                    os.chown(folder, *owner)
-            except FileExistsError:
-                pass
-            st = os.lstat(folder)
+                st = os.lstat(folder)  # there already on every request but the first: no mkdir tried
+            except FileNotFoundError:
+                try:
+                    os.mkdir(folder, 0o755)
+                    if owner is not None and os.geteuid() == 0:
+                        os.chown(folder, *owner)
+                except FileExistsError:
+                    pass
+                st = os.lstat(folder)
             if not stat.S_ISDIR(st.st_mode):  # a link or a file where the area should be: never followed
                 raise OSError(f"{self.root_rel(folder)} is not a folder")
             if owner is None and (st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022):
@@ -103,10 +106,11 @@ class Area:
             tenants = []
         return any(os.path.lexists(recs / t / f"{job}.json") for t in tenants)
 
-    def write_record(self, job: str, uploads: bool, sha256: str | None = None) -> JobRecord:
-        """``sha256``: of the job file about to be handed to the inbox (serve checks it)."""
+    def write_record(self, job: str, uploads: bool, sha256: str | None = None, durable: bool = True) -> JobRecord:
+        """``sha256``: of the job file about to be handed to the inbox (serve checks it);
+        ``durable=False``: not fsynced here (the caller flushes, controller/api/commit.py)."""
         rec = JobRecord(job, self.tenant, time.time(), uploads, sha256=sha256)
-        write_atomic(self.records / f"{job}.json", rec.to_json())
+        write_atomic(self.records / f"{job}.json", rec.to_json(), durable=durable)
         return rec
 
     def remove_record(self, job: str) -> None:

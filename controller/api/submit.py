@@ -22,7 +22,7 @@ import yaml
 from contract.s3 import is_s3
 from controller import policy as admission
 from controller import yamlio
-from controller.api import quota
+from controller.api import commit, quota
 from controller.api.area import Area, new_job_id
 from controller.api.errors import ApiError
 from controller.api.objects import Objects
@@ -134,17 +134,22 @@ def validate(config: Config, area: Area, data: dict[str, Any], job: str, objects
 
 
 def hand_over(config: Config, area: Area, job: str, text: str, uploads: bool) -> None:
-    """The owner record, then the job file in the inbox (never replacing one); undone on failure."""
+    """The owner record, then the job file in the inbox (never replacing one), both durable on return
+    (one filesystem flush shared with the requests written meanwhile); undone on failure."""
     box = inbox(config)
     if not handover.serving(box):
         raise ApiError(
             503, "no_controller", "no controller is serving the inbox; nothing was accepted",
             headers={"Retry-After": RETRY_AFTER},
         )  # fmt: skip
-    area.write_record(job, uploads, hashlib.sha256(text.encode("utf-8")).hexdigest())
+    area.write_record(job, uploads, hashlib.sha256(text.encode("utf-8")).hexdigest(), durable=False)
+    placed: Path | None = None
     try:
-        handover.place(box, f"{job}.yaml", text)
+        placed = handover.place(box, f"{job}.yaml", text)
+        commit.durable(config.data_root)  # the 202 is sent only after this
     except BaseException:
+        if placed is not None:  # younger than serve's settle time: not claimed yet
+            placed.unlink(missing_ok=True)
         area.remove_record(job)
         raise
 

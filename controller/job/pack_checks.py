@@ -4,6 +4,7 @@ processors need, records the models the job asks for, and allows commercial use 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,24 @@ from controller.config import Config
 from controller.errors import JobFileError, MissingInputError
 from controller.job.spec import JobSpec
 from controller.models import read_spec
+
+_SPECS: dict[Path, tuple[tuple[int, ...], dict[str, Any]]] = {}  # pack folder → (pack.yaml's version, spec)
+
+
+def cached_spec(pack_dir: Path, shown: str) -> dict[str, Any]:
+    """pack.yaml read and checked (read_spec) once per version of the file — read again when its
+    inode, size, mtime or ctime change — rather than parsed on every submit. Shared: not to be changed."""
+    try:
+        st = os.lstat(pack_dir / "pack.yaml")
+    except OSError:
+        return read_spec(pack_dir, shown)  # its refusal names what is wrong
+    version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    known = _SPECS.get(pack_dir)
+    if known is not None and known[0] == version:
+        return known[1]
+    spec = read_spec(pack_dir, shown)  # a link or odd file is refused here, never cached
+    _SPECS[pack_dir] = (version, spec)
+    return spec
 
 
 def check_pack(config: Config, spec: JobSpec, file: Path) -> None:
@@ -28,7 +47,7 @@ def check_pack(config: Config, spec: JobSpec, file: Path) -> None:
             f"(install one with `ffswarm models fetch` or see docs/operations.md#models)"
         )
     try:
-        pack_spec = read_spec(pack_dir, shown)
+        pack_spec = cached_spec(pack_dir, shown)
         masks, swapper = spec.mask.types, spec.face_swapper.model  # the occluder/face parser, the converter
         filters = spec.selector.filters
         missing_roles(pack_dir, pack_spec, spec.processors, shown, filters=filters, masks=masks, swapper=swapper)
