@@ -237,7 +237,7 @@ class RunnerSettings:
     command: tuple[str, ...] = RUNNER_COMMAND
     nano_cpus: int = RUNNER_NANO_CPUS  # policy.limits.cpus
     storage_networks: tuple[str, ...] = ()  # storage.s3.network, for a job that uses s3://
-    secrets: tuple[SecretMount, ...] = ()  # storage.s3.credentials_secret, likewise
+    secrets: tuple[SecretMount, ...] = ()  # the job's storage keys (a tenant's own, else storage.s3's)
     data_mounts: tuple[DataMount, ...] = WHOLE_ROOT  # tenant_mounts for a tenant's job
 
 
