@@ -10,22 +10,11 @@ requests costs a few flushes instead of four fsyncs each (file and folder, recor
 
 from __future__ import annotations
 
-import ctypes
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
-
-def sync_filesystem(path: Path) -> None:
-    """Flush the filesystem holding ``path``: syncfs(2) of it, os.sync() where syncfs is missing."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if getattr(libc, "syncfs", None) is None or libc.syncfs(fd) != 0:
-            os.sync()
-    finally:
-        os.close(fd)
+from controller.folder import sync_filesystem
 
 
 class GroupCommit:

@@ -15,7 +15,6 @@ ids checked) through controller/volume.py.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import json
 import os
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from contract.layout import RUNS, RunLayout
 from controller.errors import JobFileError
+from controller.folder import sync_filesystem
 from controller.volume import UnsafePath, Volume
 
 CLAIMS = f"{RUNS}/.claims"
@@ -173,20 +173,8 @@ def claim(data_root: Path, job: str, outputs: Iterable[str], file: str) -> int:
             _unlink_if_mine(vol, _claim_path(digest), job)
         raise
     if made and not each:
-        _sync_filesystem(data_root)
+        sync_filesystem(data_root)  # every claim just written made durable at once
     return len(made)
-
-
-def _sync_filesystem(data_root: Path) -> None:
-    """Every claim just written made durable at once: syncfs(2) of the data root's filesystem (one
-    flush instead of an fsync per claim, each of which waits for a journal commit), os.sync elsewhere."""
-    fd = os.open(data_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if getattr(libc, "syncfs", None) is None or libc.syncfs(fd) != 0:
-            os.sync()
-    finally:
-        os.close(fd)
 
 
 def _claim_one(vol: Volume, data_root: Path, job: str, digest: str, rel: str, file: str, durable: bool = True) -> bool:
