@@ -185,9 +185,9 @@ class Bench:
                 d = json.loads(line)
             except ValueError:
                 continue
-            if d.get("job") in packs and d.get("event") in ("chunk_started", "chunk_done", "lane_handed", "lane_chunk"):
+            if d.get("job") in packs and d.get("chunk") and d.get("event") in ("chunk_started", "chunk_done"):
                 at = datetime.fromisoformat(d["timestamp"].replace("Z", "+00:00")).timestamp()
-                started = d["event"] in ("chunk_started", "lane_handed")  # a service made, or a lane handed it
+                started = d["event"] == "chunk_started"  # a service made, or a lane handed the chunk
                 (created if started else seen)[(d["job"], d["chunk"])] = at
         out = {"packs": float(len(packs)), "chunks": 0.0, "start_s": 0.0, "load_s": 0.0, "work_s": 0.0, "seen_s": 0.0}
         for pack in packs:
