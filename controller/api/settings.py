@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.policy import Webhooks, parse_webhooks
-from controller.settings.fields import FieldError, check_int, check_keys, check_number, check_str, parse_duration, show
+from controller.settings.fields import FieldError, check_int, check_keys, check_number, check_str, show
 from controller.storage.area import StorageArea, parse_area
 
 TENANT_NAME = r"[a-z0-9-]{1,40}"  # a folder under tenants/: no dots, so never a hidden name
@@ -290,17 +290,11 @@ def parse_tenants(value: object) -> Mapping[str, Tenant]:
 
 
 def parse_retention(value: object, f: str) -> int:
-    """``7d``, ``36h``, ``90m``, or any duration parse_duration takes → seconds."""
-    if not (isinstance(value, str) and "d" in value):
-        return parse_duration(value, f)
-    m = re.fullmatch(r"(\d+)d((?:\d+[hms])*)", value)
+    """``7d``, ``36h``, ``90m``, ``1d12h`` or whole seconds → seconds (parse_ttl's durations)."""
     try:
-        seconds = int(m.group(1)) * 86400 + (parse_duration(m.group(2), f) if m.group(2) else 0) if m else 0
+        return parse_ttl(value, f)
     except FieldError:
-        seconds = 0
-    if not seconds:
-        raise FieldError(f, f"must be a duration like 7d, 36h or 90m, got {show(value)}")
-    return seconds
+        raise FieldError(f, f"must be a duration like 7d, 36h or 90m, got {show(value)}") from None
 
 
 def _subjects(value: object, f: str, tenant: str, seen: dict[str, str]) -> tuple[str, ...]:
