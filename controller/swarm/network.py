@@ -26,7 +26,13 @@ from controller.errors import CapacityError
 from controller.swarm.servicespec import ANCHOR_SERVICE, LABEL_ROLE
 
 ROLE_ANCHOR = "runners-anchor"
-ANCHOR_COMMAND = ("/opt/ffswarm/bin/python", "-c", "import signal; signal.pause()")
+# PID 1 ignores a signal it has no handler for: without the SIGTERM handler every engine stop and node
+# drain would wait out the grace period and then SIGKILL the anchor.
+ANCHOR_COMMAND = (
+    "/opt/ffswarm/bin/python",
+    "-c",
+    "import signal, sys; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); signal.pause()",
+)
 ANCHOR_MEMORY = 48 * 1024 * 1024
 ANCHOR_WAIT = 60.0  # seconds for every node's anchor to be running before runners are started
 

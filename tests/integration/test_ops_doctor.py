@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from controller.config import Config
 from controller.doctor import SBOM_LABEL, check_runner_network
 from controller.swarm.admin import SwarmAdmin
 from controller.swarm.docker import DockerSwarm
+from controller.swarm.network import ANCHOR_COMMAND
 from controller.swarm.servicespec import ANCHOR_SERVICE, RUNNER_NETWORK, VolumeSpec
 from tests.integration.conftest import Workspace
 
@@ -116,3 +118,19 @@ def test_doctor_names_a_node_without_the_runners_anchor(workspace: Workspace, sw
         swarm._networks.clear()
         swarm.ensure_network(RUNNER_NETWORK, swarm.resolve_image(workspace.config.image), "65534:65534")
     assert SwarmAdmin().missing_anchors(RUNNER_NETWORK) == []
+
+
+def test_the_runners_anchor_ends_on_sigterm_without_waiting_for_a_kill(swarm: DockerSwarm, config: Config) -> None:
+    """An engine stop or node drain sends the anchor SIGTERM: it exits 0 at once instead of being
+    SIGKILLed at the end of the grace period (exit 137), which held every engine stop for 10 s."""
+    container = swarm.client.containers.run(  # a service's command replaces the entrypoint too
+        swarm.resolve_image(config.image), entrypoint=list(ANCHOR_COMMAND), detach=True, network_mode="none"
+    )
+    try:
+        container.reload()
+        assert container.status == "running"
+        container.stop(timeout=30)  # SIGTERM, then SIGKILL only after 30 s
+        container.reload()
+        assert container.attrs["State"]["ExitCode"] == 0, container.attrs["State"]
+    finally:
+        container.remove(force=True)
