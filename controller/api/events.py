@@ -114,7 +114,7 @@ def chunk_states(config: Config, area: Area, job: str) -> dict[int, dict[str, An
     return out
 
 
-def step(event: dict[str, Any]) -> int:
+def chunk_step(event: dict[str, Any]) -> int:
     """How far a chunk has got, as a number that grows along its life: its attempt, then how far
     that attempt got (started, running, retrying, ended)."""
     attempt = event["attempt"] if isinstance(event.get("attempt"), int) else 0
@@ -250,10 +250,10 @@ class _Stream:
         """The events a look makes, each with the id of the position after it."""
         out = []
         for n, event in (chunks or {}).items():
-            fresh = self.seen.get(n) != event if n in self.seen else self.at.step(n) != min(step(event), MAX_STEP)
+            fresh = self.seen.get(n) != event if n in self.seen else self.at.step(n) != min(chunk_step(event), MAX_STEP)
             if fresh:
                 self.seen[n] = event
-                self.at.sent(n, step(event))
+                self.at.sent(n, chunk_step(event))
                 out.append(self._event("chunk", event))
         text = json.dumps(row, sort_keys=True)
         if _digest(text) != self.at.progress:
