@@ -313,3 +313,30 @@ def test_a_last_event_id_that_is_not_this_streams_is_refused_by_name(env: Env) -
             error = r.json()["error"]
             assert error["field"] == "Last-Event-ID" and bad not in error["message"]
         assert c.get(f"/v1/jobs/{JOB}/events", params={"last_event_id": "12"}).status_code == 400
+
+
+def test_a_job_handed_back_by_retry_streams_again_after_the_end(env: Env) -> None:
+    rd = new_run(env, chunks=1)
+    results(rd, "c0000", ItemStatus.ERROR, "i000000", "i000001")
+    rd.write_state({"c0000": chunk("failed", attempt(1, "n1", "user", "bad input"), reason="bad input")})
+    with env.client() as c:
+        ended = list(frames(c.get(f"/v1/jobs/{JOB}/events")))
+        assert named(ended)[-1] == ("end", {"job": JOB, "phase": "finished", "outcome": "failed"})
+        env.inbox_file(JOB).write_text("name: x\n")  # POST …/retry handed it back to serve
+        with c.stream("GET", f"/v1/jobs/{JOB}/events", headers={"Last-Event-ID": ended[-1]["id"]}) as r:
+            assert r.status_code == 200
+            again = read_until(frames(r), "progress")
+    assert named(again) == [("progress", named(again)[0][1])] and named(again)[0][1]["phase"] == "queued"
+    assert seq(again[-1]) == seq(ended[-1]) + 1
+
+
+def test_an_id_stays_short_for_a_job_of_many_chunks() -> None:
+    at = event_stream.Position(seq=40_000)
+    for n in range(10_000):  # most done at the first attempt, some retried, some failed, the last running
+        at.sent(n, event_stream.chunk_step({"attempt": 2 if n % 97 == 0 else 1, "state": "done"}))
+    at.sent(9_999, event_stream.chunk_step({"attempt": 1, "state": "running"}))
+    text = at.id(JOB)
+    assert len(text) < 1024 and "\n" not in text and "\r" not in text
+    assert event_stream.Position.parse(text, JOB) == at
+    with pytest.raises(ValueError):
+        event_stream.Position.parse(text, "other-abcdefgh")
