@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from controller import log
+from controller.api import events as event_stream
 from controller.api import idempotency, links, objects, ops, page, page_openapi, quota, results, submit, uploads, views
 from controller.api import usage as api_usage
 from controller.api.area import Area, run_owner
@@ -209,9 +210,7 @@ class Api:
     async def events(self, request: Request) -> Response:
         job = request.path_params["job"]
         area = await page.caller_area(self, request, job)  # a token, or a signed link (the web page's EventSource)
-        await asyncio.to_thread(views.job_view, self.config, area, job)  # 404 before the stream starts
-        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-        return StreamingResponse(views.events(self.config, area, job), media_type="text/event-stream", headers=headers)
+        return await event_stream.respond(self.config, area, job, request)
 
     async def results(self, request: Request) -> Response:
         job = request.path_params["job"]

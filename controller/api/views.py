@@ -1,33 +1,26 @@
-"""What a tenant reads about its jobs: status, report, events, cancel;
-and whether the API can serve at all (/readyz).
+"""What a tenant reads about its jobs: status, report, cancel; and whether the API can serve at all
+(/readyz).
 
 All of it comes from the run folder and the inbox (the API keeps no state): a job not yet claimed
 by `serve` is ``queued``; one `serve` refused is ``refused`` with its reason. results.zip is
-controller/api/results.py.
+controller/api/results.py, the event stream controller/api/events.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import stat
-from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 from contract.layout import RECORDS, TENANTS, DataRootLayout
-from contract.paths import user_text
 from controller.api.area import Area
 from controller.api.errors import ApiError, not_found
 from controller.config import Config
 from controller.errors import FfswarmError
-from controller.run import control, handover, history, status, usage
-from controller.run.fold import Fold
+from controller.run import control, handover, status, usage
 from controller.run.rundir import RunDir, read_nofollow
 
 MAX_REASON = 4096
-EVENT_INTERVAL = 0.5  # progress at most every 500 ms
 
 
 def job_view(config: Config, area: Area, job: str) -> dict[str, Any]:
@@ -89,110 +82,6 @@ def cancel(config: Config, area: Area, job: str) -> dict[str, Any]:
         raise ApiError(409, "not_cancellable", f"job {job!r} is being started; try again in a moment") from None
     area.mark_cancelled(job)
     return {"job": job, "cancelled": True}
-
-
-def _reason(config: Config, area: Area, text: str) -> str:
-    """A reason as the report words it for the tenant: paths relative to its area, none of this host's."""
-    return user_text(text, str(config.data_root)).replace(area.rel + "/", "")[:MAX_REASON]
-
-
-def _chunk_event(
-    config: Config, area: Area, cid: str, rec: dict[str, Any], fold: Fold, items: tuple[str, ...]
-) -> dict[str, Any] | None:
-    """One chunk as a ``chunk`` event says it; None while it waits for its first attempt."""
-    atts = rec["attempts"]
-    last = atts[-1] if atts else None
-    state, reason = rec["state"], rec["reason"]
-    if state == "queued":  # queued again after an attempt that failed: waiting for its retry
-        if last is None or last.get("outcome") in ("running", "done", None):
-            return None
-        state, reason = "retrying", last.get("reason")
-    elif state == "running":  # placed on a node once its task is scheduled
-        state = "running" if last is not None and last.get("node") else "started"
-    elif state == "unknown":  # a runner's attempt record with no ending yet (a rendered stack's chunk)
-        state = "running"
-    event: dict[str, Any] = {"chunk": cid, "state": state, "attempt": last["attempt"] if last else 0}
-    if state in ("done", "failed", "cancelled"):  # an item with no result: as the report counts it
-        unended = "cancelled" if state == "cancelled" else "error"
-        ended = Counter(r.status.value if r is not None else unended for r in (fold.result(i) for i in items))
-        event["items"] = {"total": len(items), "ok": ended["ok"], "no_face": ended["no_face"],
-                          "failed": ended["error"], "cancelled": ended["cancelled"]}  # fmt: skip
-    if reason and state in ("failed", "retrying", "cancelled"):
-        event["reason"] = _reason(config, area, reason)
-    return event
-
-
-def chunk_states(config: Config, area: Area, job: str) -> dict[str, dict[str, Any]]:
-    """Every chunk of the job that has left the queue, as its ``chunk`` event says it: from
-    state.json as `status` reads it (controller/run/history.py, every run's records), and for a
-    chunk no controller recorded there, the report's record of it (a packed job's one chunk,
-    whose pack ran it: it shows only at the end)."""
-    rundir = RunDir(config.data_root, job)
-    if not rundir.exists():
-        return {}
-    plan = rundir.plan()
-    fold = Fold.read(plan, rundir)
-    records = history.whole(rundir, fold)
-    reported = (rundir.report() or {}).get("chunks")
-    for cid, raw in (reported if isinstance(reported, dict) else {}).items():
-        rec = history.clean(raw)
-        if isinstance(cid, str) and cid not in records and rec is not None:
-            records[cid] = rec
-    out = {}
-    for chunk in plan.chunks:
-        rec = records.get(chunk.id)
-        event = _chunk_event(config, area, chunk.id, rec, fold, chunk.items) if rec is not None else None
-        if event is not None:
-            out[chunk.id] = event
-    return out
-
-
-def _stamp(path: os.PathLike[str]) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path, follow_symlinks=False)
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def _look(config: Config, area: Area, job: str, before: object) -> tuple[dict[str, Any], object, Any]:
-    """The job's status row; its chunks again only when the row or state.json changed since ``before``
-    (None: unchanged, or unreadable now)."""
-    row = job_view(config, area, job)
-    mark = (json.dumps(row, sort_keys=True), _stamp(RunDir(config.data_root, job).layout.state))
-    if mark == before:
-        return row, mark, None
-    try:
-        return row, mark, chunk_states(config, area, job)
-    except FfswarmError:  # a run-folder file being replaced or odd: looked at again next time
-        return row, None, None
-
-
-def _sse(event: str, data: object) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data, sort_keys=True)}\n\n".encode()
-
-
-async def events(config: Config, area: Area, job: str, poll: float = EVENT_INTERVAL) -> AsyncIterator[bytes]:
-    """Server-sent events, looked at every 500 ms: ``chunk`` for each chunk whose state changed (on
-    connecting, every chunk that has left the queue, as it is), ``progress`` when the status changed,
-    then ``end``."""
-    last = None
-    mark: object = None
-    seen: dict[str, dict[str, Any]] = {}
-    while True:
-        row, mark, chunks = await asyncio.to_thread(_look, config, area, job, mark)
-        for cid, event in (chunks or {}).items():
-            if seen.get(cid) != event:
-                seen[cid] = event
-                yield _sse("chunk", event)
-        text = json.dumps(row, sort_keys=True)
-        if text != last:
-            last = text
-            yield f"event: progress\ndata: {text}\n\n".encode()
-        if row["phase"] in ("finished", "cancelled", "refused", "stopped"):
-            yield _sse("end", {"job": job, "phase": row["phase"]})
-            return
-        await asyncio.sleep(poll)
 
 
 # --- readiness ----------------------------------------------------------------------------------

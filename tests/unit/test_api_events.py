@@ -1,12 +1,14 @@
 """`GET /v1/jobs/{id}/events` over real HTTP: ``chunk`` events as a run folder's state.json changes
-while the client reads the stream (each change once, reasons as the tenant knows its paths), and a
-packed job's one chunk, which shows only when it ends."""
+while the client reads the stream (each change once, reasons as the tenant knows its paths), a
+packed job's one chunk, which shows only when it ends; ids that let a dropped client resume on
+another replica without a replay, and keep-alives while nothing changes."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +16,12 @@ import httpx
 import pytest
 
 from contract.results import ItemResult, ItemStatus
+from controller.api import events as event_stream
 from controller.api.area import Area
 from controller.job.plan import Chunk, Plan, PlannedItem
 from controller.run import job_lease
 from controller.run.rundir import Control, RunDir, Stage
-from tests.builders import Env, api_env
+from tests.builders import Env, api_env, serve_api
 
 JOB = "party-abcdefgh"
 OUT = f"tenants/acme/out/{JOB}"
@@ -133,7 +136,7 @@ def test_chunk_events_follow_state_json_while_the_stream_is_read(env: Env) -> No
         results(rd, "c0001", ItemStatus.ERROR, "i000002", "i000003")  # every item ended: the job is finished
         rest = list(events)
     assert [n for n, _ in rest if n == "chunk"] == []  # nothing changed twice
-    assert rest[-1] == ("end", {"job": JOB, "phase": "finished"})
+    assert rest[-1] == ("end", {"job": JOB, "phase": "finished", "outcome": "partial"})  # 2 ok, 2 failed
     assert rest[-2][0] == "progress" and rest[-2][1]["items"]["ok"] == 2 and rest[-2][1]["items"]["failed"] == 2
     everything = json.dumps([*seen, *rest])
     assert str(env.root) not in everything and "/data/" not in everything
@@ -167,7 +170,7 @@ def test_a_client_joining_late_gets_each_chunk_as_it_is_then_only_changes(env: E
         {"chunk": "c0002", "state": "cancelled", "attempt": 0,
          "items": {"total": 2, "ok": 0, "no_face": 0, "failed": 0, "cancelled": 2}},
     ]  # fmt: skip
-    assert rest[-1] == ("end", {"job": JOB, "phase": "cancelled"})
+    assert rest[-1] == ("end", {"job": JOB, "phase": "cancelled", "outcome": "cancelled"})
 
 
 def test_a_packed_job_shows_its_one_chunk_only_when_it_ends(env: Env) -> None:
@@ -193,4 +196,147 @@ def test_a_packed_job_shows_its_one_chunk_only_when_it_ends(env: Env) -> None:
         {"chunk": "c0000", "state": "done", "attempt": 0,
          "items": {"total": 2, "ok": 2, "no_face": 0, "failed": 0, "cancelled": 0}}
     ]  # fmt: skip
-    assert rest[-1] == ("end", {"job": JOB, "phase": "finished"})
+    assert rest[-1] == ("end", {"job": JOB, "phase": "finished", "outcome": "succeeded"})
+
+
+# --- ids, resuming, keep-alives -----------------------------------------------------------------
+def frames(r: httpx.Response) -> Iterator[dict[str, str]]:
+    """Each block of the stream as its fields (``event``, ``data``, ``id``, ``retry``; a comment
+    as ``comment``), in the order sent."""
+    block: dict[str, str] = {}
+    for line in r.iter_lines():
+        if line == "":
+            if block:
+                yield block
+            block = {}
+        elif line.startswith(":"):
+            block["comment"] = line[1:].strip()
+        else:
+            name, _, value = line.partition(":")
+            block[name] = value[1:] if value.startswith(" ") else value
+    if block:
+        yield block
+
+
+def seq(frame: dict[str, str]) -> int:
+    return int(frame["id"].split(".")[0])
+
+
+def named(frames_: list[dict[str, str]]) -> list[tuple[str, dict[str, Any]]]:
+    return [(f["event"], json.loads(f["data"])) for f in frames_ if "event" in f]
+
+
+def read_until(blocks: Iterator[dict[str, str]], last: str) -> list[dict[str, str]]:
+    """Blocks up to and with the first event named ``last`` (keep-alives skipped)."""
+    out = []
+    for block in blocks:
+        if "comment" not in block:
+            out.append(block)
+        if block.get("event") == last:
+            return out
+    raise AssertionError(f"the stream ended before a {last} event")
+
+
+def test_a_client_that_drops_mid_job_resumes_on_another_replica_with_every_later_event_once(env: Env) -> None:
+    rd = new_run(env, chunks=3)
+    results(rd, "c0000", ItemStatus.OK, "i000000", "i000001")
+    c1 = chunk("running", attempt(1, "n1"))
+    rd.write_state({"c0000": chunk("done", attempt(1, "n1", "done")), "c0001": c1})
+    with env.client() as c, c.stream("GET", f"/v1/jobs/{JOB}/events") as r:
+        assert r.headers["x-accel-buffering"] == "no" and r.headers["cache-control"] == "no-store"
+        blocks = frames(r)
+        assert next(blocks) == {"retry": "3000"}
+        before = read_until(blocks, "progress")  # c0000, c0001, then the status object: the client drops
+    assert [d["chunk"] for n, d in named(before) if n == "chunk"] == ["c0000", "c0001"]
+
+    # while nobody listens, c0002 starts; c0000 and c0001 stay as they were sent
+    rd.write_state({"c0000": chunk("done", attempt(1, "n1", "done")), "c0001": c1,
+                    "c0002": chunk("running", attempt(1, None))})  # fmt: skip
+    for url in serve_api(env.config):  # another replica of the API over the same volume
+        other = replace(env, url=url)
+        with (
+            other.client() as c,
+            c.stream("GET", f"/v1/jobs/{JOB}/events", headers={"Last-Event-ID": before[-1]["id"]}) as r,
+        ):
+            assert r.status_code == 200
+            blocks = frames(r)
+            assert next(blocks) == {"retry": "3000"}
+            resumed = read_until(blocks, "progress")
+            results(rd, "c0001", ItemStatus.OK, "i000002", "i000003")
+            results(rd, "c0002", ItemStatus.NO_FACE, "i000004", "i000005")
+            rest = list(blocks)
+    after = [*resumed, *rest]
+    assert all("id" in f for f in [*before, *after] if "event" in f)
+    ids = [seq(f) for f in [*before, *after] if "id" in f]
+    assert ids == sorted(set(ids)) and ids[0] == 1  # strictly increasing, continued by the resumed stream
+    chunks = [(d["chunk"], d["state"]) for n, d in named(after) if n == "chunk"]
+    assert chunks == [("c0002", "started"), ("c0001", "done"), ("c0002", "done")]  # nothing sent before again
+    assert named(after)[-1] == ("end", {"job": JOB, "phase": "finished", "outcome": "succeeded"})
+    assert [n for n, _ in named(after)].count("end") == 1
+
+    with env.client() as c:  # the end seen: nothing more, and an EventSource stops reconnecting on a 204
+        r = c.get(f"/v1/jobs/{JOB}/events", headers={"Last-Event-ID": after[-1]["id"]})
+        assert r.status_code == 204 and r.content == b""
+        # a client that saw the last status object but not the end: only the end, found by the query
+        last_progress = next(f for f in reversed(after) if f.get("event") == "progress")
+        r = c.get(f"/v1/jobs/{JOB}/events", params={"last_event_id": last_progress["id"]})
+        assert named(list(frames(r))) == [("end", {"job": JOB, "phase": "finished", "outcome": "succeeded"})]
+
+
+def test_keep_alives_arrive_while_a_chunk_is_quiet(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(event_stream, "KEEPALIVE", 0.2)  # 15 s in service
+    rd = new_run(env, chunks=1)
+    rd.write_state({"c0000": chunk("running", attempt(1, "n1"))})
+    with env.client() as c, c.stream("GET", f"/v1/jobs/{JOB}/events") as r:
+        blocks = frames(r)
+        assert next(blocks) == {"retry": "3000"}
+        first = read_until(blocks, "progress")
+        quiet = [next(blocks) for _ in range(3)]  # the chunk runs on and nothing changes
+        assert quiet == [{"comment": "keep-alive"}] * 3
+        results(rd, "c0000", ItemStatus.OK, "i000000", "i000001")
+        rest = list(blocks)
+    assert [n for n, _ in named(first)] == ["chunk", "progress"]
+    assert named(rest)[-1] == ("end", {"job": JOB, "phase": "finished", "outcome": "succeeded"})
+
+
+def test_a_last_event_id_that_is_not_this_streams_is_refused_by_name(env: Env) -> None:
+    new_run(env, chunks=1)
+    other = "other-abcdefgh"
+    Area(env.root, "acme").write_record(other, uploads=False)
+    env.inbox_file(other).write_text("name: x\n")
+    with env.client() as c:
+        with c.stream("GET", f"/v1/jobs/{other}/events") as r:
+            foreign = next(f for f in frames(r) if "id" in f)["id"]  # an id of another job's stream
+        for bad in ("12", "3.not-base64!", "7.eJwDAAAAAAE", foreign, "x" * 5000):
+            r = c.get(f"/v1/jobs/{JOB}/events", headers={"Last-Event-ID": bad})
+            assert r.status_code == 400, bad
+            error = r.json()["error"]
+            assert error["field"] == "Last-Event-ID" and bad not in error["message"]
+        assert c.get(f"/v1/jobs/{JOB}/events", params={"last_event_id": "12"}).status_code == 400
+
+
+def test_a_job_handed_back_by_retry_streams_again_after_the_end(env: Env) -> None:
+    rd = new_run(env, chunks=1)
+    results(rd, "c0000", ItemStatus.ERROR, "i000000", "i000001")
+    rd.write_state({"c0000": chunk("failed", attempt(1, "n1", "user", "bad input"), reason="bad input")})
+    with env.client() as c:
+        ended = list(frames(c.get(f"/v1/jobs/{JOB}/events")))
+        assert named(ended)[-1] == ("end", {"job": JOB, "phase": "finished", "outcome": "failed"})
+        env.inbox_file(JOB).write_text("name: x\n")  # POST …/retry handed it back to serve
+        with c.stream("GET", f"/v1/jobs/{JOB}/events", headers={"Last-Event-ID": ended[-1]["id"]}) as r:
+            assert r.status_code == 200
+            again = read_until(frames(r), "progress")
+    assert named(again) == [("progress", named(again)[0][1])] and named(again)[0][1]["phase"] == "queued"
+    assert seq(again[-1]) == seq(ended[-1]) + 1
+
+
+def test_an_id_stays_short_for_a_job_of_many_chunks() -> None:
+    at = event_stream.Position(seq=40_000)
+    for n in range(10_000):  # most done at the first attempt, some retried, some failed, the last running
+        at.sent(n, event_stream.chunk_step({"attempt": 2 if n % 97 == 0 else 1, "state": "done"}))
+    at.sent(9_999, event_stream.chunk_step({"attempt": 1, "state": "running"}))
+    text = at.id(JOB)
+    assert len(text) < 1024 and "\n" not in text and "\r" not in text
+    assert event_stream.Position.parse(text, JOB) == at
+    with pytest.raises(ValueError):
+        event_stream.Position.parse(text, "other-abcdefgh")

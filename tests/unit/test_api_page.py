@@ -2,11 +2,16 @@
 their reasons, before/after thumbnails (only that job's files in its tenant's area, never through a
 link), signed events links for EventSource, and the page itself in headless Chromium (Debian's
 /usr/bin/chromium driven by Playwright: it signs in, watches a running job reach 100 % while this
-test commits its items, and shows before/after images that decode)."""
+test commits its items, and shows before/after images that decode); an EventSource whose stream a
+proxy cuts mid-job reconnects by itself with Last-Event-ID and resumes without a replay."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +21,7 @@ import numpy as np
 import pytest
 
 from contract.results import ItemResult, ItemStatus
+from controller.api import events as event_stream
 from controller.api.area import Area
 from controller.job.plan import Chunk, Plan, PlannedItem
 from controller.run.rundir import Control, RunDir
@@ -256,3 +262,114 @@ def test_the_page_signs_in_watches_a_job_reach_100_and_shows_before_and_after(en
             browser.close()
     assert shot.stat().st_size > 0
     assert not any(KEYS["acme"] in u for u in requested), "the token never travels in a URL"
+
+
+class CuttingProxy:
+    """A TCP relay on loopback in front of the API, as a load balancer is: ``cut()`` drops every
+    connection it carries now; ``sent`` is everything clients sent through it, per connection."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = int(upstream.rsplit(":", 1)[1])
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.open: list[socket.socket] = []
+        self.sent: list[bytearray] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream))
+            record = bytearray()
+            with self.lock:
+                self.open += [client, upstream]
+                self.sent.append(record)
+            threading.Thread(target=self._pump, args=(client, upstream, record), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, None), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, record: bytearray | None) -> None:
+        try:
+            while data := src.recv(65536):
+                if record is not None:
+                    record += data
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        with self.lock:
+            dropped, self.open = self.open, []
+        for s in dropped:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.listener.close()
+        self.cut()
+
+    def requests(self, path: str) -> list[dict[str, str]]:
+        """The headers of each request for ``path`` (any query) that went through, in order."""
+        with self.lock:
+            raw = b"".join(bytes(r) for r in self.sent)
+        heads = re.findall(rb"GET " + re.escape(path.encode()) + rb"[? ][^\r\n]*\r\n(.*?)\r\n\r\n", raw, re.S)
+        return [
+            {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in head.decode().split("\r\n"))}
+            for head in heads
+        ]
+
+
+@needs_chromium
+def test_an_eventsource_cut_by_a_proxy_reconnects_by_itself_and_resumes_without_a_replay(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from playwright.sync_api import sync_playwright
+
+    monkeypatch.setattr(event_stream, "RETRY_MS", 200)  # the browser reconnects after 3 s in service
+    run = Run(env)
+    proxy = CuttingProxy(env.url)
+    with env.client() as c:
+        link = c.post(f"/v1/jobs/{JOB}/events-link").json()["url"]
+    collect = """url => {
+        window.got = [];
+        const es = new EventSource(url);
+        for (const type of ["chunk", "progress", "end"]) es.addEventListener(type, ev => {
+            window.got.push({type, id: ev.lastEventId, data: JSON.parse(ev.data)});
+            if (type === "end") es.close();
+        });
+    }"""
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page()
+                page.goto(proxy.url + "/")
+                page.evaluate(collect, proxy.url + link)
+                page.wait_for_function("() => window.got.some(e => e.type === 'progress')", timeout=10_000)
+                before = page.evaluate("() => window.got")
+                proxy.cut()  # the load balancer drops the stream mid-job
+                run.commit(0)
+                page.wait_for_function(f"() => window.got.length > {len(before)}", timeout=10_000)
+                for n in (1, 2, 3):
+                    run.commit(n)
+                page.wait_for_function("() => window.got.some(e => e.type === 'end')", timeout=10_000)
+                got = page.evaluate("() => window.got")
+            finally:
+                browser.close()
+    finally:
+        proxy.close()
+    opened = proxy.requests(f"/v1/jobs/{JOB}/events")
+    assert len(opened) == 2 and "last-event-id" not in opened[0]
+    assert opened[1]["last-event-id"] == before[-1]["id"]  # sent by the browser itself
+    seqs = [int(e["id"].split(".")[0]) for e in got]
+    assert seqs == sorted(set(seqs))  # each event once, in order, across the two connections
+    after = got[len(before) :]
+    assert [e["type"] for e in after if e["type"] != "progress"] == ["end"]
+    assert all(e["data"] != before[-1]["data"] for e in after)  # the status before the cut is not sent again
+    assert after[-2]["data"]["items"]["ok"] == 3 and after[-1]["data"]["outcome"] == "partial"
