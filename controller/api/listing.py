@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from controller.api import views
 from controller.api.area import Area
 from controller.api.errors import ApiError
-from controller.api.views import job_view
 from controller.config import Config
 from controller.job.index import KEY, job_of, time_key
 from controller.run.status import OUTCOMES
@@ -93,7 +93,7 @@ def _row(config: Config, area: Area, key: str) -> dict[str, Any] | None:
     """The entry's status object; None for a job deleted meanwhile (its entry is removed)."""
     job = job_of(key)
     try:
-        return job_view(config, area, job)
+        return views.job_view(config, area, job)
     except ApiError:
         if area.record(job) is None:  # the record is gone: a deletion cut short left the entry
             area.index.remove_key(key)

@@ -54,8 +54,8 @@ def test_cancelled_refused_queued_and_running_jobs(env: Env) -> None:
     record(env.root, "gone-dddddddd").mark_cancelled("gone-dddddddd")  # taken out of the inbox
     record(env.root, "busy-eeeeeeee")
     run(env.root, "busy-eeeeeeee", [OK, None])
-    stop, bad, wait, gone, busy = (get(env, j) for j in
-                                   ("stop-aaaaaaaa", "bad-bbbbbbbb", "wait-cccccccc", "gone-dddddddd", "busy-eeeeeeee"))  # fmt: skip
+    ids = ("stop-aaaaaaaa", "bad-bbbbbbbb", "wait-cccccccc", "gone-dddddddd", "busy-eeeeeeee")
+    stop, bad, wait, gone, busy = (get(env, j) for j in ids)
     assert (stop["phase"], stop["outcome"]) == ("cancelled", "cancelled") and stop["finished_at"]
     assert (bad["phase"], bad["outcome"]) == ("refused", "failed") and bad["reason"] == "in/x.jpg: no such file"
     assert bad["finished_at"] and bad["started_at"] is None  # it never ran
