@@ -3,8 +3,9 @@
 Pages come from the tenant's job index (controller/job/index.py), read from its newest end, so a
 page costs the status reads of the jobs it looks at, never the tenant's whole history. The cursor is
 the index entry of the last job looked at. Filters on ``phase`` and ``outcome`` need each job's
-status, so a filtered page looks at no more than ``max(limit, SCAN)`` jobs: it may then hold fewer
-than ``limit`` (even none) with a ``next_cursor`` to go on from; ``next_cursor`` null is the end.
+status, so a page looks at no more than ``max(limit, SCAN)`` jobs: filtered (or with jobs deleted
+meanwhile) it may hold fewer than ``limit``, even none, with a ``next_cursor`` to go on from;
+``next_cursor`` null is the end.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def _after(raw: str | None, errors: list[tuple[str, str]]) -> str | None:
 
 def list_page(config: Config, area: Area, query: Query) -> dict[str, Any]:
     """One page of the tenant's jobs (see the module's docstring)."""
-    budget = query.limit if query.phase is None and query.outcome is None else max(query.limit, SCAN)
+    budget = max(query.limit, SCAN)  # jobs looked at, those filtered out or deleted meanwhile included
     jobs: list[dict[str, Any]] = []
     last: str | None = None
     entries = area.indexed().newest(query.cursor)

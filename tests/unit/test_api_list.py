@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from controller.api import views
+from controller.api import listing, views
 from controller.api.area import Area
 from controller.job.index import job_of, key_of
 from tests.builders import Env, api_env
@@ -155,3 +155,16 @@ def test_many_writers_at_once_each_job_listed_once_in_order(env: Env) -> None:
     listed = names(jobs(env, limit=1000))
     assert len(listed) == len(set(listed)) == 200
     assert listed == [job_of(key) for key in sorted(made, reverse=True)]  # by creation time, then id
+
+
+def test_a_filtered_page_stops_looking_and_says_where_to_go_on(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filter that matches only old jobs: each page looks at a bounded number of jobs, may come back
+    empty with a cursor, and paging on finds the match."""
+    finished(env.root, "first-aaaaaaaa", [OK])
+    for n in range(5):
+        record(env.root, f"new{n}-aaaaaaaa")
+    monkeypatch.setattr(listing, "SCAN", 2)
+    pages = [jobs(env, outcome="succeeded", limit=1)]
+    while pages[-1]["next_cursor"] is not None:
+        pages.append(jobs(env, outcome="succeeded", limit=1, cursor=pages[-1]["next_cursor"]))
+    assert [names(p) for p in pages] == [[], [], ["first-aaaaaaaa"]]
