@@ -26,10 +26,12 @@ from controller.api.area import Area, run_owner
 from controller.api.auth import Authenticator, JwtVerifier, read_key_file
 from controller.api.errors import ApiError, not_found
 from controller.api.fairness import Fairness
+from controller.api.listing import Query, list_page
 from controller.api.metrics import ApiMetrics
 from controller.api.openapi import document
 from controller.api.settings import Tenant
 from controller.api.sweep import Staging, every, sweep_uploads
+from controller.api.waiting import preference, until_ended
 from controller.config import Config
 from controller.errors import FfswarmError
 from controller.job import access
@@ -155,19 +157,19 @@ class Api:
 
     async def list_jobs(self, request: Request) -> Response:
         area = await asyncio.to_thread(self.area, self.tenant(request))
-        raw = request.query_params.get("limit", "50")
-        if not raw.isdigit() or not 1 <= int(raw) <= 1000:
-            raise ApiError(400, "bad_request", "limit must be an integer from 1 to 1000", field="limit")
-        cursor = request.query_params.get("cursor")
-        return JSONResponse(await asyncio.to_thread(views.list_jobs, area, int(raw), cursor))
+        query = Query(request.query_params)  # 400 naming every wrong field
+        return JSONResponse(await asyncio.to_thread(list_page, self.config, area, query))
 
     async def get_job(self, request: Request) -> Response:
         area = await asyncio.to_thread(self.area, self.tenant(request))
-        job = request.path_params["job"]
+        return JSONResponse(await self.job_status(area, request.path_params["job"]))
+
+    async def job_status(self, area: Area, job: str) -> dict[str, Any]:
+        """The status object GET /v1/jobs/{job} answers: the job's status, its signed links, its outputs."""
         row = await asyncio.to_thread(views.job_view, self.config, area, job)
         outputs = await asyncio.to_thread(objects.job_links, self.config, area, job, self.objects)
         signed = await asyncio.to_thread(self.links, area, job)
-        return JSONResponse({**row, **signed, **outputs})
+        return {**row, **signed, **outputs}
 
     async def get_report(self, request: Request) -> Response:
         area = await asyncio.to_thread(self.area, self.tenant(request))
@@ -187,12 +189,19 @@ class Api:
         return Response(status_code=204)
 
     async def post_job_once(self, request: Request) -> Response:
-        """POST /v1/jobs: with an Idempotency-Key, at most one job per tenant and key (idempotency.py)."""
-        if request.headers.get("idempotency-key") is None:
-            return await self.post_job(request)
+        """POST /v1/jobs: with an Idempotency-Key, at most one job per tenant and key (idempotency.py);
+        with ``Prefer: wait=N``, the final status when the job ends within N s (waiting.py)."""
         tenant = self.tenant(request)
+        if request.headers.get("idempotency-key") is None:
+            answer = await self.post_job(request)
+        else:
+            area = await asyncio.to_thread(self.area, tenant)
+            answer = await idempotency.post_job(request, area, self.post_job, MAX_JSON, tenant.quota.upload)
+        wait = preference(request.headers.getlist("prefer"))
+        if wait is None:
+            return answer
         area = await asyncio.to_thread(self.area, tenant)
-        return await idempotency.post_job(request, area, self.post_job, MAX_JSON, tenant.quota.upload)
+        return await until_ended(answer, wait, area, lambda job: self.job_status(area, job))
 
     async def scale(self, request: Request) -> Response:
         tenant = self.tenant(request)

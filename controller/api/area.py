@@ -9,6 +9,8 @@
   record, so another tenant's job is simply not found. `serve` reads the same record, resolves the
   job inside the tenant's area and writes ``owner`` into the run folder; once that exists, it is
   what decides (docs/api.md#ownership).
+- ``tenants/.jobs/<t>/.index/`` lists the tenant's jobs by creation time (controller/job/index.py):
+  an entry is added with each record and removed with it, so the job list reads from its newest end.
 
 Everything read back from here is treated as hostile: no links followed, sizes capped, fields checked.
 """
@@ -24,9 +26,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from contract.layout import TENANTS, DataRootLayout, RunLayout
+from controller.job.index import JobIndex
 from controller.job.owners import JOB_ID, MAX_RECORD, TENANT, JobRecord
 from controller.run.rundir import read_nofollow, write_atomic
 from controller.storage.area import StorageArea
+from controller.volume import Volume
 
 __all__ = ["JOB_ID", "Area", "JobRecord", "new_job_id", "run_owner"]
 
@@ -60,6 +64,7 @@ class Area:
         top = DataRootLayout.host(data_root)
         self.path = top.tenants / tenant
         self.records = top.records / tenant
+        self.index = JobIndex(Volume(data_root), tenant)
 
     def ensure(self, runner: tuple[int, int] | None) -> None:
         """Create the area (owned by the runner when this process may chown) and the record folder."""
@@ -108,13 +113,28 @@ class Area:
 
     def write_record(self, job: str, uploads: bool, sha256: str | None = None, durable: bool = True) -> JobRecord:
         """``sha256``: of the job file about to be handed to the inbox (serve checks it);
-        ``durable=False``: not fsynced here (the caller flushes, controller/api/commit.py)."""
+        ``durable=False``: not fsynced here (the caller flushes, controller/api/commit.py). The
+        job's index entry is made after it (an entry always has its record)."""
         rec = JobRecord(job, self.tenant, time.time(), uploads, sha256=sha256)
         write_atomic(self.records / f"{job}.json", rec.to_json(), durable=durable)
+        try:
+            self.index.add(job, rec.created)
+        except BaseException:
+            (self.records / f"{job}.json").unlink(missing_ok=True)
+            raise
         return rec
 
     def remove_record(self, job: str) -> None:
+        rec = self.record(job)
+        if rec is not None:
+            self.index.remove(job, rec.created)
         (self.records / f"{job}.json").unlink(missing_ok=True)
+
+    def indexed(self) -> JobIndex:
+        """The tenant's job index, with the records made before it existed added once."""
+        if not self.index.built():
+            self.index.build((job, rec.created) for job in self.jobs() if (rec := self.record(job)) is not None)
+        return self.index
 
     def record(self, job: str) -> JobRecord | None:
         """The caller's record of ``job``; None for any other job (another tenant's, or none)."""

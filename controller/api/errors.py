@@ -8,7 +8,7 @@ file's content, a token or a key.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -22,6 +22,7 @@ class ApiError(Exception):
         field: str | None = None,
         file: str | None = None,
         headers: Mapping[str, str] | None = None,
+        errors: Sequence[tuple[str, str]] = (),
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -30,6 +31,7 @@ class ApiError(Exception):
         self.field = field
         self.file = file
         self.headers = dict(headers or {})
+        self.errors = tuple(errors)  # (field, message), one per field of the request that was wrong
 
     def body(self) -> dict[str, Any]:
         err: dict[str, Any] = {"code": self.code, "message": self.message}
@@ -37,6 +39,8 @@ class ApiError(Exception):
             err["field"] = self.field
         if self.file is not None:
             err["file"] = self.file
+        if self.errors:
+            err["errors"] = [{"field": f, "message": m} for f, m in self.errors]
         return {"error": err}
 
 

@@ -40,7 +40,7 @@ from controller.api.errors import ApiError
 from controller.api.views import job_view
 from controller.config import Config
 from controller.errors import FfswarmError
-from controller.run import history
+from controller.run import history, status
 from controller.run.fold import Fold
 from controller.run.rundir import RunDir
 
@@ -213,21 +213,6 @@ def _look(config: Config, area: Area, job: str, before: object) -> tuple[dict[st
         return row, None, None
 
 
-def _outcome(row: dict[str, Any]) -> str | None:
-    """STAND-IN for controller/run/status.py ``outcome_of(row)`` (written on the status branch): at the
-    merge, replace this function's uses with ``status.outcome_of`` and delete it."""
-    phase, items = row.get("phase"), row.get("items") or {}
-    if phase == "cancelled":
-        return "cancelled"
-    if phase == "refused":
-        return "failed"
-    if phase != "finished":
-        return None
-    if not items.get("failed"):
-        return "succeeded"
-    return "partial" if items.get("ok", 0) + items.get("no_face", 0) > 0 else "failed"
-
-
 def _sse(name: str, data: object, event_id: str) -> bytes:
     return f"id: {event_id}\nevent: {name}\ndata: {json.dumps(data, sort_keys=True)}\n\n".encode()
 
@@ -261,7 +246,7 @@ class _Stream:
             out.append(self._event("progress", row))
         if row["phase"] in ENDED:
             self.at.ended = True
-            out.append(self._event("end", {"job": self.job, "phase": row["phase"], "outcome": _outcome(row)}))
+            out.append(self._event("end", {"job": self.job, "phase": row["phase"], "outcome": status.outcome_of(row)}))
         return out
 
     def _event(self, name: str, data: dict[str, Any]) -> bytes:

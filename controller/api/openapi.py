@@ -16,6 +16,7 @@ _ERROR = {
                 "message": {"type": "string"},
                 "field": {"type": "string"},
                 "file": {"type": "string"},
+                "errors": {"type": "array", "items": {"type": "object", "required": ["field", "message"]}},
             },
         }
     },
@@ -70,10 +71,18 @@ def _json(schema: dict[str, Any], description: str = "ok") -> dict[str, Any]:
 
 
 def document() -> dict[str, Any]:
+    when = {"type": ["string", "null"], "format": "date-time"}
     job_obj = {
         "type": "object",
         "required": ["job", "phase"],
-        "properties": {"job": {"type": "string"}, "phase": {"type": "string"}},
+        "properties": {
+            "job": {"type": "string"},
+            "phase": {"type": "string"},
+            "outcome": {"enum": ["succeeded", "partial", "failed", "cancelled", None]},
+            "created_at": when,
+            "started_at": when,
+            "finished_at": when,
+        },
     }
     accepted = {
         "type": "object",
@@ -136,6 +145,7 @@ def document() -> dict[str, Any]:
                     },
                     "parameters": [_IDEMPOTENCY_KEY],
                     "responses": {
+                        "200": _json({"$ref": "#/components/schemas/Job"}, "Prefer: wait=N and the job ended in time"),
                         "202": _json(accepted, "accepted (or, with an Idempotency-Key seen before, accepted then)"),
                         **_errors(400, 401, 409, 413, 415, 422, 429, 503),
                     },
@@ -145,6 +155,9 @@ def document() -> dict[str, Any]:
                     "parameters": [
                         {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
                         {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+                        {"name": "phase", "in": "query", "schema": {"type": "string"}},
+                        {"name": "outcome", "in": "query", "schema": {"type": "string"}},
+                        {"name": "created_after", "in": "query", "schema": {"type": "string", "format": "date-time"}},
                     ],
                     "responses": {
                         "200": _json(
@@ -152,7 +165,7 @@ def document() -> dict[str, Any]:
                                 "type": "object",
                                 "required": ["jobs"],
                                 "properties": {
-                                    "jobs": {"type": "array", "items": {"type": "string"}},
+                                    "jobs": {"type": "array", "items": {"$ref": "#/components/schemas/Job"}},
                                     "next_cursor": {"type": ["string", "null"]},
                                 },
                             }

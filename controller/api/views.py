@@ -24,31 +24,48 @@ MAX_REASON = 4096
 
 
 def job_view(config: Config, area: Area, job: str) -> dict[str, Any]:
+    """The job's status object, for every phase: its outcome once it ended, and when it was
+    created (the API's record), started (its run folder made) and ended."""
     rec = area.owns(job)
     if rec is None:
         raise not_found(job)
+    row = _phase_row(config, area, job, rec.cancelled)
+    row = {**row, "created": rec.created, "created_at": status.utc(rec.created)}
+    row.setdefault("started_at", None)
+    row.setdefault("finished_at", None)
+    row["outcome"] = status.outcome_of(row)
+    if row["outcome"] is None:  # a job queued again (POST …/retry) has not ended
+        row["finished_at"] = None
+    return row
+
+
+def _phase_row(config: Config, area: Area, job: str, cancelled: bool) -> dict[str, Any]:
+    box = DataRootLayout.host(config.data_root).inbox
     rundir = RunDir(config.data_root, job)
     if rundir.exists():
         try:
             row = status.job_status(rundir)
         except FfswarmError:
             row = {"job": job, "phase": "unreadable"}
-        if os.path.lexists(DataRootLayout.host(config.data_root).inbox / f"{job}.yaml"):  # handed back by POST …/retry
+        if os.path.lexists(box / f"{job}.yaml"):  # handed back by POST …/retry
             row = {**row, "phase": "queued"}
-        return {**row, "owner": area.tenant, "created": rec.created, "usage": usage.of_rundir(rundir)}
-    box = DataRootLayout.host(config.data_root).inbox
+        return {**row, "owner": area.tenant, "usage": usage.of_rundir(rundir)}
     reason = read_nofollow(box / "failed" / f"{job}.yaml.reason.txt", MAX_REASON)
     if reason is not None or os.path.lexists(box / "failed" / f"{job}.yaml"):
         text = (reason or b"").decode("utf-8", "replace").replace(area.rel + "/", "")
-        return {"job": job, "phase": "refused", "reason": text, "owner": area.tenant, "created": rec.created}
-    phase = "cancelled" if rec.cancelled else "queued"
-    return {"job": job, "phase": phase, "owner": area.tenant, "created": rec.created}
+        ended = _mtime(box / "failed" / f"{job}.yaml")  # when serve refused it
+        return {"job": job, "phase": "refused", "reason": text, "owner": area.tenant, "finished_at": status.utc(ended)}
+    if cancelled:  # taken out of the inbox: its record was rewritten then
+        ended = _mtime(area.records / f"{job}.json")
+        return {"job": job, "phase": "cancelled", "owner": area.tenant, "finished_at": status.utc(ended)}
+    return {"job": job, "phase": "queued", "owner": area.tenant}
 
 
-def list_jobs(area: Area, limit: int, cursor: str | None) -> dict[str, Any]:
-    ids = [j for j in area.jobs() if cursor is None or j > cursor]
-    page = ids[:limit]
-    return {"jobs": page, "next_cursor": page[-1] if len(ids) > limit else None}
+def _mtime(path: os.PathLike[str]) -> float | None:
+    try:
+        return os.stat(path, follow_symlinks=False).st_mtime
+    except OSError:
+        return None
 
 
 def report(config: Config, area: Area, job: str) -> dict[str, Any]:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from contract.layout import DataRootLayout, RunLayout
@@ -14,6 +18,9 @@ from controller.run import history
 from controller.run import job_lease as lease
 from controller.run.fold import Fold
 from controller.run.rundir import RunDir, Stage
+from controller.volume import UnsafePath
+
+OUTCOMES = ("succeeded", "partial", "failed", "cancelled")
 
 
 def collect(config: Config, job: str | None) -> list[dict[str, Any]]:
@@ -44,13 +51,14 @@ def job_status(rundir: RunDir) -> dict[str, Any]:
     stage = stage if isinstance(stage, str) else None
     control = rundir.control()
     holder = lease.holder(rundir)
-    phase = _phase(control.cancel and holder is None, stage, rundir.report() is not None, done == total, holder)
+    report = rundir.report()
+    phase = _phase(control.cancel and holder is None, stage, report is not None, done == total, holder)
     cancelled = total - done if phase == "cancelled" else 0  # never to be run unless resumed
     eta = None
     work_done = len(fold.results)  # ETA from work items: images and video segments
     if phase == "running" and work_done > 0 and last > first:
         eta = round(max(len(plan.items) - work_done, 0) * (last - first) / work_done)
-    return {
+    row = {
         "job": rundir.job,
         "phase": phase,
         "stage": stage if phase == "running" and stage != Stage.ENDED else None,
@@ -74,6 +82,55 @@ def job_status(rundir: RunDir) -> dict[str, Any]:
             else None
         ),
     }
+    row["outcome"] = outcome_of(row)
+    started = _stamp(rundir, rundir.layout.plan)  # plan.json is written once, as the run folder is made
+    ended = None
+    if row["outcome"] is not None:
+        ended = _number((report or {}).get("finished"))
+        if ended is None:  # cancelled before a report, or a rendered stack's chunks: the last sign of it
+            ended = _stamp(rundir, rundir.layout.control) if phase == "cancelled" else last or None
+    row.update(created_at=utc(started), started_at=utc(started), finished_at=utc(ended))
+    return row
+
+
+def outcome_of(row: Mapping[str, Any]) -> str | None:
+    """How a job that has ended ended, in one word (None while it has not): ``succeeded`` (no item
+    failed), ``partial`` (some failed, at least one ended ok or with no face), ``failed`` (none did,
+    or the job was refused), ``cancelled``. ``stopped`` is not an end: the job can be resumed."""
+    phase = row.get("phase")
+    if phase == "cancelled":
+        return "cancelled"
+    if phase == "refused":
+        return "failed"
+    if phase != "finished":
+        return None
+    items = row.get("items") or {}
+    if not items.get("failed"):
+        return "succeeded"
+    return "partial" if items.get("ok", 0) + items.get("no_face", 0) > 0 else "failed"
+
+
+def utc(t: float | None) -> str | None:
+    """A unix time as RFC 3339 in UTC to the second (``2026-12-02T07:41:03Z``); None stays None."""
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _number(value: object) -> float | None:
+    """A time read back from a file the runner's uid could write: a finite, positive number, or None."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        return None
+    return float(value) if value < 2**40 else None
+
+
+def _stamp(rundir: RunDir, path: Path) -> float | None:
+    """When a run-folder file was last written (its mtime, the link itself if it is one); None if gone."""
+    try:
+        with rundir.volume.parent(path, "read") as (dfd, name):
+            return _number(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime)
+    except (OSError, UnsafePath):
+        return None
 
 
 def _phase(cancelled: bool, stage: str | None, reported: bool, all_ended: bool, holder: lease.Record | None) -> str:
@@ -110,7 +167,7 @@ def describe(row: dict[str, Any]) -> str:
     segs = f" · video segments {seg['done']}/{seg['total']}" if seg["total"] else ""
     cancelled = f", {i['cancelled']} cancelled" if i.get("cancelled") else ""
     return (
-        f"{row['job']}: {_phase_words(row)} · items {i['ok'] + i['no_face']}/{i['total']} done, "
+        f"{row['job']}: {_phase_words(row)}{_ended_words(row)} · items {i['ok'] + i['no_face']}/{i['total']} done, "
         f"{i['failed']} failed{cancelled}, {i['pending']} pending{segs} · chunks: {states} (of {c['total']}) · "
         f"{row['attempts']} attempts on {len(row['nodes'])} node(s) · max_concurrent {row['max_concurrent']}{eta}"
     )
@@ -127,6 +184,17 @@ def _phase_words(row: dict[str, Any]) -> str:
     if row["phase"] == "cancelled" and row["items"]["cancelled"]:
         return f"cancelled — `ffswarm resume {job}` continues it"
     return str(row["phase"])
+
+
+def _ended_words(row: Mapping[str, Any]) -> str:
+    """`` — partial (ended 2026-12-02 07:41:03 UTC)`` once the job has an outcome the phase does not
+    say already (a cancelled job's says it)."""
+    outcome = row.get("outcome")
+    if outcome is None or outcome == row["phase"]:
+        return ""
+    at = row.get("finished_at")
+    when = f" (ended {at[:10]} {at[11:19]} UTC)" if isinstance(at, str) and len(at) == 20 else ""
+    return f" — {outcome}{when}"
 
 
 def log_lines(rundir: RunDir, chunk: str | None, follow: bool, poll: float = 0.5) -> Iterator[str]:

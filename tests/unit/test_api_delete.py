@@ -118,11 +118,13 @@ def test_delete_removes_exactly_the_jobs_files_and_frees_the_quota(env: Env) -> 
         r = c.delete(f"/v1/jobs/{JOB}")
         assert r.status_code == 204 and r.content == b""
         assert c.get(f"/v1/jobs/{JOB}").status_code == 404
-        assert c.get("/v1/jobs").json()["jobs"] == [OTHER]
+        assert [j["job"] for j in c.get("/v1/jobs").json()["jobs"]] == [OTHER]
         assert c.delete(f"/v1/jobs/{JOB}").status_code == 404  # gone
     after = files(env.root)
     gone = before - after
-    assert {p for p in gone if not p.startswith(f"runs/{JOB}/")} == of(JOB) | {f"inbox/done/{again.name}"}
+    listed = {p for p in before if p.startswith("tenants/.jobs/acme/.index/") and p.endswith(f"_{JOB}")}
+    assert len(listed) == 1  # its entry in the tenant's job list goes with it
+    assert {p for p in gone if not p.startswith(f"runs/{JOB}/")} == of(JOB) | {f"inbox/done/{again.name}"} | listed
     assert not (env.root / "runs" / JOB).exists()
     assert not (env.area() / "out" / JOB).exists() and not (env.area() / "uploads" / JOB).exists()
     assert (env.area() / "in" / "shared.jpg").read_bytes() == JPEG  # the shared input stays
