@@ -237,7 +237,7 @@ class JobSpec:
     )
     models: str = field(
         default="default",
-        metadata=about("the model pack, a folder under <root>/models/", pattern=f"^{_PACK}$", pack=SHARED),
+        metadata=about("the model pack: a folder in the data root's models/", pattern=f"^{_PACK}$", pack=SHARED),
     )
     providers: tuple[str, ...] = field(
         default=("cuda", "cpu"),
