@@ -36,9 +36,12 @@ def job_schema(*, request: bool = False, ref_template: str = "#/$defs/{name}") -
     root["required"] = [] if request else ["name"]
     if request:
         root["properties"]["name"] |= {"pattern": _API_NAME, "default": "job"}
+    # pairs name their own sources and targets, in one place: the keys they replace are refused beside them
+    root["dependentSchemas"] = {
+        "pairs": {"properties": {"source": False, "targets": False, "pairs_file": False}},
+        "pairs_file": {"properties": {"source": False, "targets": False}},
+    }
     root["if"] = {"anyOf": [{"required": ["pairs"]}, {"required": ["pairs_file"]}]}
-    both = [{"required": ["source"]}, {"required": ["targets"]}, {"required": ["pairs", "pairs_file"]}]
-    root["then"] = {"not": {"anyOf": both}}  # pairs name their own sources and targets, in one place
     root["else"] = {"required": sources}
     what = "the JSON body of POST /v1/jobs" if request else "a job file"
     return {
@@ -122,19 +125,22 @@ def key_table() -> str:
     """Every key of the job file, sections' keys dotted, as a Markdown table (docs/job-file.md#keys)."""
     schema = job_schema()
     lines = ["| key | value | default | meaning |", "|---|---|---|---|"]
-    for key, prop in _rows(schema["properties"], schema["$defs"], ""):
-        default = f"`{_yaml(prop['default'])}`" if "default" in prop else ""
+    for key, prop, need in _rows(schema, schema["$defs"], ""):
+        default = f"`{_yaml(prop['default'])}`" if "default" in prop else need
         lines.append(f"| `{key}` | {_value(prop, schema['$defs'])} | {default} | {prop['description']} |")
     return "\n".join(lines) + "\n"
 
 
-def _rows(props: dict[str, Any], defs: dict[str, Any], prefix: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    for name, prop in props.items():
-        yield prefix + name, prop
+def _rows(obj: dict[str, Any], defs: dict[str, Any], prefix: str) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """(dotted key, its schema, "required…" or "") for every key of ``obj`` and of its sections."""
+    needed = {k: "required" for k in obj.get("required", ())}
+    needed |= {k: "required without pairs" for k in obj.get("else", {}).get("required", ())}
+    for name, prop in obj["properties"].items():
+        yield prefix + name, prop, needed.get(name, "")
         if (target := _ref_name(prop)) is not None:
-            yield from _rows(defs[target]["properties"], defs, f"{prefix}{name}.")
+            yield from _rows(defs[target], defs, f"{prefix}{name}.")
         elif (target := _ref_name(prop.get("items", {}))) is not None:  # pairs: each item's keys
-            yield from _rows(defs[target]["properties"], defs, f"{prefix}{name}[].")
+            yield from _rows(defs[target], defs, f"{prefix}{name}[].")
 
 
 def _ref_name(prop: dict[str, Any]) -> str | None:
@@ -144,8 +150,8 @@ def _ref_name(prop: dict[str, Any]) -> str | None:
 
 def _value(prop: dict[str, Any], defs: dict[str, Any], plain: bool = False) -> str:
     """A short phrase for what a key holds: ``integer ≥ 1``, ``one of `a` `b```, ``list of …``."""
-    if (target := _ref_name(prop)) is not None:
-        return "list of pairs" if target == "Pair" else "mapping"
+    if _ref_name(prop) is not None:
+        return "mapping"
     if "anyOf" in prop:
         return " or ".join(_value(p, defs) for p in prop["anyOf"])
     if "const" in prop:
@@ -155,13 +161,19 @@ def _value(prop: dict[str, Any], defs: dict[str, Any], plain: bool = False) -> s
     kind = prop.get("type")
     if kind == "array":
         items = prop.get("items", {})
-        if _ref_name(items) == "Pair":
-            return "list of pairs"
-        return ("list of " if "minItems" not in prop or prop.get("minItems") != prop.get("maxItems") else
-                f"{prop['minItems']} of ") + _value(items, defs, plain=True)  # fmt: skip
-    words = {"string": "text", "integer": "integer", "number": "number", "boolean": "`true` or `false`"}
+        if _ref_name(items) is not None:
+            return "list of mappings"
+        fixed = "minItems" in prop and prop["minItems"] == prop.get("maxItems")
+        return (f"{prop['minItems']} of " if fixed else "list of ") + _value(items, defs, plain=True)
+    words = {
+        "string": "text",
+        "integer": "integer",
+        "number": "number",
+        "boolean": "`true` or `false`",
+        "null": "`null`",
+    }
     kinds = kind if isinstance(kind, list) else [kind]
-    text = " or ".join(words.get(k, "`null`" if k == "null" else str(k)) for k in kinds)
+    text = " or ".join(words.get(str(k), str(k)) for k in kinds)
     return text + _bounds(prop)
 
 
