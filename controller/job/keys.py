@@ -3,9 +3,10 @@
 A field of a job-file dataclass carries an ``About`` in its metadata: the description a person reads,
 how the file's value becomes the field's (``read``: ``30m`` → 1800), what the file may hold beyond what
 the field's type says (``form``: JSON Schema keywords such as bounds, choices or the file's own shape of
-the value) and, for the top-level keys, what a pack of small jobs does with it (``pack``). The reader
-(controller/job/files.py), the JSON Schema (controller/job/schema.py), the key table in
-docs/job-file.md and the packer (controller/serve/packing.py, packs.py) all take it from there.
+the value), which setting of the chunk manifests it fills (``manifest``) and, for the top-level keys,
+what a pack of small jobs does with it (``pack``). The reader (controller/job/files.py), the JSON
+Schema (controller/job/schema.py), the key table in docs/job-file.md, the manifests' settings
+(controller/run/jobs.py) and the packer (controller/serve/packing.py, packs.py) all take it from there.
 """
 
 from __future__ import annotations
@@ -33,17 +34,22 @@ class Pack(StrEnum):
 class About:
     """One key: ``doc`` for people; ``read`` turns the file's value into the field's (None: as written;
     a section's keys are read by the section's own fields); ``form``: JSON Schema keywords for the
-    file's value, over those the field's type gives; ``pack``: for top-level keys."""
+    file's value, over those the field's type gives; ``manifest``: the ManifestSettings field it fills
+    (controller/job/plan.py; ``masks.types``: an argument of that field's value object), None when
+    the runner never sees it; ``pack``: for top-level keys."""
 
     doc: str
     read: Reader | None = None
     form: Mapping[str, Any] = field(default_factory=dict)
+    manifest: str | None = None
     pack: Pack | None = None
 
 
-def about(doc: str, *, read: Reader | None = None, pack: Pack | None = None, **form: Any) -> Mapping[str, About]:
+def about(
+    doc: str, *, read: Reader | None = None, manifest: str | None = None, pack: Pack | None = None, **form: Any
+) -> Mapping[str, About]:
     """The metadata of one field: ``field(default=…, metadata=about("what it is", minimum=1))``."""
-    return MappingProxyType({ABOUT: About(doc, read, MappingProxyType(form), pack)})
+    return MappingProxyType({ABOUT: About(doc, read, MappingProxyType(form), manifest, pack)})
 
 
 def about_of(f: Field[Any]) -> About:
@@ -83,6 +89,29 @@ def readers(kind: type[Any]) -> dict[str, Reader]:
             out[f.name] = as_nested(inner, {k: r for k, r in readers(inner).items() if r is not same})
         else:
             out[f.name] = same
+    return out
+
+
+def manifest_values(spec: object) -> dict[str, Any]:
+    """What a checked job gives its chunk manifests: ``{ManifestSettings field: value}`` for every key
+    (a section's too) with ``manifest=``; dotted targets are grouped (``{"masks": {"types": …}}``)."""
+    out: dict[str, Any] = {}
+
+    def put(target: str, value: Any) -> None:
+        group, _, name = target.partition(".")
+        if name:
+            out.setdefault(group, {})[name] = value
+        else:
+            out[target] = value
+
+    for f, a in keys(type(spec)):
+        value = getattr(spec, f.name)
+        if a.manifest is not None:
+            put(a.manifest, value)
+        inner = section(f)
+        for g, b in keys(inner) if inner is not None else ():
+            if b.manifest is not None:
+                put(b.manifest, getattr(value, g.name))
     return out
 
 

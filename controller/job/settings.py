@@ -78,6 +78,7 @@ class PhotoSettings:
         default=PHOTO_QUALITY,
         metadata=about(
             "JPEG/WebP quality of photo outputs (PNG, BMP, TIFF are lossless)",
+            manifest="photo.quality",
             minimum=QUALITY_RANGE[0],
             maximum=QUALITY_RANGE[1],
         ),
@@ -85,7 +86,10 @@ class PhotoSettings:
     scale: float = field(
         default=PHOTO_SCALE,
         metadata=about(
-            "every photo output is resized by this after the processors", minimum=SCALE_RANGE[0], maximum=SCALE_RANGE[1]
+            "every photo output is resized by this after the processors",
+            manifest="photo.scale",
+            minimum=SCALE_RANGE[0],
+            maximum=SCALE_RANGE[1],
         ),
     )
 
@@ -101,11 +105,18 @@ class DetectorSettings:
     """Face detector: score threshold and square input size (a multiple of 32)."""
 
     threshold: float = field(
-        default=DETECTOR_THRESHOLD, metadata=about("a face's least detector score", exclusiveMinimum=0, maximum=1)
+        default=DETECTOR_THRESHOLD,
+        metadata=about("a face's least detector score", manifest="detector_threshold", exclusiveMinimum=0, maximum=1),
     )
     size: int = field(
         default=DETECTOR_SIZE,
-        metadata=about("the detector's square input side, a multiple of 32", minimum=160, maximum=2048, multipleOf=32),
+        metadata=about(
+            "the detector's square input side, a multiple of 32",
+            manifest="detector_size",
+            minimum=160,
+            maximum=2048,
+            multipleOf=32,
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -124,16 +135,24 @@ class MaskSettings:
 
     feather: float = field(
         default=MASK_FEATHER,
-        metadata=about("the box's blurred edge, a fraction of the face size", minimum=0, maximum=0.5),
+        metadata=about(
+            "the box's blurred edge, a fraction of the face size", manifest="mask_feather", minimum=0, maximum=0.5
+        ),
     )
     padding: float = field(
         default=MASK_PADDING,
-        metadata=about("how far the box's edge is pulled in, a fraction of the face size", minimum=0, maximum=0.5),
+        metadata=about(
+            "how far the box's edge is pulled in, a fraction of the face size",
+            manifest="mask_padding",
+            minimum=0,
+            maximum=0.5,
+        ),
     )
     types: tuple[str, ...] = field(
         default=DEFAULT_TYPES,
         metadata=about(
             "the masks whose minimum limits the paste-back",
+            manifest="masks.types",
             items={"enum": list(MASK_TYPES)},
             minItems=1,
             uniqueItems=True,
@@ -143,6 +162,7 @@ class MaskSettings:
         default=REGIONS,
         metadata=about(
             "the face parts the region mask keeps (with types: region)",
+            manifest="masks.regions",
             items={"enum": list(REGIONS)},
             minItems=1,
             uniqueItems=True,
@@ -167,17 +187,26 @@ class EnhancerSettings:
     # blend first: EnhancerSettings(0.5) is the blend, as before models
     blend: float = field(
         default=ENHANCER_BLEND,
-        metadata=about("the share of the enhanced face blended in", exclusiveMinimum=0, maximum=1),
+        metadata=about(
+            "the share of the enhanced face blended in", manifest="enhancer_blend", exclusiveMinimum=0, maximum=1
+        ),
     )
     model: str = field(
         default=ENHANCER_MODEL,
         metadata=about(
-            "the enhancer model the job expects (checked against the pack)", enum=list(FACE_ENHANCER_MODELS)
+            "the enhancer model the job expects (checked against the pack)",
+            manifest="enhancer_model",
+            enum=list(FACE_ENHANCER_MODELS),
         ),
     )
     weight: float = field(
         default=ENHANCER_WEIGHT,
-        metadata=about("codeformer's fidelity: 0 most restored, 1 closest to the input", minimum=0, maximum=1),
+        metadata=about(
+            "codeformer's fidelity: 0 most restored, 1 closest to the input",
+            manifest="enhancer_weight",
+            minimum=0,
+            maximum=1,
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -252,7 +281,12 @@ class FrameEnhancerSettings:
     )
     blend: float = field(
         default=FRAME_ENHANCER_BLEND,
-        metadata=about("the share of the model's output kept (0: a plain resize)", minimum=0, maximum=1),
+        metadata=about(
+            "the share of the model's output kept (0: a plain resize)",
+            manifest="frame_enhancer_blend",
+            minimum=0,
+            maximum=1,
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -272,14 +306,23 @@ class SwapperSettings:
 
     model: str = field(
         default=SWAPPER_MODEL,
-        metadata=about("the swapper model the job expects (checked against the pack)", enum=list(SWAPPER_MODELS)),
+        metadata=about(
+            "the swapper model the job expects (checked against the pack)",
+            manifest="swapper.model",
+            enum=list(SWAPPER_MODELS),
+        ),
     )
     pixel_boost: int | None = field(
-        default=None, metadata=about("the face crop's side (left out: the model's own)", enum=list(PIXEL_BOOSTS))
+        default=None,
+        metadata=about(
+            "the face crop's side (left out: the model's own)", manifest="swapper.pixel_boost", enum=list(PIXEL_BOOSTS)
+        ),
     )
     weight: float = field(
         default=SWAPPER_WEIGHT,
-        metadata=about("the share of the source's identity (1: the plain swap)", minimum=0, maximum=1),
+        metadata=about(
+            "the share of the source's identity (1: the plain swap)", manifest="swapper.weight", minimum=0, maximum=1
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -300,13 +343,18 @@ class SelectorSettings:
     genderage model). ``age`` is [min, max], both included."""
 
     order: str = field(
-        default=DEFAULT_ORDER, metadata=about("the order a frame's faces are taken in", enum=list(ORDERS))
+        default=DEFAULT_ORDER,
+        metadata=about("the order a frame's faces are taken in", manifest="selector.order", enum=list(ORDERS)),
     )
-    gender: str = field(default="any", metadata=about("only faces of this gender are changed", enum=list(GENDERS)))
+    gender: str = field(
+        default="any",
+        metadata=about("only faces of this gender are changed", manifest="selector.gender", enum=list(GENDERS)),
+    )
     age: tuple[int, int] = field(
         default=AGE_LIMITS,
         metadata=about(
             "[min, max] age of the faces changed, both included",
+            manifest="selector.age",
             items={"type": "integer", "minimum": AGE_LIMITS[0], "maximum": AGE_LIMITS[1]},
         ),
     )

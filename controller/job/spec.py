@@ -48,9 +48,12 @@ from controller.settings.fields import (
     check_bool,
     check_choice,
     check_int,
+    check_items,
+    check_kinds,
     check_number,
     check_str,
     check_unique,
+    item_field,
     parse_duration,
     show,
 )
@@ -105,7 +108,7 @@ class Pair:
     output: str | None = field(default=None, metadata=about("an output template like the job's (left out: the job's)"))
 
     def __post_init__(self) -> None:
-        for i, photo in enumerate(_items(self.source, "source", "photo")):
+        for i, photo in enumerate(check_items(self.source, "source", "photo")):
             check_photo(photo, item_field("source", i, len(self.source)))
         target = location(check_str(self.target, "target"), "target")
         if S3Url.parse(target).is_glob if is_s3(target) else any(c in target for c in _GLOB_CHARS):
@@ -152,6 +155,7 @@ class JobSpec:
         default=("face_swapper",),
         metadata=about(
             "the steps run on each face or frame, in this order",
+            manifest="processors",
             read=as_list("processor"),
             items={"enum": list(PROCESSORS)},
             minItems=1,
@@ -163,6 +167,7 @@ class JobSpec:
         default=FaceSelection.MANY,
         metadata=about(
             "which faces are changed: many, one (the first by selector.order) or reference",
+            manifest="faces",
             read=as_enum(FaceSelection, "face selection"),
             pack=SHARED,
         ),
@@ -171,6 +176,7 @@ class JobSpec:
         default=NoFacePolicy.COPY,
         metadata=about(
             "a target without a face: copy (output = input), skip or fail",
+            manifest="no_face",
             read=as_enum(NoFacePolicy, "no-face policy"),
             pack=SHARED,
         ),
@@ -180,7 +186,13 @@ class JobSpec:
     )
     reference_distance: float = field(
         default=0.6,
-        metadata=about("the largest cosine distance to the reference", exclusiveMinimum=0, maximum=2, pack=FIRST),
+        metadata=about(
+            "the largest cosine distance to the reference",
+            manifest="reference_distance",
+            exclusiveMinimum=0,
+            maximum=2,
+            pack=FIRST,
+        ),
     )
     chunk_size: int | str = field(  # images (or video segments) per chunk; auto: see plan.auto_chunk_size
         default="auto",
@@ -237,12 +249,15 @@ class JobSpec:
     )
     models: str = field(
         default="default",
-        metadata=about("the model pack: a folder in the data root's models/", pattern=f"^{_PACK}$", pack=SHARED),
+        metadata=about(
+            "the model pack: a folder in the data root's models/", manifest="pack", pattern=f"^{_PACK}$", pack=SHARED
+        ),
     )
     providers: tuple[str, ...] = field(
         default=("cuda", "cpu"),
         metadata=about(
             "onnxruntime providers in order of preference (cpu only if listed)",
+            manifest="providers",
             read=as_list("provider"),
             items={"enum": list(PROVIDERS)},
             minItems=1,
@@ -275,7 +290,9 @@ class JobSpec:
     )
     overwrite: bool = field(
         default=False,
-        metadata=about("true: outputs may replace files that exist before the job's first run", pack=SHARED),
+        metadata=about(
+            "true: outputs may replace files that exist before the job's first run", manifest="overwrite", pack=SHARED
+        ),
     )
     licence: str = field(
         default="any",
@@ -300,21 +317,21 @@ class JobSpec:
         if self.uses_pairs:
             self._check_pairs()
         else:
-            for i, photo in enumerate(_items(self.source, "source", "photo")):
+            for i, photo in enumerate(check_items(self.source, "source", "photo")):
                 check_photo(photo, item_field("source", i, len(self.source)))
-            for i, pattern in enumerate(_items(self.targets, "targets", "glob")):
+            for i, pattern in enumerate(check_items(self.targets, "targets", "glob")):
                 f = item_field("targets", i, len(self.targets))
                 location(check_str(pattern, f), f)
             check_output(self.output, self.name)
-        for i, p in enumerate(_items(self.processors, "processors", "processor")):
+        for i, p in enumerate(check_items(self.processors, "processors", "processor")):
             check_choice(p, f"processors[{i}]", PROCESSORS, "processor")
         check_unique(self.processors, "processors")
         if (wrong := check_order(self.processors)) is not None:
             raise FieldError("processors", wrong)
-        for i, p in enumerate(_items(self.providers, "providers", "provider")):
+        for i, p in enumerate(check_items(self.providers, "providers", "provider")):
             check_choice(p, f"providers[{i}]", PROVIDERS, "provider")
         check_unique(self.providers, "providers")
-        _check_kinds(self, (("faces", FaceSelection), ("no_face", NoFacePolicy)))
+        check_kinds(self, (("faces", FaceSelection), ("no_face", NoFacePolicy)))
         if self.faces is FaceSelection.REFERENCE and self.reference is None:
             raise FieldError("reference", "is required with faces: reference")
         if self.reference is not None:  # allowed, and unused, with other face selections
@@ -329,7 +346,7 @@ class JobSpec:
         check_bool(self.overwrite, "overwrite")
         check_choice(self.licence, "licence", LICENCES, "licence requirement")
         check_int(self.max_concurrent, "max_concurrent", minimum=1)
-        for i, c in enumerate(_items(self.placement, "placement", "constraint", minimum=0)):
+        for i, c in enumerate(check_items(self.placement, "placement", "constraint", minimum=0)):
             check_str(c, f"placement[{i}]", pattern=_CONSTRAINT, hint="a constraint like node.labels.ffswarm.gpu==true")
         check_int(self.retries, "retries", minimum=0)
         check_int(self.timeout, "timeout", minimum=1)
@@ -348,7 +365,7 @@ class JobSpec:
             ("selector", SelectorSettings),
             ("face_swapper", SwapperSettings),
         )
-        _check_kinds(self, nested)
+        check_kinds(self, nested)
         if self.video.on_gpu and (self.resources.gpus < 1 or "cuda" not in self.providers):
             raise FieldError("video.codec", f"{self.video.codec} encodes on the GPU: the job needs "
                              "resources.gpus of at least 1 and cuda in providers")  # fmt: skip
@@ -373,21 +390,3 @@ class JobSpec:
                 raise FieldError(f"pairs[{i}]", f"must be a Pair, got {show(pair)}")
             if pair.output is None and not self.output:
                 raise FieldError(f"pairs[{i}].output", "is required: the job has no output template")
-
-
-def _items(values: object, name: str, what: str, *, minimum: int = 1) -> tuple[object, ...]:
-    if not isinstance(values, tuple):
-        raise FieldError(name, f"must be a tuple of {what}s, got {show(values)}")
-    if len(values) < minimum:
-        raise FieldError(name, f"must list at least {minimum} {what}")
-    return values
-
-
-def item_field(name: str, i: int, count: int) -> str:
-    return name if count == 1 else f"{name}[{i}]"
-
-
-def _check_kinds(spec: object, kinds: tuple[tuple[str, type], ...]) -> None:
-    for name, kind in kinds:
-        if not isinstance(getattr(spec, name), kind):
-            raise FieldError(name, f"must be a {kind.__name__}, got {show(getattr(spec, name))}")

@@ -17,12 +17,18 @@ import yaml
 from click.testing import CliRunner
 from jsonschema import Draft202012Validator
 
+from contract.masks import Masks
+from contract.photo import PhotoTuning
+from contract.selector import Selector
+from contract.swapper import SwapperTuning
 from controller.cli.main import cli
 from controller.errors import JobFileError
 from controller.job.files import parse_job, parse_job_text
-from controller.job.keys import Pack, about_of, section
+from controller.job.keys import Pack, about_of, packed, section
+from controller.job.plan import ManifestSettings
 from controller.job.schema import job_schema, key_table
 from controller.job.spec import JobSpec
+from controller.run.jobs import job_file_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = ROOT / "tests" / "fixtures" / "jobs"
@@ -196,3 +202,34 @@ def test_the_reference_block_in_docs_lists_every_top_level_key() -> None:
     assert block is not None
     written = {line.lstrip("# ").split(":")[0] for line in block.group(1).splitlines() if ":" in line}
     assert {f.name for f in fields(JobSpec)} <= written
+
+
+def test_every_tuning_key_of_a_job_file_reaches_the_manifest_settings() -> None:
+    """ManifestSettings are filled key by key from the definition (``manifest=``): a tuned job's values
+    arrive as they were written, sections as the contract's value objects."""
+    spec = parse_job_text((JOBS / "tuned.yaml").read_text(), "tuned.yaml")
+    s = ManifestSettings(sources=("a.jpg",), **job_file_settings(spec))
+    assert (s.pack, s.processors, s.providers) == (
+        "pack_2.1",
+        ("face_swapper", "face_enhancer", "frame_enhancer"),
+        ("cpu",),
+    )
+    assert (s.faces, s.no_face, s.reference_distance, s.overwrite) == ("reference", "skip", 0.8, True)
+    assert (s.detector_threshold, s.detector_size, s.mask_feather, s.mask_padding) == (0.35, 1024, 0.0, 0.5)
+    assert (s.enhancer_model, s.enhancer_blend, s.enhancer_weight, s.frame_enhancer_blend) == (
+        "codeformer",
+        1.0,
+        0.0,
+        0.5,
+    )
+    assert s.masks == Masks(("box", "occlusion", "region"), ("skin", "mouth"))
+    assert s.selector == Selector("left-right", "female", (18, 40))
+    assert s.swapper == SwapperTuning("simswap_256", 512, 0.7) and s.photo == PhotoTuning(90, 0.5)
+    reaching = {f.name for f in fields(JobSpec) if about_of(f).manifest or _section_reaches(f)}
+    # what reaches a manifest is what the members of a pack agree on (packs take no reference jobs)
+    assert reaching - {"reference_distance"} <= set(packed(JobSpec, Pack.SHARED))
+
+
+def _section_reaches(f: Any) -> bool:
+    inner = section(f)
+    return inner is not None and any(about_of(g).manifest for g in fields(inner))
