@@ -27,7 +27,8 @@ from controller.settings.fields import (
     show,
 )
 
-_REQUIRED = ("name", "source", "targets", "output")
+# the keys a job file must have: all four with source/targets; only name with pairs or pairs_file
+REQUIRED = ("name", "source", "targets", "output")
 
 _READERS: dict[str, Reader] = readers(JobSpec)
 
@@ -92,7 +93,7 @@ def field_errors(data: dict[Any, Any]) -> tuple[JobSpec | None, list[FieldError]
             errors.append(e)
     meant = {e.reason.split("'")[1] for e in errors if "did you mean" in e.reason}
     with_pairs = "pairs" in data or "pairs_file" in data  # instead of source/targets; output optional
-    required = ("name",) if with_pairs else _REQUIRED
+    required = REQUIRED[:1] if with_pairs else REQUIRED
     placeholder = _placeholders(data)
     errors += [FieldError(k, "required key is missing") for k in required if k not in data and k not in meant]
     values: dict[str, Any] = dict(placeholder)  # a required key missing or refused: checked as if fine

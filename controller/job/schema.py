@@ -16,6 +16,7 @@ from enum import Enum
 from types import NoneType, UnionType
 from typing import Any
 
+from controller.job.files import REQUIRED
 from controller.job.keys import keys
 from controller.job.spec import JobSpec
 
@@ -32,8 +33,9 @@ def job_schema(*, request: bool = False, ref_template: str = "#/$defs/{name}") -
     ``#/components/schemas/{name}``); they are under ``$defs`` either way."""
     defs: dict[str, Any] = {}
     root = _object(JobSpec, None, defs, ref_template)
-    sources = ["source", "targets"] if request else ["source", "targets", "output"]
-    root["required"] = [] if request else ["name"]
+    name, *sources = REQUIRED  # the API names the job and writes a default output when they are left out
+    root["required"] = [] if request else [name]
+    sources = [k for k in sources if not request or k != "output"]
     if request:
         root["properties"]["name"] |= {"pattern": _API_NAME, "default": "job"}
     # pairs name their own sources and targets, in one place: the keys they replace are refused beside them
