@@ -233,3 +233,13 @@ def test_every_tuning_key_of_a_job_file_reaches_the_manifest_settings() -> None:
 def _section_reaches(f: Any) -> bool:
     inner = section(f)
     return inner is not None and any(about_of(g).manifest for g in fields(inner))
+
+
+def test_the_job_bodies_in_the_api_docs_pass_the_request_schema() -> None:
+    """Every `curl -d '{…}' …/v1/jobs` of docs/api.md is a body the API's request schema accepts."""
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    bodies = re.findall(r"-d '(\{[^']*\})'[\s\\]*\S*/v1/jobs(?=[\s'\"]|$)", text, re.MULTILINE)
+    assert len(bodies) >= 2
+    validator = Draft202012Validator(job_schema(request=True))
+    for body in bodies:
+        assert not list(validator.iter_errors(json.loads(body))), body
