@@ -13,6 +13,7 @@ import click
 from controller import log
 from controller.cli import api, delete, jobs, models, ops
 from controller.cli.extras import missing_extra
+from controller.cli.schema import schema
 from controller.errors import FfswarmError
 
 
@@ -99,6 +100,7 @@ cli.add_command(ops.nodes)
 cli.add_command(ops.doctor)
 cli.add_command(models.models)
 cli.add_command(api.api)
+cli.add_command(schema)
 cli.add_command(completion)
 
 

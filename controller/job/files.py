@@ -8,76 +8,29 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from contract.manifest import FaceSelection, NoFacePolicy
 from controller import yamlio
 from controller.errors import FfswarmError, JobFileError
 from controller.job import pairs
-from controller.job.spec import (
-    DetectorSettings,
-    EnhancerSettings,
-    FrameEnhancerSettings,
-    JobSpec,
-    MaskSettings,
-    OnComplete,
-    Pair,
-    PhotoSettings,
-    Resources,
-    SelectorSettings,
-    SwapperSettings,
-    VideoSettings,
-)
+from controller.job.keys import key_names, readers
+from controller.job.spec import JobSpec, Pair
 from controller.settings.fields import (
     FieldError,
     Reader,
-    as_enum,
-    as_list,
-    as_nested,
     check_keys,
     duplicate_key,
-    parse_duration,
-    parse_memory,
     same,
     show,
 )
 
-_REQUIRED = ("name", "source", "targets", "output")
+# the keys a job file must have: all four with source/targets; only name with pairs or pairs_file
+REQUIRED = ("name", "source", "targets", "output")
 
-_READERS: dict[str, Reader] = {
-    "source": as_list("path", str_ok=True),
-    "targets": as_list("glob", str_ok=True),
-    "processors": as_list("processor"),
-    "providers": as_list("provider"),
-    "placement": as_list("constraint"),
-    "faces": as_enum(FaceSelection, "face selection"),
-    "no_face": as_enum(NoFacePolicy, "no-face policy"),
-    "timeout": parse_duration,
-    "video": as_nested(VideoSettings, {}),
-    "photo": as_nested(PhotoSettings, {}),
-    "resources": as_nested(Resources, {"memory": parse_memory}),
-    "on_complete": lambda value, f: _on_complete(value, f),
-    "detector": as_nested(DetectorSettings, {}),
-    "mask": as_nested(MaskSettings, {}),
-    "face_enhancer": as_nested(EnhancerSettings, {}),
-    "frame_enhancer": as_nested(FrameEnhancerSettings, {}),
-    "selector": as_nested(SelectorSettings, {}),
-    "face_swapper": as_nested(SwapperSettings, {}),
-}
-
-
-def _on_complete(value: object, f: str) -> OnComplete:
-    if isinstance(value, dict) and "command" in value:  # gone: a job file never names a program
-        raise FieldError(
-            f"{f}.command",
-            "is no longer supported: a job names a hook the cluster's policy defines (did you mean 'hook'?)",
-        )
-    result: OnComplete = as_nested(OnComplete, {})(value, f)
-    return result
+_READERS: dict[str, Reader] = readers(JobSpec)
 
 
 class JobFileErrors(JobFileError):
@@ -131,7 +84,7 @@ def _placeholders(data: dict[Any, Any]) -> dict[str, object]:
 def field_errors(data: dict[Any, Any]) -> tuple[JobSpec | None, list[FieldError]]:
     """Every field's error (not only the first): unknown keys, missing ones, each value, then the
     spec's own checks, re-run without each field it refused until it passes."""
-    names = [f.name for f in fields(JobSpec)]
+    names = list(key_names(JobSpec))
     errors: list[FieldError] = []
     for key in data:
         try:
@@ -140,7 +93,7 @@ def field_errors(data: dict[Any, Any]) -> tuple[JobSpec | None, list[FieldError]
             errors.append(e)
     meant = {e.reason.split("'")[1] for e in errors if "did you mean" in e.reason}
     with_pairs = "pairs" in data or "pairs_file" in data  # instead of source/targets; output optional
-    required = ("name",) if with_pairs else _REQUIRED
+    required = REQUIRED[:1] if with_pairs else REQUIRED
     placeholder = _placeholders(data)
     errors += [FieldError(k, "required key is missing") for k in required if k not in data and k not in meant]
     values: dict[str, Any] = dict(placeholder)  # a required key missing or refused: checked as if fine

@@ -4,7 +4,7 @@ enhancers, resources, on_complete. Each checks itself when built (a FieldError n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from contract.ffmpeg import NVENC, PRESETS, VIDEO_CODECS
 from contract.manifest import (
@@ -17,32 +17,49 @@ from contract.manifest import (
     MASK_FEATHER,
     MASK_PADDING,
 )
-from contract.masks import DEFAULT_TYPES, REGIONS, regions_problem, types_problem
-from contract.photo import PHOTO_QUALITY, PHOTO_SCALE, quality_problem, scale_problem
+from contract.masks import DEFAULT_TYPES, MASK_TYPES, REGIONS, regions_problem, types_problem
+from contract.photo import PHOTO_QUALITY, PHOTO_SCALE, QUALITY_RANGE, SCALE_RANGE, quality_problem, scale_problem
 from contract.processors import FACE_ENHANCER_MODELS
 from contract.selector import AGE_LIMITS, DEFAULT_ORDER, GENDERS, ORDERS, age_problem
-from contract.swapper import SWAPPER_MODEL, SWAPPER_MODELS, SWAPPER_WEIGHT, own_boost, pixel_boost_problem
-from controller.settings.fields import FieldError, check_choice, check_int, check_number, check_range, check_str, show
+from contract.swapper import PIXEL_BOOSTS, SWAPPER_MODEL, SWAPPER_MODELS, SWAPPER_WEIGHT, own_boost, pixel_boost_problem
+from controller.job.keys import SIZE, about
+from controller.settings.fields import (
+    FieldError,
+    as_nested,
+    check_choice,
+    check_int,
+    check_number,
+    check_range,
+    check_str,
+    parse_memory,
+    show,
+)
 
 _NAME = r"[a-z0-9-]{1,40}"
 _GPU_KIND = r"[A-Za-z0-9_]+"
 # The frame enhancer's models (Real-ESRGAN's ONNX exports, FaceFusion's names); the pack's file decides
 # what runs, the name is checked against its pack.yaml ``model:`` when that records one
 FRAME_ENHANCER_MODELS = ("real_esrgan_x2", "real_esrgan_x2_fp16", "real_esrgan_x4", "real_esrgan_x4_fp16")
+_PRESETS = (*PRESETS, "placebo")
 
 
 @dataclass(frozen=True)
 class VideoSettings:
     """How video segments are encoded."""
 
-    codec: str = "libx264"
-    crf: int = 18
-    preset: str = "medium"
+    codec: str = field(default="libx264", metadata=about("the encoder of video segments", enum=list(VIDEO_CODECS)))
+    crf: int = field(
+        default=18, metadata=about("constant-quality level: 0 … 51 (0 … 63 for libvpx-vp9)", minimum=0, maximum=63)
+    )
+    preset: str = field(
+        default="medium",
+        metadata=about("x264's preset names, given to each encoder in its own terms", enum=list(_PRESETS)),
+    )
 
     def __post_init__(self) -> None:
         check_choice(self.codec, "codec", VIDEO_CODECS, "video encoder")
         check_int(self.crf, "crf", minimum=0, maximum=63 if self.codec == "libvpx-vp9" else 51)
-        check_choice(self.preset, "preset", (*PRESETS, "placebo"), "preset")
+        check_choice(self.preset, "preset", _PRESETS, "preset")
 
     @property
     def on_gpu(self) -> bool:
@@ -57,8 +74,24 @@ class PhotoSettings:
     it after the processors, frame enhancer included. Videos keep ``video.crf``. (Not ``image:``,
     which names the runner image.)"""
 
-    quality: int = PHOTO_QUALITY
-    scale: float = PHOTO_SCALE
+    quality: int = field(
+        default=PHOTO_QUALITY,
+        metadata=about(
+            "JPEG/WebP quality of photo outputs (PNG, BMP, TIFF are lossless)",
+            manifest="photo.quality",
+            minimum=QUALITY_RANGE[0],
+            maximum=QUALITY_RANGE[1],
+        ),
+    )
+    scale: float = field(
+        default=PHOTO_SCALE,
+        metadata=about(
+            "every photo output is resized by this after the processors",
+            manifest="photo.scale",
+            minimum=SCALE_RANGE[0],
+            maximum=SCALE_RANGE[1],
+        ),
+    )
 
     def __post_init__(self) -> None:
         for name, why in (("quality", quality_problem(self.quality)), ("scale", scale_problem(self.scale))):
@@ -71,8 +104,20 @@ class PhotoSettings:
 class DetectorSettings:
     """Face detector: score threshold and square input size (a multiple of 32)."""
 
-    threshold: float = DETECTOR_THRESHOLD
-    size: int = DETECTOR_SIZE
+    threshold: float = field(
+        default=DETECTOR_THRESHOLD,
+        metadata=about("a face's least detector score", manifest="detector_threshold", exclusiveMinimum=0, maximum=1),
+    )
+    size: int = field(
+        default=DETECTOR_SIZE,
+        metadata=about(
+            "the detector's square input side, a multiple of 32",
+            manifest="detector_size",
+            minimum=160,
+            maximum=2048,
+            multipleOf=32,
+        ),
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "threshold", check_number(self.threshold, "threshold", above=0, at_most=1))
@@ -88,10 +133,41 @@ class MaskSettings:
     limits the paste-back (box: the feathered box; occlusion: the occluder model's; region: the face
     parser's ``regions``), contract/masks.py."""
 
-    feather: float = MASK_FEATHER
-    padding: float = MASK_PADDING
-    types: tuple[str, ...] = DEFAULT_TYPES
-    regions: tuple[str, ...] = REGIONS
+    feather: float = field(
+        default=MASK_FEATHER,
+        metadata=about(
+            "the box's blurred edge, a fraction of the face size", manifest="mask_feather", minimum=0, maximum=0.5
+        ),
+    )
+    padding: float = field(
+        default=MASK_PADDING,
+        metadata=about(
+            "how far the box's edge is pulled in, a fraction of the face size",
+            manifest="mask_padding",
+            minimum=0,
+            maximum=0.5,
+        ),
+    )
+    types: tuple[str, ...] = field(
+        default=DEFAULT_TYPES,
+        metadata=about(
+            "the masks whose minimum limits the paste-back",
+            manifest="masks.types",
+            items={"enum": list(MASK_TYPES)},
+            minItems=1,
+            uniqueItems=True,
+        ),
+    )
+    regions: tuple[str, ...] = field(
+        default=REGIONS,
+        metadata=about(
+            "the face parts the region mask keeps (with types: region)",
+            manifest="masks.regions",
+            items={"enum": list(REGIONS)},
+            minItems=1,
+            uniqueItems=True,
+        ),
+    )
 
     def __post_init__(self) -> None:
         for name, problem in (("types", types_problem(self.types)), ("regions", regions_problem(self.regions))):
@@ -108,9 +184,30 @@ class EnhancerSettings:
     the enhanced face is blended in (0 … 1) and codeformer's fidelity ``weight`` (0: most restored,
     1: closest to the input; accepted and unused with the other models, as in FaceFusion)."""
 
-    blend: float = ENHANCER_BLEND  # first: EnhancerSettings(0.5) is the blend, as before models
-    model: str = ENHANCER_MODEL
-    weight: float = ENHANCER_WEIGHT
+    # blend first: EnhancerSettings(0.5) is the blend, as before models
+    blend: float = field(
+        default=ENHANCER_BLEND,
+        metadata=about(
+            "the share of the enhanced face blended in", manifest="enhancer_blend", exclusiveMinimum=0, maximum=1
+        ),
+    )
+    model: str = field(
+        default=ENHANCER_MODEL,
+        metadata=about(
+            "the enhancer model the job expects (checked against the pack)",
+            manifest="enhancer_model",
+            enum=list(FACE_ENHANCER_MODELS),
+        ),
+    )
+    weight: float = field(
+        default=ENHANCER_WEIGHT,
+        metadata=about(
+            "codeformer's fidelity: 0 most restored, 1 closest to the input",
+            manifest="enhancer_weight",
+            minimum=0,
+            maximum=1,
+        ),
+    )
 
     def __post_init__(self) -> None:
         check_choice(self.model, "model", FACE_ENHANCER_MODELS, "face_enhancer model")
@@ -122,9 +219,16 @@ class EnhancerSettings:
 class Resources:
     """What one chunk service reserves; ``memory`` is in bytes (the file may say ``6g``)."""
 
-    gpus: int = 1
-    gpu_kind: str = "GPU"
-    memory: int = 6 * 1024**3
+    gpus: int = field(default=1, metadata=about("GPUs each chunk service reserves", minimum=0))
+    gpu_kind: str = field(
+        default="GPU", metadata=about("the nodes' generic resource kind (letters, digits, _)", pattern=f"^{_GPU_KIND}$")
+    )
+    memory: int = field(
+        default=6 * 1024**3,
+        metadata=about(
+            "memory each chunk service reserves: 6g, 512m, 1024k or bytes", read=parse_memory, **SIZE, default="6g"
+        ),
+    )
 
     def __post_init__(self) -> None:
         check_int(self.gpus, "gpus", minimum=0)
@@ -136,8 +240,15 @@ class Resources:
 class OnComplete:
     """``hook`` names a program the cluster's policy defines; a job file never names a program."""
 
-    webhook: str | None = None
-    hook: str | None = None
+    webhook: str | None = field(
+        default=None,
+        metadata=about(
+            "a URL that receives the report (its host must be allowed by the policy)", pattern=r"^https?://\S+$"
+        ),
+    )
+    hook: str | None = field(
+        default=None, metadata=about("the name of a hook in the cluster's policy", pattern=f"^{_NAME}$")
+    )
 
     def __post_init__(self) -> None:
         if self.webhook is not None:
@@ -146,13 +257,37 @@ class OnComplete:
             check_str(self.hook, "hook", pattern=_NAME, hint="the name of a hook in the cluster's policy")
 
 
+def read_on_complete(value: object, f: str) -> OnComplete:
+    """``on_complete:`` as the file gives it; ``command`` is refused by name (a job never names a program)."""
+    if isinstance(value, dict) and "command" in value:
+        raise FieldError(
+            f"{f}.command",
+            "is no longer supported: a job names a hook the cluster's policy defines (did you mean 'hook'?)",
+        )
+    result: OnComplete = as_nested(OnComplete, {})(value, f)
+    return result
+
+
 @dataclass(frozen=True)
 class FrameEnhancerSettings:
     """frame_enhancer: which Real-ESRGAN model the job expects and how much of its output is kept
     (1: the model's only; 0: a plain resize to the same size)."""
 
-    model: str | None = None
-    blend: float = FRAME_ENHANCER_BLEND
+    model: str | None = field(
+        default=None,
+        metadata=about(
+            "the Real-ESRGAN model the job expects (checked against the pack)", enum=list(FRAME_ENHANCER_MODELS)
+        ),
+    )
+    blend: float = field(
+        default=FRAME_ENHANCER_BLEND,
+        metadata=about(
+            "the share of the model's output kept (0: a plain resize)",
+            manifest="frame_enhancer_blend",
+            minimum=0,
+            maximum=1,
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.model is not None:
@@ -169,9 +304,26 @@ class SwapperSettings:
     model's side) and how much of the source identity goes in (``weight``: 1 all of it, 0 the target
     face's own). The defaults are the swap as it always was."""
 
-    model: str = SWAPPER_MODEL
-    pixel_boost: int | None = None
-    weight: float = SWAPPER_WEIGHT
+    model: str = field(
+        default=SWAPPER_MODEL,
+        metadata=about(
+            "the swapper model the job expects (checked against the pack)",
+            manifest="swapper.model",
+            enum=list(SWAPPER_MODELS),
+        ),
+    )
+    pixel_boost: int | None = field(
+        default=None,
+        metadata=about(
+            "the face crop's side (left out: the model's own)", manifest="swapper.pixel_boost", enum=list(PIXEL_BOOSTS)
+        ),
+    )
+    weight: float = field(
+        default=SWAPPER_WEIGHT,
+        metadata=about(
+            "the share of the source's identity (1: the plain swap)", manifest="swapper.weight", minimum=0, maximum=1
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or self.model not in SWAPPER_MODELS:
@@ -190,9 +342,22 @@ class SelectorSettings:
     gender/age a face must have to be changed (contract/selector.py; filtering needs the pack's
     genderage model). ``age`` is [min, max], both included."""
 
-    order: str = DEFAULT_ORDER
-    gender: str = "any"
-    age: tuple[int, int] = AGE_LIMITS
+    order: str = field(
+        default=DEFAULT_ORDER,
+        metadata=about("the order a frame's faces are taken in", manifest="selector.order", enum=list(ORDERS)),
+    )
+    gender: str = field(
+        default="any",
+        metadata=about("only faces of this gender are changed", manifest="selector.gender", enum=list(GENDERS)),
+    )
+    age: tuple[int, int] = field(
+        default=AGE_LIMITS,
+        metadata=about(
+            "[min, max] age of the faces changed, both included",
+            manifest="selector.age",
+            items={"type": "integer", "minimum": AGE_LIMITS[0], "maximum": AGE_LIMITS[1]},
+        ),
+    )
 
     def __post_init__(self) -> None:
         check_choice(self.order, "order", ORDERS, "face order")

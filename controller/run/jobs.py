@@ -12,6 +12,7 @@ import hashlib
 import os
 import posixpath
 import stat
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,16 +21,13 @@ from typing import Any, TypeVar
 from contract.identity import IdentityResult
 from contract.identity_table import identity_id
 from contract.layout import RUNS
-from contract.masks import Masks
-from contract.photo import PhotoTuning
 from contract.s3 import S3Url, StorageAccess, is_s3
-from contract.selector import Selector
-from contract.swapper import SwapperTuning
 from controller import policy as admission
 from controller.config import Config
 from controller.errors import FfswarmError, JobFileError, MissingInputError, UsageError
 from controller.job import access, claims, owners, remote, video
 from controller.job.files import parse_job_text, raise_all, read_jobs
+from controller.job.keys import manifest_values
 from controller.job.owners import area_rel
 from controller.job.pack_checks import check_pack
 from controller.job.plan import AUTO_MAX_CHUNK, ID, ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
@@ -214,36 +212,27 @@ def _rel(config: Config, p: Path | S3Url) -> str:
     return p.resolve().relative_to(config.data_root).as_posix()
 
 
+_TUNING = typing.get_type_hints(ManifestSettings)  # a grouped setting's value object (masks: Masks …)
+
+
+def job_file_settings(spec: JobSpec) -> dict[str, Any]:
+    """The settings each job-file key fills (``manifest=`` beside its field, controller/job/spec.py)."""
+    values = manifest_values(spec)
+    return {k: _TUNING[k](**v) if isinstance(v, dict) else v for k, v in values.items()}
+
+
 def manifest_settings(config: Config, job: PreparedJob, ident: IdentityResult | None = None) -> ManifestSettings:
     """With `ident`, the embeddings go into every manifest; without, runners read identity.json —
     unless the job's people are embedded by its chunks themselves (``people_in_chunks``)."""
     assert job.resolved is not None, "manifests are made at submit, from a resolved job"
     people = {identity_id(n): tuple(_rel(config, p) for p in ps) for n, ps in enumerate(job.resolved.identities)}
     return ManifestSettings(
-        pack=job.spec.models,
         sources=() if people else tuple(_rel(config, s) for s in job.resolved.sources),
         identities=people,
-        processors=tuple(job.spec.processors),
-        providers=tuple(job.spec.providers),
-        faces=job.spec.faces,
-        no_face=job.spec.no_face,
         source_embedding=tuple(ident.source_embedding) if ident and ident.source_embedding else None,
         reference_embedding=ident.reference_embedding if ident else None,
         identity_timeout=None if ident or job.people_in_chunks else identity.wait_limit(config),
-        reference_distance=job.spec.reference_distance,
-        detector_threshold=job.spec.detector.threshold,
-        detector_size=job.spec.detector.size,
-        mask_feather=job.spec.mask.feather,
-        mask_padding=job.spec.mask.padding,
-        enhancer_blend=job.spec.face_enhancer.blend,
-        enhancer_model=job.spec.face_enhancer.model,
-        enhancer_weight=job.spec.face_enhancer.weight,
-        frame_enhancer_blend=job.spec.frame_enhancer.blend,
-        overwrite=job.spec.overwrite,
-        selector=Selector(job.spec.selector.order, job.spec.selector.gender, job.spec.selector.age),
-        masks=Masks(job.spec.mask.types, job.spec.mask.regions),
-        swapper=SwapperTuning(**dataclasses.asdict(job.spec.face_swapper)),  # model, pixel_boost, weight
-        photo=PhotoTuning(job.spec.photo.quality, job.spec.photo.scale),
+        **job_file_settings(job.spec),
         storage=storage_access(config, job.tenant) if job.resolved.uses_s3 else None,
         linger=job.linger,
     )

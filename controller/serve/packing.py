@@ -32,21 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from contract.manifest import FaceSelection
+from controller.job.keys import Pack, packed
+from controller.job.spec import JobSpec
 from controller.run.jobs import PreparedJob
 from controller.settings.packing import PackingSettings
 
 # What the runner loads and how it treats every item: members of one pack agree on all of it. Every other
-# key of a job file is its own or does not reach a photo's manifest (NOT_SHARED; test_packing keeps the
-# two lists covering JobSpec, so a new key cannot be forgotten here).
-SHARED_KEYS = (
-    "models", "providers", "processors", "faces", "no_face", "detector", "mask", "face_enhancer",
-    "frame_enhancer", "face_swapper", "selector", "resources", "placement", "overwrite", "photo",
-)  # fmt: skip
-NOT_SHARED = (
-    "name", "source", "targets", "output", "reference", "reference_distance", "pairs", "pairs_file", "on_complete",
-    "retries", "timeout", "max_concurrent", "chunk_size", "segment_seconds", "video", "skip_audio", "image",
-    "licence",
-)  # fmt: skip
+# key of a job file is its own or does not reach a photo's manifest. Each key says which it is beside its
+# field (controller/job/spec.py, ``pack=``), so a new key cannot be forgotten here.
+SHARED_KEYS = packed(JobSpec, Pack.SHARED)
+NOT_SHARED = packed(JobSpec, Pack.OWN, Pack.FIRST)
 
 
 def pack_key(job: PreparedJob, settings: PackingSettings, default_image: str) -> str | None:
@@ -59,7 +54,8 @@ def pack_key(job: PreparedJob, settings: PackingSettings, default_image: str) ->
     if job.resolved.uses_s3:  # runs alone: a pack writes its members' reports without presigned links
         return None
     # The tenant first: a pack's chunk services, and a lane's runner, never see two tenants' photos.
-    same = (job.tenant, spec.image or default_image, *(getattr(spec, name) for name in SHARED_KEYS))
+    # image: the one the job runs (the config's when the job names none)
+    same = (job.tenant, *(spec.image or default_image if k == "image" else getattr(spec, k) for k in SHARED_KEYS))
     return hashlib.sha256(repr(same).encode()).hexdigest()
 
 

@@ -37,8 +37,10 @@ from controller import log, yamlio
 from controller.config import Config
 from controller.errors import FfswarmError
 from controller.job.files import parse_job_text
+from controller.job.keys import Pack, packed
 from controller.job.plan import AUTO_MAX_CHUNK, Plan, TargetRef, item_id, make_plan
 from controller.job.resolve import Photo, ResolvedJob, Target
+from controller.job.spec import JobSpec
 from controller.run import job_lease, usecase
 from controller.run.chunks import ChunkRun
 from controller.run.failures import ChunkState
@@ -54,9 +56,8 @@ from controller.serve.shares import Share
 from controller.swarm.backend import SwarmBackend
 from controller.swarm.servicespec import RunnerSettings
 
-# Keys of a job file that are each job's own, never the pack's
-OWN_KEYS = {"name", "source", "targets", "pairs", "pairs_file", "output", "on_complete", "reference",
-            "retries", "timeout", "max_concurrent", "chunk_size"}  # fmt: skip
+# Keys of a job file that are each job's own, never the pack's (``pack=OWN`` beside their fields)
+OWN_KEYS = frozenset(packed(JobSpec, Pack.OWN))
 TICK = 1.0  # seconds between copies of the pack's results into its jobs' folders
 MAX_MEMBERS_BYTES = 64 * 1024**2
 

@@ -113,6 +113,27 @@ def check_unique(values: tuple[str, ...], field: str) -> None:
             raise FieldError(f"{field}[{i}]", f"{show(v)} is listed twice")
 
 
+def check_items(values: object, name: str, what: str, *, minimum: int = 1) -> tuple[object, ...]:
+    """A tuple of at least ``minimum`` values (a spec built in code must pass tuples, as the reader does)."""
+    if not isinstance(values, tuple):
+        raise FieldError(name, f"must be a tuple of {what}s, got {show(values)}")
+    if len(values) < minimum:
+        raise FieldError(name, f"must list at least {minimum} {what}")
+    return values
+
+
+def item_field(name: str, i: int, count: int) -> str:
+    """How errors name one value of a key that took one or several (``source``, ``source[2]``)."""
+    return name if count == 1 else f"{name}[{i}]"
+
+
+def check_kinds(spec: object, kinds: tuple[tuple[str, type], ...]) -> None:
+    """Each named attribute of ``spec`` is of its kind (sections are their settings classes)."""
+    for name, kind in kinds:
+        if not isinstance(getattr(spec, name), kind):
+            raise FieldError(name, f"must be a {kind.__name__}, got {show(getattr(spec, name))}")
+
+
 def check_keys(data: Mapping[Any, Any], known: Iterable[str], parent: str | None = None) -> None:
     """Refuse keys no spec field has, suggesting the nearest known one (typos are the usual cause)."""
     names = list(known)
