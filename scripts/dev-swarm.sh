@@ -63,9 +63,11 @@ docker node update --label-add ffswarm.gpu=true "$(docker info -f '{{.Swarm.Node
 gpus=$(docker node inspect self -f '{{range .Description.Resources.GenericResources}}{{with .NamedResourceSpec}}{{.Kind}}={{.Value}} {{end}}{{end}}')
 say "node: labelled ffswarm.gpu=true; generic resources: ${gpus:-none (GPU jobs cannot schedule here)}"
 
-# 4. Images.
-scripts/build-base-image.sh ffswarm/base:bookworm
-scripts/build-runner-image.sh ffswarm/runner:dev
+# 4. Images (FFSWARM_IMAGES=later: the caller builds them itself, e.g. scripts/test.sh while the unit tests run).
+if [ "${FFSWARM_IMAGES:-}" != later ]; then
+  scripts/build-base-image.sh ffswarm/base:bookworm
+  scripts/build-runner-image.sh ffswarm/runner:dev
+fi
 
 # 5. Python environment for the controller, the tests and the stand-in pack generator.
 if [ ! -x .venv/bin/ffswarm ] || [ pyproject.toml -nt .venv/.installed ] || [ locks/dev.txt -nt .venv/.installed ]; then
@@ -111,4 +113,5 @@ policy:   # what a job file may ask for (docs/operations.md#policy); the safe de
   images: [ffswarm/runner:dev, ffswarm/runner-faults:test]   # the tests' fault-injecting image too
 YAML
 say "config: wrote $repo/ffswarm.yaml (data root $data)"
+[ "${FFSWARM_IMAGES:-}" = later ] && { say "ready but for the images (the caller builds them)"; exit 0; }
 say "ready: scripts/demo.sh runs a real job here (it writes demo-jobs/demo.yaml; then: . .venv/bin/activate && ffswarm status demo)"
