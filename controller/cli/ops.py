@@ -20,6 +20,8 @@ import click
 
 from contract.layout import DataRootLayout
 from controller.cli import context
+from controller.cli import output as out
+from controller.cli.output import output_option
 from controller.config import Config
 from controller.doctor import Check, run_checks
 from controller.errors import CapacityError, FfswarmError, UsageError
@@ -33,6 +35,7 @@ from controller.run.rundir import RunDir
 from controller.serve.daemon import Inbox, Server
 from controller.swarm import render as render_mod
 from controller.swarm.admin import SwarmAdmin
+from controller.swarm.backend import NodeInfo
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.gpuconfig import GPU_KIND, daemon_json, gpus_from_list, parse_nvidia_smi, runtime_toml_line
 from controller.swarm.gpuconfig import render as render_gpu_config
@@ -261,23 +264,49 @@ def label(ctx: click.Context, node: str, labels: tuple[str, ...], remove: tuple[
 
 
 @nodes.command("ls")
+@output_option
 @click.pass_context
-def nodes_ls(ctx: click.Context) -> None:
+def nodes_ls(ctx: click.Context, output: str) -> None:
     """Nodes with their role, state, labels and advertised generic resources."""
-    for n in SwarmAdmin(context.config(ctx).docker_host).node_infos():
+    infos = SwarmAdmin(context.config(ctx).docker_host).node_infos()
+    if output != "text":
+        out.echo({"nodes": [node_data(n) for n in infos]}, output)
+        return
+    for n in infos:
         res = " ".join(f"{k}×{v}" for k, v in sorted(n.generic_resources.items())) or "-"
         labels = " ".join(f"{k}={v}" for k, v in sorted(n.labels.items())) or "-"
         click.echo(f"{n.hostname}\t{n.node_id[:12]}\t{n.role}\t{n.state}/{n.availability}\t{res}\t{labels}")
 
 
+def node_data(n: NodeInfo) -> dict[str, Any]:
+    """A node as `nodes ls -o json|yaml` prints it."""
+    return {
+        "id": n.node_id,
+        "hostname": n.hostname,
+        "role": n.role,
+        "state": n.state,
+        "availability": n.availability,
+        "generic_resources": dict(sorted(n.generic_resources.items())),
+        "labels": dict(sorted(n.labels.items())),
+    }
+
+
 # -- doctor -------------------------------------------------------------------------------------------
 @click.command()
 @click.option("--models", default="default", show_default=True, help="Model pack to verify.")
+@output_option
 @click.pass_context
-def doctor(ctx: click.Context, models: str) -> None:
-    """Check the cluster can run jobs; each failing check names its fix. Exit 0 only when all pass."""
-    checks = run_checks(context.config(ctx), models, say=lambda c: click.echo(c.line()))
+def doctor(ctx: click.Context, models: str, output: str) -> None:
+    """Check the cluster can run jobs; each failing check names its fix. Exit 0 only when all pass.
+
+    With -o json|yaml: {"ok": bool, "checks": [{"name", "ok", "detail", "fix"}]} once all have run
+    (the exit code as without)."""
+    say = (lambda c: click.echo(c.line())) if output == "text" else (lambda c: None)
+    checks = run_checks(context.config(ctx), models, say=say)
     failed: list[Check] = [c for c in checks if not c.ok]
+    if output != "text":
+        out.echo({"ok": not failed, "checks": [dataclasses.asdict(c) for c in checks]}, output)
     if failed:
         raise CapacityError(f"{len(failed)} check(s) failed: {', '.join(c.name for c in failed)}")
-    click.echo("all checks passed")
+    if output == "text":
+        click.echo("all checks passed")
