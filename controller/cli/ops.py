@@ -94,7 +94,11 @@ def job_services(
 @click.option("--attempt", type=click.IntRange(min=1), default=1, show_default=True, help="Attempt number in names.")
 @click.option("--stack", default=render_mod.DEFAULT_STACK, show_default=True, help="Stack name the file is meant for.")
 @click.option("--controller", "controller_stack", is_flag=True, help="Render the controller stack instead.")
-@click.option("--image", default=None, help="Controller stack: image (default: the config's, resolved to an ID).")
+@click.option(
+    "--image",
+    default=None,
+    help="Controller stack: image (default: the config's controller_image, else its image; resolved to an ID).",
+)
 @click.option("--concurrent-jobs", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option(
     "--metrics-port", type=click.IntRange(1, 65535), default=render_mod.DEFAULT_METRICS_PORT, show_default=True
@@ -138,7 +142,7 @@ def render(
         _emit(text, output)
         return
     spec = render_mod.ControllerStack(
-        image=context.backend(ctx).resolve_image(image or config.image),
+        image=context.backend(ctx).resolve_image(image or config.controller_image or config.image),
         config_file=config.path.resolve(),
         config_text=config.path.read_text(),
         data_root=str(config.data_root),
