@@ -110,14 +110,15 @@ def _image_lookup(ctx: click.Context) -> Any:
     return lookup
 
 
-def _summary(config: Config, job: jobs_mod.PreparedJob, report: Report) -> None:
+def _summary(config: Config, job: jobs_mod.PreparedJob, report: Report, err: bool = False) -> None:
+    """The job's summary for people; ``err``: on stderr, when stdout carries data."""
     root = config.data_root
     standin = models_mod.is_standin(DataRootLayout.host(root).pack(job.spec.models))
     note = job.spec.models + (" (STAND-IN test pack: not real face swaps)" if standin else "")
     head, *rest = summary(report, RunLayout.host(root, report.job).report, root, note)
-    click.echo(head)
+    click.echo(head, err=err)
     for line in rest:
-        click.echo(f"  {line}")
+        click.echo(f"  {line}", err=err)
 
 
 @click.command()
@@ -194,7 +195,7 @@ def status(ctx: click.Context, job: str | None, output: str, follow: bool) -> No
         config = context.config(ctx)
         console = None if output == "json" else context.console(ctx)  # -o json: status lines even on a terminal
         report = Report.from_dict(progress_mod.follow(RunDir(config.data_root, job), console, click.echo))
-        _summary(config, jobs_mod.open_run(config, job)[0], report)
+        _summary(config, jobs_mod.open_run(config, job)[0], report, err=output == "json")  # stdout: JSON lines only
         sys.exit(report.exit_code())
     rows = status_mod.collect(context.config(ctx), job)
     if output != "text":

@@ -17,6 +17,9 @@ from contract.results import ItemResult, ItemStatus
 from controller.api.area import Area
 from controller.cli import cli
 from controller.job.plan import Chunk, Plan, PlannedItem
+from controller.run.chunks import ChunkRun
+from controller.run.failures import ChunkState
+from controller.run.report import build_report
 from controller.run.rundir import Control, RunDir
 from tests.builders import Env, api_env
 from tests.fixtures.standin_pack import build_pack
@@ -149,3 +152,25 @@ def test_doctor_as_data_lists_every_check_and_keeps_its_exit_code(cfg: Path) -> 
     swarm = found["checks"][-1]
     assert swarm["ok"] is False and swarm["fix"] == "start dockerd; docker swarm init"
     assert set(swarm) == {"name", "ok", "detail", "fix"}
+
+
+def test_following_a_job_as_json_prints_status_objects_alone_on_stdout(cfg: Path, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    items = tuple(PlannedItem(f"i{n:06d}", f"crowd/{n}.jpg", f"out/{n}.jpg", "image") for n in range(2))
+    rd = RunDir(root, "j")
+    job = job_file(tmp_path).read_bytes()
+    rd.create(job, Plan("j", items, (Chunk("c0000", tuple(i.id for i in items)),)), {}, Control(1), "sha256:x")
+    now = time.time()
+    results = [
+        ItemResult(i.id, ItemStatus.OK, 1, f"/data/{i.input}", f"/data/{i.output}", started=now, finished=now)
+        for i in items
+    ]
+    (rd.path / "results" / "c0000.jsonl").write_text("".join(r.to_line() for r in results))
+    chunks = {"c0000": ChunkRun("c0000", state=ChunkState.DONE)}
+    rd.write_state({"c0000": {"state": "done", "attempts": [{"node": "n1"}]}})
+    rd.write_report(build_report(rd.plan(), rd, chunks, "sha256:x", 1.0).to_dict())
+    followed = ffswarm(cfg, "status", "j", "--follow", "-o", "json")
+    assert followed.exit_code == 0, followed.output
+    (line,) = followed.stdout.splitlines()  # the summary went to stderr: stdout is JSON lines
+    assert json.loads(line)["phase"] == "finished" and json.loads(line)["items"]["ok"] == 2
+    assert followed.stderr.startswith("job j: ")
