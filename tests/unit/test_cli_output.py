@@ -16,11 +16,13 @@ from click.testing import CliRunner, Result
 from contract.results import ItemResult, ItemStatus
 from controller.api.area import Area
 from controller.cli import cli
+from controller.cli.ops import node_data
 from controller.job.plan import Chunk, Plan, PlannedItem
 from controller.run.chunks import ChunkRun
 from controller.run.failures import ChunkState
 from controller.run.report import build_report
 from controller.run.rundir import Control, RunDir
+from controller.swarm.backend import NodeInfo
 from tests.builders import Env, api_env
 from tests.fixtures.standin_pack import build_pack
 from tests.unit.test_policy import job_file, setup
@@ -174,3 +176,25 @@ def test_following_a_job_as_json_prints_status_objects_alone_on_stdout(cfg: Path
     (line,) = followed.stdout.splitlines()  # the summary went to stderr: stdout is JSON lines
     assert json.loads(line)["phase"] == "finished" and json.loads(line)["items"]["ok"] == 2
     assert followed.stderr.startswith("job j: ")
+
+
+def test_the_shell_completes_the_formats() -> None:
+    env = {"_FFSWARM_COMPLETE": "bash_complete", "COMP_WORDS": "ffswarm status -o ", "COMP_CWORD": "3"}
+    result = CliRunner().invoke(cli, [], prog_name="ffswarm", env=env)
+    assert result.exit_code == 0 and result.output.split() == ["plain,text", "plain,json", "plain,yaml"]
+
+
+def test_a_node_as_data_names_its_resources_and_labels_in_order() -> None:
+    node = NodeInfo(
+        "abcdef123456789", "gpu-1", "worker", "ready", "active", {"z": "1", "ffswarm.gpu": "true"}, {"GPU": 2}
+    )
+    assert node_data(node) == {
+        "id": "abcdef123456789",
+        "hostname": "gpu-1",
+        "role": "worker",
+        "state": "ready",
+        "availability": "active",
+        "generic_resources": {"GPU": 2},
+        "labels": {"ffswarm.gpu": "true", "z": "1"},
+    }
+    assert list(node_data(node)["labels"]) == ["ffswarm.gpu", "z"]
