@@ -29,7 +29,7 @@ class NoThumbnail(ValueError):
 
 def dimensions(head: bytes) -> tuple[int, int] | None:
     """(width, height) from the first bytes of a JPEG, PNG, WebP or BMP; None when unknown."""
-    if head.startswith(b"\x89PNG\r\n\x1a\n") and head[12:16] == b"IHDR":
+    if head.startswith(b"\x89PNG\r\n\x1a\n") and head[12:16] == b"IHDR" and len(head) >= 24:
         w, h = struct.unpack(">II", head[16:24])
         return w, h
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":

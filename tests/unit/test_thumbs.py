@@ -67,6 +67,8 @@ def test_a_canvas_over_the_cap_is_refused_before_decoding_and_junk_is_named_not_
     assert "\\x" not in str(truncated.value)
     with pytest.raises(NoThumbnail, match="not a photo"):
         thumbnail(b"<html><script>alert(1)</script></html>")
+    with pytest.raises(NoThumbnail, match="not a photo"):  # a PNG cut inside its header
+        thumbnail(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00")
 
 
 BLOCKED = textwrap.dedent(
