@@ -25,6 +25,7 @@ _KEYS = {
     "data_root",
     "volume",
     "image",
+    "controller_image",
     "schedule_timeout",
     "runner_user",
     "controller_user",
@@ -45,6 +46,7 @@ class Config:
     data_root: Path  # this host's view of the shared volume
     volume: VolumeSpec  # how runner containers mount it at /data
     image: str = DEFAULT_IMAGE
+    controller_image: str | None = None  # the controller stack's image (Dockerfile.controller); unset: `image`
     schedule_timeout: int = 300  # seconds a chunk may stay unschedulable
     runner_user: str | None = None  # uid:gid for runners; default: the data root's owner
     controller_user: tuple[int, int] | None = None  # owner of the run folders' controller files; default: ffswarm's uid
@@ -145,6 +147,14 @@ def load_config(explicit: str | None = None) -> Config:
     return parse_config(path, data)
 
 
+def _controller_image(path: Path, value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{path}: controller_image must be an image reference (e.g. ffswarm/controller:1.0)")
+    return value
+
+
 def parse_config(path: Path, data: dict[str, Any]) -> Config:
     unknown = set(data) - _KEYS
     if unknown:
@@ -187,6 +197,7 @@ def parse_config(path: Path, data: dict[str, Any]) -> Config:
         data_root=data_root.resolve(),
         volume=volume,
         image=str(data.get("image", DEFAULT_IMAGE)),
+        controller_image=_controller_image(path, data.get("controller_image")),
         schedule_timeout=timeout,
         runner_user=user,
         controller_user=_ids(path, data, "controller_user"),

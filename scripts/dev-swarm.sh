@@ -4,7 +4,7 @@
 #   - installs the Docker engine, debootstrap, python3-venv and ffmpeg when absent
 #   - starts dockerd with two fake GPUs (Swarm generic resources GPU=GPU-a, GPU=GPU-b) when none runs
 #   - swarm init, labels this node ffswarm.gpu=true
-#   - builds the base and runner images
+#   - builds the base, runner and controller images
 #   - makes .venv (ffswarm + runner + test libraries, from locks/dev.txt) and the data root .dev-data/
 #   - installs the stand-in model pack as `default` when no pack of that name exists
 #   - writes ./ffswarm.yaml (bind volume, data root inside the checkout)
@@ -64,10 +64,7 @@ gpus=$(docker node inspect self -f '{{range .Description.Resources.GenericResour
 say "node: labelled ffswarm.gpu=true; generic resources: ${gpus:-none (GPU jobs cannot schedule here)}"
 
 # 4. Images (FFSWARM_IMAGES=later: the caller builds them itself, e.g. scripts/test.sh while the unit tests run).
-if [ "${FFSWARM_IMAGES:-}" != later ]; then
-  scripts/build-base-image.sh ffswarm/base:bookworm
-  scripts/build-runner-image.sh ffswarm/runner:dev
-fi
+[ "${FFSWARM_IMAGES:-}" = later ] || scripts/build-images.sh
 
 # 5. Python environment for the controller, the tests and the stand-in pack generator.
 if [ ! -x .venv/bin/ffswarm ] || [ pyproject.toml -nt .venv/.installed ] || [ locks/dev.txt -nt .venv/.installed ]; then
@@ -108,6 +105,7 @@ data_root: $data
 volume:
   type: bind
 image: ffswarm/runner:dev
+controller_image: ffswarm/controller:dev   # the controller stack (ffswarm render --controller)
 schedule_timeout: 5m
 policy:   # what a job file may ask for (docs/operations.md#policy); the safe defaults otherwise
   images: [ffswarm/runner:dev, ffswarm/runner-faults:test]   # the tests' fault-injecting image too

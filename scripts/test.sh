@@ -7,8 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 FFSWARM_IMAGES=later scripts/dev-swarm.sh
 mkdir -p build
-{ scripts/build-base-image.sh ffswarm/base:bookworm && scripts/build-runner-image.sh ffswarm/runner:dev; } \
-  >build/images.log 2>&1 &
+scripts/build-images.sh >build/images.log 2>&1 &
 images=$!
 echo "== images: building in the background (build/images.log)"
 failed=0

@@ -1,17 +1,20 @@
-"""Small JPEG thumbnails of a job's photos for the web page, made with OpenCV under explicit caps.
+"""Small JPEG thumbnails of a job's photos for the web page, made with Pillow under explicit caps.
 
 The bytes come from the shared volume, so they are hostile: the size is capped before reading, and
-the width and height are read from the header (JPEG, PNG, WebP, BMP) and capped *before* OpenCV
-decodes anything, so a small file that claims a huge canvas is refused without allocating it. Big
-JPEGs are decoded at 1/2, 1/4 or 1/8 scale (the decoder's own reduction), which is also cheaper.
+the width and height are read from the header (JPEG, PNG, WebP, BMP) and capped *before* Pillow
+decodes anything, so a small file that claims a huge canvas is refused without allocating it; the
+size Pillow itself reads is checked against the same caps before any pixel is decoded. Big JPEGs
+are decoded at 1/2, 1/4 or 1/8 scale (the decoder's own reduction, Pillow's draft mode), which is
+also cheaper. The photo is turned upright as its EXIF orientation says; the thumbnail carries no
+metadata. Pillow (the api extra), not OpenCV or numpy: the controller's install stays small.
 """
 
 from __future__ import annotations
 
+import io
 import struct
 
-import cv2
-import numpy as np
+from PIL import Image, ImageOps
 
 MAX_BYTES = 64 * 1024**2  # a file larger than this gets no thumbnail
 MAX_PIXELS = 50_000_000  # width × height as the header declares it
@@ -26,7 +29,7 @@ class NoThumbnail(ValueError):
 
 def dimensions(head: bytes) -> tuple[int, int] | None:
     """(width, height) from the first bytes of a JPEG, PNG, WebP or BMP; None when unknown."""
-    if head.startswith(b"\x89PNG\r\n\x1a\n") and head[12:16] == b"IHDR":
+    if head.startswith(b"\x89PNG\r\n\x1a\n") and head[12:16] == b"IHDR" and len(head) >= 24:
         w, h = struct.unpack(">II", head[16:24])
         return w, h
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
@@ -82,31 +85,39 @@ def _jpeg(data: bytes) -> tuple[int, int] | None:
     return None
 
 
+FORMATS = ("JPEG", "PNG", "WEBP", "BMP")  # what Pillow may open here: the formats the header check reads
+_UNDECODABLE = (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError)
+
+
+def _check_size(w: int, h: int) -> None:
+    if not (0 < w <= MAX_EDGE and 0 < h <= MAX_EDGE) or w * h > MAX_PIXELS:
+        raise NoThumbnail(f"the photo is too large for a thumbnail ({w}x{h} pixels)")
+
+
 def thumbnail(data: bytes, size: int = DEFAULT_SIZE) -> bytes:
-    """A JPEG whose longer side is at most ``size`` pixels (never enlarged)."""
+    """A JPEG whose longer side is at most ``size`` pixels (never enlarged), upright."""
     if len(data) > MAX_BYTES:
         raise NoThumbnail(f"the file is larger than {MAX_BYTES // 1024**2} MiB")
     dims = dimensions(data[: 256 * 1024])
     if dims is None:
         raise NoThumbnail("not a photo a thumbnail can be made of (JPEG, PNG, WebP, BMP)")
-    w, h = dims
-    if not (0 < w <= MAX_EDGE and 0 < h <= MAX_EDGE) or w * h > MAX_PIXELS:
-        raise NoThumbnail(f"the photo is too large for a thumbnail ({w}x{h} pixels)")
-    flag = cv2.IMREAD_COLOR
-    if data.startswith(b"\xff\xd8"):
-        reductions = ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4), (2, cv2.IMREAD_REDUCED_COLOR_2))
-        for factor, reduced in reductions:
-            if max(w, h) // factor >= size:
-                flag = reduced
-                break
-    image = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
-    if image is None or image.size == 0:
-        raise NoThumbnail("the photo cannot be decoded")
-    ih, iw = image.shape[:2]
-    scale = min(1.0, size / max(ih, iw))
-    if scale < 1.0:
-        image = cv2.resize(image, (max(1, round(iw * scale)), max(1, round(ih * scale))), interpolation=cv2.INTER_AREA)
-    ok, buf = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, QUALITY])
-    if not ok:
-        raise NoThumbnail("the thumbnail cannot be encoded")
-    return bytes(buf.tobytes())
+    _check_size(*dims)
+    try:
+        with Image.open(io.BytesIO(data), formats=FORMATS) as image:  # reads the header only
+            _check_size(*image.size)
+            if image.format == "JPEG":
+                image.draft("RGB", (size, size))  # the largest 1/2, 1/4 or 1/8 reduction still >= size
+            image.load()
+            image.thumbnail((size, size), Image.Resampling.LANCZOS)
+            upright = ImageOps.exif_transpose(image)
+            rgb = upright.convert("RGB")  # alpha dropped, palettes and greys expanded: what JPEG holds
+    except NoThumbnail:
+        raise
+    except _UNDECODABLE:
+        raise NoThumbnail("the photo cannot be decoded") from None
+    out = io.BytesIO()
+    try:
+        rgb.save(out, "JPEG", quality=QUALITY)
+    except (OSError, ValueError):
+        raise NoThumbnail("the thumbnail cannot be encoded") from None
+    return out.getvalue()

@@ -13,8 +13,7 @@ MODULE_EXTRA = {
     "multipart": "api",
     "jwt": "api",
     "cryptography": "api",
-    "numpy": "api",  # with OpenCV: the web page's thumbnails
-    "cv2": "api",
+    "PIL": "api",  # Pillow: the web page's thumbnails
     "boto3": "s3",
     "botocore": "s3",
 }

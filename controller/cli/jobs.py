@@ -3,7 +3,6 @@ calls one function of controller/run/)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,8 @@ import click
 from contract.layout import DataRootLayout, RunLayout
 from controller.cli import context
 from controller.cli import models as models_mod
+from controller.cli import output as out
+from controller.cli.output import output_option
 from controller.config import Config
 from controller.errors import FfswarmError, Interrupted, UsageError
 from controller.run import control, dryrun, handover, usecase
@@ -28,7 +29,7 @@ from controller.run.rundir import RunDir
 @click.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--dry-run", is_flag=True, help="Print the plan and the services; create nothing.")
-@click.option("--json", "as_json", is_flag=True, help="With --dry-run: every item, chunk and service as JSON.")
+@output_option  # with --dry-run: every item, chunk and service as data
 @click.option("--new", is_flag=True, help="Start a new run (job id name-2, -3 …) instead of continuing one.")
 @click.option("--detach", is_flag=True, help="Hand the jobs to the controller serving the inbox and return at once.")
 @click.option(
@@ -48,7 +49,7 @@ def submit(
     ctx: click.Context,
     paths: tuple[Path, ...],
     dry_run: bool,
-    as_json: bool,
+    output: str,
     new: bool,
     detach: bool,
     inbox: Path | None,
@@ -64,8 +65,8 @@ def submit(
         raise UsageError("--detach and --dry-run do not go together: a dry run hands nothing over")
     if inbox is not None and not detach:
         raise UsageError("--inbox goes with --detach")
-    if as_json and not dry_run:
-        raise UsageError("--json goes with --dry-run (for a job's status as JSON: `ffswarm status JOB --json`)")
+    if output != "text" and not dry_run:
+        raise UsageError(f"-o {output} goes with --dry-run (a job's status as data: `ffswarm status JOB -o {output}`)")
     config = context.config(ctx)
     # the command's one backend, asked for the swarm's GPU slots (a dry run plans without it if Docker is away)
     prepared = jobs_mod.prepare(config, list(paths), new, lambda: context.backend(ctx))
@@ -75,8 +76,8 @@ def submit(
         return
     if dry_run:
         lookup = _image_lookup(ctx)
-        if as_json:
-            click.echo(json.dumps(dryrun.plan_json(config, prepared, lookup), indent=1))
+        if output != "text":
+            out.echo(dryrun.plan_json(config, prepared, lookup), output)
         else:
             click.echo("\n".join(dryrun.plan_lines(config, prepared, lookup)))
         return
@@ -109,14 +110,15 @@ def _image_lookup(ctx: click.Context) -> Any:
     return lookup
 
 
-def _summary(config: Config, job: jobs_mod.PreparedJob, report: Report) -> None:
+def _summary(config: Config, job: jobs_mod.PreparedJob, report: Report, err: bool = False) -> None:
+    """The job's summary for people; ``err``: on stderr, when stdout carries data."""
     root = config.data_root
     standin = models_mod.is_standin(DataRootLayout.host(root).pack(job.spec.models))
     note = job.spec.models + (" (STAND-IN test pack: not real face swaps)" if standin else "")
     head, *rest = summary(report, RunLayout.host(root, report.job).report, root, note)
-    click.echo(head)
+    click.echo(head, err=err)
     for line in rest:
-        click.echo(f"  {line}")
+        click.echo(f"  {line}", err=err)
 
 
 @click.command()
@@ -172,7 +174,7 @@ def _run_with_progress(fn: Any, how_to_resume: str) -> Any:
 
 @click.command()
 @click.argument("job", required=False)
-@click.option("--json", "as_json", is_flag=True)
+@output_option
 @click.option(
     "-f",
     "--follow",
@@ -180,19 +182,24 @@ def _run_with_progress(fn: Any, how_to_resume: str) -> Any:
     help="Watch JOB (running anywhere) with the progress bar until it ends; then its summary and exit code.",
 )
 @click.pass_context
-def status(ctx: click.Context, job: str | None, as_json: bool, follow: bool) -> None:
-    """Jobs, chunks by state, items ok/failed/pending, attempts, nodes, ETA (from the run folders)."""
+def status(ctx: click.Context, job: str | None, output: str, follow: bool) -> None:
+    """Jobs, chunks by state, items ok/failed/pending, attempts, nodes, ETA (from the run folders).
+
+    With -o json|yaml: JOB's status object, as GET /v1/jobs/{job} answers it; without JOB, every
+    job's, as GET /v1/jobs answers them ({"jobs": [...], "next_cursor": null})."""
     if follow:
         if job is None:
             raise UsageError("--follow needs a JOB")
+        if output == "yaml":
+            raise UsageError("--follow prints one status object per line as it changes, in JSON: use -o json")
         config = context.config(ctx)
-        console = None if as_json else context.console(ctx)  # --json: status lines even on a terminal
+        console = None if output == "json" else context.console(ctx)  # -o json: status lines even on a terminal
         report = Report.from_dict(progress_mod.follow(RunDir(config.data_root, job), console, click.echo))
-        _summary(config, jobs_mod.open_run(config, job)[0], report)
+        _summary(config, jobs_mod.open_run(config, job)[0], report, err=output == "json")  # stdout: JSON lines only
         sys.exit(report.exit_code())
     rows = status_mod.collect(context.config(ctx), job)
-    if as_json:
-        click.echo(json.dumps(rows, indent=1))
+    if output != "text":
+        out.echo(rows[0] if job else {"jobs": rows, "next_cursor": None}, output)
         return
     for row in rows:
         click.echo(status_mod.describe(row))

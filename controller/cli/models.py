@@ -1,7 +1,8 @@
-"""``ffswarm models verify|fetch``: parsing only; the work is in controller/models.py."""
+"""``ffswarm models list|verify|fetch``: parsing only; the work is in controller/models.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from contract.errors import PackError
 from contract.layout import DataRootLayout
 from controller import models as models_mod
 from controller.cli import context
+from controller.cli import output as out
+from controller.cli.output import output_option
 from controller.errors import MissingInputError
 
 STANDIN_NOTE = "the STAND-IN test pack: not real face swaps (real packs: docs/operations.md#models)"
@@ -36,11 +39,30 @@ def installed(models_dir: Path) -> list[str]:
     return sorted(p.name for p in models_dir.iterdir() if p.is_dir() and (p / "pack.yaml").is_file())
 
 
+@models.command("list")
+@output_option
+@click.pass_context
+def list_packs(ctx: click.Context, output: str) -> None:
+    """The packs installed under models/ (-o json|yaml: {"packs": [{"name", "standin"}]})."""
+    models_dir = DataRootLayout.host(context.config(ctx).data_root).models
+    packs = [{"name": name, "standin": is_standin(models_dir / name)} for name in installed(models_dir)]
+    if output != "text":
+        out.echo({"packs": packs}, output)
+        return
+    if not packs:
+        click.echo(f"no packs under {models_dir}; `ffswarm models fetch NAME --from …` installs one")
+    for p in packs:
+        click.echo(f"{p['name']}" + (f" — {STANDIN_NOTE}" if p["standin"] else ""))
+
+
 @models.command()
 @click.argument("pack", default="default")
+@output_option
 @click.pass_context
-def verify(ctx: click.Context, pack: str) -> None:
-    """Check PACK's pack.yaml, every file's sha256, and each model's inputs/outputs for its role."""
+def verify(ctx: click.Context, pack: str, output: str) -> None:
+    """Check PACK's pack.yaml, every file's sha256, and each model's inputs/outputs for its role.
+
+    Exit 0 when all is well, 66 when not; -o json|yaml: {"pack", "ok", "standin", "files", "problems"}."""
     models_dir = DataRootLayout.host(context.config(ctx).data_root).models
     if pack not in installed(models_dir):
         found = ", ".join(installed(models_dir)) or "none"
@@ -48,6 +70,13 @@ def verify(ctx: click.Context, pack: str) -> None:
             f"no pack {pack!r} under models/ (installed: {found}); `ffswarm models fetch {pack} --from …` installs one"
         )
     report = models_mod.verify(models_dir / pack)
+    if output != "text":
+        files = [dataclasses.asdict(f) for f in report.files]
+        standin = is_standin(models_dir / pack)
+        out.echo(
+            {"pack": pack, "ok": report.ok, "standin": standin, "files": files, "problems": report.problems}, output
+        )
+        sys.exit(0 if report.ok else 66)
     lines = report.lines()
     if report.ok and is_standin(models_dir / pack):
         lines[0] += f" — {STANDIN_NOTE}"

@@ -20,6 +20,8 @@ import click
 
 from contract.layout import DataRootLayout
 from controller.cli import context
+from controller.cli import output as out
+from controller.cli.output import output_option
 from controller.config import Config
 from controller.doctor import Check, run_checks
 from controller.errors import CapacityError, FfswarmError, UsageError
@@ -33,6 +35,7 @@ from controller.run.rundir import RunDir
 from controller.serve.daemon import Inbox, Server
 from controller.swarm import render as render_mod
 from controller.swarm.admin import SwarmAdmin
+from controller.swarm.backend import NodeInfo
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.gpuconfig import GPU_KIND, daemon_json, gpus_from_list, parse_nvidia_smi, runtime_toml_line
 from controller.swarm.gpuconfig import render as render_gpu_config
@@ -91,7 +94,11 @@ def job_services(
 @click.option("--attempt", type=click.IntRange(min=1), default=1, show_default=True, help="Attempt number in names.")
 @click.option("--stack", default=render_mod.DEFAULT_STACK, show_default=True, help="Stack name the file is meant for.")
 @click.option("--controller", "controller_stack", is_flag=True, help="Render the controller stack instead.")
-@click.option("--image", default=None, help="Controller stack: image (default: the config's, resolved to an ID).")
+@click.option(
+    "--image",
+    default=None,
+    help="Controller stack: image (default: the config's controller_image, else its image; resolved to an ID).",
+)
 @click.option("--concurrent-jobs", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option(
     "--metrics-port", type=click.IntRange(1, 65535), default=render_mod.DEFAULT_METRICS_PORT, show_default=True
@@ -135,7 +142,7 @@ def render(
         _emit(text, output)
         return
     spec = render_mod.ControllerStack(
-        image=context.backend(ctx).resolve_image(image or config.image),
+        image=context.backend(ctx).resolve_image(image or config.controller_image or config.image),
         config_file=config.path.resolve(),
         config_text=config.path.read_text(),
         data_root=str(config.data_root),
@@ -261,23 +268,49 @@ def label(ctx: click.Context, node: str, labels: tuple[str, ...], remove: tuple[
 
 
 @nodes.command("ls")
+@output_option
 @click.pass_context
-def nodes_ls(ctx: click.Context) -> None:
+def nodes_ls(ctx: click.Context, output: str) -> None:
     """Nodes with their role, state, labels and advertised generic resources."""
-    for n in SwarmAdmin(context.config(ctx).docker_host).node_infos():
+    infos = SwarmAdmin(context.config(ctx).docker_host).node_infos()
+    if output != "text":
+        out.echo({"nodes": [node_data(n) for n in infos]}, output)
+        return
+    for n in infos:
         res = " ".join(f"{k}×{v}" for k, v in sorted(n.generic_resources.items())) or "-"
         labels = " ".join(f"{k}={v}" for k, v in sorted(n.labels.items())) or "-"
         click.echo(f"{n.hostname}\t{n.node_id[:12]}\t{n.role}\t{n.state}/{n.availability}\t{res}\t{labels}")
 
 
+def node_data(n: NodeInfo) -> dict[str, Any]:
+    """A node as `nodes ls -o json|yaml` prints it."""
+    return {
+        "id": n.node_id,
+        "hostname": n.hostname,
+        "role": n.role,
+        "state": n.state,
+        "availability": n.availability,
+        "generic_resources": dict(sorted(n.generic_resources.items())),
+        "labels": dict(sorted(n.labels.items())),
+    }
+
+
 # -- doctor -------------------------------------------------------------------------------------------
 @click.command()
 @click.option("--models", default="default", show_default=True, help="Model pack to verify.")
+@output_option
 @click.pass_context
-def doctor(ctx: click.Context, models: str) -> None:
-    """Check the cluster can run jobs; each failing check names its fix. Exit 0 only when all pass."""
-    checks = run_checks(context.config(ctx), models, say=lambda c: click.echo(c.line()))
+def doctor(ctx: click.Context, models: str, output: str) -> None:
+    """Check the cluster can run jobs; each failing check names its fix. Exit 0 only when all pass.
+
+    With -o json|yaml: {"ok": bool, "checks": [{"name", "ok", "detail", "fix"}]} once all have run
+    (the exit code as without)."""
+    say = (lambda c: click.echo(c.line())) if output == "text" else (lambda c: None)
+    checks = run_checks(context.config(ctx), models, say=say)
     failed: list[Check] = [c for c in checks if not c.ok]
+    if output != "text":
+        out.echo({"ok": not failed, "checks": [dataclasses.asdict(c) for c in checks]}, output)
     if failed:
         raise CapacityError(f"{len(failed)} check(s) failed: {', '.join(c.name for c in failed)}")
-    click.echo("all checks passed")
+    if output == "text":
+        click.echo("all checks passed")

@@ -1,4 +1,4 @@
-"""`submit --dry-run`: the plan in a few lines a person reads (`--json`: everything, as data).
+"""`submit --dry-run`: the plan in a few lines a person reads (`-o json|yaml`: everything, as data).
 
 Per job: its items by kind, its chunks, the services that would be created (how many, their image,
 constraints and reservations) and where the outputs go — a video's final output, not its segments.
@@ -57,7 +57,7 @@ def plan_lines(config: Config, jobs: list[PreparedJob], image_of: Callable[[str]
             lines.append(f"  video: {v.input} → {v.output}" + (f" (refused: {v.error})" if v.error else ""))
         if len(plan.videos) > SHOWN:
             lines.append(f"  … and {len(plan.videos) - SHOWN} more videos")
-    lines.append("nothing was created; `--json` prints every item, chunk and service")
+    lines.append("nothing was created; `-o json` (or yaml) prints every item, chunk and service")
     return lines
 
 

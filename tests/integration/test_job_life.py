@@ -24,9 +24,9 @@ pytestmark = pytest.mark.integration
 
 
 def status_of(ws: Workspace) -> dict[str, Any]:
-    proc = ws.ffswarm("status", ws.job, "--json")
+    proc = ws.ffswarm("status", ws.job, "-o", "json")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    (row,) = json.loads(proc.stdout)
+    row = json.loads(proc.stdout)  # the job's status object, as GET /v1/jobs/{job} answers it
     assert isinstance(row, dict)
     return row
 

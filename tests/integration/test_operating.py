@@ -157,8 +157,8 @@ def test_scale_up_live_then_cancel(workspace: Workspace, swarm: DockerSwarm, fau
     assert swarm.client.api.services(filters={"label": f"{LABEL_JOB}={ws.job}"}) == []
     kept = list((ws.dir / "out").glob("*.jpg"))
     assert kept and all(p.stat().st_size > 0 for p in kept)  # committed outputs stay
-    status = ws.ffswarm("status", ws.job, "--json")
-    assert json.loads(status.stdout)[0]["phase"] == "cancelled"
+    status = ws.ffswarm("status", ws.job, "-o", "json")  # the job's status object, as GET /v1/jobs/{job}
+    assert json.loads(status.stdout)["phase"] == "cancelled"
 
 
 def test_webhook_receives_the_report(workspace: Workspace) -> None:

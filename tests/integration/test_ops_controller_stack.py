@@ -45,7 +45,7 @@ def controller_image(workspace: Workspace, swarm: DockerSwarm) -> Iterator[str]:
     for mod in VENV_PACKAGES:
         shutil.copytree(Path(importlib.import_module(mod).__file__ or "").parent, ctx / mod,
                         ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
-    base = swarm.resolve_image(workspace.config.image)
+    base = swarm.resolve_image(workspace.config.controller_image or workspace.config.image)  # Dockerfile.controller's
     (ctx / "Dockerfile").write_text(
         f"FROM {base}\nUSER root\n"
         + "".join(f"COPY {p} {SITE}/{p}\n" for p in ("contract", "controller", "runner_image", *VENV_PACKAGES))

@@ -104,7 +104,10 @@ def test_no_config_anywhere_names_every_place_looked(places: Path) -> None:
 # --- a missing extra -------------------------------------------------------------------------------
 
 # What `pip install .` (no extras) leaves out, as the controller imports it.
-NOT_INSTALLED = ["starlette", "uvicorn", "python_multipart", "multipart", "jwt", "numpy", "cv2", "boto3", "botocore"]
+NOT_INSTALLED = [
+    *("starlette", "uvicorn", "python_multipart", "multipart", "jwt", "PIL"),
+    *("numpy", "cv2", "boto3", "botocore"),
+]
 
 
 def _ffswarm_without_extras(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -9,6 +9,7 @@ under ``if TYPE_CHECKING:`` are left out, since they never run.
 - no import cycle between controller modules (an import of ``a.b.c`` also runs ``a/__init__`` and
   ``a/b/__init__``, unless the importer is inside them);
 - only the Swarm adapter imports docker;
+- the controller imports none of the runner's libraries (its install and image do not carry them);
 - controller's packages (and its top-level modules) form layers: no two of them import each other,
   nothing imports ``controller.cli`` (the top), ``controller.run`` never imports ``controller.serve``,
   and ``DockerSwarm`` is constructed only by the composition roots (cli/, the serve daemon);
@@ -210,6 +211,24 @@ def test_only_the_swarm_adapter_imports_docker() -> None:
         if imp.target.split(".")[0] == "docker" and module not in SWARM_ADAPTER
     ]
     assert not bad, f"only {sorted(SWARM_ADAPTER)} may import docker:\n" + "\n".join(bad)
+
+
+RUNNER_LIBRARIES = {"cv2", "numpy", "onnxruntime", "onnx", "insightface", "scipy", "skimage"}
+# Imports of a runner library the controller makes only when it is there (``except ImportError``).
+OPTIONAL_RUNNER_IMPORTS = {
+    ("controller.models", "onnx"),  # `models verify` checks each model's I/O with it; skipped without
+}
+
+
+def test_the_controller_imports_no_runner_library() -> None:
+    bad = [
+        where(path, imp)
+        for module, path, imp in all_imports()
+        if module.split(".")[0] == "controller"
+        and imp.target.split(".")[0] in RUNNER_LIBRARIES
+        and (module, imp.target.split(".")[0]) not in OPTIONAL_RUNNER_IMPORTS
+    ]
+    assert not bad, "only the runner imports these (the controller lock has none):\n" + "\n".join(bad)
 
 
 def test_no_import_cycle_between_controller_modules() -> None:
