@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from controller import log
+from controller.api import deliveries as api_deliveries
 from controller.api import idempotency, links, objects, ops, page, page_openapi, quota, results, submit, uploads, views
 from controller.api import usage as api_usage
 from controller.api.area import Area, run_owner
@@ -331,6 +332,7 @@ def make_app(config: Config) -> Starlette:
     ]
     routes += page.routes(api, g)  # the web status page at / and its routes (controller/api/page.py)
     routes += api_usage.routes(api, g)  # GET /v1/usage (controller/api/usage.py)
+    routes += api_deliveries.routes(api, g)  # a job's webhook deliveries (controller/api/deliveries.py)
     meter = ApiMetrics(api.auth, config.api.metrics_token_sha256)  # GET /metrics (controller/api/metrics.py)
     routes.append(meter.route(g))
     swept = every(api.sweep, on_error=lambda e: api.log.warning("api_upload_sweep_failed", error=type(e).__name__))

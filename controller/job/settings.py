@@ -132,16 +132,28 @@ class Resources:
         check_int(self.memory, "memory", minimum=1)
 
 
+WEBHOOK_EVENTS = ("job.started", "job.finished", "job.cancelled")
+
+
 @dataclass(frozen=True)
 class OnComplete:
-    """``hook`` names a program the cluster's policy defines; a job file never names a program."""
+    """``hook`` names a program the cluster's policy defines; a job file never names a program.
+    ``webhook_events``: the event types the webhook receives (None: all of WEBHOOK_EVENTS)."""
 
     webhook: str | None = None
     hook: str | None = None
+    webhook_events: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.webhook is not None:
             check_str(self.webhook, "webhook", pattern=r"https?://\S+", hint="an http:// or https:// URL")
+        if self.webhook_events is not None:
+            events = self.webhook_events
+            if not isinstance(events, list | tuple) or not events:
+                raise FieldError("webhook_events", f"must be a list of one or more of {', '.join(WEBHOOK_EVENTS)}")
+            for n, event in enumerate(events):
+                check_choice(event, f"webhook_events[{n}]", WEBHOOK_EVENTS, "webhook event type")
+            object.__setattr__(self, "webhook_events", tuple(events))
         if self.hook is not None:
             check_str(self.hook, "hook", pattern=_NAME, hint="the name of a hook in the cluster's policy")
 

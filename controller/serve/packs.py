@@ -39,7 +39,7 @@ from controller.errors import FfswarmError
 from controller.job.files import parse_job_text
 from controller.job.plan import AUTO_MAX_CHUNK, Plan, TargetRef, item_id, make_plan
 from controller.job.resolve import Photo, ResolvedJob, Target
-from controller.run import job_lease, usecase
+from controller.run import job_lease, usecase, webhooks
 from controller.run.chunks import ChunkRun
 from controller.run.failures import ChunkState
 from controller.run.fold import Fold
@@ -244,6 +244,7 @@ class PackRun:
             raise
         for job in self.jobs.values():
             job.rundir.enter(Stage.CHUNKS)
+            webhooks.started(self.config, job.rundir, job.spec.on_complete, try_now=False)  # serve's deliverer sends it
         copier = threading.Thread(target=self._copier, args=(plan,), name=f"copy-{self.pack.job}", daemon=True)
         copier.start()
         try:

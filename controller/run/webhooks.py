@@ -1,0 +1,108 @@
+"""A job's webhook events: what each carries and when it is made (the use case calls these).
+
+``job.started`` when the job begins running (once per job: a resumed or taken-over job does not
+announce itself again), ``job.finished`` or ``job.cancelled`` at each end of a run, each only when the
+job's ``on_complete.webhook_events`` lists it (default: all). The data is the job's status object as
+the API shows it, with its ``outcome`` (and, for a tenant's job at its end, a signed ``results_url``).
+Each event goes into the job's outbox (controller/run/outbox.py) and is tried once at once; one not
+delivered stays pending there for `serve`'s deliverer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller import log
+from controller.config import Config
+from controller.errors import FfswarmError
+from controller.job.settings import WEBHOOK_EVENTS, OnComplete
+from controller.run import hooks, status, usage
+from controller.run.outbox import Deliverer, Outbox, OutboxError, utc
+from controller.run.rundir import RunDir
+
+STARTED, FINISHED, CANCELLED = WEBHOOK_EVENTS
+
+
+def outbox(config: Config) -> Outbox:
+    return Outbox(config.data_root, config.webhook_delivery)
+
+
+def deliverer(config: Config, box: Outbox | None = None) -> Deliverer:
+    """`serve`'s deliverer: each job's deliveries signed and checked with its own tenant's section."""
+    return Deliverer(box or outbox(config), lambda job: config.webhooks(hooks.job_tenant(config.data_root, job)))
+
+
+def wanted(on_complete: OnComplete, kind: str) -> bool:
+    return bool(on_complete.webhook) and kind in (on_complete.webhook_events or WEBHOOK_EVENTS)
+
+
+def outcome_of(row: dict[str, Any]) -> str | None:
+    """STAND-IN for controller.run.status.outcome_of (the "status" branch): swap on merge.
+    succeeded | partial | failed | cancelled, None until the job has ended."""
+    phase = row.get("phase")
+    if phase == "cancelled":
+        return "cancelled"
+    if phase == "refused":
+        return "failed"
+    if phase != "finished":
+        return None
+    items = row.get("items") or {}
+    if items.get("failed", 0) == 0:
+        return "succeeded"
+    return "partial" if items.get("ok", 0) + items.get("no_face", 0) > 0 else "failed"
+
+
+def status_data(config: Config, rundir: RunDir, ended: str | None = None) -> dict[str, Any]:
+    """The job's status object; ``ended`` (finished | cancelled): as it will read once this
+    controller lets go of the job (it still holds its lease while the hooks run)."""
+    row = status.job_status(rundir)
+    if ended is not None:
+        items = dict(row["items"])
+        if ended == "cancelled":
+            items["cancelled"], items["pending"] = items["cancelled"] + items["pending"], 0
+        row = {**row, "phase": ended, "stage": None, "controller": None, "eta_seconds": None, "items": items}
+        row["usage"] = usage.of_rundir(rundir)
+    tenant = hooks.job_tenant(config.data_root, rundir.job)
+    return {**row, "owner": tenant, "outcome": outcome_of(row)}
+
+
+def notify(
+    config: Config, rundir: RunDir, on_complete: OnComplete, kind: str, data: dict[str, Any], try_now: bool = True
+) -> tuple[str, str] | None:
+    """``kind`` put in the job's outbox and (``try_now``) tried once at once: (DELIVERED | PENDING |
+    NOT_DELIVERED, why); None when the job's webhook does not want it."""
+    if not wanted(on_complete, kind):
+        return None
+    assert on_complete.webhook is not None
+    box = outbox(config)
+    try:
+        d = box.enqueue(rundir.job, kind, data, on_complete.webhook)
+        if try_now:
+            d = box.attempt(d, deliverer(config, box).policy_for(rundir.job))
+    except (OSError, FfswarmError) as e:
+        log.get(job=rundir.job).warning("webhook_not_queued", type=kind, error=type(e).__name__)
+        return hooks.NOT_DELIVERED, f"not queued: {type(e).__name__}"
+    if d.state == "delivered":
+        return hooks.DELIVERED, f"HTTP {d.attempts[-1].get('status')}"
+    if d.state == "failed":
+        last = d.attempts[-1] if d.attempts else {}
+        return hooks.NOT_DELIVERED, str(last.get("status") or last.get("error"))
+    due = d.next_attempt or 0.0
+    why = f"receiver not reached; retried until delivered (next at {utc(due)}) by `ffswarm serve`"
+    log.get(job=rundir.job).warning("webhook_pending", type=kind, delivery=d.id, detail=why)
+    return hooks.PENDING, why
+
+
+def started(config: Config, rundir: RunDir, on_complete: OnComplete, try_now: bool = True) -> None:
+    """``job.started``, unless this job has announced itself before (a resumed run, a take-over);
+    without ``try_now`` only queued (a pack's jobs: `serve`'s deliverer sends them)."""
+    if not wanted(on_complete, STARTED):
+        return
+    try:
+        if any(d.type == STARTED for d in outbox(config).deliveries(rundir.job)):
+            return
+        data = status_data(config, rundir)
+    except (OSError, FfswarmError, OutboxError) as e:
+        log.get(job=rundir.job).warning("webhook_not_queued", type=STARTED, error=type(e).__name__)
+        return
+    notify(config, rundir, on_complete, STARTED, {**data, "phase": "running"}, try_now)
