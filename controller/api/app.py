@@ -326,7 +326,7 @@ def make_app(config: Config) -> Starlette:
         Route("/v1/jobs/{job}/scale", g(api.scale), methods=["POST"]),
         Route("/v1/jobs/{job}/retry", g(api.retry), methods=["POST"]),
         Route("/v1/jobs/{job}/links/revoke", g(api.revoke_links), methods=["POST"]),
-        Route("/openapi.json", g(api_usage.with_paths(api.openapi)), methods=["GET"]),
+        Route("/openapi.json", g(api_usage.with_paths(api_deliveries.with_paths(api.openapi))), methods=["GET"]),
         Route("/healthz", g(api.healthz), methods=["GET"]),
         Route("/readyz", g(api.readyz), methods=["GET"]),
     ]

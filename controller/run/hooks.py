@@ -6,16 +6,19 @@ Both kinds are bounded by the cluster's policy (controller/policy.py), never by 
   policy's unprivileged uid:gid (when the controller is root), with a clean environment
   (FFSWARM_JOB, FFSWARM_REPORT, a fixed PATH) and a timeout. Only a short redacted tail of its output
   reaches report.json.
-- ``webhook: URL`` is POSTed the report if its host is allowed; the resolved address is checked
+- ``webhook: URL`` is POSTed the job's events (Standard Webhooks envelopes, ``envelope``; made and
+  kept by controller/run/webhooks.py and controller/run/outbox.py, each attempt ``send_once``) if its
+  host is allowed; the resolved address is checked
   (loopback, link-local, private and metadata ranges refused unless allowed) and connected to as
   checked (no second lookup); redirects are never followed. Deliveries carry Standard Webhooks headers
   signed with the secret of the section that allowed the host: ``policy.webhooks`` for a CLI job, the
   tenant's own ``tenants.<t>.webhooks`` for a tenant's job (its run folder's ``owner``), so no tenant
-  holds a key that signs another's deliveries or can point its job at another's receiver. The body
-  names the tenant (``tenant``, null for a CLI job). The report records only delivered / not
-  delivered. A tenant's job adds ``results_url``: a signed link to its results.zip made with the
-  API's ``api.signing_key_file`` and ``link_ttl`` (absolute with ``api.public_url``), so the receiver
-  can fetch the results without a token (docs/api.md#results-and-signed-links).
+  holds a key that signs another's deliveries or can point its job at another's receiver. The data
+  names the tenant (``tenant``, null for a CLI job). The report records delivered, pending (the
+  outbox retries it) or not delivered. A tenant's job adds ``results_url``: a signed link to its
+  results.zip made with the API's ``api.signing_key_file`` and ``link_ttl`` (absolute with
+  ``api.public_url``), so the receiver can fetch the results without a token
+  (docs/api.md#results-and-signed-links).
 
 A failing hook is logged and recorded, never fatal to the job.
 """

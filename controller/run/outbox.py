@@ -10,8 +10,9 @@ deliverer find the pending ones without reading every run folder; the record is 
 entry only a pointer (written before the record, removed after it says delivered or failed).
 
 Whoever makes a delivery tries it at once (``ffswarm submit`` has no other chance); one that fails
-stays pending, and `serve` runs a ``Deliverer`` that sends due ones on ``webhooks.retry_schedule``
-(controller/settings/webhooks.py), across its own restarts: a new deliverer reads the same files.
+stays pending, and `serve` runs a ``Deliverer`` (controller/run/webhooks.py) that sends due ones on
+``webhooks.retry_schedule`` (controller/settings/webhooks.py), across its own restarts: a new
+deliverer reads the same files.
 A success is recorded before the delivery counts as done, so a controller killed between the
 receiver's 2xx and that record sends the SAME id again: receivers deduplicate on ``webhook-id``.
 Two deliverers (two `serve`s) never send one delivery at once: each attempt holds an exclusive
@@ -26,10 +27,9 @@ import math
 import os
 import re
 import stat
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -328,69 +328,3 @@ class Outbox:
 
 def _send(url: str, body: bytes, delivery: str, policy: Webhooks, now: float) -> hooks.Attempt:
     return hooks.send_once(url, body, delivery, policy, now)
-
-
-PolicyFor = Callable[[str], Webhooks]  # a job's webhook policy (its tenant's, or the cluster's)
-
-
-@dataclass
-class Deliverer:
-    """Sends the due deliveries of every job under the data root; `serve` runs one (``run``)."""
-
-    outbox: Outbox
-    policy_for: PolicyFor
-    send: Sender | None = None
-    _skip: dict[str, float] = field(default_factory=dict)  # entry → not due before (this process's cache)
-
-    def run_due(self) -> int:
-        """One pass: every due pending delivery tried once; finished ones leave the queue. The
-        number of attempts made."""
-        now = self.outbox.clock()
-        made = 0
-        seen: set[str] = set()
-        for job, delivery, generation, name in self.outbox.entries():
-            seen.add(name)
-            if self._skip.get(name, 0.0) > now:
-                continue
-            try:
-                d = self.outbox.read(job, delivery)
-            except OutboxError as e:
-                log.get(job=job).warning("webhook_record_unreadable", error=str(e))
-                self.outbox.unqueue(name)
-                continue
-            if d is None:
-                if self._orphaned(name, now):
-                    self.outbox.unqueue(name)
-                continue
-            if d.generation > generation:  # redelivered since: its newer entry stands for it
-                self.outbox.unqueue(name)
-                continue
-            if d.state == "pending" and (d.next_attempt or 0.0) <= now:
-                d = self.outbox.attempt(d, self.policy_for(job), self.send)
-                made += 1
-            if d.state != "pending":
-                self.outbox.unqueue(name)
-                self._skip.pop(name, None)
-            elif d.next_attempt is not None:
-                self._skip[name] = d.next_attempt
-        self._skip = {k: v for k, v in self._skip.items() if k in seen}
-        return made
-
-    def _orphaned(self, name: str, now: float) -> bool:
-        """A queue entry without its record: the job was deleted, or its maker was killed before
-        writing the record (after ORPHAN_SECONDS: it never will)."""
-        try:
-            raw = self.outbox.volume.read(self.outbox.queue / name, 200)
-            at = float(json.loads(raw or b"{}").get("at", 0.0))
-        except (OSError, UnsafePath, ValueError, AttributeError):
-            at = 0.0
-        return now - at > ORPHAN_SECONDS
-
-    def run(self, stop: threading.Event, every: float = 2.0) -> None:
-        """Passes until ``stop`` is set; a failing pass is logged, never fatal to `serve`."""
-        while not stop.is_set():
-            try:
-                self.run_due()
-            except (OSError, FfswarmError) as e:
-                log.get(component="webhooks").warning("webhook_pass_failed", error=type(e).__name__)
-            stop.wait(every)

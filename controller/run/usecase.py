@@ -29,7 +29,7 @@ from controller.run import control, identity, join, timings, webhooks
 from controller.run import job_lease as lease
 from controller.run.chunks import ChunkRun, EventSink, Policy, Share
 from controller.run.fold import Fold
-from controller.run.hooks import job_tenant, on_complete, results_link
+from controller.run.hooks import NOT_DELIVERED, job_tenant, on_complete, results_link
 from controller.run.jobs import PreparedJob, SwarmFactory, open_run, owner, prepare, runner_settings, start_run
 from controller.run.jobs import output_links as jobs_links
 from controller.run.launch import LaunchFactory
@@ -226,7 +226,10 @@ def call_hooks(config: Config, hooks: OnComplete, rundir: RunDir, report: Report
     tenant = job_tenant(config.data_root, rundir.job)
 
     def deliver() -> tuple[str, str]:  # into the job's outbox (controller/run/webhooks.py), tried once now
-        data = {**webhooks.status_data(config, rundir, ended), "tenant": tenant}  # whose job it is
+        try:
+            data = {**webhooks.status_data(config, rundir, ended), "tenant": tenant}  # whose job it is
+        except FfswarmError as e:  # the job itself is done: a status that cannot be read is only a loss
+            return NOT_DELIVERED, f"status unreadable: {e}"
         data.update(results_link(config.data_root, rundir.job, config.tenants, config.api))
         sent = webhooks.notify(config, rundir, hooks, kind, data)
         assert sent is not None  # wanted: checked above

@@ -5,20 +5,26 @@ announce itself again), ``job.finished`` or ``job.cancelled`` at each end of a r
 job's ``on_complete.webhook_events`` lists it (default: all). The data is the job's status object as
 the API shows it, with its ``outcome`` (and, for a tenant's job at its end, a signed ``results_url``).
 Each event goes into the job's outbox (controller/run/outbox.py) and is tried once at once; one not
-delivered stays pending there for `serve`'s deliverer.
+delivered stays pending there for `serve`'s ``Deliverer``, which sends each when it is due.
 """
 
 from __future__ import annotations
 
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from controller import log
 from controller.config import Config
 from controller.errors import FfswarmError
 from controller.job.settings import WEBHOOK_EVENTS, OnComplete
+from controller.policy import Webhooks
 from controller.run import hooks, status, usage
-from controller.run.outbox import Deliverer, Outbox, OutboxError, utc
+from controller.run.outbox import ORPHAN_SECONDS, Outbox, OutboxError, Sender, utc
 from controller.run.rundir import RunDir
+from controller.volume import UnsafePath
 
 STARTED, FINISHED, CANCELLED = WEBHOOK_EVENTS
 
@@ -106,3 +112,76 @@ def started(config: Config, rundir: RunDir, on_complete: OnComplete, try_now: bo
         log.get(job=rundir.job).warning("webhook_not_queued", type=STARTED, error=type(e).__name__)
         return
     notify(config, rundir, on_complete, STARTED, {**data, "phase": "running"}, try_now)
+
+
+PolicyFor = Callable[[str], Webhooks]  # a job's webhook policy (its tenant's, or the cluster's)
+
+
+@dataclass
+class Deliverer:
+    """Sends the due deliveries of every job under the data root; `serve` runs one (``run``)."""
+
+    outbox: Outbox
+    policy_for: PolicyFor
+    send: Sender | None = None
+    _skip: dict[str, float] = field(default_factory=dict)  # entry → not due before (this process's cache)
+
+    def run_due(self) -> int:
+        """One pass: every due pending delivery tried once; finished ones leave the queue. The
+        number of attempts made."""
+        now = self.outbox.clock()
+        made = 0
+        seen: set[str] = set()
+        for job, delivery, generation, name in self.outbox.entries():
+            seen.add(name)
+            if self._skip.get(name, 0.0) > now:
+                continue
+            try:
+                made += self._one(job, delivery, generation, name, now)
+            except OutboxError as e:  # a record that is not ours: never sent, the pointer dropped
+                log.get(job=job).warning("webhook_record_unreadable", error=str(e))
+                self.outbox.unqueue(name)
+            except (OSError, FfswarmError) as e:  # one job's folder must not stop the others
+                log.get(job=job).warning("webhook_not_sent", delivery=delivery, error=type(e).__name__)
+        self._skip = {k: v for k, v in self._skip.items() if k in seen}
+        return made
+
+    def _one(self, job: str, delivery: str, generation: int, name: str, now: float) -> int:
+        """One queue entry looked at: its delivery tried when due; 1 when an attempt was made."""
+        d = self.outbox.read(job, delivery)
+        if d is None:
+            if self._orphaned(name, now):
+                self.outbox.unqueue(name)
+            return 0
+        if d.generation > generation:  # redelivered since: its newer entry stands for it
+            self.outbox.unqueue(name)
+            return 0
+        made = 0
+        if d.state == "pending" and (d.next_attempt or 0.0) <= now:
+            d = self.outbox.attempt(d, self.policy_for(job), self.send)
+            made = 1
+        if d.state != "pending":
+            self.outbox.unqueue(name)
+            self._skip.pop(name, None)
+        elif d.next_attempt is not None:
+            self._skip[name] = d.next_attempt
+        return made
+
+    def _orphaned(self, name: str, now: float) -> bool:
+        """A queue entry without its record: the job was deleted, or its maker was killed before
+        writing the record (after ORPHAN_SECONDS: it never will)."""
+        try:
+            raw = self.outbox.volume.read(self.outbox.queue / name, 200)
+            at = float(json.loads(raw or b"{}").get("at", 0.0))
+        except (OSError, UnsafePath, ValueError, AttributeError):
+            at = 0.0
+        return now - at > ORPHAN_SECONDS
+
+    def run(self, stop: threading.Event, every: float = 2.0) -> None:
+        """Passes until ``stop`` is set; a failing pass is logged, never fatal to `serve`."""
+        while not stop.is_set():
+            try:
+                self.run_due()
+            except (OSError, FfswarmError) as e:
+                log.get(component="webhooks").warning("webhook_pass_failed", error=type(e).__name__)
+            stop.wait(every)

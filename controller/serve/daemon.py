@@ -73,6 +73,7 @@ MAX_STARTS = 3  # a file still in running/ after this many controller starts is 
 RETRY_SECONDS = 30.0  # a job the swarm could not take (exit 69) waits this long in the inbox, then runs again
 PACK_AHEAD_GPUS = 1  # packs are launched while this many GPUs more than are free would fit them
 PREPARE_AHEAD = 16  # with packing: files being read and planned at once (each then packed or run)
+SENDER_GRACE = 15.0  # seconds a stopping serve waits for a webhook attempt under way (one try: 10 s at most)
 
 
 class Server:
@@ -234,6 +235,8 @@ class Server:
             self.heartbeat.remove()
             if self.lanes is not None:
                 self.lanes.close()
+            self.stop.set()
+            sender.join(SENDER_GRACE)  # an attempt under way is recorded before serve exits
 
     def _tidy_lanes(self) -> None:
         """Expired lanes' services removed, and those an earlier `serve` left once their runners exited."""

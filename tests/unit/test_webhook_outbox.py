@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 from standardwebhooks.webhooks import Webhook
@@ -24,10 +25,13 @@ from controller.job.plan import Chunk, Plan, PlannedItem
 from controller.job.settings import OnComplete
 from controller.policy import Webhooks
 from controller.run import control, webhooks
-from controller.run.outbox import Deliverer, Outbox
+from controller.run.metrics import Metrics
+from controller.run.outbox import Outbox, OutboxError
 from controller.run.report import Counts, Report
 from controller.run.rundir import Control, RunDir
 from controller.run.usecase import call_hooks
+from controller.run.webhooks import Deliverer
+from controller.serve.daemon import Inbox, Outcome, Server
 from controller.settings.webhooks import WebhookSettings
 from tests.builders import Env, api_env, make_config
 from tests.unit.test_api_ops import run_once, submit
@@ -55,6 +59,7 @@ class Receiver:
 
     def __init__(self) -> None:
         self.got: list[tuple[dict[str, str], bytes]] = []
+        self.arrived = threading.Event()
         self.port = 0
         self.httpd: http.server.HTTPServer | None = None
         self.up()
@@ -69,6 +74,7 @@ class Receiver:
                 self.send_header("Content-Length", str(len(REPLY)))
                 self.end_headers()
                 self.wfile.write(REPLY)
+                outer.arrived.set()
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -196,6 +202,51 @@ def test_a_delivery_pending_when_the_deliverer_is_discarded_is_sent_by_the_next(
     assert restarted.run_due() == 0 and len(receiver.got) == 1
 
 
+def test_serve_sends_what_an_earlier_controller_left_pending(tmp_path: Path, receiver: Receiver) -> None:
+    """A `serve` started on the volume (after one was killed, or after a `submit`) sends the pending
+    delivery from its own sender thread, without any job to run."""
+    config = configured(tmp_path)
+    rd = run_folder(config)
+    receiver.down()
+    assert ended(config, rd, OnComplete(webhook=receiver.url)) == {"webhook": "pending"}
+    [pending] = webhooks.outbox(config).deliveries(rd.job)
+    receiver.up()
+    past = Outbox(config.data_root, config.webhook_delivery, lambda: pending.created - 60)
+    past.redeliver(rd.job, pending.id)  # due now: the test does not wait out the schedule
+    inbox = Inbox(config.data_root / "inbox")
+    server = Server(config, inbox, Metrics(), poll=0.05, run=lambda *a: Outcome(True, None))
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        assert receiver.arrived.wait(10)
+    finally:
+        server.stop.set()
+        t.join(10)
+    assert receiver.ids() == [pending.id]
+    [d] = webhooks.outbox(config).deliveries(rd.job)
+    assert d.state == "delivered" and list(webhooks.outbox(config).entries()) == []
+
+
+def test_a_record_replaced_on_the_volume_is_never_followed_nor_sent(tmp_path: Path, receiver: Receiver) -> None:
+    config = configured(tmp_path)
+    rd = run_folder(config)
+    clock = Clock()
+    box = Outbox(config.data_root, config.webhook_delivery, clock)
+    linked = box.enqueue(rd.job, "job.finished", {"job": rd.job}, receiver.url)
+    garbled = box.enqueue(rd.job, "job.started", {"job": rd.job}, receiver.url)
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(box.record(rd.job, linked.id).read_bytes())
+    box.record(rd.job, linked.id).unlink()
+    box.record(rd.job, linked.id).symlink_to(elsewhere)
+    box.record(rd.job, garbled.id).write_text('{"id": "msg_x", "url": "http://evil.example/"}')
+    assert box.deliveries(rd.job) == []  # neither is a record ffswarm wrote
+    assert Deliverer(box, lambda job: config.policy.webhooks).run_due() == 0
+    assert receiver.got == [] and list(box.entries()) == []  # nothing sent; their pointers dropped
+    with pytest.raises(OutboxError) as e:
+        box.read(rd.job, garbled.id)
+    assert "evil" not in str(e.value) and f"runs/{rd.job}/deliveries/{garbled.id}.json" in str(e.value)
+
+
 def test_a_job_announces_its_start_once_and_its_end_and_the_filter_leaves_out_the_rest(
     tmp_path: Path, receiver: Receiver
 ) -> None:
@@ -286,5 +337,13 @@ def test_a_tenant_lists_its_jobs_deliveries_and_redelivers_one_under_the_same_id
     assert sender.run_due() == 1
     assert receiver.ids() == [made.id, made.id]  # the same id: the receiver knows it has it
     with env.client() as c:
-        [again] = c.get(f"/v1/jobs/{job}/deliveries").json()["deliveries"]
+        listed = c.get(f"/v1/jobs/{job}/deliveries").json()
+        doc = c.get("/openapi.json").json()
+    [again] = listed["deliveries"]
     assert again["state"] == "delivered" and len(again["attempts"]) == 2
+    # the answers are the ones /openapi.json documents
+    get_op = doc["paths"]["/v1/jobs/{job}/deliveries"]["get"]
+    post_op = doc["paths"]["/v1/jobs/{job}/deliveries/{delivery}/redeliver"]["post"]
+    assert (get_op["operationId"], post_op["operationId"]) == ("listJobDeliveries", "redeliverJobDelivery")
+    jsonschema.validate(listed, get_op["responses"]["200"]["content"]["application/json"]["schema"])
+    jsonschema.validate(again, post_op["responses"]["202"]["content"]["application/json"]["schema"])
