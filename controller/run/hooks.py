@@ -147,7 +147,10 @@ def resolve(url: str, policy: Webhooks) -> tuple[str, str, int, str]:
         raise WebhookRefused("not an http(s) URL")
     if host not in policy.allow_hosts:
         raise WebhookRefused(f"host {host} is not in {policy.name}.allow_hosts")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise WebhookRefused("the URL's port is not a port number") from None
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as e:

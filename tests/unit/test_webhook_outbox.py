@@ -297,6 +297,14 @@ def test_a_refused_delivery_fails_at_once_and_is_not_retried(tmp_path: Path, rec
     assert receiver.got == [] and list(box.entries()) == []
 
 
+def test_a_url_with_a_bad_port_fails_its_delivery_without_stopping_the_job(tmp_path: Path) -> None:
+    config = configured(tmp_path)
+    rd = run_folder(config)
+    assert ended(config, rd, OnComplete(webhook="http://127.0.0.1:99999/x")) == {"webhook": "not delivered"}
+    [d] = webhooks.outbox(config).deliveries(rd.job)
+    assert d.state == "failed" and d.attempts[0]["error"] == "refused"
+
+
 # -- the API ----------------------------------------------------------------------------------------------
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[Env]:
