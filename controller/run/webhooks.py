@@ -127,8 +127,8 @@ class Deliverer:
     _skip: dict[str, float] = field(default_factory=dict)  # entry → not due before (this process's cache)
 
     def run_due(self) -> int:
-        """One pass: every due pending delivery tried once; finished ones leave the queue. The
-        number of attempts made."""
+        """One pass: every due pending delivery tried once; finished ones leave the queue. How many
+        were due (one another sender holds counts, though it was not sent from here)."""
         now = self.outbox.clock()
         made = 0
         seen: set[str] = set()

@@ -24,7 +24,7 @@ from controller.job.files import parse_job
 from controller.job.plan import Chunk, Plan, PlannedItem
 from controller.job.settings import OnComplete
 from controller.policy import Webhooks
-from controller.run import control, webhooks
+from controller.run import control, hooks, webhooks
 from controller.run.metrics import Metrics
 from controller.run.outbox import Outbox, OutboxError
 from controller.run.report import Counts, Report
@@ -245,6 +245,36 @@ def test_a_record_replaced_on_the_volume_is_never_followed_nor_sent(tmp_path: Pa
     with pytest.raises(OutboxError) as e:
         box.read(rd.job, garbled.id)
     assert "evil" not in str(e.value) and f"runs/{rd.job}/deliveries/{garbled.id}.json" in str(e.value)
+
+
+class Killed(BaseException):
+    """The controller killed right after the receiver answered, before the answer was recorded."""
+
+
+def test_a_sender_killed_before_recording_a_success_sends_the_same_id_again(tmp_path: Path, receiver: Receiver) -> None:
+    config = configured(tmp_path)
+    rd = run_folder(config)
+    clock = Clock()
+    box = Outbox(config.data_root, config.webhook_delivery, clock)
+    made = box.enqueue(rd.job, "job.finished", {"job": rd.job}, receiver.url)
+
+    def send_then_die(url: str, body: bytes, delivery: str, policy: Webhooks, now: float) -> Any:
+        hooks.send_once(url, body, delivery, policy, now)
+        raise Killed
+
+    with pytest.raises(Killed):
+        Deliverer(box, lambda job: config.policy.webhooks, send_then_die).run_due()
+    claim = box.folder(rd.job) / f"{made.id}.sending"
+    claim.write_text(str(clock.t))  # what a killed sender leaves behind
+    restarted = Deliverer(Outbox(config.data_root, config.webhook_delivery, clock), lambda job: config.policy.webhooks)
+    clock.advance(60)
+    restarted.run_due()
+    assert len(receiver.got) == 1  # the claim is the killed sender's for a while yet
+    clock.advance(120)
+    assert restarted.run_due() == 1
+    assert receiver.ids() == [made.id, made.id]  # the same id: the receiver drops the second
+    assert box.read(rd.job, made.id).state == "delivered"  # type: ignore[union-attr]
+    assert not claim.exists()
 
 
 def test_a_job_announces_its_start_once_and_its_end_and_the_filter_leaves_out_the_rest(
