@@ -148,6 +148,8 @@ class OnComplete:
         if self.webhook is not None:
             check_str(self.webhook, "webhook", pattern=r"https?://\S+", hint="an http:// or https:// URL")
         if self.webhook_events is not None:
+            if self.webhook is None:
+                raise FieldError("webhook_events", "needs webhook: the URL the events are sent to")
             events = self.webhook_events
             if not isinstance(events, list | tuple) or not events:
                 raise FieldError("webhook_events", f"must be a list of one or more of {', '.join(WEBHOOK_EVENTS)}")

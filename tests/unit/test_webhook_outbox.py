@@ -312,6 +312,9 @@ def test_a_job_file_names_the_events_its_webhook_wants(tmp_path: Path) -> None:
     with pytest.raises(JobFileError) as e:
         parse_job({**base, "on_complete": {**hook, "webhook_events": ["job.done"]}}, "j.yaml")
     assert e.value.field == "on_complete.webhook_events[0]" and "job.started" in e.value.reason
+    with pytest.raises(JobFileError) as e:
+        parse_job({**base, "on_complete": {"webhook_events": ["job.finished"]}}, "j.yaml")
+    assert e.value.field == "on_complete.webhook_events" and "needs webhook" in e.value.reason
 
 
 def test_a_refused_delivery_fails_at_once_and_is_not_retried(tmp_path: Path, receiver: Receiver) -> None:
