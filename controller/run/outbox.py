@@ -38,6 +38,7 @@ from controller import log
 from controller import redact as shown
 from controller.errors import FfswarmError
 from controller.job.plan import ID
+from controller.job.settings import WEBHOOK_EVENTS
 from controller.policy import Webhooks
 from controller.run import hooks
 from controller.run.rundir import RunDir
@@ -97,7 +98,7 @@ class Delivery:
         except ValueError:
             raise OutboxError(f"{where}: not valid JSON (edited or truncated?)") from None
         try:
-            assert isinstance(data, dict)
+            _need(isinstance(data, dict))
             d = Delivery(
                 id=_str(data, "id"),
                 job=_str(data, "job"),
@@ -111,32 +112,41 @@ class Delivery:
                 tries=int(_num(data.get("tries", 0))),
                 generation=int(_num(data.get("generation", 0))),
             )
-            assert DELIVERY_ID.fullmatch(d.id) and ID.fullmatch(d.job) and d.state in STATES
-        except (AssertionError, KeyError, TypeError, ValueError):
+            _need(bool(DELIVERY_ID.fullmatch(d.id) and ID.fullmatch(d.job)))
+            _need(d.state in STATES and d.type in WEBHOOK_EVENTS)
+        except (KeyError, TypeError, ValueError):
             raise OutboxError(f"{where}: not a delivery record (edited?)") from None
         return d
 
 
+def _need(ok: bool) -> None:
+    """A record's field is not what ffswarm writes (a ValueError: Delivery.parse names the file)."""
+    if not ok:
+        raise ValueError("not a delivery record")
+
+
 def _str(data: Mapping[str, Any], key: str) -> str:
     value = data[key]
-    assert isinstance(value, str)
-    return value
+    _need(isinstance(value, str))
+    return str(value)
 
 
 def _num(value: object) -> float:
-    assert isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise ValueError("not a time or count")
     return float(value)
 
 
 def _attempt(a: object) -> dict[str, Any]:
-    assert isinstance(a, dict)
+    if not isinstance(a, dict):
+        raise ValueError("not an attempt")
     at = _num(a.get("at"))
     if "status" in a:
         status = a["status"]
-        assert isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599
+        _need(isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599)
         return {"at": at, "status": status}
     error = a.get("error")
-    assert isinstance(error, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]{0,80}", error)
+    _need(isinstance(error, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]{0,80}", error) is not None)
     return {"at": at, "error": error}
 
 

@@ -219,7 +219,7 @@ def call_hooks(config: Config, hooks: OnComplete, rundir: RunDir, report: Report
     ended = "cancelled" if hooks.webhook and rundir.control().cancel else "finished"
     kind = webhooks.CANCELLED if ended == "cancelled" else webhooks.FINISHED
     if not webhooks.wanted(hooks, kind):  # the job's webhook_events leave this one out
-        hooks = replace(hooks, webhook=None)
+        hooks = replace(hooks, webhook=None, webhook_events=None)
     if not (hooks.webhook or hooks.hook):
         return report
     rundir.enter(Stage.HOOKS)
