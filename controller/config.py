@@ -17,6 +17,7 @@ from controller.errors import ConfigError
 from controller.policy import Policy, Webhooks, parse_policy
 from controller.settings.fields import FieldError, parse_duration
 from controller.settings.packing import PackingSettings, parse_packing
+from controller.settings.webhooks import WebhookSettings, parse_webhook_settings
 from controller.storage.settings import S3Settings, StorageSettings, parse_storage
 from controller.swarm.servicespec import VolumeSpec
 
@@ -36,6 +37,7 @@ _KEYS = {
     "tenants",
     "packing",
     "storage",
+    "webhooks",
 }
 _VOLUME_KEYS = {"type", "server", "export", "options"}
 
@@ -59,6 +61,8 @@ class Config:
         default_factory=PackingSettings
     )  # `serve` packs small jobs (controller/serve/packing.py)
     storage: StorageSettings = field(default_factory=StorageSettings)  # s3:// inputs and outputs (docs/storage.md)
+    # ``webhooks:``: the outbox's retry schedule (controller/run/outbox.py); hosts and keys are the policy's
+    webhook_delivery: WebhookSettings = field(default_factory=WebhookSettings)
 
     def runner_uid_gid(self) -> str:
         """Runners run as the owner of the data root (a non-root runner must be able to write it)."""
@@ -187,6 +191,7 @@ def parse_config(path: Path, data: dict[str, Any]) -> Config:
         api, tenants = parse_api(data.get("api")), parse_tenants(data.get("tenants"))
         packing = parse_packing(data.get("packing"))
         storage = parse_storage(data.get("storage"))
+        delivery = parse_webhook_settings(data.get("webhooks"))
         s3 = storage.s3
         secret, cred_file = (None, None) if s3 is None else (s3.credentials_secret, str(s3.credentials_file))
         check_tenant_storage(tenants, s3 is not None, secret, cred_file)
@@ -208,4 +213,5 @@ def parse_config(path: Path, data: dict[str, Any]) -> Config:
         tenants=tenants,
         packing=packing,
         storage=storage,
+        webhook_delivery=delivery,
     )

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from controller import log
+from controller.api import deliveries as api_deliveries
 from controller.api import events as event_stream
 from controller.api import idempotency, links, objects, ops, page, page_openapi, quota, results, submit, uploads, views
 from controller.api import usage as api_usage
@@ -333,12 +334,13 @@ def make_app(config: Config) -> Starlette:
         Route("/v1/jobs/{job}/scale", g(api.scale), methods=["POST"]),
         Route("/v1/jobs/{job}/retry", g(api.retry), methods=["POST"]),
         Route("/v1/jobs/{job}/links/revoke", g(api.revoke_links), methods=["POST"]),
-        Route("/openapi.json", g(api_usage.with_paths(api.openapi)), methods=["GET"]),
+        Route("/openapi.json", g(api_usage.with_paths(api_deliveries.with_paths(api.openapi))), methods=["GET"]),
         Route("/healthz", g(api.healthz), methods=["GET"]),
         Route("/readyz", g(api.readyz), methods=["GET"]),
     ]
     routes += page.routes(api, g)  # the web status page at / and its routes (controller/api/page.py)
     routes += api_usage.routes(api, g)  # GET /v1/usage (controller/api/usage.py)
+    routes += api_deliveries.routes(api, g)  # a job's webhook deliveries (controller/api/deliveries.py)
     meter = ApiMetrics(api.auth, config.api.metrics_token_sha256)  # GET /metrics (controller/api/metrics.py)
     routes.append(meter.route(g))
     swept = every(api.sweep, on_error=lambda e: api.log.warning("api_upload_sweep_failed", error=type(e).__name__))

@@ -236,9 +236,13 @@ class Resources:
         check_int(self.memory, "memory", minimum=1)
 
 
+WEBHOOK_EVENTS = ("job.started", "job.finished", "job.cancelled")
+
+
 @dataclass(frozen=True)
 class OnComplete:
-    """``hook`` names a program the cluster's policy defines; a job file never names a program."""
+    """``hook`` names a program the cluster's policy defines; a job file never names a program.
+    ``webhook_events``: the event types the webhook receives (None: all of WEBHOOK_EVENTS)."""
 
     webhook: str | None = field(
         default=None,
@@ -249,10 +253,28 @@ class OnComplete:
     hook: str | None = field(
         default=None, metadata=about("the name of a hook in the cluster's policy", pattern=f"^{_NAME}$")
     )
+    webhook_events: tuple[str, ...] | None = field(
+        default=None,
+        metadata=about(
+            "the event types the webhook receives (default: all of them)",
+            items={"enum": list(WEBHOOK_EVENTS)},
+            minItems=1,
+            uniqueItems=True,
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.webhook is not None:
             check_str(self.webhook, "webhook", pattern=r"https?://\S+", hint="an http:// or https:// URL")
+        if self.webhook_events is not None:
+            if self.webhook is None:
+                raise FieldError("webhook_events", "needs webhook: the URL the events are sent to")
+            events = self.webhook_events
+            if not isinstance(events, list | tuple) or not events:
+                raise FieldError("webhook_events", f"must be a list of one or more of {', '.join(WEBHOOK_EVENTS)}")
+            for n, event in enumerate(events):
+                check_choice(event, f"webhook_events[{n}]", WEBHOOK_EVENTS, "webhook event type")
+            object.__setattr__(self, "webhook_events", tuple(events))
         if self.hook is not None:
             check_str(self.hook, "hook", pattern=_NAME, hint="the name of a hook in the cluster's policy")
 

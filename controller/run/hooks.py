@@ -6,16 +6,19 @@ Both kinds are bounded by the cluster's policy (controller/policy.py), never by 
   policy's unprivileged uid:gid (when the controller is root), with a clean environment
   (FFSWARM_JOB, FFSWARM_REPORT, a fixed PATH) and a timeout. Only a short redacted tail of its output
   reaches report.json.
-- ``webhook: URL`` is POSTed the report if its host is allowed; the resolved address is checked
+- ``webhook: URL`` is POSTed the job's events (Standard Webhooks envelopes, ``envelope``; made and
+  kept by controller/run/webhooks.py and controller/run/outbox.py, each attempt ``send_once``) if its
+  host is allowed; the resolved address is checked
   (loopback, link-local, private and metadata ranges refused unless allowed) and connected to as
   checked (no second lookup); redirects are never followed. Deliveries carry Standard Webhooks headers
   signed with the secret of the section that allowed the host: ``policy.webhooks`` for a CLI job, the
   tenant's own ``tenants.<t>.webhooks`` for a tenant's job (its run folder's ``owner``), so no tenant
-  holds a key that signs another's deliveries or can point its job at another's receiver. The body
-  names the tenant (``tenant``, null for a CLI job). The report records only delivered / not
-  delivered. A tenant's job adds ``results_url``: a signed link to its results.zip made with the
-  API's ``api.signing_key_file`` and ``link_ttl`` (absolute with ``api.public_url``), so the receiver
-  can fetch the results without a token (docs/api.md#results-and-signed-links).
+  holds a key that signs another's deliveries or can point its job at another's receiver. The data
+  names the tenant (``tenant``, null for a CLI job). The report records delivered, pending (the
+  outbox retries it) or not delivered. A tenant's job adds ``results_url``: a signed link to its
+  results.zip made with the API's ``api.signing_key_file`` and ``link_ttl`` (absolute with
+  ``api.public_url``), so the receiver can fetch the results without a token
+  (docs/api.md#results-and-signed-links).
 
 A failing hook is logged and recorded, never fatal to the job.
 """
@@ -35,7 +38,9 @@ import ssl
 import subprocess
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -54,6 +59,7 @@ HOOK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TAIL_CHARS = 200
 _METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
 DELIVERED, NOT_DELIVERED = "delivered", "not delivered"
+PENDING = "pending"  # in the job's outbox: `serve` retries it (controller/run/outbox.py)
 
 
 def redact(text: str) -> str:
@@ -141,7 +147,10 @@ def resolve(url: str, policy: Webhooks) -> tuple[str, str, int, str]:
         raise WebhookRefused("not an http(s) URL")
     if host not in policy.allow_hosts:
         raise WebhookRefused(f"host {host} is not in {policy.name}.allow_hosts")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise WebhookRefused("the URL's port is not a port number") from None
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as e:
@@ -185,51 +194,96 @@ def sign(secret: bytes, delivery_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(mac).decode()
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One try of a delivery: the receiver's HTTP status, or the class of the error that stopped it
+    (never the response body). ``final``: asking again will not help (refused by the policy, a
+    redirect, a 4xx other than 408, 425 and 429)."""
+
+    status: int | None = None
+    error: str | None = None
+    final: bool = False
+    detail: str = ""  # for the operator's log, never the receiver's body
+
+    @property
+    def ok(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+
+RETRYABLE_4XX = frozenset({408, 425, 429})
+
+
+def envelope(kind: str, data: Mapping[str, Any], at: float) -> dict[str, Any]:
+    """The Standard Webhooks body: ``{"type", "timestamp", "data"}`` (``timestamp``: when the event
+    happened, RFC 3339 UTC; the ``webhook-timestamp`` header is the time of each attempt)."""
+    stamp = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {"type": kind, "timestamp": stamp, "data": dict(data)}
+
+
+def send_once(url: str, body: bytes, delivery_id: str, policy: Webhooks, now: float, timeout: float = 10.0) -> Attempt:
+    """POST ``body`` once, signed for ``delivery_id`` at ``now``; the host and its address are
+    checked on every attempt (the policy may have changed, the name may resolve elsewhere)."""
+    try:
+        scheme, host, port, ip = resolve(url, policy)
+        secret = read_secret(policy.secret_file)
+    except WebhookRefused as e:
+        return Attempt(error="refused", final=True, detail=str(e))
+    except OSError as e:
+        why = f"cannot read {policy.name}.secret_file: {e.strerror or e}"
+        return Attempt(error="no_secret", final=True, detail=why)
+    parts = urlsplit(url)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    timestamp = int(now)
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "ffswarm",
+        "webhook-id": delivery_id,
+        "webhook-timestamp": str(timestamp),
+    }
+    if secret is not None:
+        headers["webhook-signature"] = sign(secret, delivery_id, timestamp, body)
+    kind = _PinnedHTTPS if scheme == "https" else _PinnedHTTP
+    conn = kind(host, port, ip, timeout)
+    try:
+        conn.request("POST", path, body=body, headers=headers)
+        status = conn.getresponse().status
+    except (OSError, http.client.HTTPException) as e:
+        return Attempt(error=type(e).__name__, detail=f"{type(e).__name__}: {e}")
+    finally:
+        conn.close()
+    # a redirect is never followed and a refusal will not change by asking again
+    final = not 200 <= status < 300 and status < 500 and status not in RETRYABLE_4XX
+    return Attempt(status=status, final=final, detail=f"HTTP {status}")
+
+
 def post_webhook(
-    url: str, report: dict[str, Any], policy: Webhooks, attempts: int = 4, timeout: float = 10.0
+    url: str,
+    body: Mapping[str, Any],
+    policy: Webhooks,
+    attempts: int = 4,
+    timeout: float = 10.0,
+    sleep: Callable[[float], None] | None = None,
 ) -> tuple[str, str]:
-    """(DELIVERED or NOT_DELIVERED, why) — one delivery id for this job end, reused by its retries
-    (a receiver deduplicates on it); once a 2xx is read nothing is sent again."""
-    body = json.dumps(report).encode()
-    delivery_id = f"msg_{uuid.uuid4().hex}"
+    """(DELIVERED or NOT_DELIVERED, why) of a delivery outside the outbox: one delivery id, reused
+    by its retries (a receiver deduplicates on it); once a 2xx is read nothing is sent again."""
+    data = json.dumps(body).encode()
+    delivery_id = new_id()
     why = ""
     for n in range(attempts):
-        try:
-            scheme, host, port, ip = resolve(url, policy)  # checked again on every try
-            secret = read_secret(policy.secret_file)
-        except WebhookRefused as e:
-            return NOT_DELIVERED, str(e)
-        except OSError as e:
-            return NOT_DELIVERED, f"cannot read {policy.name}.secret_file: {e.strerror or e}"
-        parts = urlsplit(url)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        timestamp = int(time.time())
-        headers = {
-            "Content-Type": "application/json",
-            "User-Agent": "ffswarm",
-            "webhook-id": delivery_id,
-            "webhook-timestamp": str(timestamp),
-        }
-        if secret is not None:
-            headers["webhook-signature"] = sign(secret, delivery_id, timestamp, body)
-        kind = _PinnedHTTPS if scheme == "https" else _PinnedHTTP
-        conn = kind(host, port, ip, timeout)
-        try:
-            conn.request("POST", path, body=body, headers=headers)
-            status = conn.getresponse().status
-        except (OSError, http.client.HTTPException) as e:
-            why = f"{type(e).__name__}: {e}"
-        else:
-            if 200 <= status < 300:
-                return DELIVERED, f"HTTP {status}"
-            why = f"HTTP {status}"
-            if status < 500:
-                return NOT_DELIVERED, why  # refused, or a redirect: never followed, asking again will not help
-        finally:
-            conn.close()
+        tried = send_once(url, data, delivery_id, policy, time.time(), timeout)
+        if tried.ok:
+            return DELIVERED, tried.detail
+        why = tried.detail
+        if tried.final:
+            return NOT_DELIVERED, why
         if n + 1 < attempts:
-            time.sleep(min(2**n, 8))
+            (sleep or time.sleep)(min(2**n, 8))
     return NOT_DELIVERED, why
+
+
+def new_id() -> str:
+    """A delivery id (``msg_…``), fixed when the delivery is made and sent with every retry."""
+    return f"msg_{uuid.uuid4().hex}"
 
 
 def job_tenant(data_root: Path, job: str) -> str | None:
@@ -265,15 +319,22 @@ def on_complete(
     report_path: Path,
     webhook_extra: Mapping[str, str | None] | None = None,
     webhooks: Webhooks | None = None,
+    deliver: Callable[[], tuple[str, str]] | None = None,
 ) -> dict[str, str]:
-    """``webhook_extra``: fields the webhook's body carries beside the report (``tenant``,
+    """``webhook_extra``: fields the webhook's data carries beside the report (``tenant``,
     ``results_url``). ``webhooks``: the tenant's own hosts and key for a tenant's job; None for a
-    CLI job (the cluster's ``policy.webhooks``)."""
+    CLI job (the cluster's ``policy.webhooks``). ``deliver``: the job's outbox delivery, tried now and
+    left pending for `serve` (controller/run/outbox.py); without it, a ``job.finished`` delivery of
+    the report is tried a few times at once and then dropped."""
     logger = log.get(job=report["job"])
     outcome: dict[str, str] = {}
     if hooks.webhook:
-        body = {**report, **(webhook_extra or {})}
-        outcome["webhook"], why = post_webhook(hooks.webhook, body, policy.webhooks if webhooks is None else webhooks)
+        if deliver is not None:
+            outcome["webhook"], why = deliver()
+        else:
+            body = envelope("job.finished", {**report, **(webhook_extra or {})}, time.time())
+            allowed = policy.webhooks if webhooks is None else webhooks
+            outcome["webhook"], why = post_webhook(hooks.webhook, body, allowed)
         # the URL as logs may show it: no credentials, no query (tokens often travel there)
         logger.info("hook_webhook", url=shown.url(hooks.webhook), outcome=outcome["webhook"], detail=shown.secrets(why))
     if hooks.hook:

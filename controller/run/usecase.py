@@ -25,11 +25,11 @@ from controller.errors import EngineUnavailable, FfswarmError, JobFileError
 from controller.job import access, claims
 from controller.job.plan import Plan
 from controller.job.spec import OnComplete
-from controller.run import control, identity, join, timings
+from controller.run import control, identity, join, timings, webhooks
 from controller.run import job_lease as lease
 from controller.run.chunks import ChunkRun, EventSink, Policy, Share
 from controller.run.fold import Fold
-from controller.run.hooks import job_tenant, on_complete, results_link
+from controller.run.hooks import NOT_DELIVERED, job_tenant, on_complete, results_link
 from controller.run.jobs import PreparedJob, SwarmFactory, open_run, owner, prepare, runner_settings, start_run
 from controller.run.jobs import output_links as jobs_links
 from controller.run.launch import LaunchFactory
@@ -185,6 +185,7 @@ def supervise(
         if on_event:
             on_event(event, **fields)
 
+    webhooks.started(config, rundir, job.spec.on_complete)  # once per job: a resumed run says nothing
     sup, runs = _identity_and_chunks(config, backend, job, rundir, image, emit, started, share, launch)
     rundir.enter(Stage.VIDEOS)
     store = video_store(config, plan, job.tenant)
@@ -213,16 +214,28 @@ def video_store(config: Config, plan: Plan, tenant: str | None = None) -> Any:
 
 
 def call_hooks(config: Config, hooks: OnComplete, rundir: RunDir, report: Report, path: Path) -> Report:
-    """The job's on_complete (webhook with a signed results link for a tenant's job, hook), recorded
-    in its report; the report unchanged when it has none."""
+    """The job's on_complete (a ``job.finished`` or ``job.cancelled`` webhook, with a signed results
+    link for a tenant's job; the hook), recorded in its report; the report unchanged when it has none."""
+    ended = "cancelled" if hooks.webhook and rundir.control().cancel else "finished"
+    kind = webhooks.CANCELLED if ended == "cancelled" else webhooks.FINISHED
+    if not webhooks.wanted(hooks, kind):  # the job's webhook_events leave this one out
+        hooks = replace(hooks, webhook=None, webhook_events=None)
     if not (hooks.webhook or hooks.hook):
         return report
     rundir.enter(Stage.HOOKS)
     tenant = job_tenant(config.data_root, rundir.job)
-    extra: dict[str, str | None] = {"tenant": tenant}  # the receiver knows whose job it is
-    if hooks.webhook:
-        extra.update(results_link(config.data_root, rundir.job, config.tenants, config.api))
-    done = on_complete(config.policy, hooks, report.to_dict(), path, extra, config.webhooks(tenant))
+
+    def deliver() -> tuple[str, str]:  # into the job's outbox (controller/run/webhooks.py), tried once now
+        try:
+            data = {**webhooks.status_data(config, rundir, ended), "tenant": tenant}  # whose job it is
+        except FfswarmError as e:  # the job itself is done: a status that cannot be read is only a loss
+            return NOT_DELIVERED, f"status unreadable: {e}"
+        data.update(results_link(config.data_root, rundir.job, config.tenants, config.api))
+        sent = webhooks.notify(config, rundir, hooks, kind, data)
+        assert sent is not None  # wanted: checked above
+        return sent
+
+    done = on_complete(config.policy, hooks, report.to_dict(), path, None, config.webhooks(tenant), deliver)
     report = replace(report, hooks=done)
     rundir.write_report(report.to_dict())
     return report

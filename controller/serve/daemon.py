@@ -21,6 +21,9 @@ The controller keeps no state of its own: a file in running/ whose lease has exp
 is gone) is taken over and submitted again, and submitting a job whose run folder exists continues
 it (controller/run/jobs.py): committed items are not redone and chunk services that are still alive
 are adopted by their labels. A live controller's files are never taken over.
+
+Beside the inbox loop a thread sends the webhook deliveries still pending in the jobs' outboxes
+(controller/run/outbox.py), so one pending when a `serve` stopped is sent after the next one starts.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from controller import log
 from controller.config import Config
 from controller.errors import FfswarmError
 from controller.job import ledger
+from controller.run import webhooks
 from controller.run.handover import HEARTBEAT_SECONDS, HeartbeatFile, live_owners
 from controller.run.metrics import Metrics
 from controller.serve.inbox import JOB_SUFFIXES, SETTLE_SECONDS, Inbox
@@ -69,6 +73,7 @@ MAX_STARTS = 3  # a file still in running/ after this many controller starts is 
 RETRY_SECONDS = 30.0  # a job the swarm could not take (exit 69) waits this long in the inbox, then runs again
 PACK_AHEAD_GPUS = 1  # packs are launched while this many GPUs more than are free would fit them
 PREPARE_AHEAD = 16  # with packing: files being read and planned at once (each then packed or run)
+SENDER_GRACE = 15.0  # seconds a stopping serve waits for a webhook attempt under way (one try: 10 s at most)
 
 
 class Server:
@@ -123,6 +128,8 @@ class Server:
             live = functools.partial(live_owners, inbox.path)
             self.lanes = Lanes(swarm, linger, capacity=self.book.total, owner=self.heartbeat.path.stem, live=live)
         self.retention = Retention(config)  # tenants.<t>.retention: old finished jobs deleted (at most once a minute)
+        # webhook deliveries still pending (this serve's, an earlier one's, a CLI job's): sent on their schedule
+        self.deliverer = webhooks.deliverer(config)
         self.log = log.get(component="serve", inbox=str(inbox.path))
 
     def start_job(self, claimed: Path) -> None:
@@ -220,12 +227,16 @@ class Server:
         self.inbox.ensure()
         self.heartbeat.clear_stale()
         self._beat()
+        sender = threading.Thread(target=self.deliverer.run, args=(self.stop,), name="webhooks", daemon=True)
+        sender.start()
         try:
             self._loop()
         finally:  # a clean stop (SIGTERM, Ctrl-C) says so at once; a killed one goes stale
             self.heartbeat.remove()
             if self.lanes is not None:
                 self.lanes.close()
+            self.stop.set()
+            sender.join(SENDER_GRACE)  # an attempt under way is recorded before serve exits
 
     def _tidy_lanes(self) -> None:
         """Expired lanes' services removed, and those an earlier `serve` left once their runners exited."""

@@ -41,7 +41,7 @@ from controller.job.keys import Pack, packed
 from controller.job.plan import AUTO_MAX_CHUNK, Plan, TargetRef, item_id, make_plan
 from controller.job.resolve import Photo, ResolvedJob, Target
 from controller.job.spec import JobSpec
-from controller.run import job_lease, usecase
+from controller.run import job_lease, usecase, webhooks
 from controller.run.chunks import ChunkRun
 from controller.run.failures import ChunkState
 from controller.run.fold import Fold
@@ -245,6 +245,7 @@ class PackRun:
             raise
         for job in self.jobs.values():
             job.rundir.enter(Stage.CHUNKS)
+            webhooks.started(self.config, job.rundir, job.spec.on_complete, try_now=False)  # serve's deliverer sends it
         copier = threading.Thread(target=self._copier, args=(plan,), name=f"copy-{self.pack.job}", daemon=True)
         copier.start()
         try:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from standardwebhooks.webhooks import Webhook
 
 from controller.job.spec import OnComplete
 from controller.policy import Hook, Policy, Webhooks
@@ -164,7 +165,9 @@ def test_a_delivery_is_signed_standard_webhooks_style(tmp_path: Path, servers: l
     assert out == {"webhook": DELIVERED}
     assert len(server.requests) == 1
     headers, body = server.requests[0]
-    assert json.loads(body) == REPORT
+    sent = Webhook(base64.b64encode(b"0123456789abcdef").decode()).verify(body, headers)  # the reference verifier
+    assert sent["type"] == "job.finished" and sent["data"] == REPORT  # the Standard Webhooks envelope
+    assert sent["timestamp"].endswith("Z")
     wid, ts = headers["webhook-id"], headers["webhook-timestamp"]
     assert wid.startswith("msg_") and abs(int(ts) - time.time()) < 60
     mac = hmac.new(b"0123456789abcdef", f"{wid}.{ts}.".encode() + body, hashlib.sha256).digest()

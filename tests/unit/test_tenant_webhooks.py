@@ -114,17 +114,17 @@ def test_a_tenants_delivery_goes_only_to_its_own_hosts_signed_with_its_own_key(
     config = configured(tmp_path)
     acme, globex = receivers["acme"], receivers["globex"]
     assert ended(config, "a1-abcdefgh", "acme", acme.url) == {"webhook": "delivered"}
-    assert acme.signed_by(0) == "acme" and json.loads(acme.got[0][1])["tenant"] == "acme"
+    assert acme.signed_by(0) == "acme" and json.loads(acme.got[0][1])["data"]["tenant"] == "acme"
     assert ended(config, "a2-abcdefgh", "acme", globex.url) == {"webhook": "not delivered"}  # B's host
     assert globex.got == []  # B's receiver never hears of A's job
     assert ended(config, "g1-abcdefgh", "globex", globex.url) == {"webhook": "delivered"}
     assert [globex.signed_by(n) for n in range(len(globex.got))] == ["globex"]
-    assert json.loads(globex.got[0][1])["tenant"] == "globex"
+    assert json.loads(globex.got[0][1])["data"]["tenant"] == "globex"
     assert ended(config, "g2-abcdefgh", "globex", acme.url) == {"webhook": "not delivered"}
     assert [acme.signed_by(n) for n in range(len(acme.got))] == ["acme"]
     # a CLI job: the cluster's hosts and key, and no tenant
     assert ended(config, "cli-job", None, acme.url) == {"webhook": "delivered"}
-    assert acme.signed_by(1) == "cluster" and json.loads(acme.got[1][1])["tenant"] is None
+    assert acme.signed_by(1) == "cluster" and json.loads(acme.got[1][1])["data"]["tenant"] is None
 
 
 def test_a_tenant_the_config_no_longer_names_gets_no_delivery(tmp_path: Path, receivers: dict[str, Receiver]) -> None:

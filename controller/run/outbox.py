@@ -1,0 +1,340 @@
+"""The webhook outbox: a job's deliveries kept on the shared volume until the receiver has them.
+
+A delivery is one event of one job (``job.started``, ``job.finished``, ``job.cancelled``) for its
+``on_complete.webhook``. It is written before anything is sent, one file per delivery in the run
+folder (``runs/<job>/deliveries/<id>.json``, atomic, never through a link), with its id (``msg_…``),
+its body (the Standard Webhooks envelope, the same bytes on every retry), every attempt (time, HTTP
+status or error class; never the receiver's body), its state (pending → delivered | failed) and when
+it is next due. A queue entry beside the run folders (``runs/.outbox/<job>~<id>~<generation>``) lets a
+deliverer find the pending ones without reading every run folder; the record is the truth, the
+entry only a pointer (written before the record, removed after it says delivered or failed).
+
+Whoever makes a delivery tries it at once (``ffswarm submit`` has no other chance); one that fails
+stays pending, and `serve` runs a ``Deliverer`` (controller/run/webhooks.py) that sends due ones on
+``webhooks.retry_schedule`` (controller/settings/webhooks.py), across its own restarts: a new
+deliverer reads the same files.
+A success is recorded before the delivery counts as done, so a controller killed between the
+receiver's 2xx and that record sends the SAME id again: receivers deduplicate on ``webhook-id``.
+Two deliverers (two `serve`s) never send one delivery at once: each attempt holds an exclusive
+``<id>.sending`` claim beside the record. Clocks are arguments: tests never wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import stat
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from contract.layout import DataRootLayout, RunLayout
+from controller import log
+from controller import redact as shown
+from controller.errors import FfswarmError
+from controller.job.plan import ID
+from controller.job.settings import WEBHOOK_EVENTS
+from controller.policy import Webhooks
+from controller.run import hooks
+from controller.run.rundir import RunDir
+from controller.settings.webhooks import WebhookSettings
+from controller.volume import DIR_MODE, Owner, UnsafePath, Volume
+
+Clock = Callable[[], float]
+Sender = Callable[[str, bytes, str, Webhooks, float], hooks.Attempt]  # url, body, id, policy, now
+
+FOLDER = "deliveries"
+QUEUE = ".outbox"  # under runs/
+DELIVERY_ID = re.compile(r"msg_[0-9a-f]{32}")
+STATES = ("pending", "delivered", "failed")
+MAX_RECORD = 4 * 1024**2
+MAX_ATTEMPTS = 1000  # attempts a record keeps (redeliveries add more); the oldest are dropped
+CLAIM_SECONDS = 120.0  # a send's claim older than this is a killed sender's
+ORPHAN_SECONDS = 300.0  # a queue entry whose record never appeared (its writer was killed)
+
+
+class OutboxError(FfswarmError):
+    """A delivery record that is not what the controller wrote; names the file, never its content."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    id: str
+    job: str
+    type: str
+    url: str
+    body: str  # the envelope as sent, fixed at enqueue
+    created: float
+    state: str = "pending"
+    next_attempt: float | None = None
+    attempts: tuple[dict[str, Any], ...] = ()  # {"at": float, "status": int} | {"at": float, "error": str}
+    tries: int = 0  # attempts since the delivery was (re)queued: the position in the schedule
+    generation: int = 0  # bumped by each redelivery: names its queue entry
+
+    def view(self) -> dict[str, Any]:
+        """What the API shows: no URL (it may carry a token) and no body."""
+        return {
+            "id": self.id,
+            "type": self.type,
+            "created_at": utc(self.created),
+            "state": self.state,
+            "next_attempt_at": utc(self.next_attempt) if self.next_attempt is not None else None,
+            "attempts": [{**a, "at": utc(a["at"])} for a in self.attempts],
+        }
+
+    def to_json(self) -> bytes:
+        return json.dumps({**asdict(self), "attempts": list(self.attempts)}).encode()
+
+    @staticmethod
+    def parse(raw: bytes, where: str) -> Delivery:
+        """A record read back from the volume, every field's type checked."""
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            raise OutboxError(f"{where}: not valid JSON (edited or truncated?)") from None
+        try:
+            _need(isinstance(data, dict))
+            d = Delivery(
+                id=_str(data, "id"),
+                job=_str(data, "job"),
+                type=_str(data, "type"),
+                url=_str(data, "url"),
+                body=_str(data, "body"),
+                created=_num(data["created"]),
+                state=_str(data, "state"),
+                next_attempt=None if data.get("next_attempt") is None else _num(data["next_attempt"]),
+                attempts=tuple(_attempt(a) for a in data.get("attempts", [])),
+                tries=int(_num(data.get("tries", 0))),
+                generation=int(_num(data.get("generation", 0))),
+            )
+            _need(bool(DELIVERY_ID.fullmatch(d.id) and ID.fullmatch(d.job)))
+            _need(d.state in STATES and d.type in WEBHOOK_EVENTS)
+        except (KeyError, TypeError, ValueError):
+            raise OutboxError(f"{where}: not a delivery record (edited?)") from None
+        return d
+
+
+def _need(ok: bool) -> None:
+    """A record's field is not what ffswarm writes (a ValueError: Delivery.parse names the file)."""
+    if not ok:
+        raise ValueError("not a delivery record")
+
+
+def _str(data: Mapping[str, Any], key: str) -> str:
+    value = data[key]
+    _need(isinstance(value, str))
+    return str(value)
+
+
+def _num(value: object) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise ValueError("not a time or count")
+    return float(value)
+
+
+def _attempt(a: object) -> dict[str, Any]:
+    if not isinstance(a, dict):
+        raise ValueError("not an attempt")
+    at = _num(a.get("at"))
+    if "status" in a:
+        status = a["status"]
+        _need(isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599)
+        return {"at": at, "status": status}
+    error = a.get("error")
+    _need(isinstance(error, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]{0,80}", error) is not None)
+    return {"at": at, "error": error}
+
+
+def utc(t: float) -> str:
+    """RFC 3339 in UTC, to the second: 2026-12-02T07:41:03Z."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+class Outbox:
+    """The deliveries of the jobs under one data root."""
+
+    def __init__(self, data_root: Path, settings: WebhookSettings | None = None, clock: Clock = time.time) -> None:
+        self.root = data_root
+        self.volume = Volume(data_root)
+        self.settings = settings or WebhookSettings()
+        self.clock = clock
+
+    # -- paths ---------------------------------------------------------------------------------------
+    def folder(self, job: str) -> Path:
+        return RunLayout.host(self.root, job).dir / FOLDER
+
+    def record(self, job: str, delivery: str) -> Path:
+        return self.folder(job) / f"{delivery}.json"
+
+    @property
+    def queue(self) -> Path:
+        return DataRootLayout.host(self.root).runs / QUEUE
+
+    def _owner(self, job: str) -> Owner | None:
+        return RunDir(self.root, job).controller_owner()  # the run folder's own owner and group
+
+    # -- records -------------------------------------------------------------------------------------
+    def read(self, job: str, delivery: str) -> Delivery | None:
+        if not ID.fullmatch(job) or not DELIVERY_ID.fullmatch(delivery):
+            return None
+        path = self.record(job, delivery)
+        try:
+            raw = self.volume.read(path, MAX_RECORD)
+        except (OSError, UnsafePath) as e:
+            raise OutboxError(f"{self.volume.rel(path)}: cannot read: {type(e).__name__}") from None
+        if raw is None:
+            return None
+        d = Delivery.parse(raw, self.volume.rel(path))
+        if (d.id, d.job) != (delivery, job):
+            raise OutboxError(f"{self.volume.rel(path)}: names another delivery (moved?)")
+        return d
+
+    def write(self, d: Delivery) -> None:
+        owner = self._owner(d.job)
+        self.volume.mkdirs(self.folder(d.job), owner, DIR_MODE)
+        self.volume.write_atomic(self.record(d.job, d.id), d.to_json(), owner)
+
+    def deliveries(self, job: str) -> list[Delivery]:
+        """The job's deliveries, oldest first; records that do not parse are skipped (logged)."""
+        found: list[Delivery] = []
+        for name in self._names(self.folder(job)):
+            if name.endswith(".json") and DELIVERY_ID.fullmatch(name[:-5]):
+                try:
+                    d = self.read(job, name[:-5])
+                except OutboxError as e:
+                    log.get(job=job).warning("webhook_record_unreadable", error=str(e))
+                    continue
+                if d is not None:
+                    found.append(d)
+        return sorted(found, key=lambda d: (d.created, d.id))
+
+    def _names(self, folder: Path) -> list[str]:
+        """Regular files' names in ``folder`` (none when it is missing), opened without following links."""
+        try:
+            fd = self.volume.open_dir(folder, "listing")
+        except (OSError, UnsafePath):
+            return []
+        try:
+            names = os.listdir(fd)
+            return [n for n in names if stat.S_ISREG(os.stat(n, dir_fd=fd, follow_symlinks=False).st_mode)]
+        except OSError:
+            return []
+        finally:
+            os.close(fd)
+
+    # -- the queue -----------------------------------------------------------------------------------
+    def _entry(self, d: Delivery) -> Path:
+        return self.queue / f"{d.job}~{d.id}~{d.generation}"
+
+    def _queue(self, d: Delivery) -> None:
+        self.volume.mkdirs(self.queue, self._owner(d.job), DIR_MODE)
+        self.volume.write_atomic(self._entry(d), json.dumps({"at": self.clock()}).encode(), self._owner(d.job))
+
+    def entries(self) -> Iterator[tuple[str, str, int, str]]:
+        """(job, delivery id, generation, entry name) of every queue entry, oldest name first."""
+        for name in sorted(self._names(self.queue)):
+            parts = name.split("~")
+            if len(parts) == 3 and ID.fullmatch(parts[0]) and DELIVERY_ID.fullmatch(parts[1]) and parts[2].isdigit():
+                yield parts[0], parts[1], int(parts[2]), name
+
+    def unqueue(self, name: str) -> None:
+        with contextlib.suppress(OSError, UnsafePath):
+            self.volume.unlink(self.queue / name)
+
+    # -- making and redelivering ---------------------------------------------------------------------
+    def enqueue(self, job: str, kind: str, data: Mapping[str, Any], url: str) -> Delivery:
+        """A new pending delivery, due now; its id is fixed from here on."""
+        now = self.clock()
+        body = json.dumps(hooks.envelope(kind, data, now))
+        d = Delivery(id=hooks.new_id(), job=job, type=kind, url=url, body=body, created=now, next_attempt=now)
+        self._queue(d)  # first: a record is never pending without an entry that finds it
+        self.write(d)
+        return d
+
+    def redeliver(self, job: str, delivery: str) -> Delivery | None:
+        """The delivery queued again with the same id and body, due now, its schedule from the start;
+        its past attempts stay. None when the job has no such delivery."""
+        d = self.read(job, delivery)
+        if d is None:
+            return None
+        d = replace(d, state="pending", next_attempt=self.clock(), tries=0, generation=d.generation + 1)
+        self.write(d)
+        self._queue(d)  # a new entry name: a deliverer finishing the old generation cannot remove it
+        return d
+
+    # -- sending -------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def claimed(self, d: Delivery) -> Iterator[bool]:
+        """Whether this process may send ``d`` now: an exclusive ``<id>.sending`` file, removed after;
+        one a killed sender left is taken over after CLAIM_SECONDS."""
+        path = self.folder(d.job) / f"{d.id}.sending"
+        now = self.clock()
+        for _ in range(2):
+            try:
+                fd = self.volume.create_exclusive(path, self._owner(d.job))
+            except FileExistsError:
+                raw = None
+                with contextlib.suppress(OSError, UnsafePath):
+                    raw = self.volume.read(path, 100)
+                try:
+                    since = float(raw or b"")
+                except ValueError:
+                    since = 0.0
+                if now - since < CLAIM_SECONDS:
+                    yield False
+                    return
+                with contextlib.suppress(OSError, UnsafePath):
+                    self.volume.unlink(path)
+                continue
+            except (OSError, UnsafePath):
+                yield False
+                return
+            try:
+                os.write(fd, str(now).encode())
+            finally:
+                os.close(fd)
+            try:
+                yield True
+            finally:
+                with contextlib.suppress(OSError, UnsafePath):
+                    self.volume.unlink(path)
+            return
+        yield False
+
+    def attempt(self, d: Delivery, policy: Webhooks, send: Sender | None = None) -> Delivery:
+        """One attempt at a pending delivery, recorded; the record as it is after (unchanged when
+        another sender holds it or it is no longer pending)."""
+        with self.claimed(d) as mine:
+            if not mine:
+                return d
+            current = self.read(d.job, d.id)  # as it is now: another sender may have delivered it
+            if current is None or current.state != "pending":
+                return current or d
+            now = self.clock()
+            tried = (send or _send)(current.url, current.body.encode(), current.id, policy, now)
+            row: dict[str, Any] = {"at": now}
+            row.update({"status": tried.status} if tried.status else {"error": tried.error})
+            attempts = (*current.attempts, row)[-MAX_ATTEMPTS:]
+            tries = current.tries + 1
+            schedule = self.settings.retry_schedule
+            if tried.ok:
+                done = replace(current, state="delivered", next_attempt=None, attempts=attempts, tries=tries)
+            elif tried.final or tries > len(schedule):
+                done = replace(current, state="failed", next_attempt=None, attempts=attempts, tries=tries)
+            else:
+                done = replace(current, next_attempt=now + schedule[tries - 1], attempts=attempts, tries=tries)
+            self.write(done)  # recorded before it counts as done: a crash before here resends the same id
+        level = "info" if tried.ok else "warning"
+        getattr(log.get(job=d.job), level)(
+            "webhook_attempt", delivery=d.id, type=d.type, state=done.state, detail=shown.secrets(tried.detail)
+        )
+        return done
+
+
+def _send(url: str, body: bytes, delivery: str, policy: Webhooks, now: float) -> hooks.Attempt:
+    return hooks.send_once(url, body, delivery, policy, now)
