@@ -61,7 +61,7 @@ def connect(ctx: click.Context) -> Client:
     if where is None:
         name = ctx.info_name or "this command"
         raise UsageError(f"`ffswarm {name}` talks to an API: give --api URL (or set FFSWARM_API_URL)")
-    client = Client(where.url, where.token())
+    client = Client(where.url, where.token(), retries=3)  # an API that is not there: said within ~4 s
     ctx.call_on_close(client.close)
     return client
 
@@ -92,7 +92,8 @@ def translated() -> Iterator[None]:
     try:
         yield
     except ApiError as e:
-        lines = [e.message, *(f"  {f.field}: {f.message}" for f in e.errors if len(e.errors) > 1)]
+        head = e.message if e.field is None or e.message.startswith(e.field) else f"{e.field}: {e.message}"
+        lines = [head, *(f"  {f.field}: {f.message}" for f in e.errors if len(e.errors) > 1)]
         if e.status == 401:
             lines.append("  (a token: --token-file FILE or FFSWARM_TOKEN)")
         raise RemoteError("\n".join(lines), exit_code(e)) from None

@@ -205,3 +205,22 @@ def test_a_zip_built_from_a_folder_is_stored_not_compressed(tmp_path: Path) -> N
     finally:
         up.close()
     assert not path.exists()
+
+
+def test_a_local_job_file_names_its_files_from_its_own_folder_and_sends_the_rest_as_options(tmp_path: Path) -> None:
+    from controller.client import jobfile
+
+    me, folder, _ = photos(tmp_path)
+    (tmp_path / "jobs").mkdir()
+    spec = tmp_path / "jobs" / "party.yaml"
+    spec.write_text("name: party\nsource: ../me.jpg\ntargets: ['../party/**/*.*', ../extra.zip]\nfaces: one\n")
+    local = jobfile.read(spec)
+    assert local.source == (tmp_path / "jobs" / ".." / "me.jpg",)
+    assert sorted(p.name for p in local.targets) == ["a.jpg", "b.png", "extra.zip", "notes.txt"]
+    assert local.options == {"name": "party", "faces": "one"}
+    spec.write_text("source: ../me.jpg\ntargets: [nowhere/*.jpg]\n")
+    with pytest.raises(LocalFileError, match=r"targets: 'nowhere/\*.jpg' matches no file"):
+        jobfile.read(spec)
+    spec.write_text("pairs_file: lists/pairs.csv\n")
+    with pytest.raises(ClientError, match="pairs_file: a pairs job is not uploaded"):
+        jobfile.read(spec)
