@@ -20,7 +20,7 @@ from urllib.parse import quote
 import httpx
 
 from controller.client import uploads
-from controller.client.errors import ApiError, ClientError, TransportError
+from controller.client.errors import ApiError, ClientError, LocalFileError, TransportError
 from controller.client.models import Event, Job, Submitted, Usage
 from controller.client.sse import Parser
 from controller.client.transport import ALWAYS, IF_IDEMPOTENT, Transport, retry_after
@@ -162,23 +162,31 @@ class Client:
 
     def results(self, job: str, path: PathLike) -> Path:
         """results.zip (the job's committed outputs) written to ``path``: to a temporary name in the
-        same folder first, renamed into place once whole; a download that breaks off starts again."""
+        same folder first, renamed into place once whole; a download that breaks off starts again.
+        A place that cannot be written is a ``LocalFileError``."""
         target = Path(path).expanduser()
         part = target.with_name(f".{target.name}.part-{uuid.uuid4().hex[:8]}")
         tries = 0
         try:
-            while True:
-                try:
-                    with self._t.exchange("GET", f"{_job(job)}/results.zip") as r, part.open("wb") as out:
-                        for chunk in r.iter_bytes():
-                            out.write(chunk)
-                    break
-                except httpx.TransportError:  # the body broke off: the whole ZIP again
-                    if tries >= self._t.retries:
-                        raise TransportError(f"GET {_job(job)}/results.zip: the download kept breaking off") from None
-                    self._t.wait(tries, None)
-                    tries += 1
+            with part.open("wb") as out:  # before asking: a place that cannot be written costs no download
+                while True:
+                    out.seek(0)
+                    out.truncate()
+                    try:
+                        with self._t.exchange("GET", f"{_job(job)}/results.zip") as r:
+                            for chunk in r.iter_bytes():
+                                out.write(chunk)
+                        break
+                    except httpx.TransportError:  # the body broke off: the whole ZIP again
+                        if tries >= self._t.retries:
+                            raise TransportError(
+                                f"GET {_job(job)}/results.zip: the download kept breaking off"
+                            ) from None
+                        self._t.wait(tries, None)
+                        tries += 1
             os.replace(part, target)
+        except OSError as e:  # the place to write it: a missing folder, no permission, a full disk
+            raise LocalFileError(f"cannot write {str(target)!r} ({e.strerror})") from None
         finally:
             part.unlink(missing_ok=True)
         return target

@@ -43,7 +43,11 @@ class Upload:
         """httpx's arguments for one try: every file opened afresh (closed by ``files``)."""
         sent: list[tuple[str, tuple[str | None, Any, str | None]]] = []
         for name, filename, path in self.parts:
-            sent.append((name, (filename, files.enter_context(path.open("rb")), "application/octet-stream")))
+            try:
+                opened = files.enter_context(path.open("rb"))
+            except OSError as e:
+                raise LocalFileError(f"{name} {str(path)!r} cannot be read ({e.strerror})") from None
+            sent.append((name, (filename, opened, "application/octet-stream")))
         data = {"job": self.options.decode()} if self.options is not None else {}
         return {"files": sent, "data": data}
 

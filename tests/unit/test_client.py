@@ -224,3 +224,11 @@ def test_a_local_job_file_names_its_files_from_its_own_folder_and_sends_the_rest
     spec.write_text("pairs_file: lists/pairs.csv\n")
     with pytest.raises(ClientError, match="pairs_file: a pairs job is not uploaded"):
         jobfile.read(spec)
+
+
+def test_results_to_a_folder_that_does_not_exist_is_a_local_file_error(env: Env, tmp_path: Path) -> None:
+    with client(env) as c:
+        job = json_job(env, c)
+        run_job(env.config, job)
+        with pytest.raises(LocalFileError, match="cannot write"):
+            c.results(job, tmp_path / "no" / "such" / "r.zip")
