@@ -1,8 +1,9 @@
 """A loopback HTTP proxy in front of a test's API server that loses what a real network loses: the
 answer to a request the API has already acted on (``drop_answers``: the first N POSTs are forwarded,
-their answers read and the connection then closed unanswered), and an event stream cut after a few
-events (``cut_events``: the first stream closes after that many events). It counts what it saw and
-keeps each request's headers."""
+their answers read and the connection then closed unanswered), an event stream cut after a few
+events (``cut_events``: the first stream closes after that many events), and a download broken off
+(``cut_body``: the first GET answer whose path ends so is sent half, then the connection closes).
+It counts what it saw and keeps each request's headers."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"
 
 
 class Proxy:
-    def __init__(self, upstream: str, drop_answers: int = 0, cut_events: int | None = None) -> None:
+    def __init__(
+        self, upstream: str, drop_answers: int = 0, cut_events: int | None = None, cut_body: str | None = None
+    ) -> None:
         self.upstream = upstream
+        self.cut_body = cut_body
         self.drop_answers = drop_answers
         self.cut_events = cut_events
         self.dropped = 0
@@ -68,6 +72,9 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
                 drop = self.command == "POST" and proxy.dropped < proxy.drop_answers
                 if drop:
                     proxy.dropped += 1
+                half = proxy.cut_body is not None and self.path.split("?")[0].endswith(proxy.cut_body)
+                if half:
+                    proxy.cut_body = None
             request = proxy.http.build_request(self.command, self.path, headers=headers, content=body)
             r = proxy.http.send(request, stream=True)
             try:
@@ -84,6 +91,10 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
                         self.send_header(k, v)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
+                if half:  # the connection closes with the body half sent
+                    self.wfile.write(data[: len(data) // 2])
+                    self.close_connection = True
+                    return
                 self.wfile.write(data)
             finally:
                 r.close()

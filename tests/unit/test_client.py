@@ -232,3 +232,15 @@ def test_results_to_a_folder_that_does_not_exist_is_a_local_file_error(env: Env,
         run_job(env.config, job)
         with pytest.raises(LocalFileError, match="cannot write"):
             c.results(job, tmp_path / "no" / "such" / "r.zip")
+
+
+def test_a_download_that_breaks_off_is_fetched_again_whole(env: Env, tmp_path: Path) -> None:
+    with client(env) as c:
+        job = json_job(env, c)
+        run_job(env.config, job)
+    with Proxy(env.url, cut_body="/results.zip") as proxy, client(env, proxy.url) as c:
+        written = c.results(job, tmp_path / "r.zip")
+        assert proxy.requests == 2
+    with zipfile.ZipFile(written) as zf:
+        assert zf.testzip() is None and len(zf.namelist()) == 3
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".zip") or ".part" in p.name] == ["r.zip"]
