@@ -22,6 +22,8 @@ from controller.errors import UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 JOB_FILES = (".yaml", ".yml")
+PHASES = ("queued", "running", "stopped", "finished", "cancelled", "refused", "unreadable")
+OUTCOMES = ("succeeded", "partial", "failed", "cancelled")
 
 
 def _keep(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -78,6 +80,8 @@ def submit(ctx: click.Context, paths: tuple[Path, ...], sources: tuple[Path, ...
     client = connect(ctx)
     with translated():
         local = jobfile.read(job_files[0]) if job_files else jobfile.LocalJob((), (), {})
+        if not sources and not local.source:
+            raise UsageError("a source photo is needed: --source PHOTO (or source: in a job file)")
         opts = {**local.options, **({"name": name} if name else {})}
         accepted = client.submit(source=list(sources) or list(local.source),
                                  files=[*local.targets, *targets], options=opts)  # fmt: skip
@@ -95,8 +99,8 @@ def submit(ctx: click.Context, paths: tuple[Path, ...], sources: tuple[Path, ...
 @click.argument("job", required=False)
 @click.option("--json", "as_json", is_flag=True, help="The API's status objects as JSON.")
 @click.option("-f", "--follow", "follow_", is_flag=True, help="Watch JOB with the progress bar until it ends.")
-@click.option("--phase", default=None, help="Without JOB: only jobs in this phase.")
-@click.option("--outcome", default=None, help="Without JOB: only jobs with this outcome.")
+@click.option("--phase", type=click.Choice(PHASES), default=None, help="Without JOB: only jobs in this phase.")
+@click.option("--outcome", type=click.Choice(OUTCOMES), default=None, help="Without JOB: only jobs with this outcome.")
 @click.option(
     "--limit", type=click.IntRange(min=1), default=None, help="Without JOB: at most this many (newest first)."
 )

@@ -159,6 +159,7 @@ def test_a_job_file_is_uploaded_with_its_settings_and_listed(
         (["status", "nope-aaaaaaaa"], KEYS["acme"], 2, "no job 'nope-aaaaaaaa'"),
         (["status"], "wrong", 78, "FFSWARM_TOKEN"),
         (["results", "x"], KEYS["acme"], 2, "--api URL"),
+        (["submit", "photos"], KEYS["acme"], 2, "--source PHOTO"),
     ],
 )
 def test_refusals_exit_with_the_clis_codes(
