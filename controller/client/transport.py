@@ -5,8 +5,10 @@ timed out while connecting), and when it answered 429 or 503 (it did nothing: ov
 controller serving), waiting as its ``Retry-After`` says. When the connection broke after the request
 was sent, or a gateway answered 502/504, the API may have acted on it: such a request is tried again
 only when doing it twice is harmless — a GET or DELETE, or a POST carrying an Idempotency-Key
-(submit always sends one) — so a retried submit never makes two jobs. Waits grow from ``backoff``,
-doubling, each at most ``max_wait`` seconds; the clock and the sleep are arguments, for tests.
+(submit always sends one) — so a retried submit never makes two jobs; a 409
+``idempotency_in_progress`` (the earlier try still being handled) is asked again after its
+Retry-After. Waits grow from ``backoff``, doubling, each at most ``max_wait`` seconds; the clock and
+the sleep are arguments, for tests.
 """
 
 from __future__ import annotations
@@ -125,7 +127,7 @@ class Transport:
                     continue
             try:
                 status = r.status_code
-                again = status in ALWAYS or (status in IF_IDEMPOTENT and idempotent)
+                again = status in ALWAYS or (status in IF_IDEMPOTENT and idempotent) or _in_progress(r, headers)
                 if again and tried < self.retries:
                     self.wait(tried, retry_after(r.headers.get("retry-after"), self.clock()))
                     tried += 1
@@ -136,6 +138,20 @@ class Transport:
                 return
             finally:
                 r.close()
+
+
+def _in_progress(r: httpx.Response, headers: Mapping[str, str] | None) -> bool:
+    """A 409 ``idempotency_in_progress``: an earlier try of this very submit is still being handled
+    (its connection broke while the API worked on it); its answer comes once it is done."""
+    if r.status_code != 409 or not any(k.lower() == "idempotency-key" for k in headers or {}):
+        return False
+    try:
+        r.read()
+        body = r.json()
+    except (ValueError, httpx.HTTPError):
+        return False
+    error = body.get("error") if isinstance(body, dict) else None
+    return isinstance(error, dict) and error.get("code") == "idempotency_in_progress"
 
 
 def _error(r: httpx.Response) -> ApiError:

@@ -11,6 +11,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -244,3 +245,26 @@ def test_a_download_that_breaks_off_is_fetched_again_whole(env: Env, tmp_path: P
     with zipfile.ZipFile(written) as zf:
         assert zf.testzip() is None and len(zf.namelist()) == 3
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".zip") or ".part" in p.name] == ["r.zip"]
+
+
+def test_a_submit_whose_first_try_is_still_being_handled_asks_again_after_retry_after() -> None:
+    """The API's 409 ``idempotency_in_progress`` (an earlier try of the same key not answered yet) is
+    asked again with the same key; another 409 is the caller's to see."""
+    keys: list[str] = []
+    slept: list[float] = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        keys.append(request.headers.get("idempotency-key", ""))
+        if len(keys) == 1:
+            error = {"code": "idempotency_in_progress", "message": "still being handled"}
+            return httpx.Response(409, json={"error": error}, headers={"Retry-After": "1"})
+        if request.url.path.endswith("/retry"):
+            return httpx.Response(409, json={"error": {"code": "not_finished", "message": "queued"}})
+        return httpx.Response(202, json={"id": "job-aaaaaaaa"}, headers={"Idempotent-Replayed": "true"})
+
+    with Client("http://api.test", "t", sleep=slept.append, transport=httpx.MockTransport(api)) as c:
+        sent = c.submit({"source": "me.jpg", "targets": ["in/*.jpg"]})
+        assert sent.id == "job-aaaaaaaa" and sent.replayed and slept == [1.0] and keys[0] == keys[1]
+        with pytest.raises(ApiError) as refused:
+            c.retry("job-aaaaaaaa")
+    assert refused.value.code == "not_finished" and keys[2:] == [""]  # a retry carries no key: asked once
