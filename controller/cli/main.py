@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from controller import log
-from controller.cli import api, delete, jobs, models, ops
+from controller.cli import api, delete, jobs, models, ops, remote
 from controller.cli.extras import missing_extra
 from controller.cli.schema import schema
 from controller.errors import FfswarmError
@@ -48,6 +48,10 @@ class _Root(click.Group):
                 raise
             raise missing from None
 
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """With --api, the job commands' remote forms (controller/cli/remote.py)."""
+        return remote.command(ctx, cmd_name) or super().get_command(ctx, cmd_name)
+
 
 @click.group(cls=_Root)
 @click.option(
@@ -65,6 +69,7 @@ class _Root(click.Group):
     default=None,
     help="Config file (else $FFSWARM_CONFIG, ./ffswarm.yaml, $XDG_CONFIG_HOME/ffswarm/config.yaml).",
 )
+@remote.options
 @click.option("--json-logs/--console-logs", default=None, help="Log format (default: console on a terminal).")
 @click.option("-v", "--verbose", is_flag=True, help="On a terminal, also print every chunk's events above the bar.")
 @click.pass_context
@@ -101,6 +106,7 @@ cli.add_command(ops.doctor)
 cli.add_command(models.models)
 cli.add_command(api.api)
 cli.add_command(schema)
+cli.add_command(remote.results)
 cli.add_command(completion)
 
 
