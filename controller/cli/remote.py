@@ -8,7 +8,6 @@ controller/cli/remote_run.py and the client. Other commands ignore --api.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +15,8 @@ from typing import Any, TypeVar
 
 import click
 
+from controller.cli.output import echo as output_echo
+from controller.cli.output import output_option
 from controller.cli.remote_run import META, Remote, connect, describe, follow, read_report, translated
 from controller.client import jobfile
 from controller.errors import UsageError
@@ -97,7 +98,7 @@ def submit(ctx: click.Context, paths: tuple[Path, ...], sources: tuple[Path, ...
 
 @click.command("status")
 @click.argument("job", required=False)
-@click.option("--json", "as_json", is_flag=True, help="The API's status objects as JSON.")
+@output_option
 @click.option("-f", "--follow", "follow_", is_flag=True, help="Watch JOB with the progress bar until it ends.")
 @click.option("--phase", type=click.Choice(PHASES), default=None, help="Without JOB: only jobs in this phase.")
 @click.option("--outcome", type=click.Choice(OUTCOMES), default=None, help="Without JOB: only jobs with this outcome.")
@@ -105,7 +106,7 @@ def submit(ctx: click.Context, paths: tuple[Path, ...], sources: tuple[Path, ...
     "--limit", type=click.IntRange(min=1), default=None, help="Without JOB: at most this many (newest first)."
 )
 @click.pass_context
-def status(ctx: click.Context, job: str | None, as_json: bool, follow_: bool, phase: str | None,
+def status(ctx: click.Context, job: str | None, output: str, follow_: bool, phase: str | None,
            outcome: str | None, limit: int | None) -> None:  # fmt: skip
     """A job's status, or the list of your jobs (newest first); --follow watches one to its end."""
     client = connect(ctx)
@@ -113,11 +114,13 @@ def status(ctx: click.Context, job: str | None, as_json: bool, follow_: bool, ph
         if follow_:
             if job is None:
                 raise UsageError("--follow needs a JOB")
-            sys.exit(follow(ctx, client, job, json_lines=as_json))
+            if output == "yaml":
+                raise UsageError("--follow prints JSON lines: -o json, or text")
+            sys.exit(follow(ctx, client, job, json_lines=output == "json"))
         rows = [dict(client.get(job).raw)] if job else [dict(j.raw) for j in client.list(phase=phase,
                 outcome=outcome, limit=limit)]  # fmt: skip
-    if as_json:
-        click.echo(json.dumps(rows, indent=1))
+    if output != "text":  # the API's objects, as a local `status -o json|yaml` prints them
+        output_echo(rows[0] if job else {"jobs": rows, "next_cursor": None}, output)
         return
     for row in rows:
         click.echo(describe(row))

@@ -110,12 +110,13 @@ def _handler(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
             self.send_header("Connection", "close")
             self.end_headers()
             self.close_connection = True
-            events = 0
+            events, data = 0, False
             for line in r.iter_lines():
                 self.wfile.write(line.encode() + b"\n")
                 self.wfile.flush()
-                if not line:
-                    events += 1
+                data = data or line.startswith("data:")
+                if not line and data:  # an event ends (a `retry:` block or a comment is none)
+                    events, data = events + 1, False
                     if cut is not None and events >= cut:
                         return  # the connection closes mid-job
 

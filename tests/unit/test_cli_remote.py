@@ -145,7 +145,7 @@ def test_a_job_file_is_uploaded_with_its_settings_and_listed(
     handed = (env.root / "inbox" / f"{job}.yaml").read_text()
     assert "chunk_size: 7" in handed and job.startswith("holiday-")
     listed = inproc("status", "--json", api=env.url)
-    assert listed.returncode == 0 and [row["job"] for row in json.loads(listed.stdout)] == [job]
+    assert listed.returncode == 0 and [row["job"] for row in json.loads(listed.stdout)["jobs"]] == [job]
     text = inproc("status", job, api=env.url)
     assert text.stdout.strip() == f"{job}: queued"
     cancelled = inproc("cancel", job, api=env.url)
