@@ -14,19 +14,20 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from controller import log
-from controller.api import idempotency, links, objects, ops, page, page_openapi, quota, results, submit, uploads, views
+from controller.api import idempotency, links, objects, ops, page, quota, results, submit, uploads, views
 from controller.api import usage as api_usage
 from controller.api.area import Area, run_owner
 from controller.api.auth import Authenticator, JwtVerifier, read_key_file
 from controller.api.errors import ApiError, not_found
 from controller.api.fairness import Fairness
 from controller.api.metrics import ApiMetrics
-from controller.api.openapi import document
+from controller.api.openapi import OPERATIONS, document
 from controller.api.settings import Tenant
 from controller.api.sweep import Staging, every, sweep_uploads
 from controller.config import Config
@@ -158,7 +159,7 @@ class Api:
         if not raw.isdigit() or not 1 <= int(raw) <= 1000:
             raise ApiError(400, "bad_request", "limit must be an integer from 1 to 1000", field="limit")
         cursor = request.query_params.get("cursor")
-        return JSONResponse(await asyncio.to_thread(views.list_jobs, area, int(raw), cursor))
+        return JSONResponse(await asyncio.to_thread(views.list_jobs, self.config, area, int(raw), cursor))
 
     async def get_job(self, request: Request) -> Response:
         area = await asyncio.to_thread(self.area, self.tenant(request))
@@ -237,7 +238,7 @@ class Api:
         return JSONResponse({"id": job, "links_revoked": True})
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(page_openapi.extend(document()))
+        return JSONResponse(document())
 
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"ok": True})
@@ -313,29 +314,80 @@ def make_app(config: Config) -> Starlette:
     def g(handler: Handler) -> Handler:
         return _guard(api.fairness.wrap(handler, api.auth), api.log)  # a tenant's limits before its body is read
 
-    routes = [
-        Route("/v1/jobs", g(api.post_job_once), methods=["POST"]),
-        Route("/v1/jobs", g(api.list_jobs), methods=["GET"]),
-        Route("/v1/jobs/{job}", g(api.get_job), methods=["GET"]),
-        Route("/v1/jobs/{job}", g(api.delete_job), methods=["DELETE"]),
-        Route("/v1/jobs/{job}/report", g(api.get_report), methods=["GET"]),
-        Route("/v1/jobs/{job}/events", g(api.events), methods=["GET"]),
-        Route("/v1/jobs/{job}/results.zip", g(api.results), methods=["GET"]),
-        Route("/v1/jobs/{job}/cancel", g(api.cancel), methods=["POST"]),
-        Route("/v1/jobs/{job}/scale", g(api.scale), methods=["POST"]),
-        Route("/v1/jobs/{job}/retry", g(api.retry), methods=["POST"]),
-        Route("/v1/jobs/{job}/links/revoke", g(api.revoke_links), methods=["POST"]),
-        Route("/openapi.json", g(api_usage.with_paths(api.openapi)), methods=["GET"]),
-        Route("/healthz", g(api.healthz), methods=["GET"]),
-        Route("/readyz", g(api.readyz), methods=["GET"]),
-    ]
+    handlers = {  # operationId → handler; what each operation is, is in controller/api/openapi.py
+        "createJob": api.post_job_once,
+        "listJobs": api.list_jobs,
+        "getJob": api.get_job,
+        "deleteJob": api.delete_job,
+        "getJobReport": api.get_report,
+        "getJobEvents": api.events,
+        "getJobResults": api.results,
+        "cancelJob": api.cancel,
+        "scaleJob": api.scale,
+        "retryJob": api.retry,
+        "revokeJobLinks": api.revoke_links,
+        "getHealth": api.healthz,
+        "getReadiness": api.readyz,
+    }
+    routes = [*table_routes({k: g(v) for k, v in handlers.items()}), Route("/openapi.json", g(api.openapi))]
     routes += page.routes(api, g)  # the web status page at / and its routes (controller/api/page.py)
     routes += api_usage.routes(api, g)  # GET /v1/usage (controller/api/usage.py)
     meter = ApiMetrics(api.auth, config.api.metrics_token_sha256)  # GET /metrics (controller/api/metrics.py)
     routes.append(meter.route(g))
+    undocumented(routes)
     swept = every(api.sweep, on_error=lambda e: api.log.warning("api_upload_sweep_failed", error=type(e).__name__))
     metered = [meter.middleware()]  # requests by route template, code and latency
-    return Starlette(routes=routes, lifespan=swept, middleware=metered)  # the sweep again every minute while it serves
+    handlers_ = {HTTPException: _framework_error, Exception: _framework_error}
+    # the sweep again every minute while it serves
+    return Starlette(routes=routes, lifespan=swept, middleware=metered, exception_handlers=handlers_)
+
+
+def table_routes(handlers: dict[str, Handler]) -> list[Route]:
+    """One route per path of the operations that have a handler here, each method to its handler:
+    a path asked with another method answers 405 naming every method it takes."""
+    by_path: dict[str, dict[str, Handler]] = {}
+    for op in OPERATIONS:
+        if op.id in handlers:
+            by_path.setdefault(op.path, {})[op.method] = handlers.pop(op.id)
+    if handlers:
+        raise ValueError(f"handlers without an operation in controller/api/openapi.py: {sorted(handlers)}")
+    return [Route(path, _by_method(methods), methods=list(methods)) for path, methods in by_path.items()]
+
+
+def _by_method(methods: dict[str, Handler]) -> Handler:
+    async def run(request: Request) -> Response:
+        return await methods["GET" if request.method == "HEAD" else request.method](request)
+
+    return run
+
+
+def undocumented(routes: list[Route]) -> None:
+    """Every route served is an operation of the document and every operation is served (the page's
+    static files and the document itself aside): checked at start, so the two cannot drift."""
+    served = {(m, r.path) for r in routes for m in (r.methods or ()) if m != "HEAD"}
+    served -= {("GET", "/openapi.json"), ("GET", "/static/{name}")}
+    documented = {(op.method, op.path) for op in OPERATIONS}
+    if served != documented:
+        raise ValueError(f"routes and OpenAPI operations differ: {sorted(served ^ documented)}")
+
+
+async def _framework_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (no such path, a method the path does not take, …) in the API's error
+    shape; an error that escaped every handler (none should) as the 500 the handlers answer."""
+    if not isinstance(exc, HTTPException):
+        body = {"error": {"code": "internal", "message": "internal error; the API's log has the details"}}
+        return JSONResponse(body, status_code=500)
+    status, headers = exc.status_code, dict(exc.headers or {})
+    if status == 404:
+        err = ApiError(404, "not_found", f"no such path: {request.url.path[:200]}")
+    elif status == 405:
+        allowed = headers.get("Allow", "")
+        err = ApiError(405, "method_not_allowed", f"{request.method} is not allowed here; allowed: {allowed}")
+    elif status == 413:
+        err = ApiError(413, "too_large", "the request is too large")
+    else:
+        err = ApiError(status, "bad_request" if status == 400 else f"http_{status}", str(exc.detail)[:200])
+    return JSONResponse(err.body(), status_code=status, headers=headers)
 
 
 def serve(config: Config, host: str, port: int) -> None:

@@ -14,6 +14,7 @@ import os
 import stat
 from collections import Counter
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 from contract.layout import RECORDS, TENANTS, DataRootLayout
@@ -31,6 +32,10 @@ EVENT_INTERVAL = 0.5  # progress at most every 500 ms
 
 
 def job_view(config: Config, area: Area, job: str) -> dict[str, Any]:
+    return _with_outcome(_job_view(config, area, job), RunDir(config.data_root, job))
+
+
+def _job_view(config: Config, area: Area, job: str) -> dict[str, Any]:
     rec = area.owns(job)
     if rec is None:
         raise not_found(job)
@@ -52,10 +57,49 @@ def job_view(config: Config, area: Area, job: str) -> dict[str, Any]:
     return {"job": job, "phase": phase, "owner": area.tenant, "created": rec.created}
 
 
-def list_jobs(area: Area, limit: int, cursor: str | None) -> dict[str, Any]:
-    ids = [j for j in area.jobs() if cursor is None or j > cursor]
-    page = ids[:limit]
-    return {"jobs": page, "next_cursor": page[-1] if len(ids) > limit else None}
+def _utc(t: object) -> str | None:
+    ok = isinstance(t, int | float) and not isinstance(t, bool) and 0 <= t < 32_503_680_000
+    return datetime.fromtimestamp(float(t), UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if ok else None  # type: ignore[arg-type]
+
+
+def _with_outcome(row: dict[str, Any], rundir: RunDir) -> dict[str, Any]:
+    """A stand-in for controller/run/status.py's ``outcome_of`` and the status times: ``outcome``
+    (null until the end) and ``created_at``, ``started_at``, ``finished_at`` from the record and the
+    report."""
+    phase, items = row["phase"], row.get("items") or {}
+    outcome = None
+    if phase == "finished":
+        ended_well = items.get("ok", 0) + items.get("no_face", 0)
+        outcome = "succeeded" if not items.get("failed") else "partial" if ended_well else "failed"
+    elif phase in ("refused", "cancelled"):
+        outcome = "failed" if phase == "refused" else "cancelled"
+    try:
+        report = rundir.report() if rundir.exists() else None
+    except FfswarmError:
+        report = None
+    ended = phase in ("finished", "cancelled", "refused")
+    return {
+        **row,
+        "outcome": outcome,
+        "created_at": _utc(row.get("created")),
+        "started_at": _utc((report or {}).get("started")),
+        "finished_at": _utc((report or {}).get("finished")) if ended else None,
+    }
+
+
+def list_jobs(config: Config, area: Area, limit: int, cursor: str | None) -> dict[str, Any]:
+    """The tenant's jobs as status objects, newest first (a stand-in: every job is read per page)."""
+    rows = []
+    for job in area.jobs():
+        try:
+            rows.append(job_view(config, area, job))
+        except ApiError:  # taken over by another tenant's run folder: not the caller's
+            continue
+    rows.sort(key=lambda r: (-float(r.get("created") or 0), r["job"]))
+    ids = [r["job"] for r in rows]
+    start = ids.index(cursor) + 1 if cursor in ids else 0
+    page = rows[start : start + limit]
+    return {"jobs": page, "next_cursor": page[-1]["job"] if start + limit < len(rows) else None}
 
 
 def report(config: Config, area: Area, job: str) -> dict[str, Any]:
