@@ -79,6 +79,7 @@ _MULTIPART = {
         },
     },
 }
+_JOB_EXAMPLE = {"name": "party", "source": "faces/me.jpg", "targets": ["crowd/*.jpg"]}
 _LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 50})
 _CURSOR = Param("cursor", "query", {"type": "string"}, "the `next_cursor` of the page before")
 _TIME = {"oneOf": [{"type": "number", "minimum": 0}, {"type": "string", "format": "date"},
@@ -124,6 +125,7 @@ OPERATIONS: tuple[Operation, ...] = (
                       headers={"Preference-Applied": "wait=N"})),
               (400, 409, 413, 415, 422, 429, 503), params=(_IDEMPOTENCY_KEY, _PREFER),
               body={"application/json": {"$ref": REF.format(model="JobFile")}, "multipart/form-data": _MULTIPART},
+              body_examples={"application/json": _JOB_EXAMPLE},
               description="A JSON body is the job file's fields, paths relative to your area; a multipart body "
                           "uploads the photos (`source`) and the targets (photos, videos, ZIPs) with the job's "
                           "options in a `job` part. 202 means the job is durable."),
@@ -152,7 +154,8 @@ OPERATIONS: tuple[Operation, ...] = (
             (Answer(200, "cancelled", schemas.Cancelled),), (404, 409)),
     _job_op("POST", "/scale", "scaleJob", "How many chunks of the job run at once (`ffswarm scale`)",
             (Answer(200, "scaled", schemas.Scaled),), (400, 404, 409, 413, 422),
-            body={"application/json": {"$ref": REF.format(model="Scale")}}),
+            body={"application/json": {"$ref": REF.format(model="Scale")}},
+            body_examples={"application/json": {"max_concurrent": 4}}),
     _job_op("POST", "/retry", "retryJob", "Run a finished job's failed items again; committed ones are kept",
             (Answer(202, "handed back to the controller", schemas.Retried,
                     headers={"Location": "the job's status URL"}),),
@@ -171,6 +174,18 @@ OPERATIONS: tuple[Operation, ...] = (
               (Answer(200, "Prometheus text format", content={"text/plain": {"schema": {"type": "string"}}}),),
               (404,)),
     *page_openapi.OPERATIONS,
+)  # fmt: skip
+
+
+# The webhook deliveries' operations (controller/api/deliveries.py): they join OPERATIONS, as
+# ``*DELIVERIES``, where that module's routes are served.
+DELIVERIES: tuple[Operation, ...] = (
+    _job_op("GET", "/deliveries", "listJobDeliveries", "The job's webhook deliveries, oldest first, with every try",
+            (Answer(200, "the deliveries", schemas.DeliveryPage),), (404,), tag=Tag.WEBHOOKS),
+    _job_op("POST", "/deliveries/{delivery}/redeliver", "redeliverJobDelivery",
+            "Queue a delivery again under the same id; serve sends it",
+            (Answer(202, "queued again", schemas.Delivery),), (404, 409), tag=Tag.WEBHOOKS,
+            params=(Param("delivery", "path", {"type": "string"}, "the delivery's id (msg_…)", required=True),)),
 )  # fmt: skip
 
 
@@ -217,7 +232,10 @@ def _operation(op: Operation) -> dict[str, Any]:
     if op.params:
         out["parameters"] = [p.spec() for p in op.params]
     if op.body is not None:
-        out["requestBody"] = {"required": True, "content": {k: {"schema": v} for k, v in op.body.items()}}
+        content = {k: {"schema": v} for k, v in op.body.items()}
+        for media, example in op.body_examples.items():
+            content[media]["example"] = example
+        out["requestBody"] = {"required": True, "content": content}
     errors = set(op.errors)
     if op.auth is not Auth.NONE:
         errors |= {401, 429}  # every route a tenant calls is rate limited (controller/api/fairness.py)
@@ -283,4 +301,4 @@ def document() -> dict[str, Any]:
     return copy.deepcopy(_document())
 
 
-__all__ = ["OPERATIONS", "components", "document", "job_file_schema"]
+__all__ = ["DELIVERIES", "OPERATIONS", "components", "document", "job_file_schema"]

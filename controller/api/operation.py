@@ -17,6 +17,7 @@ class Tag(StrEnum):
     JOBS = "jobs"
     RESULTS = "results"
     USAGE = "usage"
+    WEBHOOKS = "webhooks"
     PAGE = "page"
     SERVICE = "service"
 
@@ -76,6 +77,7 @@ class Operation:
     description: str = ""
     params: tuple[Param, ...] = ()
     body: Mapping[str, Any] | None = None  # media type → JSON Schema
+    body_examples: Mapping[str, Any] = field(default_factory=dict)  # media type → an example body
     auth: Auth = Auth.TOKEN
 
 
