@@ -334,7 +334,7 @@ def make_app(config: Config) -> Starlette:
     routes += api_usage.routes(api, g)  # GET /v1/usage (controller/api/usage.py)
     meter = ApiMetrics(api.auth, config.api.metrics_token_sha256)  # GET /metrics (controller/api/metrics.py)
     routes.append(meter.route(g))
-    undocumented(routes)
+    check_documented(routes)
     swept = every(api.sweep, on_error=lambda e: api.log.warning("api_upload_sweep_failed", error=type(e).__name__))
     metered = [meter.middleware()]  # requests by route template, code and latency
     handlers_ = {HTTPException: _framework_error, Exception: _framework_error}
@@ -361,7 +361,7 @@ def _by_method(methods: dict[str, Handler]) -> Handler:
     return run
 
 
-def undocumented(routes: list[Route]) -> None:
+def check_documented(routes: list[Route]) -> None:
     """Every route served is an operation of the document and every operation is served (the page's
     static files and the document itself aside): checked at start, so the two cannot drift."""
     served = {(m, r.path) for r in routes for m in (r.methods or ()) if m != "HEAD"}

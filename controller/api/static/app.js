@@ -120,12 +120,12 @@
       const q = cursor ? `&cursor=${enc(cursor)}` : "";
       const page = await apiJson(`/v1/jobs?limit=50${q}`);
       $("jobs-empty").hidden = rows.children.length + page.jobs.length > 0;
-      for (const job of page.jobs) {
+      for (const first of page.jobs) {  // status objects, newest first
+        const job = first.job;
         const tr = jobRow(job);
         rows.append(tr);
-        const first = await apiJson(`/v1/jobs/${enc(job)}`).catch(() => null);
-        if (first) tr.update(first);
-        if (first && TERMINAL.has(first.phase)) continue;
+        tr.update(first);
+        if (TERMINAL.has(first.phase)) continue;
         const live = streams < MAX_STREAMS;
         if (live) streams += 1;
         cleanups.push(watch(job, tr.update, live));
