@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from controller.api import page_openapi, schemas
+from controller.api.examples import EXAMPLES
 from controller.api.operation import JOB_ID, LINK_PARAMS, REF, Answer, Auth, Operation, Param, Tag
 
 ERROR_EXAMPLES = {
@@ -79,7 +80,6 @@ _MULTIPART = {
         },
     },
 }
-_JOB_EXAMPLE = {"name": "party", "source": "faces/me.jpg", "targets": ["crowd/*.jpg"]}
 _LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 50})
 _CURSOR = Param("cursor", "query", {"type": "string"}, "the `next_cursor` of the page before")
 _TIME = {"oneOf": [{"type": "number", "minimum": 0}, {"type": "string", "format": "date"},
@@ -125,7 +125,7 @@ OPERATIONS: tuple[Operation, ...] = (
                       headers={"Preference-Applied": "wait=N"})),
               (400, 409, 413, 415, 422, 429, 503), params=(_IDEMPOTENCY_KEY, _PREFER),
               body={"application/json": {"$ref": REF.format(model="JobFile")}, "multipart/form-data": _MULTIPART},
-              body_examples={"application/json": _JOB_EXAMPLE},
+              body_examples={"application/json": EXAMPLES["JobFile"]},
               description="A JSON body is the job file's fields, paths relative to your area; a multipart body "
                           "uploads the photos (`source`) and the targets (photos, videos, ZIPs) with the job's "
                           "options in a `job` part. 202 means the job is durable."),
@@ -155,7 +155,7 @@ OPERATIONS: tuple[Operation, ...] = (
     _job_op("POST", "/scale", "scaleJob", "How many chunks of the job run at once (`ffswarm scale`)",
             (Answer(200, "scaled", schemas.Scaled),), (400, 404, 409, 413, 422),
             body={"application/json": {"$ref": REF.format(model="Scale")}},
-            body_examples={"application/json": {"max_concurrent": 4}}),
+            body_examples={"application/json": EXAMPLES["Scale"]}),
     _job_op("POST", "/retry", "retryJob", "Run a finished job's failed items again; committed ones are kept",
             (Answer(202, "handed back to the controller", schemas.Retried,
                     headers={"Location": "the job's status URL"}),),
@@ -213,10 +213,8 @@ def _answer(a: Answer) -> dict[str, Any]:
     out: dict[str, Any] = {"description": a.description}
     if a.model is not None:
         media: dict[str, Any] = {"schema": {"$ref": REF.format(model=a.model.__name__)}}
-        extra = a.model.model_config.get("json_schema_extra")
-        examples = extra.get("examples") if isinstance(extra, dict) else None
-        if isinstance(examples, list) and examples:
-            media["example"] = examples[0]
+        if a.model.__name__ in EXAMPLES:
+            media["example"] = EXAMPLES[a.model.__name__]
         out["content"] = {"application/json": media}
     elif a.content is not None:
         out["content"] = copy.deepcopy(dict(a.content))

@@ -3,8 +3,9 @@
 The handlers build their answers as plain dicts (no validation on the request path: the API's rate
 matters); the contract tests hold every live answer to these models, and the OpenAPI document
 (controller/api/openapi.py) takes its components from them. A field a client may rely on is
-required; one that appears only in some states is optional (absent, not null); ``| None`` fields
-are present and may be null.
+required (``| None`` without a default: present, and null where it has no value yet); one that
+appears only in some states has a default and may be absent. Their examples are
+controller/api/examples.py.
 """
 
 from __future__ import annotations
@@ -80,10 +81,6 @@ class ErrorDetail(Model):
 class Error(Model):
     """Every answer with a status of 400 or more, the framework's own 404, 405 and 413 included."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={"examples": [{"error": {"code": "not_found", "message": "no job 'party-abcdefgh'"}}]},
-    )
     error: ErrorDetail
 
 
@@ -122,48 +119,6 @@ class JobUsage(Model):
 class UsagePage(Model):
     """GET /v1/usage: the tenant's usage summed over its jobs that ended in [from, to), and those jobs."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {
-                    "tenant": "acme",
-                    "from": 0.0,
-                    "to": 1796197263.0,
-                    "from_at": "1970-01-01T00:00:00Z",
-                    "to_at": "2026-12-02T07:41:03Z",
-                    "jobs": 1,
-                    "jobs_without_usage": 0,
-                    "usage": {
-                        "gpu_seconds": 12.5,
-                        "runner_seconds": 12.5,
-                        "attempts": 1,
-                        "attempts_untimed": 0,
-                        "bytes_in": 40960,
-                        "bytes_out": 38912,
-                        "items": {"ok": 3, "no_face": 0, "failed": 1, "cancelled": 0},
-                    },
-                    "job_usage": [
-                        {
-                            "job": "party-abcdefgh",
-                            "finished": 1796197330.0,
-                            "finished_at": "2026-12-02T07:42:10Z",
-                            "usage": {
-                                "gpu_seconds": 12.5,
-                                "runner_seconds": 12.5,
-                                "attempts": 1,
-                                "attempts_untimed": 0,
-                                "bytes_in": 40960,
-                                "bytes_out": 38912,
-                                "items": {"ok": 3, "no_face": 0, "failed": 1, "cancelled": 0},
-                            },
-                        }
-                    ],
-                    "next_cursor": None,
-                }
-            ]
-        },
-    )
     tenant: str
     from_: float = Field(alias="from", description="unix seconds, inclusive")
     to: float = Field(description="unix seconds, exclusive")
@@ -214,19 +169,6 @@ class JobStatus(Model):
     """One job's status, as an element of ``ffswarm status --json``. A job a controller has not
     taken yet (queued, refused, cancelled before it started) has only the fields that are required."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {
-                    "job": "party-abcdefgh", "phase": "finished", "outcome": "partial", "owner": "acme",
-                    "created": 1796197263.0, "created_at": "2026-12-02T07:41:03Z",
-                    "started_at": "2026-12-02T07:41:05Z", "finished_at": "2026-12-02T07:42:10Z",
-                    "items": {"total": 4, "ok": 3, "no_face": 0, "failed": 1, "cancelled": 0, "pending": 0},
-                },
-            ]
-        },
-    )  # fmt: skip
     job: str
     phase: Phase
     outcome: Outcome | None = Field(description="null until the job has ended")
@@ -254,28 +196,6 @@ class JobStatus(Model):
 class JobPage(Model):
     """GET /v1/jobs: the tenant's jobs, newest first."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {
-                    "jobs": [
-                        {
-                            "job": "party-abcdefgh",
-                            "phase": "queued",
-                            "outcome": None,
-                            "owner": "acme",
-                            "created": 1796197263.0,
-                            "created_at": "2026-12-02T07:41:03Z",
-                            "started_at": None,
-                            "finished_at": None,
-                        }
-                    ],
-                    "next_cursor": None,
-                }
-            ]
-        },
-    )
     jobs: list[JobStatus]
     next_cursor: str | None = Field(description="pass as `cursor` for the next page; null on the last")
 
@@ -284,15 +204,6 @@ class JobPage(Model):
 class Accepted(Model):
     """202 to POST /v1/jobs: the job is durable; follow ``status_url`` or ``events_url``."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {"id": "party-abcdefgh", "status_url": "/v1/jobs/party-abcdefgh",
-                 "events_url": "/v1/jobs/party-abcdefgh/events"}
-            ]
-        },
-    )  # fmt: skip
     id: str
     status_url: str
     events_url: str
@@ -302,32 +213,15 @@ class Accepted(Model):
 class Scale(Model):
     """POST /v1/jobs/{job}/scale: how many of the job's chunks run at once."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"max_concurrent": 4}]})
     max_concurrent: int = Field(ge=1)
 
 
 class Scaled(Model):
-    model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"examples": [{"job": "party-abcdefgh", "max_concurrent": 4}]}
-    )
     job: str
     max_concurrent: int = Field(ge=1)
 
 
 class Retried(Model):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {
-                    "id": "party-abcdefgh",
-                    "status_url": "/v1/jobs/party-abcdefgh",
-                    "events_url": "/v1/jobs/party-abcdefgh/events",
-                    "items": 1,
-                }
-            ]
-        },
-    )
     id: str
     status_url: str
     events_url: str
@@ -335,35 +229,20 @@ class Retried(Model):
 
 
 class Cancelled(Model):
-    model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"examples": [{"job": "party-abcdefgh", "cancelled": True}]}
-    )
     job: str
     cancelled: bool
 
 
 class Revoked(Model):
-    model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"examples": [{"id": "party-abcdefgh", "links_revoked": True}]}
-    )
     id: str
     links_revoked: bool
 
 
 class Health(Model):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"ok": True}]})
     ok: bool
 
 
 class Readiness(Model):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {"ready": False, "reasons": ["no controller is serving the inbox (no live `ffswarm serve` heartbeat)"]}
-            ]
-        },
-    )
     ready: bool
     reasons: list[str] | None = Field(None, description="why not (only with a valid token)")
 
@@ -429,75 +308,6 @@ class Timing(Model):
 class Report(Model):
     """report.json: what happened to every item, video and chunk of a job that ended."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {
-                    "job": "party-abcdefgh",
-                    "image": "ffswarm-runner:1",
-                    "started": 1796197265.0,
-                    "finished": 1796197330.0,
-                    "started_at": "2026-12-02T07:41:05Z",
-                    "finished_at": "2026-12-02T07:42:10Z",
-                    "counts": {
-                        "items": 2,
-                        "ok": 1,
-                        "no_face": 0,
-                        "failed": 1,
-                        "chunks": 1,
-                        "chunks_done": 1,
-                        "chunks_failed": 0,
-                        "chunks_cancelled": 0,
-                        "cancelled": 0,
-                        "segments": 0,
-                    },
-                    "failures": [
-                        {
-                            "item": "i000001",
-                            "input": "in/1.jpg",
-                            "reason": "no face found in in/1.jpg",
-                            "chunk": "c0000",
-                        }
-                    ],
-                    "items": {
-                        "i000000": {
-                            "input": "in/0.jpg",
-                            "output": "out/party-abcdefgh/0.jpg",
-                            "status": "ok",
-                            "reason": None,
-                            "chunk": "c0000",
-                        },
-                        "i000001": {
-                            "input": "in/1.jpg",
-                            "output": None,
-                            "status": "error",
-                            "reason": "no face found in in/1.jpg",
-                            "chunk": "c0000",
-                        },
-                    },
-                    "chunks": {
-                        "c0000": {
-                            "state": "done",
-                            "failure": None,
-                            "reason": None,
-                            "avoid_nodes": [],
-                            "attempts": [
-                                {
-                                    "attempt": 1,
-                                    "service": "ffswarm-party-abcdefgh-c0000-a1",
-                                    "node": "gpu-1",
-                                    "exit_code": 0,
-                                    "outcome": "done",
-                                    "reason": None,
-                                }
-                            ],
-                        }
-                    },
-                }
-            ]
-        },
-    )
     job: str
     image: str
     started: float
@@ -526,43 +336,11 @@ class ItemRow(Model):
 
 
 class ItemPage(Model):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {
-                    "items": [
-                        {
-                            "id": "i000002",
-                            "kind": "image",
-                            "input": "in/2.jpg",
-                            "output": "out/party-abcdefgh/2.jpg",
-                            "status": "error",
-                            "reason": "no face found in in/2.jpg",
-                            "has_output": False,
-                        }
-                    ],
-                    "next_cursor": None,
-                }
-            ]
-        },
-    )
     items: list[ItemRow]
     next_cursor: str | None
 
 
 class EventsLink(Model):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {
-                    "url": "/v1/jobs/party-abcdefgh/events?expires=1796197563&kid=0a1b2c3d&gen=0&sig=9f86d0",
-                    "expires": 1796197563,
-                }
-            ]
-        },
-    )
     url: str
     expires: int
 
@@ -589,17 +367,6 @@ class DeliveryAttempt(Model):
 class Delivery(Model):
     """One webhook delivery of a job, without its URL or body; its id is the same on every try."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {"id": "msg_3f1c0a9e5b7d4c2a8e6f1b0d9c7a5e3f", "type": "job.finished",
-                 "created_at": "2026-12-02T07:41:03Z", "state": "pending", "next_attempt_at": "2026-12-02T07:43:38Z",
-                 "attempts": [{"at": "2026-12-02T07:41:03Z", "error": "ConnectionRefusedError"},
-                              {"at": "2026-12-02T07:41:38Z", "status": 503}]}
-            ]
-        },
-    )  # fmt: skip
     id: str = Field(pattern="^msg_[0-9a-f]{32}$", description="webhook-id")
     type: WebhookType
     created_at: datetime
