@@ -6,6 +6,7 @@ downloads results.zip; every live answer of the main routes validates against it
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import os
 import subprocess
@@ -135,6 +136,22 @@ def test_a_generated_client_submits_follows_lists_and_downloads_results(env: Env
 
     missing = get_job.sync("nojob-aaaaaaaa", client=client)
     assert missing.error.code == "not_found"  # an Error, typed too
+
+
+def test_the_generated_client_uploads_photos_as_multipart(env: Env, generated: ModuleType) -> None:
+    from ffswarm_contract_client.api.jobs import create_job  # type: ignore[import-not-found]
+    from ffswarm_contract_client.models import Accepted, CreateJobFilesBody  # type: ignore[import-not-found]
+    from ffswarm_contract_client.types import File  # type: ignore[import-not-found]
+
+    client = generated.AuthenticatedClient(base_url=env.url, token=KEYS["acme"])
+    body = CreateJobFilesBody(
+        source=[File(payload=io.BytesIO(JPEG), file_name="me.jpg", mime_type="image/jpeg")],
+        targets=[File(payload=io.BytesIO(JPEG), file_name="t.jpg", mime_type="image/jpeg")],
+        job=json.dumps({"name": "upload", "resources": {"gpus": 0}}),
+    )
+    accepted = create_job.sync(client=client, body=body)
+    assert isinstance(accepted, Accepted) and accepted.id.startswith("upload-"), accepted
+    assert (env.area() / "uploads" / accepted.id / "targets" / "t.jpg").read_bytes() == JPEG
 
 
 def holds(model: type[BaseModel], answer: httpx.Response, status: int) -> dict[str, Any]:
