@@ -14,6 +14,7 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -21,7 +22,7 @@ from starlette.routing import Route
 from controller import log
 from controller.api import deliveries as api_deliveries
 from controller.api import events as event_stream
-from controller.api import idempotency, links, objects, ops, page, page_openapi, quota, results, submit, uploads, views
+from controller.api import idempotency, links, objects, ops, page, quota, results, submit, uploads, views
 from controller.api import usage as api_usage
 from controller.api.area import Area, run_owner
 from controller.api.auth import Authenticator, JwtVerifier, read_key_file
@@ -30,6 +31,7 @@ from controller.api.fairness import Fairness
 from controller.api.listing import Query, list_page
 from controller.api.metrics import ApiMetrics
 from controller.api.openapi import document
+from controller.api.routing import check_documented, framework_error, table_routes
 from controller.api.settings import Tenant
 from controller.api.sweep import Staging, every, sweep_uploads
 from controller.api.waiting import preference, until_ended
@@ -246,7 +248,7 @@ class Api:
         return JSONResponse({"id": job, "links_revoked": True})
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(page_openapi.extend(document()))
+        return JSONResponse(document())
 
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"ok": True})
@@ -322,30 +324,33 @@ def make_app(config: Config) -> Starlette:
     def g(handler: Handler) -> Handler:
         return _guard(api.fairness.wrap(handler, api.auth), api.log)  # a tenant's limits before its body is read
 
-    routes = [
-        Route("/v1/jobs", g(api.post_job_once), methods=["POST"]),
-        Route("/v1/jobs", g(api.list_jobs), methods=["GET"]),
-        Route("/v1/jobs/{job}", g(api.get_job), methods=["GET"]),
-        Route("/v1/jobs/{job}", g(api.delete_job), methods=["DELETE"]),
-        Route("/v1/jobs/{job}/report", g(api.get_report), methods=["GET"]),
-        Route("/v1/jobs/{job}/events", g(api.events), methods=["GET"]),
-        Route("/v1/jobs/{job}/results.zip", g(api.results), methods=["GET"]),
-        Route("/v1/jobs/{job}/cancel", g(api.cancel), methods=["POST"]),
-        Route("/v1/jobs/{job}/scale", g(api.scale), methods=["POST"]),
-        Route("/v1/jobs/{job}/retry", g(api.retry), methods=["POST"]),
-        Route("/v1/jobs/{job}/links/revoke", g(api.revoke_links), methods=["POST"]),
-        Route("/openapi.json", g(api_usage.with_paths(api_deliveries.with_paths(api.openapi))), methods=["GET"]),
-        Route("/healthz", g(api.healthz), methods=["GET"]),
-        Route("/readyz", g(api.readyz), methods=["GET"]),
-    ]
+    handlers = {  # operationId → handler; what each operation is, is in controller/api/openapi.py
+        "createJob": api.post_job_once,
+        "listJobs": api.list_jobs,
+        "getJob": api.get_job,
+        "deleteJob": api.delete_job,
+        "getJobReport": api.get_report,
+        "getJobEvents": api.events,
+        "getJobResults": api.results,
+        "cancelJob": api.cancel,
+        "scaleJob": api.scale,
+        "retryJob": api.retry,
+        "revokeJobLinks": api.revoke_links,
+        "getHealth": api.healthz,
+        "getReadiness": api.readyz,
+    }
+    routes = [*table_routes({k: g(v) for k, v in handlers.items()}), Route("/openapi.json", g(api.openapi))]
     routes += page.routes(api, g)  # the web status page at / and its routes (controller/api/page.py)
     routes += api_usage.routes(api, g)  # GET /v1/usage (controller/api/usage.py)
     routes += api_deliveries.routes(api, g)  # a job's webhook deliveries (controller/api/deliveries.py)
     meter = ApiMetrics(api.auth, config.api.metrics_token_sha256)  # GET /metrics (controller/api/metrics.py)
     routes.append(meter.route(g))
+    check_documented(routes)
     swept = every(api.sweep, on_error=lambda e: api.log.warning("api_upload_sweep_failed", error=type(e).__name__))
     metered = [meter.middleware()]  # requests by route template, code and latency
-    return Starlette(routes=routes, lifespan=swept, middleware=metered)  # the sweep again every minute while it serves
+    handlers_ = {HTTPException: framework_error, Exception: framework_error}
+    # the sweep again every minute while it serves
+    return Starlette(routes=routes, lifespan=swept, middleware=metered, exception_handlers=handlers_)
 
 
 def serve(config: Config, host: str, port: int) -> None:

@@ -1,4 +1,7 @@
-"""The API's one error shape: ``{"error": {"code", "message", "field"?, "file"?}}``.
+"""The API's one error shape: ``{"error": {"code", "message", "field"?, "file"?, "errors"?}}``.
+
+``errors`` lists ``{"field", "message"}`` once per field at fault whenever a field is (a job file with
+three wrong fields answers all three at once); ``field`` names the first of them.
 
 Every refusal is an ``ApiError`` raised where it is found and turned into JSON in one place
 (controller/api/app.py); anything else becomes a 500 whose body says only "internal error" (the
@@ -8,7 +11,7 @@ file's content, a token or a key.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -22,7 +25,7 @@ class ApiError(Exception):
         field: str | None = None,
         file: str | None = None,
         headers: Mapping[str, str] | None = None,
-        errors: Sequence[tuple[str, str]] = (),
+        errors: Iterable[tuple[str, str]] = (),
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -31,7 +34,7 @@ class ApiError(Exception):
         self.field = field
         self.file = file
         self.headers = dict(headers or {})
-        self.errors = tuple(errors)  # (field, message), one per field of the request that was wrong
+        self.errors = by_field(errors) or ({field: message} if field is not None else {})
 
     def body(self) -> dict[str, Any]:
         err: dict[str, Any] = {"code": self.code, "message": self.message}
@@ -40,8 +43,16 @@ class ApiError(Exception):
         if self.file is not None:
             err["file"] = self.file
         if self.errors:
-            err["errors"] = [{"field": f, "message": m} for f, m in self.errors]
+            err["errors"] = [{"field": f, "message": m} for f, m in self.errors.items()]
         return {"error": err}
+
+
+def by_field(errors: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """One message per field, in the order the fields first appear (two about one field: joined)."""
+    out: dict[str, str] = {}
+    for name, message in errors:
+        out[name] = f"{out[name]}; {message}" if name in out else message
+    return out
 
 
 def unauthorized(message: str = "a valid Authorization: Bearer token is required") -> ApiError:

@@ -1,45 +1,80 @@
-"""The OpenAPI 3.1 document served at /openapi.json, written by hand: it is the API's contract."""
+"""The OpenAPI 3.1 document served at /openapi.json, generated from a table of operations.
+
+Each route the API serves is one ``Operation`` here (the web page's in controller/api/page_openapi.py):
+its method and path, operationId, tag, words, parameters, request body and every answer, errors
+included. The schemas are the pydantic models of controller/api/schemas.py; the JSON body of
+``POST /v1/jobs`` is the job file's JSON Schema. app.py builds its routes from the same table, so a
+route cannot be served undocumented, and adding one is one entry here plus its handler.
+"""
 
 from __future__ import annotations
 
+import copy
+import functools
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-_ERROR = {
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from controller.api import page_openapi, schemas
+from controller.api.examples import EXAMPLES
+from controller.api.operation import JOB_ID, LINK_PARAMS, REF, Answer, Auth, Operation, Param, Tag
+from controller.job.schema import job_schema
+
+ERROR_EXAMPLES = {
+    400: ("bad_request", "limit must be an integer from 1 to 1000"),
+    401: ("unauthorized", "a valid Authorization: Bearer token is required"),
+    403: ("link_expired", "the link has expired"),
+    404: ("not_found", "no job 'party-abcdefgh'"),
+    405: ("method_not_allowed", "PUT is not allowed here; allowed: GET, POST"),
+    409: ("finished", "job 'party-abcdefgh' already finished: nothing to cancel"),
+    413: ("too_large", "a JSON job is at most 1048576 bytes"),
+    415: ("unsupported_media", "send JSON (application/json) or multipart/form-data"),
+    422: ("invalid_job", "job.yaml: targets: is required"),
+    429: ("rate_limited", "more than 20 requests a second; retry after the Retry-After seconds"),
+    503: ("busy", "the API is busy; try again"),
+}
+ERROR_HEADERS = {
+    401: {"WWW-Authenticate": 'Bearer realm="ffswarm"'},
+    405: {"Allow": "the methods this path takes"},
+    429: {"Retry-After": "seconds to wait before trying again"},
+    503: {"Retry-After": "seconds to wait before trying again"},
+}
+
+
+def job_file_schema() -> dict[str, Any]:
+    """The JSON body of ``POST /v1/jobs``: the job file's JSON Schema as a request (name and output
+    may be left out); its ``$defs`` are moved into the components by ``document``."""
+    return job_schema(request=True)
+
+
+_IDEMPOTENCY_KEY = Param(
+    "Idempotency-Key", "header", {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[\\x20-\\x7e]+$"},
+    "the same key and body within 24 h answer the same job; another body is 422",
+)  # fmt: skip
+_PREFER = Param(
+    "Prefer", "header", {"type": "string", "pattern": "^wait=[0-9]+$"},
+    "`wait=N` (0 < N ≤ 60): answer 200 with the final status when the job ends within N s, else 202",
+)  # fmt: skip
+_MULTIPART = {
     "type": "object",
-    "required": ["error"],
+    "required": ["source", "targets"],
     "properties": {
-        "error": {
-            "type": "object",
-            "required": ["code", "message"],
-            "properties": {
-                "code": {"type": "string"},
-                "message": {"type": "string"},
-                "field": {"type": "string"},
-                "file": {"type": "string"},
-                "errors": {"type": "array", "items": {"type": "object", "required": ["field", "message"]}},
-            },
-        }
+        "job": {"type": "string", "description": "a JSON object of job file fields (no paths)"},
+        "source": {"type": "array", "items": {"type": "string", "format": "binary"}, "description": "photos"},
+        "targets": {
+            "type": "array",
+            "items": {"type": "string", "format": "binary"},
+            "description": "photos, videos, or ZIPs of them (each ZIP's entries become targets)",
+        },
     },
 }
-_IDEMPOTENCY_KEY = {
-    "name": "Idempotency-Key",
-    "in": "header",
-    "required": False,
-    "description": "the same key and body within 24 h answer the same job; another body is 422",
-    "schema": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[\\x20-\\x7e]+$"},
-}
-_SCALE = {
-    "type": "object",
-    "required": ["max_concurrent"],
-    "properties": {"max_concurrent": {"type": "integer", "minimum": 1}},
-    "additionalProperties": False,
-}
-_READY = {
-    "type": "object",
-    "required": ["ready"],
-    "properties": {"ready": {"type": "boolean"}, "reasons": {"type": "array", "items": {"type": "string"}}},
-}
-_EVENTS = """Looked at every 500 ms, from the run folder.
+_LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 50})
+_CURSOR = Param("cursor", "query", {"type": "string"}, "the `next_cursor` of the page before")
+_TIME = {"oneOf": [{"type": "number", "minimum": 0}, {"type": "string", "format": "date"},
+                   {"type": "string", "format": "date-time"}]}  # fmt: skip
+_EVENTS = """Server-sent events, looked at every 500 ms, from the run folder.
 
 - `chunk` — a chunk of the job changed state: `{"chunk", "state", "attempt", "items"?, "reason"?}`.
   `state`: `started` (its service made, not yet on a node), `running` (on a node), `retrying` (an
@@ -50,236 +85,210 @@ _EVENTS = """Looked at every 500 ms, from the run folder.
   cancelled, as the report words it (paths relative to your area). On connecting, one for each chunk
   that has left the queue, as it is now. A state shorter than a look may be skipped. A job packed
   with others (serve's packing) shows only its one chunk `c0000`, once, when it ends.
-- `progress` — the job's status (as `GET /v1/jobs/{id}`) when it changed.
-- `end` — `{"job", "phase"}`: the job finished, was cancelled, refused or stopped; the stream closes.
+- `progress` — the job's status (as `GET /v1/jobs/{job}`) when it changed.
+- `end` — `{"job", "phase", "outcome"}`: the job finished, was cancelled, refused or stopped; the stream closes.
 """
-_JOB_ID = {"name": "job", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[a-z0-9-]{1,40}$"}}
 
 
-def _errors(*codes: int) -> dict[str, Any]:
-    return {
-        str(c): {
-            "description": "error",
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
-        }
-        for c in codes
+def _job_op(method: str, tail: str, op_id: str, summary: str, answers: Iterable[Answer], errors: Iterable[int],
+            **kw: Any) -> Operation:  # fmt: skip
+    params = kw.pop("params", ())
+    return Operation(method, f"/v1/jobs/{{job}}{tail}", op_id, kw.pop("tag", Tag.JOBS), summary, tuple(answers),
+                     tuple(errors), params=(JOB_ID, *params), **kw)  # fmt: skip
+
+
+# The webhook deliveries' operations (served by controller/api/deliveries.py).
+DELIVERIES: tuple[Operation, ...] = (
+    _job_op("GET", "/deliveries", "listJobDeliveries", "The job's webhook deliveries, oldest first, with every try",
+            (Answer(200, "the deliveries", schemas.DeliveryPage),), (404,), tag=Tag.WEBHOOKS),
+    _job_op("POST", "/deliveries/{delivery}/redeliver", "redeliverJobDelivery",
+            "Queue a delivery again under the same id; serve sends it",
+            (Answer(202, "queued again", schemas.Delivery),), (404, 409), tag=Tag.WEBHOOKS,
+            params=(Param("delivery", "path", {"type": "string"}, "the delivery's id (msg_…)", required=True),)),
+)  # fmt: skip
+
+
+OPERATIONS: tuple[Operation, ...] = (
+    # liveness and readiness first: the schema test asks them while the heartbeat is fresh
+    Operation("GET", "/healthz", "getHealth", Tag.SERVICE, "Liveness", (Answer(200, "alive", schemas.Health),), (),
+              auth=Auth.NONE),
+    Operation("GET", "/readyz", "getReadiness", Tag.SERVICE,
+              "Readiness: the data root, the API's record folders, the signing key, a live `serve`",
+              (Answer(200, "ready", schemas.Readiness),
+               Answer(503, "not ready: short reasons (with a token), no path outside the data root",
+                      schemas.Readiness)),
+              (401,), description="Without a token only `ready`; with a valid one also the short `reasons`.",
+              auth=Auth.TOKEN_OR_NONE),
+    Operation("POST", "/v1/jobs", "createJob", Tag.JOBS, "Submit a job (JSON job fields, or multipart uploads)",
+              (Answer(202, "accepted (or, with an Idempotency-Key seen before, accepted then)", schemas.Accepted,
+                      headers={"Location": "the job's status URL"}),
+               Answer(200, "the job ended within `Prefer: wait=N`: its final status", schemas.JobStatus,
+                      headers={"Preference-Applied": "wait=N"})),
+              (400, 409, 413, 415, 422, 429, 503), params=(_IDEMPOTENCY_KEY, _PREFER),
+              body={"application/json": {"$ref": REF.format(model="JobFile")}, "multipart/form-data": _MULTIPART},
+              body_examples={"application/json": EXAMPLES["JobFile"]},
+              description="A JSON body is the job file's fields, paths relative to your area; a multipart body "
+                          "uploads the photos (`source`) and the targets (photos, videos, ZIPs) with the job's "
+                          "options in a `job` part. 202 means the job is durable."),
+    Operation("GET", "/v1/jobs", "listJobs", Tag.JOBS, "The tenant's jobs as status objects, newest first",
+              (Answer(200, "a page of jobs", schemas.JobPage),), (400,),
+              params=(_LIMIT, _CURSOR,
+                      Param("phase", "query", {"$ref": REF.format(model="Phase")}, "only jobs in this phase"),
+                      Param("outcome", "query", {"$ref": REF.format(model="Outcome")}, "only jobs that ended so"),
+                      Param("created_after", "query", {"type": "string", "format": "date-time"},
+                            "only jobs created after this time (RFC 3339)"))),
+    _job_op("GET", "", "getJob", "One job's status (as an element of `ffswarm status --json`)",
+            (Answer(200, "the job's status", schemas.JobStatus),), (404,)),
+    _job_op("DELETE", "", "deleteJob", "Delete a finished job: its uploads, outputs, run folder, links and record",
+            (Answer(204, "deleted"),), (404, 409)),
+    _job_op("GET", "/report", "getJobReport", "The job's report.json (once it has ended)",
+            (Answer(200, "the report", schemas.Report),), (404,)),
+    _job_op("GET", "/events", "getJobEvents", "Server-sent events: chunk, progress (at most every 500 ms), end",
+            (Answer(200, "the event stream", content={"text/event-stream": {"schema": {"type": "string"}}}),),
+            (403, 404), description=_EVENTS, params=LINK_PARAMS, auth=Auth.TOKEN_OR_LINK),
+    _job_op("GET", "/results.zip", "getJobResults",
+            "Committed outputs as a ZIP, streamed; a signed link needs no token",
+            (Answer(200, "the ZIP", content={"application/zip": {"schema": {"type": "string", "format": "binary"}}},
+                    headers={"Content-Disposition": "attachment; filename=\"<job>.zip\""}),),
+            (403, 404, 409), tag=Tag.RESULTS, params=LINK_PARAMS, auth=Auth.TOKEN_OR_LINK),
+    _job_op("POST", "/cancel", "cancelJob", "Cancel a job: a queued one leaves the queue, a running one is stopped",
+            (Answer(200, "cancelled", schemas.Cancelled),), (404, 409)),
+    _job_op("POST", "/scale", "scaleJob", "How many chunks of the job run at once (`ffswarm scale`)",
+            (Answer(200, "scaled", schemas.Scaled),), (400, 404, 409, 413, 422),
+            body={"application/json": {"$ref": REF.format(model="Scale")}},
+            body_examples={"application/json": EXAMPLES["Scale"]}),
+    _job_op("POST", "/retry", "retryJob", "Run a finished job's failed items again; committed ones are kept",
+            (Answer(202, "handed back to the controller", schemas.Retried,
+                    headers={"Location": "the job's status URL"}),),
+            (404, 409, 503)),
+    _job_op("POST", "/links/revoke", "revokeJobLinks", "Every signed link of the job made so far stops working",
+            (Answer(200, "revoked", schemas.Revoked),), (404,), tag=Tag.RESULTS),
+    Operation("GET", "/v1/usage", "getUsage", Tag.USAGE,
+              "The tenant's usage summed over its jobs that ended in [from, to), and those jobs",
+              (Answer(200, "the usage", schemas.UsagePage),), (400,),
+              params=(Param("from", "query", _TIME, "inclusive; default 0"),
+                      Param("to", "query", _TIME, "exclusive; default now"),
+                      Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}),
+                      _CURSOR)),
+    Operation("GET", "/metrics", "getMetrics", Tag.SERVICE,
+              "Prometheus metrics; takes a metrics token (api.metrics_token_sha256), not a tenant's",
+              (Answer(200, "Prometheus text format", content={"text/plain": {"schema": {"type": "string"}}}),),
+              (404,)),
+    *page_openapi.OPERATIONS,
+    *DELIVERIES,
+)  # fmt: skip
+
+
+
+
+def _error_answer(status: int) -> dict[str, Any]:
+    code, message = ERROR_EXAMPLES[status]
+    out: dict[str, Any] = {
+        "description": f"refused: {code}" if status < 500 else f"unavailable: {code}",
+        "content": {
+            "application/json": {
+                "schema": {"$ref": REF.format(model="Error")},
+                "example": {"error": {"code": code, "message": message}},
+            }
+        },
     }
+    if status in ERROR_HEADERS:
+        out["headers"] = _headers(ERROR_HEADERS[status])
+    return out
 
 
-def _json(schema: dict[str, Any], description: str = "ok") -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
+def _headers(named: Mapping[str, str]) -> dict[str, Any]:
+    return {k: {"description": v, "schema": {"type": "string"}} for k, v in named.items()}
+
+
+def _answer(a: Answer) -> dict[str, Any]:
+    out: dict[str, Any] = {"description": a.description}
+    if a.model is not None:
+        media: dict[str, Any] = {"schema": {"$ref": REF.format(model=a.model.__name__)}}
+        if a.model.__name__ in EXAMPLES:
+            media["example"] = EXAMPLES[a.model.__name__]
+        out["content"] = {"application/json": media}
+    elif a.content is not None:
+        out["content"] = copy.deepcopy(dict(a.content))
+    if a.headers:
+        out["headers"] = _headers(a.headers)
+    return out
+
+
+def _operation(op: Operation) -> dict[str, Any]:
+    out: dict[str, Any] = {"operationId": op.id, "tags": [str(op.tag)], "summary": op.summary}
+    if op.description:
+        out["description"] = op.description
+    if op.params:
+        out["parameters"] = [p.spec() for p in op.params]
+    if op.body is not None:
+        content = {k: {"schema": v} for k, v in op.body.items()}
+        for media, example in op.body_examples.items():
+            content[media]["example"] = example
+        out["requestBody"] = {"required": True, "content": content}
+    errors = set(op.errors)
+    if op.auth is not Auth.NONE:
+        errors |= {401, 429}  # every route a tenant calls is rate limited (controller/api/fairness.py)
+    errors |= {405}  # the path with another method
+    answers = {str(a.status): _answer(a) for a in op.answers}
+    answers |= {str(s): _error_answer(s) for s in sorted(errors) if str(s) not in answers}
+    out["responses"] = dict(sorted(answers.items()))
+    if op.auth is not Auth.TOKEN:
+        out["security"] = op.auth.security()
+    return out
+
+
+def _hoist(schema: Mapping[str, Any], name: str, into: dict[str, Any]) -> None:
+    """A JSON Schema document as component ``name``: its ``$defs`` become components of their own
+    (a ``#/$defs/`` reference would point into the OpenAPI document's root otherwise)."""
+    body = {k: v for k, v in schema.items() if k not in ("$defs", "$schema", "$id")}
+    defs = dict(schema.get("$defs") or {})
+
+    def fix(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: (REF.format(model=v[len("#/$defs/"):]) if k == "$ref" and isinstance(v, str)
+                        and v.startswith("#/$defs/") else fix(v)) for k, v in node.items()}  # fmt: skip
+        if isinstance(node, list):
+            return [fix(v) for v in node]
+        return node
+
+    for key, value in {name: body, **defs}.items():
+        if key in into:
+            raise ValueError(f"the schema component {key!r} is defined twice")
+        into[key] = fix(value)
+
+
+def components() -> dict[str, Any]:
+    models: list[type[BaseModel]] = list(schemas.ANSWERS)
+    _, top = models_json_schema([(m, "validation") for m in models], ref_template=REF)
+    found: dict[str, Any] = dict(top.get("$defs", {}))
+    _hoist(job_file_schema(), "JobFile", found)
+    return dict(sorted(found.items()))
+
+
+@functools.cache
+def _document() -> dict[str, Any]:
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method.lower()] = _operation(op)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "ffswarm API",
+            "version": "1",
+            "description": "Batch face swapping on a Docker Swarm: submit jobs, follow them, fetch their results. "
+            'Every error answers `{"error": {"code", "message", …}}`.',
+        },  # fmt: skip
+        "tags": [{"name": str(t)} for t in Tag],
+        "components": {"schemas": components(), "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "security": Auth.TOKEN.security(),
+        "paths": paths,
+    }
 
 
 def document() -> dict[str, Any]:
-    when = {"type": ["string", "null"], "format": "date-time"}
-    job_obj = {
-        "type": "object",
-        "required": ["job", "phase"],
-        "properties": {
-            "job": {"type": "string"},
-            "phase": {"type": "string"},
-            "outcome": {"enum": ["succeeded", "partial", "failed", "cancelled", None]},
-            "created_at": when,
-            "started_at": when,
-            "finished_at": when,
-        },
-    }
-    accepted = {
-        "type": "object",
-        "required": ["id", "status_url", "events_url"],
-        "properties": {
-            "id": {"type": "string"},
-            "status_url": {"type": "string"},
-            "events_url": {"type": "string"},
-            "notes": {"type": "array", "items": {"type": "string"}},
-        },
-    }
-    multipart = {
-        "type": "object",
-        "required": ["source", "targets"],
-        "properties": {
-            "job": {"type": "string", "description": "JSON object of job file v1 options"},
-            "source": {"type": "array", "items": {"type": "string", "format": "binary"}},
-            "targets": {"type": "array", "items": {"type": "string", "format": "binary"}},
-        },
-    }
-    signed = [
-        {"name": "expires", "in": "query", "required": False, "schema": {"type": "integer"}},
-        {"name": "kid", "in": "query", "required": False, "schema": {"type": "string"}},
-        {"name": "gen", "in": "query", "required": False, "schema": {"type": "integer"}},
-        {"name": "sig", "in": "query", "required": False, "schema": {"type": "string"}},
-    ]
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": "ffswarm API", "version": "1"},
-        "components": {
-            "schemas": {"Error": _ERROR, "Job": job_obj},
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        },
-        "security": [{"bearer": []}],
-        "paths": {  # liveness and readiness first: the schema test asks them while its heartbeat is fresh
-            "/healthz": {
-                "get": {"summary": "Liveness", "security": [], "responses": {"200": _json({"type": "object"})}}
-            },
-            "/readyz": {
-                "get": {
-                    "summary": "Readiness: the data root, the API's record folders, the signing key, a live `serve`",
-                    "description": "Without a token only `ready`; with a valid one also the short `reasons`.",
-                    "security": [{"bearer": []}, {}],
-                    "responses": {
-                        "200": _json(_READY, "ready"),
-                        "503": _json(_READY, "not ready: short reasons (with a token), no path outside the data root"),
-                        **_errors(401),
-                    },
-                }
-            },
-            "/v1/jobs": {
-                "post": {
-                    "summary": "Submit a job (JSON job fields, or multipart uploads)",
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {"schema": {"type": "object"}},
-                            "multipart/form-data": {"schema": multipart},
-                        },
-                    },
-                    "parameters": [_IDEMPOTENCY_KEY],
-                    "responses": {
-                        "200": _json({"$ref": "#/components/schemas/Job"}, "Prefer: wait=N and the job ended in time"),
-                        "202": _json(accepted, "accepted (or, with an Idempotency-Key seen before, accepted then)"),
-                        **_errors(400, 401, 409, 413, 415, 422, 429, 503),
-                    },
-                },
-                "get": {
-                    "summary": "The tenant's jobs",
-                    "parameters": [
-                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
-                        {"name": "cursor", "in": "query", "schema": {"type": "string"}},
-                        {"name": "phase", "in": "query", "schema": {"type": "string"}},
-                        {"name": "outcome", "in": "query", "schema": {"type": "string"}},
-                        {"name": "created_after", "in": "query", "schema": {"type": "string", "format": "date-time"}},
-                    ],
-                    "responses": {
-                        "200": _json(
-                            {
-                                "type": "object",
-                                "required": ["jobs"],
-                                "properties": {
-                                    "jobs": {"type": "array", "items": {"$ref": "#/components/schemas/Job"}},
-                                    "next_cursor": {"type": ["string", "null"]},
-                                },
-                            }
-                        ),
-                        **_errors(400, 401),
-                    },
-                },
-            },
-            "/v1/jobs/{job}": {
-                "get": {
-                    "summary": "One job's status (as `ffswarm status --json`)",
-                    "parameters": [_JOB_ID],
-                    "responses": {"200": _json({"$ref": "#/components/schemas/Job"}), **_errors(401, 404)},
-                },
-                "delete": {
-                    "operationId": "deleteJob",
-                    "summary": "Delete a finished job: its uploads, the outputs it wrote, run folder, links, record",
-                    "parameters": [_JOB_ID],
-                    "responses": {"204": {"description": "deleted"}, **_errors(401, 404, 409)},
-                },
-            },
-            "/v1/jobs/{job}/report": {
-                "get": {
-                    "summary": "report.json",
-                    "parameters": [_JOB_ID],
-                    "responses": {"200": _json({"type": "object"}), **_errors(401, 404)},
-                }
-            },
-            "/v1/jobs/{job}/events": {
-                "get": {
-                    "summary": "Server-sent events: chunk, progress (at most every 500 ms), end",
-                    "description": _EVENTS,
-                    "parameters": [_JOB_ID],
-                    "responses": {
-                        "200": {"description": "event stream", "content": {"text/event-stream": {}}},
-                        **_errors(401, 404),
-                    },
-                }
-            },
-            "/v1/jobs/{job}/results.zip": {
-                "get": {
-                    "summary": "Committed outputs as a ZIP, streamed; a signed link needs no token",
-                    "parameters": [_JOB_ID, *signed],
-                    "security": [{"bearer": []}, {}],
-                    "responses": {
-                        "200": {"description": "ZIP", "content": {"application/zip": {}}},
-                        **_errors(401, 403, 404),
-                    },
-                }
-            },
-            "/v1/jobs/{job}/links/revoke": {
-                "post": {
-                    "summary": "Every signed link of the job made so far stops working (403 link_revoked)",
-                    "parameters": [_JOB_ID],
-                    "responses": {
-                        "200": _json(
-                            {
-                                "type": "object",
-                                "required": ["id", "links_revoked"],
-                                "properties": {"id": {"type": "string"}, "links_revoked": {"type": "boolean"}},
-                            }
-                        ),
-                        **_errors(401, 404),
-                    },
-                }
-            },
-            "/v1/jobs/{job}/cancel": {
-                "post": {
-                    "summary": "Cancel a job",
-                    "parameters": [_JOB_ID],
-                    "responses": {"200": _json({"type": "object"}), **_errors(401, 404, 409)},
-                }
-            },
-            "/v1/jobs/{job}/scale": {
-                "post": {
-                    "summary": "How many chunks of the job run at once (`ffswarm scale`); a queued job starts so",
-                    "parameters": [_JOB_ID],
-                    "requestBody": {
-                        "required": True,
-                        "content": {"application/json": {"schema": _SCALE}},
-                    },
-                    "responses": {
-                        "200": _json(
-                            {
-                                "type": "object",
-                                "required": ["job", "max_concurrent"],
-                                "properties": {"job": {"type": "string"}, "max_concurrent": {"type": "integer"}},
-                            }
-                        ),
-                        **_errors(400, 401, 404, 409, 413, 422),
-                    },
-                }
-            },
-            "/v1/jobs/{job}/retry": {
-                "post": {
-                    "summary": "Run a finished job's failed items again (`ffswarm retry`); committed ones are kept",
-                    "parameters": [_JOB_ID],
-                    "responses": {
-                        "202": _json(
-                            {
-                                "type": "object",
-                                "required": ["id", "status_url", "events_url", "items"],
-                                "properties": {
-                                    "id": {"type": "string"},
-                                    "status_url": {"type": "string"},
-                                    "events_url": {"type": "string"},
-                                    "items": {"type": "integer", "description": "items to run again"},
-                                },
-                            },
-                            "handed back to the controller",
-                        ),
-                        **_errors(401, 404, 409, 429, 503),
-                    },
-                }
-            },
-        },
-    }
+    """The document, built once per process (it depends on nothing but the code); a copy each call."""
+    return copy.deepcopy(_document())
+
+
+__all__ = ["DELIVERIES", "OPERATIONS", "components", "document", "job_file_schema"]

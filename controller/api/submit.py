@@ -88,8 +88,10 @@ def _errors(e: JobFileError, area: Area) -> ApiError:
     """The CLI's words (file, field, reason), with every error listed when there are several."""
     first = e.errors[0] if isinstance(e, JobFileErrors) else e
     field = first.field if isinstance(first, JobFileError) else None
-    lines = [str(x) for x in e.errors] if isinstance(e, JobFileErrors) else [str(e)]
-    return ApiError(422, "invalid_job", tenant_text("; ".join(lines), area), field=field)
+    every = list(e.errors) if isinstance(e, JobFileErrors) else [e]
+    lines = [str(x) for x in every]
+    fields = [(x.field, tenant_text(x.reason, area)) for x in every if isinstance(x, JobFileError) and x.field]
+    return ApiError(422, "invalid_job", tenant_text("; ".join(lines), area), field=field, errors=fields)
 
 
 def tenant_text(text: str, area: Area) -> str:

@@ -3,15 +3,12 @@
 The sum of the ``usage`` objects (controller/run/usage.py) of the tenant's jobs whose report says they
 ended in ``[from, to)``, with the jobs themselves a page at a time. Read from the run folders like
 everything else the API answers; a job's report is read only when its file may be recent enough.
-Also the OpenAPI entries of this route and of ``/metrics`` (controller/api/metrics.py), added to the
-document the way controller/api/page_openapi.py adds the page's.
+Its answer's shape is ``UsagePage`` in controller/api/schemas.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
-import json
 import math
 import os
 import time
@@ -123,103 +120,4 @@ def routes(api: ApiLike, guard: Callable[[Handler], Handler]) -> list[Route]:
     return [Route("/v1/usage", guard(UsageRoutes(api).get), methods=["GET"])]
 
 
-def with_paths(openapi: Handler) -> Handler:
-    """The /openapi.json handler with this module's paths added to the document it answers."""
-
-    async def run(request: Request) -> Response:
-        answer = await openapi(request)
-        if answer.status_code != 200:
-            return answer
-        return JSONResponse(extend(json.loads(bytes(answer.body))))
-
-    return run
-
-
-_ERR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-_NUM = {"type": "number", "minimum": 0}
-_ITEMS = {
-    "type": "object",
-    "required": list(usage.ITEM_KEYS),
-    "properties": {k: {"type": "integer", "minimum": 0} for k in usage.ITEM_KEYS},
-}
-USAGE_SCHEMA = {
-    "type": "object",
-    "required": [*usage.NUMBER_KEYS, "items"],
-    "properties": {
-        "gpu_seconds": {**_NUM, "description": "runner wall seconds of every chunk attempt × GPUs reserved"},
-        "runner_seconds": {**_NUM, "description": "runner wall seconds of every chunk attempt"},
-        "attempts": {"type": "integer", "minimum": 0},
-        "attempts_untimed": {"type": "integer", "minimum": 0, "description": "attempts that left no timing"},
-        "bytes_in": {"type": "integer", "minimum": 0, "description": "distinct input files read"},
-        "bytes_out": {"type": "integer", "minimum": 0, "description": "committed outputs"},
-        "items": _ITEMS,
-    },
-}
-_TIME = {"oneOf": [{"type": "number", "minimum": 0}, {"type": "string", "format": "date"},
-                   {"type": "string", "format": "date-time"}]}  # fmt: skip
-
-
-def paths() -> dict[str, Any]:
-    row = {
-        "type": "object",
-        "required": ["job", "finished", "finished_at", "usage"],
-        "properties": {
-            "job": {"type": "string"},
-            "finished": {"type": "number"},
-            "finished_at": {"type": "string"},
-            "usage": USAGE_SCHEMA,
-        },
-    }
-    answer = {
-        "type": "object",
-        "required": ["tenant", "from", "to", "from_at", "to_at", "jobs", "jobs_without_usage", "usage",
-                     "job_usage", "next_cursor"],
-        "properties": {
-            "tenant": {"type": "string"},
-            "from": {"type": "number"},
-            "to": {"type": "number"},
-            "from_at": {"type": "string"},
-            "to_at": {"type": "string"},
-            "jobs": {"type": "integer", "minimum": 0},
-            "jobs_without_usage": {"type": "integer", "minimum": 0},
-            "usage": USAGE_SCHEMA,
-            "job_usage": {"type": "array", "items": row},
-            "next_cursor": {"type": ["string", "null"]},
-        },
-    }  # fmt: skip
-    query = [
-        {"name": "from", "in": "query", "required": False, "schema": _TIME, "description": "inclusive; default 0"},
-        {"name": "to", "in": "query", "required": False, "schema": _TIME, "description": "exclusive; default now"},
-        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
-        {"name": "cursor", "in": "query", "schema": {"type": "string"}},
-    ]
-    return {
-        "/v1/usage": {
-            "get": {
-                "summary": "The tenant's usage summed over its jobs that ended in [from, to), and those jobs",
-                "parameters": query,
-                "responses": {
-                    "200": {"description": "ok", "content": {"application/json": {"schema": answer}}},
-                    **{str(c): _ERR for c in (400, 401)},
-                },
-            }
-        },
-        "/metrics": {
-            "get": {
-                "summary": "Prometheus metrics; takes a metrics token (api.metrics_token_sha256), not a tenant's",
-                "responses": {
-                    "200": {"description": "Prometheus text format", "content": {"text/plain": {}}},
-                    **{str(c): _ERR for c in (401, 404)},
-                },
-            }
-        },
-    }
-
-
-def extend(document: dict[str, Any]) -> dict[str, Any]:
-    doc = copy.deepcopy(document)
-    doc["paths"].update(paths())
-    return doc
-
-
-__all__ = ["USAGE_SCHEMA", "extend", "parse_time", "routes", "tenant_usage", "with_paths"]
+__all__ = ["parse_time", "routes", "tenant_usage"]
