@@ -174,5 +174,6 @@ EXAMPLES: dict[str, Any] = {
         "next_cursor": None,
     },
 }
+EXAMPLES["DeliveryPage"] = {"job": "party-abcdefgh", "deliveries": [EXAMPLES["Delivery"]]}
 
 __all__ = ["EXAMPLES"]

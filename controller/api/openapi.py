@@ -46,7 +46,10 @@ ERROR_HEADERS = {
 def job_file_schema() -> dict[str, Any]:
     """The JSON body of ``POST /v1/jobs``: the job file's JSON Schema as a request (name and output
     may be left out); its ``$defs`` are moved into the components by ``document``."""
-    return job_schema(request=True)
+    schema = job_schema(request=True)
+    schema["title"] = "JobFile"  # the component's (and a generated client's class) name
+    schema["description"] = "A job file's keys (docs/job-file.md); paths are relative to the tenant's area."
+    return schema
 
 
 _IDEMPOTENCY_KEY = Param(
