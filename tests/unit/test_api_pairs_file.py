@@ -106,7 +106,7 @@ def test_a_jsonl_pairs_file_and_inline_pairs_run_on_the_same_files(env: Env) -> 
     assert [x[2] for x in from_file] == ["tenants/acme/o/a.jpg", "tenants/acme/o/b.jpg"]
 
 
-def test_an_output_template_with_dir_lands_where_the_tenant_was_told(env: Env) -> None:
+def test_an_output_template_with_dir_lands_in_the_targets_folder_in_the_area(env: Env) -> None:
     files(env, extra={"p.csv": "u/1.jpg,s/deep/c.jpg,{dir}/done/{stem}{ext}\n"})
     status, body = post(env, pairs_file="p.csv")
     assert status == 202, body
@@ -123,8 +123,8 @@ def test_an_output_template_with_dir_lands_where_the_tenant_was_told(env: Env) -
         ("../globex/u/1.jpg,s/a.jpg", "p.csv line 2: source: "),
         ("u/1.jpg,../globex/s/a.jpg", "p.csv line 2: target: "),
         ("/etc/hostname,s/a.jpg", "p.csv line 2: source: "),
-        ("u/1.jpg,s/a.jpg,../globex/o/{stem}{ext}", "p.csv line 2: "),
-        ("u/1.jpg,s/a.jpg,../../runs/{stem}{ext}", "p.csv line 2: "),
+        ("u/1.jpg,s/a.jpg,../globex/o/{stem}{ext}", "p.csv line 2: output: "),
+        ("u/1.jpg,s/a.jpg,../../runs/{stem}{ext}", "p.csv line 2: output: "),
     ],
 )
 def test_a_row_that_leaves_the_area_is_refused_naming_the_file_and_line(env: Env, row: str, said: str) -> None:
@@ -162,3 +162,18 @@ def test_a_pairs_file_changed_after_acceptance_still_cannot_leave_the_area(env: 
     with pytest.raises(JobFileError) as e:
         served(env.config, str(body["id"]))
     assert "p.csv line 1: source" in str(e.value)
+
+
+def test_every_path_key_of_a_tenants_job_is_served_from_its_area(env: Env) -> None:
+    files(env)
+    status, body = post(env, source="u/1.jpg", targets=["s/*.jpg"], faces="reference", reference="u/2.jpg")
+    assert status == 202, body
+    job = str(body["id"])
+    resolved = served(env.config, job).resolved
+    assert resolved is not None
+    assert [Path(str(p)).relative_to(env.root).as_posix() for p in resolved.sources] == ["tenants/acme/u/1.jpg"]
+    assert resolved.reference == env.area() / "u/2.jpg"
+    assert [(t.rel, t.output_rel) for t in resolved.targets] == [
+        ("tenants/acme/s/a.jpg", f"tenants/acme/out/{job}/a.jpg"),
+        ("tenants/acme/s/b.jpg", f"tenants/acme/out/{job}/b.jpg"),
+    ]
