@@ -16,11 +16,11 @@ the job file's keys (controller/api/submit.py), and inlining its rows would outg
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import json
 import posixpath
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from controller.volume import UnsafePath, Volume
 MAX_FILE_BYTES = 64 * 1024**2
 SHOWN_ERRORS = 20  # bad rows named in one refusal; the rest are counted
 _KEYS = ("source", "target", "output")
+_PATH_KEYS = path_keys(Pair)
 
 
 def pair_from_value(value: object, has_output: bool) -> Pair:
@@ -60,8 +61,13 @@ def pair_from_value(value: object, has_output: bool) -> Pair:
 
 def under_folder(folder: str, pair: Pair) -> Pair:
     """``pair`` with every path it names (Pair's ``path`` keys) taken as relative to ``folder`` of the
-    data root (a tenant's area), as the data root names them; ``s3://`` URLs unchanged."""
-    return replace(pair, **{key: under(folder, getattr(pair, key)) for key in path_keys(Pair)})
+    data root (a tenant's area), as the data root names them; ``s3://`` URLs unchanged. The pair was
+    checked as written, and a folder in front changes nothing those checks look at, so it is not
+    checked again (that would double the cost of reading a big file)."""
+    moved = copy.copy(pair)
+    for key in _PATH_KEYS:
+        object.__setattr__(moved, key, under(folder, getattr(pair, key)))
+    return moved
 
 
 def read_inline(value: object, has_output: bool) -> tuple[tuple[Pair, ...], list[FieldError]]:
