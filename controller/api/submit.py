@@ -4,8 +4,11 @@ The tenant writes paths relative to its area. The job is validated there — the
 admission and resolution as `ffswarm submit` (controller/job/files.py, controller/policy.py,
 controller/job/resolve.py), with the area standing as the data root, so nothing outside it can be
 named — and then written to the inbox as an ordinary job file v1 whose paths are the same ones seen
-from the data root (``tenants/<t>/…``), exactly as `ffswarm submit --detach` writes one. The owner
-record (controller/api/area.py) is written before the job file, so the job is never unowned.
+from the data root (``tenants/<t>/…``), exactly as `ffswarm submit --detach` writes one: the keys the
+job file's definition marks as paths (controller/job/keys.py path_keys). A ``pairs_file`` is the
+tenant's own file and stays as written: `serve` reads its rows in the tenant's area
+(controller/job/pairs.py). The owner record (controller/api/area.py) is written before the job
+file, so the job is never unowned.
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ from controller.config import Config
 from controller.errors import FfswarmError, JobFileError
 from controller.job import remote
 from controller.job.files import JobFileErrors, parse_job, parse_job_text
+from controller.job.keys import path_keys
+from controller.job.locations import under
 from controller.job.pack_checks import check_pack
 from controller.job.resolve import resolve_job
-from controller.job.spec import JobSpec
+from controller.job.spec import JobSpec, Pair
 from controller.run import handover
 from controller.storage.errors import StorageTemporaryError
 
@@ -45,7 +50,8 @@ if TYPE_CHECKING:
     from controller.storage.s3 import S3Store
 
 _NAME = re.compile(r"[a-z0-9-]{1,31}")
-_PATH_FIELDS = ("source", "targets", "output", "reference", "pairs")
+_PATH_KEYS = path_keys(JobSpec)  # rebased from the area to the data root (pairs_file too; its rows stay the tenant's)
+_PAIR_PATH_KEYS = path_keys(Pair)
 
 
 @dataclass(frozen=True)
@@ -73,15 +79,13 @@ def fresh_id(area: Area, name: str) -> str:
     raise ApiError(503, "busy", "no free job id was found; try again", headers={"Retry-After": "1"})
 
 
-def _to_root(value: Any, prefix: str) -> Any:
-    """A path field as the data root names it; an ``s3://`` URL is the same everywhere."""
-    if isinstance(value, str):
-        return value if is_s3(value) else prefix + value
+def _to_root(value: Any, area: str) -> Any:
+    """A path key's value as the data root names it; an ``s3://`` URL is the same everywhere."""
     if isinstance(value, list):
-        return [_to_root(v, prefix) for v in value]
-    if isinstance(value, dict):  # one of `pairs` (issue 18): its source, target and output
-        return {k: _to_root(v, prefix) if k in ("source", "target", "output") else v for k, v in value.items()}
-    return value
+        return [_to_root(v, area) for v in value]
+    if isinstance(value, dict):  # one of `pairs`: the paths it names
+        return {k: under(area, v) if k in _PAIR_PATH_KEYS else v for k, v in value.items()}
+    return under(area, value)
 
 
 def _errors(e: JobFileError, area: Area) -> ApiError:
@@ -127,7 +131,7 @@ def validate(config: Config, area: Area, data: dict[str, Any], job: str, objects
         raise ApiError(503, "storage_unavailable", e.reason, headers={"Retry-After": RETRY_AFTER}) from None
     except FfswarmError as e:  # a missing input or pack: the CLI's words, paths as the tenant knows them
         raise ApiError(422, "invalid_job", tenant_text(str(e), area)) from None
-    root_data = {k: (_to_root(v, area.rel + "/") if k in _PATH_FIELDS else v) for k, v in data.items()}
+    root_data = {k: (_to_root(v, area.rel) if k in _PATH_KEYS else v) for k, v in data.items()}
     text = yamlio.dump(root_data, sort_keys=False, allow_unicode=True)
     if len(text.encode()) > config.policy.limits.job_file:
         raise ApiError(422, "invalid_job", f"the job file would be over {config.policy.limits.job_file} bytes")

@@ -3,8 +3,9 @@
 A field of a job-file dataclass carries an ``About`` in its metadata: the description a person reads,
 how the file's value becomes the field's (``read``: ``30m`` → 1800), what the file may hold beyond what
 the field's type says (``form``: JSON Schema keywords such as bounds, choices or the file's own shape of
-the value), which setting of the chunk manifests it fills (``manifest``) and, for the top-level keys,
-what a pack of small jobs does with it (``pack``). The reader (controller/job/files.py), the JSON
+the value), which setting of the chunk manifests it fills (``manifest``), whether it names files
+(``path``: rebased when a tenant's job moves from its area to the data root) and, for the top-level
+keys, what a pack of small jobs does with it (``pack``). The reader (controller/job/files.py), the JSON
 Schema (controller/job/schema.py), the key table in docs/job-file.md, the manifests' settings
 (controller/run/jobs.py) and the packer (controller/serve/packing.py, packs.py) all take it from there.
 """
@@ -36,20 +37,28 @@ class About:
     a section's keys are read by the section's own fields); ``form``: JSON Schema keywords for the
     file's value, over those the field's type gives; ``manifest``: the ManifestSettings field it fills
     (controller/job/plan.py; ``masks.types``: an argument of that field's value object), None when
-    the runner never sees it; ``pack``: for top-level keys."""
+    the runner never sees it; ``pack``: for top-level keys; ``path``: the value names files or
+    objects relative to the data root (a path, a glob, an output template, or items holding some)."""
 
     doc: str
     read: Reader | None = None
     form: Mapping[str, Any] = field(default_factory=dict)
     manifest: str | None = None
     pack: Pack | None = None
+    path: bool = False
 
 
 def about(
-    doc: str, *, read: Reader | None = None, manifest: str | None = None, pack: Pack | None = None, **form: Any
+    doc: str,
+    *,
+    read: Reader | None = None,
+    manifest: str | None = None,
+    pack: Pack | None = None,
+    path: bool = False,
+    **form: Any,
 ) -> Mapping[str, About]:
     """The metadata of one field: ``field(default=…, metadata=about("what it is", minimum=1))``."""
-    return MappingProxyType({ABOUT: About(doc, read, MappingProxyType(form), manifest, pack)})
+    return MappingProxyType({ABOUT: About(doc, read, MappingProxyType(form), manifest, pack, path)})
 
 
 def about_of(f: Field[Any]) -> About:
@@ -70,6 +79,11 @@ def keys(kind: type[Any]) -> Iterator[tuple[Field[Any], About]]:
 def key_names(kind: type[Any]) -> tuple[str, ...]:
     """The keys a mapping of ``kind`` may hold (the file's keys are the field names)."""
     return tuple(f.name for f, _ in keys(kind))
+
+
+def path_keys(kind: type[Any]) -> tuple[str, ...]:
+    """The keys of ``kind`` whose values name files relative to the data root (``path=True``)."""
+    return tuple(f.name for f, a in keys(kind) if a.path)
 
 
 def section(f: Field[Any]) -> type[Any] | None:

@@ -8,6 +8,7 @@ import re
 import string
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from contract.s3 import S3Url, is_s3
 from controller.job.paths import check_relative
@@ -25,6 +26,23 @@ def relative(rel: str, f: str) -> str:
         return check_relative(rel, what=f)
     except ValueError as e:
         raise FieldError(f, str(e)) from None
+
+
+def under(folder: str, value: Any) -> Any:
+    """``value`` (a path, glob or output template, or a list or tuple of them; None stays None)
+    written relative to ``folder``, as the data root names it: ``folder/value``. An ``s3://`` URL
+    is the same everywhere."""
+    if isinstance(value, str):
+        return value if is_s3(value) else f"{folder}/{value}"
+    if isinstance(value, (list, tuple)):
+        return type(value)(under(folder, v) for v in value)
+    return value
+
+
+def within(folder: str, rel: str) -> str:
+    """``rel`` (relative to the data root, inside ``folder``) as ``folder`` names it; an ``s3://``
+    URL, or a path not inside ``folder``, as it is."""
+    return rel[len(folder) + 1 :] if rel.startswith(folder + "/") else rel
 
 
 class TargetKind(StrEnum):

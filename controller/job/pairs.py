@@ -7,10 +7,16 @@ under the data root, read when the job is resolved (controller/job/resolve.py): 
 a link, a regular file, at most MAX_FILE_BYTES, at most the policy's targets maximum of pairs, and
 every row checked like an inline pair. Every bad row is reported at once (up to SHOWN_ERRORS),
 each naming its line; never the file's content.
+
+The rows name paths as the job file does, relative to the data root; a tenant's pairs file (an API
+job's) is the tenant's own and names them relative to its area, which the API checks the job
+against and `serve` resolves it in (under_folder). The API cannot rewrite the file as it rewrites
+the job file's keys (controller/api/submit.py), and inlining its rows would outgrow the job file.
 """
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import json
@@ -19,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from controller.errors import JobFileError, MissingInputError
+from controller.job.keys import path_keys
+from controller.job.locations import under
 from controller.job.spec import Pair
 from controller.settings.fields import FieldError, check_keys, show
 from controller.volume import UnsafePath, Volume
@@ -26,6 +34,7 @@ from controller.volume import UnsafePath, Volume
 MAX_FILE_BYTES = 64 * 1024**2
 SHOWN_ERRORS = 20  # bad rows named in one refusal; the rest are counted
 _KEYS = ("source", "target", "output")
+_PATH_KEYS = path_keys(Pair)
 
 
 def pair_from_value(value: object, has_output: bool) -> Pair:
@@ -48,6 +57,17 @@ def pair_from_value(value: object, has_output: bool) -> Pair:
     if output is None and not has_output:
         raise FieldError("output", "is required: the job has no output template")
     return pair
+
+
+def under_folder(folder: str, pair: Pair) -> Pair:
+    """``pair`` with every path it names (Pair's ``path`` keys) taken as relative to ``folder`` of the
+    data root (a tenant's area), as the data root names them; ``s3://`` URLs unchanged. The pair was
+    checked as written, and a folder in front changes nothing those checks look at, so it is not
+    checked again (that would double the cost of reading a big file)."""
+    moved = copy.copy(pair)
+    for key in _PATH_KEYS:
+        object.__setattr__(moved, key, under(folder, getattr(pair, key)))
+    return moved
 
 
 def read_inline(value: object, has_output: bool) -> tuple[tuple[Pair, ...], list[FieldError]]:

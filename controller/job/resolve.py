@@ -15,6 +15,7 @@ from contract.s3 import S3Url, is_s3
 from controller.errors import FfswarmError, JobFileError, MissingInputError
 from controller.job import claims, fence, owners, pairs, remote
 from controller.job.files import raise_all
+from controller.job.locations import within
 from controller.job.paths import Resolver, resolve_inside
 from controller.job.spec import (
     DISTINCT_PLACEHOLDERS,
@@ -89,7 +90,9 @@ def resolve_job(
 
     ``job_id`` fills ``{job}`` (default: the job's name; ``--new`` gives ``name-2`` …). ``tenant``:
     the owner of an API job (controller/job/owners.py); its inputs and outputs must then all lie,
-    symlinks resolved, in ``tenants/<tenant>/`` (controller/job/fence.py). ``max_pairs``: the
+    symlinks resolved, in ``tenants/<tenant>/`` (controller/job/fence.py), the rows of its
+    ``pairs_file`` name paths relative to that area, and an output's ``{dir}`` is the target's folder
+    there: as the API saw the job when it checked it with the area as the root. ``max_pairs``: the
     policy's targets maximum, which bounds reading a ``pairs_file`` and listing an ``s3://`` glob.
     ``store``: the object store (``storage.s3``); without one an ``s3://`` path is refused.
     """
@@ -131,7 +134,8 @@ def resolve_job(
         if not is_s3(path):
             fence.check_input_area(rel, "targets", file, area)
         try:
-            out_text = expand_output(template, rel, index=index, job=job)
+            # a tenant's {dir} is the target's folder in its area, as the API expanded it when it accepted the job
+            out_text = expand_output(template, rel if area is None else within(area, rel), index=index, job=job)
             out = out_text if is_s3(out_text) else resolver.inside_str(out_text, what="output")
         except ValueError as e:
             raise JobFileError(file, "output", f"for {rel!r}: {e}") from None
@@ -193,6 +197,8 @@ def _resolve_pairs(
         fence.check_input_area(resolver.relative(real), "pairs_file", file, area)
         listed, lines, bad = pairs.read_file(root, shown, file, has_output=bool(spec.output), limit=max_pairs)
         raise_all(bad)
+        if area is not None:  # a tenant's own file: its rows name paths in its area, as it wrote them
+            listed = tuple(pairs.under_folder(area, p) for p in listed)
 
     def where(i: int, key: str) -> tuple[str, str]:
         """(field, reason prefix) naming pair ``i``'s ``key``."""

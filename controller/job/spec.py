@@ -103,9 +103,11 @@ class Pair:
     """One item of a ``pairs`` job: swap ``source`` (photos of one person) into ``target`` (one
     photo or video, no glob); ``output``: a template like the job's (None: the job's)."""
 
-    source: tuple[str, ...] = field(metadata=about("a photo, or a list of photos of one person", **_PHOTOS))
-    target: str = field(metadata=about("one photo or video (no glob)"))
-    output: str | None = field(default=None, metadata=about("an output template like the job's (left out: the job's)"))
+    source: tuple[str, ...] = field(metadata=about("a photo, or a list of photos of one person", path=True, **_PHOTOS))
+    target: str = field(metadata=about("one photo or video (no glob)", path=True))
+    output: str | None = field(
+        default=None, metadata=about("an output template like the job's (left out: the job's)", path=True)
+    )
 
     def __post_init__(self) -> None:
         for i, photo in enumerate(check_items(self.source, "source", "photo")):
@@ -136,6 +138,7 @@ class JobSpec:
             read=as_list("path", str_ok=True),
             **_PHOTOS,
             pack=OWN,
+            path=True,
         ),
     )
     targets: tuple[str, ...] = field(
@@ -145,11 +148,12 @@ class JobSpec:
             read=as_list("glob", str_ok=True),
             **one_or_more(_TEXT),
             pack=OWN,
+            path=True,
         ),
     )
     # required with source/targets; with pairs, the default of pairs without one
     output: str = field(
-        default="", metadata=about("the output template: {stem} {ext} {name} {index} {job} {dir}", pack=OWN)
+        default="", metadata=about("the output template: {stem} {ext} {name} {index} {job} {dir}", pack=OWN, path=True)
     )
     processors: tuple[str, ...] = field(
         default=("face_swapper",),
@@ -182,7 +186,8 @@ class JobSpec:
         ),
     )
     reference: str | None = field(
-        default=None, metadata=about("with faces: reference, only faces close to this person are changed", pack=OWN)
+        default=None,
+        metadata=about("with faces: reference, only faces close to this person are changed", pack=OWN, path=True),
     )
     reference_distance: float = field(
         default=0.6,
@@ -301,11 +306,14 @@ class JobSpec:
         ),
     )
     pairs: tuple[Pair, ...] = field(
-        default=(), metadata=about("instead of source/targets: each target with its own source", minItems=1, pack=OWN)
+        default=(),
+        metadata=about("instead of source/targets: each target with its own source", minItems=1, pack=OWN, path=True),
     )
     pairs_file: str | None = field(
         default=None,
-        metadata=about("instead of source/targets: a CSV or JSONL file of pairs under the data root", pack=OWN),
+        metadata=about(
+            "instead of source/targets: a CSV or JSONL file of pairs under the data root", pack=OWN, path=True
+        ),
     )  # controller/job/pairs.py
 
     @property
