@@ -184,6 +184,7 @@ def test_webhook_receives_the_report(workspace: Workspace) -> None:
     finally:
         server.shutdown()
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert len(received) == 1
-    assert received[0]["job"] == ws.job and received[0]["counts"]["ok"] == 2
+    assert [r["type"] for r in received] == ["job.started", "job.finished"]  # the Standard Webhooks envelope
+    finished = received[1]["data"]
+    assert finished["job"] == ws.job and finished["items"]["ok"] == 2 and finished["outcome"] == "succeeded"
     assert report_of(ws)["hooks"]["webhook"] == "delivered"  # no status code: no oracle for the job's author

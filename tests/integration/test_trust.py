@@ -126,7 +126,8 @@ def test_a_redirected_webhook_is_not_followed(workspace: Workspace) -> None:
     config = ws.config_with(webhooks={"allow_hosts": ["127.0.0.1"], "allow_private": True})
     try:
         url = f"http://127.0.0.1:{redirector.server_address[1]}/done"
-        job = make_job(ws, 1, ws.config.image, on_complete={"webhook": url})
+        hook = {"webhook": url, "webhook_events": ["job.finished"]}  # one delivery, refused at its redirect
+        job = make_job(ws, 1, ws.config.image, on_complete=hook)
         proc = ws.ffswarm("submit", str(job), config=config)
     finally:
         for s in (target, redirector):
