@@ -6,6 +6,7 @@
 #   - swarm init, labels this node ffswarm.gpu=true
 #   - builds the base, runner and controller images
 #   - makes .venv (ffswarm + runner + test libraries, from locks/dev.txt) and the data root .dev-data/
+#   - installs the OpenAPI linter (scripts/openapi-lint.sh) in the background when absent
 #   - installs the stand-in model pack as `default` when no pack of that name exists
 #   - writes ./ffswarm.yaml (bind volume, data root inside the checkout)
 set -euo pipefail
@@ -23,6 +24,7 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 command -v ffprobe >/dev/null || need+=(ffmpeg)  # the controller probes and joins video targets
 # the web page's test (tests/unit/test_api_page.py) drives Debian's Chromium with Playwright; never a downloaded browser
 command -v chromium >/dev/null || need+=(chromium fonts-liberation)
+command -v npm >/dev/null || need+=(nodejs npm)  # installs the OpenAPI linter (scripts/openapi-lint.sh)
 if [ ${#need[@]} -gt 0 ]; then
   say "installing ${need[*]}"
   apt-get update -qq
@@ -77,6 +79,20 @@ if [ ! -x .venv/bin/ffswarm ] || [ pyproject.toml -nt .venv/.installed ] || [ lo
   touch .venv/.installed
 else
   say "venv: up to date"
+fi
+
+# 5b. The OpenAPI linter (tests/unit/test_api_lint.py), in the background while the rest goes on.
+# The test waits for this install (the script's lock) instead of starting a second npm. The background
+# process keeps none of this script's open files, so a caller reading our output is not held open by it.
+if scripts/openapi-lint.sh installed; then
+  say "openapi linter: installed"
+else
+  mkdir -p build
+  say "openapi linter: installing in the background (build/openapi-lint.log)"
+  (
+    for fd in /proc/$BASHPID/fd/*; do fd=${fd##*/}; [ "$fd" -gt 2 ] && eval "exec $fd>&-"; done
+    exec scripts/openapi-lint.sh install
+  ) </dev/null >build/openapi-lint.log 2>&1 &
 fi
 
 # 6. Data root and model pack.

@@ -75,7 +75,8 @@ _MULTIPART = {
 }
 _LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 50})
 _CURSOR = Param("cursor", "query", {"type": "string"}, "the `next_cursor` of the page before")
-_TIME = {"oneOf": [{"type": "number", "minimum": 0}, {"type": "string", "format": "date"},
+# anyOf, not oneOf: `format` only annotates (JSON Schema 2020-12), so any string matches both string forms
+_TIME = {"anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "format": "date"},
                    {"type": "string", "format": "date-time"}]}  # fmt: skip
 _EVENTS = """Server-sent events, looked at every 500 ms, from the run folder.
 
@@ -281,8 +282,10 @@ def _document() -> dict[str, Any]:
             "version": "1",
             "description": "Batch face swapping on a Docker Swarm: submit jobs, follow them, fetch their results. "
             'Every error answers `{"error": {"code", "message", …}}`.',
+            "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},  # pyproject.toml's
         },  # fmt: skip
-        "tags": [{"name": str(t)} for t in Tag],
+        "servers": [{"url": "/", "description": "the host that serves this document"}],
+        "tags": [{"name": str(t), "description": t.description} for t in Tag],
         "components": {"schemas": components(), "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "security": Auth.TOKEN.security(),
         "paths": paths,

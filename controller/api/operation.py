@@ -14,12 +14,28 @@ REF = "#/components/schemas/{model}"
 
 
 class Tag(StrEnum):
+    """An operation's group in the document; its ``description`` is what a reader of the docs sees."""
+
     JOBS = "jobs"
     RESULTS = "results"
     USAGE = "usage"
     WEBHOOKS = "webhooks"
     PAGE = "page"
     SERVICE = "service"
+
+    @property
+    def description(self) -> str:
+        return _TAG_WORDS[self]
+
+
+_TAG_WORDS = {
+    Tag.JOBS: "Submit jobs, follow them to their outcome, cancel, scale, retry and delete them",
+    Tag.RESULTS: "A job's committed outputs as a ZIP, and the signed links that fetch them without a token",
+    Tag.USAGE: "What the tenant's ended jobs used, summed over a time range",
+    Tag.WEBHOOKS: "The webhook deliveries of a job (Standard Webhooks), and sending one again",
+    Tag.PAGE: "What the web status page reads: a job's items, their files and thumbnails, a signed events link",
+    Tag.SERVICE: "Liveness, readiness and metrics, for the operator",
+}
 
 
 class Auth(Enum):
