@@ -160,7 +160,7 @@ def cuda_problem() -> str | None:
     finally:
         ort.set_default_logger_severity(2)
     if session.get_providers()[0] != "CUDAExecutionProvider":
-        return "CUDAExecutionProvider did not initialise (CUDA 13 or cuDNN 9 libraries not found: --cuda-libs DIR)"
+        return "CUDAExecutionProvider did not start (no device, or no CUDA 13 and cuDNN 9 libraries: --cuda-libs)"
     return None
 
 
