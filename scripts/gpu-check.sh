@@ -82,6 +82,7 @@ else
   venv=$work/venv
   lock_sum=$(sha256sum "$repo/locks/runner-gpu.txt")
   if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.ffswarm-lock" 2>/dev/null)" != "$lock_sum" ]; then
+    command -v "$py" >/dev/null 2>&1 || bad "no $py to make the venv with (--python PY)"
     echo "gpu-check: installing locks/runner-gpu.txt into $venv …" >&2
     rm -rf "$venv"
     mkdir -p "$work"
