@@ -64,18 +64,20 @@ def make_photos(dest: Path, kind: str, n: int) -> list[Path]:
     return out
 
 
-def big_swapper(path: Path, seed: int = 0) -> None:
+def big_swapper(path: Path, seed: int = 0, fp16: bool = False) -> None:
     """inswapper_128's reconstructed layout: encoder to 1024ch at 32x32, 6 residual blocks of two 3x3
-    1024-ch convs each modulated (AdaIN-style) by Linear 512->2048 of the latent, decoder to 128."""
+    1024-ch convs each modulated (AdaIN-style) by Linear 512->2048 of the latent, decoder to 128.
+    ``fp16``: weights, activations and I/O in float16, as inswapper_128_fp16 (half the file)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
+    dtype, elem = (np.float16, TensorProto.FLOAT16) if fp16 else (np.float32, TensorProto.FLOAT)
     inits: list[Any] = []
     nodes: list[Any] = []
 
     def w(name: str, shape: tuple[int, ...], scale: float) -> str:
-        inits.append(numpy_helper.from_array((rng.standard_normal(shape, np.float32) * scale), name))
+        inits.append(numpy_helper.from_array((rng.standard_normal(shape, np.float32) * scale).astype(dtype), name))
         return name
 
     def conv(x: str, cin: int, cout: int, name: str, stride: int = 1) -> str:
@@ -112,16 +114,16 @@ def big_swapper(path: Path, seed: int = 0) -> None:
     nodes.append(helper.make_node("Conv", [x, wt, bs], ["logits"], pads=[1, 1, 1, 1]))
     nodes.append(helper.make_node("Sigmoid", ["logits"], ["output"]))
     emap = np.linalg.qr(rng.standard_normal((512, 512)))[0].astype(np.float32)
-    inits.append(numpy_helper.from_array(emap, "emap"))  # LAST: insightface reads initializer[-1]
+    inits.append(numpy_helper.from_array(emap.astype(dtype), "emap"))  # LAST: insightface reads initializer[-1]
     nodes.append(helper.make_node("MatMul", ["source", "emap"], ["unused_latent"]))
     graph = helper.make_graph(
         nodes,
         "bench_inswapper_layout",
         [
-            helper.make_tensor_value_info("target", TensorProto.FLOAT, [1, 3, 128, 128]),
-            helper.make_tensor_value_info("source", TensorProto.FLOAT, [1, 512]),
+            helper.make_tensor_value_info("target", elem, [1, 3, 128, 128]),
+            helper.make_tensor_value_info("source", elem, [1, 512]),
         ],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3, 128, 128])],
+        [helper.make_tensor_value_info("output", elem, [1, 3, 128, 128])],
         initializer=inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
@@ -129,7 +131,9 @@ def big_swapper(path: Path, seed: int = 0) -> None:
     onnx.save(model, str(path))
 
 
-def big_pack(small: Path, dest: Path) -> Path:
+def big_pack(small: Path, dest: Path, *, fp16: bool = False, face_enhancer: bool = False) -> Path:
+    """The small pack's models with the inswapper-layout stand-in as swapper (``fp16``: its float16
+    export, as inswapper_128_fp16.onnx); the face enhancer's stand-in only when asked for."""
     import hashlib
 
     import yaml
@@ -137,15 +141,14 @@ def big_pack(small: Path, dest: Path) -> Path:
     dest.mkdir(parents=True)
     spec = yaml.safe_load((small / "pack.yaml").read_text())
     for name, entry in list(spec["files"].items()):
-        if entry["role"] == "swapper":
+        if entry["role"] == "swapper" or (entry["role"] == "enhancer" and not face_enhancer):
             del spec["files"][name]
-        elif entry["role"] != "enhancer":
-            shutil.copyfile(small / name, dest / name)
         else:
-            del spec["files"][name]
-    big_swapper(dest / "inswapper_128.onnx")
-    digest = hashlib.sha256((dest / "inswapper_128.onnx").read_bytes()).hexdigest()
-    spec["files"]["inswapper_128.onnx"] = {"role": "swapper", "sha256": digest}
+            shutil.copyfile(small / name, dest / name)
+    swapper = "inswapper_128_fp16.onnx" if fp16 else "inswapper_128.onnx"
+    big_swapper(dest / swapper, fp16=fp16)
+    digest = hashlib.sha256((dest / swapper).read_bytes()).hexdigest()
+    spec["files"][swapper] = {"role": "swapper", "sha256": digest}
     (dest / "pack.yaml").write_text(yaml.safe_dump(spec))
     return dest
 
