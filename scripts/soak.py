@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--s3-endpoint", default=None, help="an S3 endpoint the nodes reach: S3 jobs and the store fault")
     ap.add_argument("--s3-container", default=None, help="the object store's container (for the store fault)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan (seed, faults, requests); touch nothing")
-    ap.add_argument("--keep", action="store_true", help="leave the cluster and the stack up afterwards")
+    ap.add_argument("--keep", action="store_true", help="leave the controller stack up afterwards")
+    ap.add_argument("--no-faults", action="store_true", help="the same stream without faults (the rate to compare)")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else secrets.randbelow(1 << 31)
     length = args.minutes if args.minutes is not None else (5.0 if args.short else 60.0)
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from scripts.soak.run import soak  # Docker, httpx: only for a real run
 
-    return soak(plan, s3_endpoint=args.s3_endpoint, s3_container=args.s3_container, keep=args.keep)
+    return soak(plan, args.s3_endpoint, args.s3_container, keep=args.keep, no_faults=args.no_faults)
 
 
 if __name__ == "__main__":

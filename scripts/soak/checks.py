@@ -329,10 +329,11 @@ def outbox(root: Path) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def webhooks_once(root: Path, ends: Mapping[str, int], received: Iterable[Mapping[str, Any]]) -> Check:
+def webhooks_once(root: Path, ends: Mapping[str, int | None], received: Iterable[Mapping[str, Any]]) -> Check:
     """Each job end was delivered, once by id: ``ends``: job → how many times it ended (1 + the retries
-    that ran again); ``received``: every delivery the receiver took, ``{"id", "type", "job"}``. A
-    redelivery of an id already received is allowed (receivers deduplicate on it) and noted."""
+    that ran again; None for a job that never started — cancelled while queued, refused — whose
+    outbox may hold nothing); ``received``: every delivery the receiver took, ``{"id", "type",
+    "job"}``. A redelivery of an id already received is allowed (receivers deduplicate on it) and noted."""
     check = Check("webhooks once by id")
     got: Counter[str] = Counter()
     by_job: dict[str, set[str]] = defaultdict(set)
@@ -345,6 +346,7 @@ def webhooks_once(root: Path, ends: Mapping[str, int], received: Iterable[Mappin
     for job, n in sorted(ends.items()):
         check.looked_at += 1
         ids = {str(d.get("id")) for d in box.get(job, [])}
+        n = len(ids) if n is None else n
         if len(ids) != n:
             check.problems.append(f"{job}: {len(ids)} end deliveries in its outbox for {n} end(s)")
         for d in box.get(job, []):

@@ -3,18 +3,22 @@ built on disk as a finished soak would leave them."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from contract.results import ItemResult, ItemStatus
 from scripts.soak import checks
-from scripts.soak.plan import FAULT_GAP, FAULT_KINDS, TENANTS, make_plan
-from tests.builders import data_root
+from scripts.soak.plan import FAULT_GAP, FAULT_KINDS, TENANTS, Request, make_plan
+from scripts.soak.stream import Receiver, Record, Stream
+from tests.builders import JPEG, KEYS, MP4, Env, api_env, data_root
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -237,7 +241,7 @@ def test_each_job_end_delivered_once_by_id_and_a_redelivered_id_is_only_noted(ro
     delivery(root, "r", "msg_3")  # r was retried: it ended twice
     got = [{"id": "msg_1", "type": "job.finished", "job": "j"}] * 2
     got += [{"id": "msg_2", "type": "job.finished", "job": "r"}, {"id": "msg_3", "type": "job.finished", "job": "r"}]
-    check = checks.webhooks_once(root, {"j": 1, "r": 2}, got)
+    check = checks.webhooks_once(root, {"j": 1, "r": 2, "never-started": None}, got)
     assert check.ok, check.problems
     assert check.notes == ["1 ids redelivered (same id, deduplicated): msg_1"]
 
@@ -271,3 +275,69 @@ def test_usage_that_adds_up_passes_and_a_lost_gpu_second_fails() -> None:
     assert checks.usage_adds_up({"soak-a": total}, jobs).ok
     short = checks.usage_adds_up({"soak-a": {**total, "gpu_seconds": 13.5}}, jobs)
     assert short.problems == ["soak-a: gpu_seconds 13.5 in /v1/usage, 14.5 over its jobs"]
+
+
+# --- the soak's requests against the API as it is, and its webhook receiver ------------------------
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    yield from api_env(tmp_path, quota={"jobs_queued": 1000})
+
+
+def soak_inputs(area: Path) -> None:
+    """Stand-ins of make_inputs' files: the API checks that inputs exist, never what they show."""
+    for rel in ("soak/faces/s0.jpg", "soak/faces/s1.jpg", *(f"soak/in/p{i:02d}.jpg" for i in range(12))):
+        (area / rel).parent.mkdir(parents=True, exist_ok=True)
+        (area / rel).write_bytes(JPEG)
+    (area / "soak" / "video").mkdir(parents=True, exist_ok=True)
+    for v in (0, 1):
+        (area / "soak" / "video" / f"v{v}.mp4").write_bytes(MP4)
+
+
+def test_every_kind_of_soak_request_is_accepted_and_cancel_and_retry_reach_back(env: Env) -> None:
+    for tenant in KEYS:
+        env.client(tenant).get("/v1/jobs").raise_for_status()  # the API makes the area
+        soak_inputs(env.area(tenant))
+    record = Record()
+    stream = Stream(env.root, [env.url], dict(KEYS), None, record)
+    jobs = [stream.offer(Request(0, "acme", kind, 1), 0.0) for kind in ("photo", "zip", "pairs", "video")]
+    assert all(jobs), record.answers
+    assert stream.offer(Request(0, "globex", "photo", 3), 1.0, reference=True)
+    assert {a.key for a in record.accepted.values() if a.tenant == "acme"} == {"photo-1", "zip-1", "pairs-1", "video-1"}
+    assert stream.offer(Request(0, "acme", "cancel", 1), 2.0) is None
+    assert record.cancelled == {jobs[-1]} and record.answers["cancel 200"] == 1
+    status = stream.status("acme", str(jobs[-1]))
+    assert status is not None and status["phase"] == "cancelled"
+    assert stream.offer(Request(0, "acme", "retry", 1), 3.0) is None  # never the cancelled one: the latest other
+    assert record.answers["retry 409"] == 1 and not record.retried  # still queued: not finished
+    assert stream.offer(Request(0, "globex", "cancel", 5), 4.0) is None and record.answers["cancel none"] == 1
+    listed = {j["job"] for j in stream.jobs("acme")}
+    assert listed == set(j for j in jobs if j)
+    assert stream.usage("acme") is not None
+
+
+def test_the_receiver_records_each_delivery_by_id_and_verifies_its_tenants_signature() -> None:
+    import httpx
+
+    from controller.run.hooks import sign
+
+    secret = base64.b64encode(b"k" * 32).decode()
+    receiver = Receiver("127.0.0.1", {"soak-a": f"whsec_{secret}"})
+    try:
+        for tenant, key in (("soak-a", b"k" * 32), ("soak-a", b"wrong-key-of-32-bytes-0123456789")):
+            body = json.dumps({"type": "job.finished", "data": {"job": "j-1", "tenant": tenant}}).encode()
+            now = int(time.time())
+            headers = {
+                "webhook-id": "msg_1",
+                "webhook-timestamp": str(now),
+                "webhook-signature": sign(key, "msg_1", now, body),
+            }
+            assert httpx.post(receiver.url, content=body, headers=headers).status_code == 204
+        got = receiver.received()
+        assert [(d["id"], d["type"], d["job"], d["verified"]) for d in got] == [
+            ("msg_1", "job.finished", "j-1", True),
+            ("msg_1", "job.finished", "j-1", False),
+        ]
+    finally:
+        receiver.close()
