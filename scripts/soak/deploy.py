@@ -118,6 +118,7 @@ def write_config(c: Cluster, image: str, receiver_host: str, seed: int) -> Deplo
     """The soak's config (build/soak/ffswarm.yaml) and its secrets; tenant keys differ per seed."""
     OUT.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = yaml.safe_load(c.config.read_text())
+    data.pop("docker_host", None)  # serve reaches its own engine by its socket; render is told by DOCKER_HOST
     signing = secret("api-signing", hashlib.sha256(f"soak signing {seed}".encode()).hexdigest().encode())
     keys = {t: f"soak-key-{t}-{seed}" for t in TENANTS}
     hooks = {t: "whsec_" + base64.b64encode(hashlib.sha256(f"{t}{seed}".encode()).digest()).decode() for t in TENANTS}
@@ -164,26 +165,31 @@ def prepare_volume(c: Cluster) -> None:
 
 
 def render(d: Deployed) -> Path:
-    """`ffswarm render --controller`, then the soak's two changes (module docstring)."""
+    """`ffswarm render --controller`, then the soak's two changes (``adapt``)."""
     stack = OUT / "controller.yml"
     cmd = [sys.executable, "-m", "controller.cli", "--config", str(d.config), "render", "--controller",
            "--concurrent-jobs", "4", "--api-port", str(API_PORT), "--api-replicas", "2", "-o", str(stack)]  # fmt: skip
-    subprocess.run(cmd, check=True, cwd=ROOT, timeout=120)
-    doc = yaml.safe_load(stack.read_text())
-    api = doc["services"]["api"]
-    api["ports"] = [{"target": API_PORT, "published": API_PORT, "protocol": "tcp", "mode": "host"}]
-    api["deploy"].setdefault("placement", {})["max_replicas_per_node"] = 1
-    serve = doc["services"]["controller"]
-    serve["secrets"] = [{"source": f"s_{n.replace('-', '_')}", "target": n, "uid": "0", "gid": "0", "mode": 0o400}
-                        for n in d.secret_names]  # fmt: skip
-    doc.setdefault("secrets", {}).update(
-        {f"s_{n.replace('-', '_')}": {"external": True, "name": n} for n in d.secret_names}
-    )
-    stack.write_text(
-        "# scripts/soak.py: `ffswarm render --controller` with host-mode api ports, secrets for serve\n"
-        + yaml.safe_dump(doc, sort_keys=False)
-    )
+    env = {**os.environ, "DOCKER_HOST": json.loads(STATE.read_text())["apis"][NODES[0]]}
+    subprocess.run(cmd, check=True, cwd=ROOT, timeout=120, env=env)
+    head = "# scripts/soak.py: `ffswarm render --controller`, api ports in host mode, serve given its secrets\n"
+    stack.write_text(head + adapt(stack.read_text(), d.secret_names))
     return stack
+
+
+def adapt(rendered: str, secret_names: list[str]) -> str:
+    """The rendered controller stack with the api's port published in host mode on each node that runs
+    a replica (at most one per node), and serve given ``secret_names`` (root-only) as Swarm secrets."""
+    doc = yaml.safe_load(rendered)
+    api = doc["services"]["api"]
+    port = api["ports"][0]["published"]
+    api["ports"] = [{"target": api["ports"][0]["target"], "published": port, "protocol": "tcp", "mode": "host"}]
+    api["deploy"].setdefault("placement", {})["max_replicas_per_node"] = 1
+    keys = {n: "soak_" + n.replace("-", "_").replace(".", "_") for n in secret_names}
+    doc["services"]["controller"]["secrets"] = [
+        {"source": key, "target": n, "uid": "0", "gid": "0", "mode": 0o400} for n, key in keys.items()
+    ]
+    doc.setdefault("secrets", {}).update({key: {"external": True, "name": n} for n, key in keys.items()})
+    return str(yaml.safe_dump(doc, sort_keys=False))
 
 
 def deploy(stack: Path) -> None:

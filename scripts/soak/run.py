@@ -37,22 +37,21 @@ def log(msg: str) -> None:
 
 
 def wait_ended(stream: Stream, jobs: dict[str, str], timeout: float) -> dict[str, dict[str, Any] | None]:
-    """job → its status once every one has ended (or ``timeout``); ``jobs``: job → tenant."""
+    """job → its status as its tenant's job list shows it (None: not listed, lost) once every one has
+    ended, or at ``timeout``; ``jobs``: job → tenant."""
     deadline = time.monotonic() + timeout
-    statuses: dict[str, dict[str, Any] | None] = {}
-    left = dict(jobs)
     while True:
-        for job, tenant in list(left.items()):
+        listed: dict[str, dict[str, Any]] = {}
+        for tenant in sorted(set(jobs.values())):
             try:
-                s = stream.status(tenant, job)
-            except Exception:  # a replica restarting: ask again on the next round
-                continue
-            statuses[job] = s
-            if s is None or (s.get("phase") in ENDED and s.get("outcome") is not None):
-                del left[job]
+                listed.update((j["job"], j) for j in stream.jobs(tenant))
+            except Exception as e:  # a replica restarting: ask again on the next round
+                log(f"listing {tenant}'s jobs: {type(e).__name__}")
+        statuses = {job: listed.get(job) for job in jobs}
+        left = [j for j, s in statuses.items() if s is None or s.get("phase") not in ENDED or s.get("outcome") is None]
         if not left or time.monotonic() > deadline:
             return statuses
-        time.sleep(5)
+        time.sleep(10)
 
 
 def reference(stream: Stream, plan: Plan, root: Any, rounds: int = 2) -> tuple[dict[str, dict[str, str]], list[str]]:

@@ -13,9 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from contract.results import ItemResult, ItemStatus
-from scripts.soak import checks
+from controller.swarm.render import ApiService, ControllerStack, render_controller_stack
+from controller.swarm.servicespec import VolumeSpec
+from scripts.soak import checks, deploy
 from scripts.soak.plan import FAULT_GAP, FAULT_KINDS, TENANTS, Request, make_plan
 from scripts.soak.stream import Receiver, Record, Stream
 from tests.builders import JPEG, KEYS, MP4, Env, api_env, data_root
@@ -341,3 +344,31 @@ def test_the_receiver_records_each_delivery_by_id_and_verifies_its_tenants_signa
         ]
     finally:
         receiver.close()
+
+
+def test_the_soaks_stack_is_the_rendered_one_with_host_mode_api_ports_and_serves_secrets() -> None:
+    api = ApiService((10002, 10001), publish_port=8080, replicas=2, secrets=("soak-api-signing-1",))
+    stack = ControllerStack(
+        image="reg:5000/ffswarm/controller@sha256:" + "a" * 64,
+        config_file=Path("/build/soak/ffswarm.yaml"),
+        config_text="data_root: /srv/d\n",
+        data_root="/srv/d",
+        volume=VolumeSpec.bind("/srv/d"),
+        api=api,
+    )
+    rendered = yaml.safe_load(render_controller_stack(stack))
+    doc = yaml.safe_load(deploy.adapt(render_controller_stack(stack), ["soak-api-signing-1", "soak-hook-soak-a-2"]))
+    svc = doc["services"]["api"]
+    assert svc["ports"] == [{"target": 8080, "published": 8080, "protocol": "tcp", "mode": "host"}]
+    assert svc["deploy"]["placement"]["max_replicas_per_node"] == 1 and svc["deploy"]["replicas"] == 2
+    assert svc["secrets"] == rendered["services"]["api"]["secrets"]  # the API's own, as rendered
+    serve = doc["services"]["controller"]
+    assert [(s["target"], s["uid"], s["mode"]) for s in serve["secrets"]] == [
+        ("soak-api-signing-1", "0", 0o400),
+        ("soak-hook-soak-a-2", "0", 0o400),
+    ]
+    assert {s["source"] for s in serve["secrets"]} <= set(doc["secrets"])
+    assert all(doc["secrets"][s["source"]] == {"external": True, "name": s["target"]} for s in serve["secrets"])
+    rest = {k: v for k, v in serve.items() if k != "secrets"}
+    assert rest == rendered["services"]["controller"]  # nothing else of serve changed
+    assert doc["volumes"] == rendered["volumes"] and doc["configs"] == rendered["configs"]
