@@ -25,6 +25,7 @@ from scripts.soak.stream import Accepted, Stream, slow_zip
 
 WORKERS = NODES[1:]
 FILLER = ".soak-fill"
+KILLED = "upload-killed"  # the request key of an upload that beat its replica's kill
 
 
 @dataclass
@@ -95,7 +96,7 @@ class Faults:
                 if r.status_code == 202:  # the upload beat the kill: a job like any other
                     job = r.json()["id"]
                     with self.stream.record.lock:
-                        self.stream.record.accepted[job] = Accepted(job, tenant, "upload-killed", 0.0)
+                        self.stream.record.accepted[job] = Accepted(job, tenant, KILLED, 0.0)
             except httpx.HTTPError as e:
                 answer.append(type(e).__name__)
 

@@ -18,13 +18,14 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import docker
 
 from scripts.soak import checks, deploy
-from scripts.soak.faults import Faults
+from scripts.soak.faults import KILLED, Faults
 from scripts.soak.plan import TENANTS, Plan
 from scripts.soak.stream import Receiver, Record, Stream, make_inputs
 
@@ -36,10 +37,18 @@ def log(msg: str) -> None:
     print(f"soak {datetime.now(UTC):%H:%M:%S}: {msg}", flush=True)
 
 
-def wait_ended(stream: Stream, jobs: dict[str, str], timeout: float) -> dict[str, dict[str, Any] | None]:
+def ended(status: dict[str, Any]) -> bool:
+    return status.get("phase") in ENDED and status.get("outcome") is not None
+
+
+def wait_ended(
+    stream: Stream, jobs: dict[str, str], timeout: float, lost_after: float = 120.0
+) -> dict[str, dict[str, Any] | None]:
     """job → its status as its tenant's job list shows it (None: not listed, lost) once every one has
-    ended, or at ``timeout``; ``jobs``: job → tenant."""
-    deadline = time.monotonic() + timeout
+    ended, or at ``timeout``; ``jobs``: job → tenant. A job still not listed after ``lost_after``
+    seconds is lost: it is not waited for."""
+    start = time.monotonic()
+    deadline = start + timeout
     while True:
         listed: dict[str, dict[str, Any]] = {}
         for tenant in sorted(set(jobs.values())):
@@ -48,7 +57,8 @@ def wait_ended(stream: Stream, jobs: dict[str, str], timeout: float) -> dict[str
             except Exception as e:  # a replica restarting: ask again on the next round
                 log(f"listing {tenant}'s jobs: {type(e).__name__}")
         statuses = {job: listed.get(job) for job in jobs}
-        left = [j for j, s in statuses.items() if s is None or s.get("phase") not in ENDED or s.get("outcome") is None]
+        lost_ok = time.monotonic() - start >= lost_after
+        left = [j for j, s in statuses.items() if (s is None and not lost_ok) or (s is not None and not ended(s))]
         if not left or time.monotonic() > deadline:
             return statuses
         time.sleep(10)
@@ -72,8 +82,9 @@ def reference(stream: Stream, plan: Plan, root: Any, rounds: int = 2) -> tuple[d
     return found[0], differs
 
 
-def faulted(plan: Plan, stream: Stream, faults: Faults | None, c: deploy.Cluster) -> float:
-    """The plan's requests and (unless ``faults`` is None) its faults; the seconds it took."""
+def faulted(plan: Plan, stream: Stream, faults: Faults | None, replicas: Callable[[], list[str]]) -> float:
+    """The plan's requests and (unless ``faults`` is None) its faults; the seconds it took.
+    ``replicas``: where the API answers now (asked every 10 s: a killed replica comes back elsewhere)."""
     t0 = time.monotonic()
     threads = []
     if faults is not None:
@@ -93,7 +104,7 @@ def faulted(plan: Plan, stream: Stream, faults: Faults | None, c: deploy.Cluster
             if time.monotonic() - refreshed > 10:  # replicas move when one is killed
                 refreshed = time.monotonic()
                 with contextlib.suppress(Exception):
-                    stream.replicas = deploy.api_urls(c) or stream.replicas
+                    stream.replicas = replicas() or stream.replicas
             pool.submit(stream.offer, req, req.at)
             if i % 200 == 0:
                 log(f"request {i}/{len(plan.requests)}, {len(stream.record.accepted)} accepted")
@@ -127,10 +138,8 @@ def run_checks(
     c: deploy.Cluster, stream: Stream, record: Record, ref: dict[str, dict[str, str]], received: list[dict[str, Any]]
 ) -> list[checks.Check]:
     statuses = wait_ended(stream, {a.job: a.tenant for a in record.accepted.values()}, 60)
-    soak_jobs = {a.job: (a.tenant, a.key) for a in record.accepted.values() if not a.reference and a.key in ref}
-    soak_jobs.update(
-        {a.job: (a.tenant, a.key) for a in record.accepted.values() if a.key not in ref and a.key != "upload-killed"}
-    )  # a request whose reference was refused fails the comparison: "no reference"
+    # (a request whose reference was not accepted fails the comparison: "no reference")
+    soak_jobs = {a.job: (a.tenant, a.key) for a in record.accepted.values() if not a.reference and a.key != KILLED}
     ends: dict[str, int | None] = {}
     for job, s in statuses.items():
         if s is not None:
@@ -174,7 +183,7 @@ def soak(plan: Plan, s3_endpoint: str | None, s3_container: str | None, keep: bo
         ref, differs = reference(stream, plan, c.data_root)
         faults = None if no_faults else Faults(c, stream, s3_container)
         log(f"{'fault-free' if no_faults else 'faulted'} run: {len(plan.requests)} requests, {len(plan.faults)} faults")
-        took = faulted(plan, stream, faults, c)
+        took = faulted(plan, stream, faults, lambda: deploy.api_urls(c))
         if faults is not None:
             faults.heal()
         log("draining: every job to its end, the outbox empty, lanes expired")

@@ -18,8 +18,8 @@ import yaml
 from contract.results import ItemResult, ItemStatus
 from controller.swarm.render import ApiService, ControllerStack, render_controller_stack
 from controller.swarm.servicespec import VolumeSpec
-from scripts.soak import checks, deploy
-from scripts.soak.plan import FAULT_GAP, FAULT_KINDS, TENANTS, Request, make_plan
+from scripts.soak import checks, deploy, run
+from scripts.soak.plan import FAULT_GAP, FAULT_KINDS, TENANTS, Plan, Request, make_plan
 from scripts.soak.stream import Receiver, Record, Stream
 from tests.builders import JPEG, KEYS, MP4, Env, api_env, data_root
 
@@ -197,7 +197,10 @@ def test_a_clean_volume_passes_and_each_leftover_is_named(root: Path) -> None:
     write_run(root, "j", {})
     (root / "tenants" / ".quota" / "soak-a" / "open").mkdir(parents=True)
     (root / "tenants" / ".quota" / "soak-a" / "ledger").write_text(json.dumps({"jobs": 0}))
-    assert checks.left_on_volume(root).ok
+    (root / "inbox" / "packs").mkdir()
+    (root / "inbox" / "packs" / "pack-1.yaml").write_text("name: pack-1\n")
+    clean = checks.left_on_volume(root)
+    assert clean.ok and clean.notes == ["1 pack job files kept in inbox/packs/"]
 
     (root / "tenants" / "soak-a" / "uploads" / ".incoming-abc").mkdir()
     (root / "tenants" / "soak-a" / "out" / "j").mkdir(parents=True)
@@ -372,3 +375,21 @@ def test_the_soaks_stack_is_the_rendered_one_with_host_mode_api_ports_and_serves
     rest = {k: v for k, v in serve.items() if k != "secrets"}
     assert rest == rendered["services"]["controller"]  # nothing else of serve changed
     assert doc["volumes"] == rendered["volumes"] and doc["configs"] == rendered["configs"]
+
+
+def test_the_stream_sends_each_request_at_its_second_and_the_drain_sees_what_is_not_ended(env: Env) -> None:
+    for tenant in KEYS:
+        env.client(tenant).get("/v1/jobs").raise_for_status()
+        soak_inputs(env.area(tenant))
+    reqs = (Request(0.0, "acme", "photo", 0), Request(0.3, "globex", "zip", 2), Request(4.0, "acme", "cancel", 1))
+    plan = Plan(1, 0.01, False, False, (), reqs)
+    record = Record()
+    stream = Stream(env.root, ["http://127.0.0.1:9"], dict(KEYS), None, record)  # replaced before the first request
+    took = run.faulted(plan, stream, None, lambda: [env.url])
+    assert 4.0 <= took < 60
+    assert dict(record.answers) == {"photo 202": 1, "zip 202": 1, "cancel 200": 1}
+    jobs = {a.job: a.tenant for a in record.accepted.values()}
+    statuses = run.wait_ended(stream, {**jobs, "photo-lost0000": "acme"}, timeout=0, lost_after=0)
+    phases = {job: (s or {}).get("phase") for job, s in statuses.items()}
+    assert sorted(phases.values(), key=str) == [None, "cancelled", "queued"]  # no serve here: one stays queued
+    assert checks.ended(list(statuses), statuses).problems[0].endswith("(outcome None)")
