@@ -88,13 +88,16 @@ def fault_kinds(s3: bool) -> tuple[str, ...]:
     return tuple(k for k in FAULT_KINDS if s3 or k != "stop_store")
 
 
-def make_plan(seed: int, minutes: float, short: bool = False, s3: bool = False) -> Plan:
+def make_plan(seed: int, minutes: float, short: bool = False, s3: bool = False, gap: float = MEAN_GAP) -> Plan:
     """The faults and requests of a soak of ``minutes`` (``short``: one fault of each kind, in a seeded
     order, in about five minutes; otherwise rounds of every kind once, so each comes about equally
     often). Faults are 15–45 s apart, the first one after the first gap; none starts in the last
-    minute, so the last one ends before the stream stops."""
+    minute, so the last one ends before the stream stops. Requests come ``gap`` seconds apart on
+    average (exponentially distributed: a steady stream with its bursts)."""
     if minutes <= 0:
         raise ValueError(f"--minutes must be more than 0, not {minutes}")
+    if gap <= 0:
+        raise ValueError(f"--gap must be more than 0, not {gap}")
     rng = random.Random(seed)
     kinds = fault_kinds(s3)
     total = minutes * 60.0
@@ -120,12 +123,12 @@ def make_plan(seed: int, minutes: float, short: bool = False, s3: bool = False) 
     requests: list[Request] = []
     names = [k for k in REQUEST_KINDS if s3 or k != "s3"]
     weights = [WEIGHTS[k] for k in names]
-    at = rng.expovariate(1.0 / MEAN_GAP)
+    at = rng.expovariate(1.0 / gap)
     while at < total:
         kind = rng.choices(names, weights)[0]
         variant = rng.randrange(1, 6) if kind in ("cancel", "retry") else rng.randrange(VARIANTS)
         requests.append(Request(round(at, 3), rng.choice(TENANTS), kind, variant))
-        at += rng.expovariate(1.0 / MEAN_GAP)
+        at += rng.expovariate(1.0 / gap)
     return Plan(seed, total / 60.0, short, s3, tuple(faults), tuple(requests))
 
 
