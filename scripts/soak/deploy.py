@@ -161,7 +161,7 @@ def prepare_volume(c: Cluster) -> None:
     inbox = c.data_root / "inbox"
     inbox.mkdir(exist_ok=True)
     os.chown(inbox, *CONTROLLER_USER)
-    os.chmod(inbox, 0o775)
+    os.chmod(inbox, 0o755)  # the API writes job files; serve (root) claims them; runners may not
 
 
 def render(d: Deployed) -> Path:
