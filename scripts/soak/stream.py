@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 import zipfile
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from scripts.soak.plan import TENANTS, VARIANTS, Request
+from scripts.soak.plan import VARIANTS, Request
 
 RUNNER_OWNER = (10001, 10001)
 JOB_SETTINGS: dict[str, Any] = {
@@ -114,14 +114,10 @@ class Record:
     """What the stream did: accepted jobs, answers by request kind and status code, ends per job."""
 
     accepted: dict[str, Accepted] = field(default_factory=dict)
-    answers: Counter[str] = field(default_factory=Counter)  # "<kind> <code>" (code "error" for no answer)
+    answers: Counter[str] = field(default_factory=Counter)  # "<kind> <code>" ("error <class>": no answer)
     retried: Counter[str] = field(default_factory=Counter)  # job → retries the API accepted
     cancelled: set[str] = field(default_factory=set)  # jobs a cancel was sent for
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def by_tenant(self, tenant: str) -> list[Accepted]:
-        with self.lock:
-            return [a for a in self.accepted.values() if a.tenant == tenant and not a.reference]
 
     def to_dict(self) -> dict[str, Any]:
         kinds: Counter[str] = Counter(a.key.split("-")[0] for a in self.accepted.values() if not a.reference)
@@ -148,8 +144,8 @@ class Stream:
         try:
             with self.client(req.tenant) as c:
                 code, job = self._send(c, req)
-        except httpx.HTTPError:
-            code, job = "error", None
+        except (httpx.HTTPError, ValueError, KeyError) as e:  # no answer, or one that is not the API's
+            code, job = f"error {type(e).__name__}", None
         with self.record.lock:
             self.record.answers[f"{req.kind} {code}"] += 1
             if job and req.kind not in ("cancel", "retry"):
@@ -286,10 +282,3 @@ class Receiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-def by_tenant(items: list[Accepted]) -> dict[str, list[Accepted]]:
-    out: dict[str, list[Accepted]] = defaultdict(list)
-    for a in items:
-        out[a.tenant].append(a)
-    return {t: out.get(t, []) for t in TENANTS}
