@@ -184,8 +184,10 @@ def adapt(rendered: str, secret_names: list[str]) -> str:
     port = api["ports"][0]["published"]
     api["ports"] = [{"target": api["ports"][0]["target"], "published": port, "protocol": "tcp", "mode": "host"}]
     api["deploy"].setdefault("placement", {})["max_replicas_per_node"] = 1
-    keys = {n: "soak_" + n.replace("-", "_").replace(".", "_") for n in secret_names}
-    doc["services"]["controller"]["secrets"] = [
+    serve = doc["services"]["controller"]
+    has = {s["target"] for s in serve.get("secrets") or []}  # a render that gives serve its secrets itself
+    keys = {n: "soak_" + n.replace("-", "_").replace(".", "_") for n in secret_names if n not in has}
+    serve["secrets"] = (serve.get("secrets") or []) + [
         {"source": key, "target": n, "uid": "0", "gid": "0", "mode": 0o400} for n, key in keys.items()
     ]
     doc.setdefault("secrets", {}).update({key: {"external": True, "name": n} for n, key in keys.items()})
