@@ -5,6 +5,7 @@
 #   scripts/cluster.sh up      bring it up (idempotent: an existing cluster is reused)
 #   scripts/cluster.sh down    remove everything it made (containers, volumes, network, the data)
 #   scripts/cluster.sh status  what is running
+#   CLUSTER_DATA_SIZE=4g scripts/cluster.sh up   the shared data folder on a tmpfs of that size (scripts/soak.py)
 #
 #   ffswarm-mgr   manager, labelled ffswarm.cpu-only=true, NO GPUs; its API on tcp://127.0.0.1:23750
 #   ffswarm-w1    worker, ffswarm.gpu=true, fake GPUs GPU-w1a GPU-w1b;  API on tcp://127.0.0.1:23751
@@ -123,6 +124,10 @@ up() {
   docker image inspect "$RUNNER" >/dev/null 2>&1 || { say "runner image $RUNNER missing: run scripts/dev-swarm.sh"; exit 1; }
   down quiet
   node_image
+  if [ -n "${CLUSTER_DATA_SIZE:-}" ]; then  # a data root of its own size (the soak fills it): a tmpfs
+    mkdir -p "$data"
+    mount -t tmpfs -o "size=$CLUSTER_DATA_SIZE,mode=0755" ffswarm-cluster-data "$data"
+  fi
   mkdir -p "$data/models"
   if [ ! -f "$data/models/default/pack.yaml" ]; then
     if [ -f .dev-data/models/default/pack.yaml ]; then cp -a .dev-data/models/default "$data/models/"
@@ -192,6 +197,7 @@ down() {
   ids=$(docker network ls -q --filter "label=$LABEL")
   [ -z "$ids" ] || docker network rm $ids >/dev/null
   docker image rm "127.0.0.1:5000/$REPO_PATH:dev" >/dev/null 2>&1 || true
+  if mountpoint -q "$data" 2>/dev/null; then umount "$data"; fi
   rm -rf "$state"
   [ "${1:-}" = quiet ] || say "down: containers, volumes, network and $state removed ($NODE_IMAGE stays cached)"
 }

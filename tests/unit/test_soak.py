@@ -1,0 +1,395 @@
+"""The soak's pure parts (scripts/soak/): its plan from a seed, and the end checks run on data roots
+built on disk as a finished soak would leave them."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from contract.results import ItemResult, ItemStatus
+from controller.swarm.render import ApiService, ControllerStack, render_controller_stack
+from controller.swarm.servicespec import VolumeSpec
+from scripts.soak import checks, deploy, run
+from scripts.soak.plan import FAULT_GAP, FAULT_KINDS, TENANTS, Plan, Request, make_plan
+from scripts.soak.stream import Receiver, Record, Stream
+from tests.builders import JPEG, KEYS, MP4, Env, api_env, data_root
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --- the plan --------------------------------------------------------------------------------------
+
+
+def test_same_seed_same_plan_other_seed_other_plan() -> None:
+    assert make_plan(7, 10).to_json() == make_plan(7, 10).to_json()
+    assert make_plan(7, 10).faults != make_plan(8, 10).faults
+    assert make_plan(7, 10).requests != make_plan(8, 10).requests
+
+
+def test_an_hour_has_every_fault_kind_often_15_to_45_s_apart_and_a_steady_stream() -> None:
+    plan = make_plan(1234, 60, s3=True)
+    counts = plan.fault_counts()
+    assert set(counts) == set(FAULT_KINDS)
+    assert min(counts.values()) >= 10, counts
+    gaps = [b.at - a.at for a, b in zip(plan.faults, plan.faults[1:], strict=False)]
+    assert all(FAULT_GAP[0] <= g <= FAULT_GAP[1] for g in gaps)
+    assert plan.faults[-1].at < 59 * 60  # the last fault ends before the stream stops
+    assert len(plan.requests) >= 2000
+    assert {r.tenant for r in plan.requests} == set(TENANTS)
+    assert {"photo", "zip", "pairs", "video", "s3", "cancel", "retry"} <= set(plan.request_counts())
+
+
+def test_short_mode_is_one_fault_of_each_kind_in_about_five_minutes() -> None:
+    plan = make_plan(99, 5, short=True)
+    assert sorted(f.kind for f in plan.faults) == sorted(k for k in FAULT_KINDS if k != "stop_store")
+    assert plan.minutes <= 7
+    assert "s3" not in plan.request_counts()  # no object store given: no S3 requests, no store fault
+
+
+def test_reference_runs_each_distinct_request_once() -> None:
+    plan = make_plan(5, 30)
+    keys = [r.key for r in plan.distinct()]
+    assert len(keys) == len(set(keys))
+    assert set(keys) == {r.key for r in plan.requests if r.kind not in ("cancel", "retry")}
+
+
+def test_dry_run_prints_the_seed_and_the_plan_without_docker(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "soak.py"), "--dry-run", "--short", "--seed", "42"],
+        capture_output=True, text=True, cwd=tmp_path, env={"PATH": "/nonexistent"}, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "seed 42" in proc.stdout and "kill_serve" in proc.stdout and "requests:" in proc.stdout
+    again = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "soak.py"), "--dry-run", "--short", "--seed", "42"],
+        capture_output=True, text=True, cwd=tmp_path, env={"PATH": "/nonexistent"}, timeout=60,
+    )  # fmt: skip
+    assert again.stdout == proc.stdout
+
+
+def test_a_bad_minutes_value_is_a_clear_error(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "soak.py"), "--dry-run", "--minutes", "0"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--minutes" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- a finished soak's data root -------------------------------------------------------------------
+
+
+def line(item: str, attempt: int, out: str | None, status: ItemStatus = ItemStatus.OK, **kw: object) -> str:
+    inp = kw.pop("input", f"/data/tenants/soak-a/in/{item}.jpg")
+    return ItemResult(item, status, attempt, str(inp), out, **kw).to_line()  # type: ignore[arg-type]
+
+
+def write_run(root: Path, job: str, files: dict[str, str], **extra: str) -> Path:
+    run = root / "runs" / job
+    (run / "results").mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (run / "results" / name).write_text(text)
+    for name, text in extra.items():
+        (run / name).write_text(text)
+    return run
+
+
+def output(root: Path, rel: str, data: bytes) -> str:
+    (root / rel).parent.mkdir(parents=True, exist_ok=True)
+    (root / rel).write_bytes(data)
+    return f"/data/{rel}"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return data_root(tmp_path, photos=())
+
+
+def test_a_job_stuck_running_or_unknown_to_the_api_fails_the_ended_check() -> None:
+    statuses: dict[str, dict[str, object] | None] = {
+        "a-1": {"phase": "finished", "outcome": "succeeded"},
+        "a-2": {"phase": "cancelled", "outcome": "cancelled"},
+        "a-3": {"phase": "running", "outcome": None},
+        "a-4": None,
+    }
+    check = checks.ended(["a-1", "a-2", "a-3", "a-4"], statuses)
+    assert not check.ok and check.looked_at == 4
+    assert check.problems == ["a-3: stuck running (outcome None)", "a-4: lost (the API does not know it)"]
+    assert checks.ended(["a-1", "a-2"], statuses).ok
+
+
+def test_outputs_equal_to_the_reference_pass_and_a_changed_byte_fails(root: Path) -> None:
+    ref = {"photo-0": {"in/p.jpg": hashlib.sha256(b"swapped").hexdigest()}}
+    for job, data in (("j-good", b"swapped"), ("j-bad", b"swappeD")):
+        out = output(root, f"tenants/soak-a/out/{job}/p.jpg", data)
+        write_run(root, job, {"c0000.a1.jsonl": line("i000000", 1, out, input="/data/tenants/soak-a/in/p.jpg")})
+    assert checks.identical(root, {"j-good": ("soak-a", "photo-0")}, ref).ok
+    bad = checks.identical(root, {"j-good": ("soak-a", "photo-0"), "j-bad": ("soak-a", "photo-0")}, ref)
+    assert bad.problems == ["j-bad: tenants/soak-a/out/j-bad/p.jpg differs from the reference of photo-0 (in/p.jpg)"]
+
+
+def test_uploaded_inputs_are_named_inside_their_upload_so_two_uploads_compare(root: Path) -> None:
+    digest = hashlib.sha256(b"x").hexdigest()
+    for job in ("z-1", "z-2"):
+        out = output(root, f"tenants/soak-b/out/{job}/a.jpg", b"x")
+        inp = f"/data/tenants/soak-b/uploads/{job}/targets/a.jpg"
+        write_run(root, job, {"c0000.a1.jsonl": line("i000000", 1, out, input=inp)})
+    jobs = {"z-1": ("soak-b", "zip-3"), "z-2": ("soak-b", "zip-3")}
+    check = checks.identical(root, jobs, {"zip-3": {"targets/a.jpg": digest}})
+    assert check.ok and check.looked_at == 2
+
+
+def test_a_retry_that_only_reacknowledges_is_committed_once(root: Path) -> None:
+    out = output(root, "tenants/soak-a/out/j/a.jpg", b"1")
+    write_run(
+        root,
+        "j",
+        {
+            "c0000.a1.jsonl": line("i000000", 1, out),
+            "c0000.a2.jsonl": line("i000000", 2, out, cached=True),
+            "c0000.a1.commits": json.dumps({"item": "i000000", "output": out}) + "\n",
+        },
+    )
+    assert checks.committed_once(root).ok
+
+
+def test_an_item_written_by_two_attempts_or_journaled_after_its_commit_fails(root: Path) -> None:
+    out = output(root, "tenants/soak-a/out/j/a.jpg", b"1")
+    write_run(root, "j", {"c0000.a1.jsonl": line("i000000", 1, out), "c0000.a2.jsonl": line("i000000", 2, out)})
+    out2 = output(root, "tenants/soak-a/out/k/b.jpg", b"1")
+    write_run(
+        root,
+        "k",
+        {
+            "c0000.a1.jsonl": line("i000001", 1, out2),
+            "c0000.a2.commits": json.dumps({"item": "i000001", "output": out2}) + "\n",
+        },
+    )
+    assert checks.committed_once(root).problems == [
+        "j: i000000 committed 2 times",
+        "k: i000001 journaled again by attempt 2 after its commit",
+    ]
+
+
+def test_a_file_committed_by_two_jobs_fails_but_a_packed_jobs_copy_of_its_pack_does_not(root: Path) -> None:
+    out = output(root, "tenants/soak-a/out/shared/a.jpg", b"1")
+    write_run(root, "pack-x", {"c0000.a1.jsonl": line("i000000", 1, out)})
+    write_run(root, "member", {"c0000.a1.jsonl": line("i000000", 1, out)}, packed="pack-x")
+    assert checks.committed_once(root).ok
+    write_run(root, "intruder", {"c0000.a1.jsonl": line("i000004", 1, out)})
+    assert checks.committed_once(root).problems == [
+        "tenants/soak-a/out/shared/a.jpg: committed by 2 jobs (intruder, pack-x)"
+    ]
+
+
+def test_a_clean_volume_passes_and_each_leftover_is_named(root: Path) -> None:
+    (root / "tenants" / "soak-a" / "uploads").mkdir(parents=True)
+    (root / "inbox" / "done").mkdir(parents=True)
+    (root / "inbox" / "done" / "j.yaml").write_text("name: j\n")
+    write_run(root, "j", {})
+    (root / "tenants" / ".quota" / "soak-a" / "open").mkdir(parents=True)
+    (root / "tenants" / ".quota" / "soak-a" / "ledger").write_text(json.dumps({"jobs": 0}))
+    (root / "inbox" / "packs").mkdir()
+    (root / "inbox" / "packs" / "pack-1.yaml").write_text("name: pack-1\n")
+    clean = checks.left_on_volume(root)
+    assert clean.ok and clean.notes == ["1 pack job files kept in inbox/packs/"]
+
+    (root / "tenants" / "soak-a" / "uploads" / ".incoming-abc").mkdir()
+    (root / "tenants" / "soak-a" / "out" / "j").mkdir(parents=True)
+    (root / "tenants" / "soak-a" / "out" / "j" / ".a.jpg.ffswarm-j-c0000-a1-0a1b2c.tmp").write_bytes(b"")
+    (root / "runs" / "j" / "lease.json").write_text("{}")
+    (root / "inbox" / "running").mkdir()
+    (root / "inbox" / "running" / "k.1234.yaml").write_text("name: k\n")
+    (root / "runs" / ".outbox").mkdir()
+    (root / "runs" / ".outbox" / "j~msg_1~0").write_text("")
+    (root / "tenants" / ".quota" / "soak-a" / "ledger").write_text(json.dumps({"jobs": 1}))
+    (root / "tenants" / ".quota" / "soak-a" / "open" / "k").write_text("")
+    assert checks.left_on_volume(root).problems == [
+        "tenants/soak-a/uploads/.incoming-abc: upload staging left",
+        "tenants/soak-a/out/j/.a.jpg.ffswarm-j-c0000-a1-0a1b2c.tmp: temporary file left",
+        "runs/j/lease.json: lease left",
+        "inbox/running/k.1234.yaml: still in the inbox",
+        "runs/.outbox/j~msg_1~0: webhook delivery still pending",
+        "tenants/.quota/soak-a/ledger: counts 1 unfinished jobs",
+        "tenants/.quota/soak-a/open/k: quota slot held",
+    ]
+
+
+def test_a_job_service_or_container_left_in_the_swarm_is_named() -> None:
+    stack = {"Spec": {"Name": "ffswarm_api", "Labels": {"io.ffswarm.role": "api"}}}
+    lane = {"Spec": {"Name": "ffswarm-lane-1", "Labels": {"io.ffswarm.job": "lane", "io.ffswarm.role": "lane"}}}
+    box = {"Id": "f" * 64, "Names": ["/ffswarm-j-c0000.1.x"], "State": "exited", "Labels": {"io.ffswarm.job": "j"}}
+    assert checks.left_in_swarm([stack], {"ffswarm-w1": [{"Id": "a", "Labels": {}}]}).ok
+    assert checks.left_in_swarm([stack, lane], {"ffswarm-w1": [box]}).problems == [
+        "service ffswarm-lane-1 (lane) left",
+        "ffswarm-w1: container ffswarm-j-c0000.1.x (exited) left",
+    ]
+
+
+def delivery(root: Path, job: str, did: str, kind: str = "job.finished", state: str = "delivered") -> None:
+    folder = root / "runs" / job / "deliveries"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{did}.json").write_text(json.dumps({"id": did, "job": job, "type": kind, "state": state}))
+
+
+def test_each_job_end_delivered_once_by_id_and_a_redelivered_id_is_only_noted(root: Path) -> None:
+    delivery(root, "j", "msg_1")
+    delivery(root, "j", "msg_0", kind="job.started")
+    delivery(root, "r", "msg_2")
+    delivery(root, "r", "msg_3")  # r was retried: it ended twice
+    got = [{"id": "msg_1", "type": "job.finished", "job": "j"}] * 2
+    got += [{"id": "msg_2", "type": "job.finished", "job": "r"}, {"id": "msg_3", "type": "job.finished", "job": "r"}]
+    check = checks.webhooks_once(root, {"j": 1, "r": 2, "never-started": None}, got)
+    assert check.ok, check.problems
+    assert check.notes == ["1 ids redelivered (same id, deduplicated): msg_1"]
+
+
+def test_a_missing_pending_or_extra_webhook_fails(root: Path) -> None:
+    delivery(root, "j", "msg_1", state="pending")
+    delivery(root, "k", "msg_2")
+    delivery(root, "k", "msg_3")
+    got = [{"id": "msg_2", "type": "job.finished", "job": "k"}, {"id": "msg_9", "type": "job.cancelled", "job": "x"}]
+    assert checks.webhooks_once(root, {"j": 1, "k": 1}, got).problems == [
+        "j: job.finished msg_1 not delivered (pending)",
+        "j: receiver got 0 distinct end ids for 1 end(s)",
+        "k: 2 end deliveries in its outbox for 1 end(s)",
+        "k: job.finished msg_3 marked delivered, never received",
+        "msg_9: received but in no job's outbox",
+    ]
+
+
+def test_usage_that_adds_up_passes_and_a_lost_gpu_second_fails() -> None:
+    jobs = {
+        "soak-a": [
+            {"gpu_seconds": 10.5, "runner_seconds": 10.5, "attempts": 2, "bytes_in": 100, "bytes_out": 90,
+             "items": {"ok": 1, "no_face": 0, "failed": 0, "cancelled": 0}},
+            {"gpu_seconds": 4.0, "runner_seconds": 4.0, "attempts": 1, "bytes_in": 50, "bytes_out": 0,
+             "items": {"ok": 0, "no_face": 0, "failed": 1, "cancelled": 0}},
+            None,
+        ]
+    }  # fmt: skip
+    total = {"gpu_seconds": 14.5, "runner_seconds": 14.5, "attempts": 3, "bytes_in": 150, "bytes_out": 90,
+             "items": {"ok": 1, "no_face": 0, "failed": 1, "cancelled": 0}}  # fmt: skip
+    assert checks.usage_adds_up({"soak-a": total}, jobs).ok
+    short = checks.usage_adds_up({"soak-a": {**total, "gpu_seconds": 13.5}}, jobs)
+    assert short.problems == ["soak-a: gpu_seconds 13.5 in /v1/usage, 14.5 over its jobs"]
+
+
+# --- the soak's requests against the API as it is, and its webhook receiver ------------------------
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    yield from api_env(tmp_path, quota={"jobs_queued": 1000})
+
+
+def soak_inputs(area: Path) -> None:
+    """Stand-ins of make_inputs' files: the API checks that inputs exist, never what they show."""
+    for rel in ("soak/faces/s0.jpg", "soak/faces/s1.jpg", *(f"soak/in/p{i:02d}.jpg" for i in range(12))):
+        (area / rel).parent.mkdir(parents=True, exist_ok=True)
+        (area / rel).write_bytes(JPEG)
+    (area / "soak" / "video").mkdir(parents=True, exist_ok=True)
+    for v in (0, 1):
+        (area / "soak" / "video" / f"v{v}.mp4").write_bytes(MP4)
+
+
+def test_every_kind_of_soak_request_is_accepted_and_cancel_and_retry_reach_back(env: Env) -> None:
+    for tenant in KEYS:
+        env.client(tenant).get("/v1/jobs").raise_for_status()  # the API makes the area
+        soak_inputs(env.area(tenant))
+    record = Record()
+    stream = Stream(env.root, [env.url], dict(KEYS), None, record)
+    jobs = [stream.offer(Request(0, "acme", kind, 1), 0.0) for kind in ("photo", "zip", "pairs", "video")]
+    assert all(jobs), record.answers
+    assert stream.offer(Request(0, "globex", "photo", 3), 1.0, reference=True)
+    assert {a.key for a in record.accepted.values() if a.tenant == "acme"} == {"photo-1", "zip-1", "pairs-1", "video-1"}
+    assert stream.offer(Request(0, "acme", "cancel", 1), 2.0) is None
+    assert record.cancelled == {jobs[-1]} and record.answers["cancel 200"] == 1
+    status = stream.status("acme", str(jobs[-1]))
+    assert status is not None and status["phase"] == "cancelled"
+    assert stream.offer(Request(0, "acme", "retry", 1), 3.0) is None  # never the cancelled one: the latest other
+    assert record.answers["retry 409"] == 1 and not record.retried  # still queued: not finished
+    assert stream.offer(Request(0, "globex", "cancel", 5), 4.0) is None and record.answers["cancel none"] == 1
+    listed = {j["job"] for j in stream.jobs("acme")}
+    assert listed == set(j for j in jobs if j)
+    assert stream.usage("acme") is not None
+
+
+def test_the_receiver_records_each_delivery_by_id_and_verifies_its_tenants_signature() -> None:
+    import httpx
+
+    from controller.run.hooks import sign
+
+    secret = base64.b64encode(b"k" * 32).decode()
+    receiver = Receiver("127.0.0.1", {"soak-a": f"whsec_{secret}"})
+    try:
+        for tenant, key in (("soak-a", b"k" * 32), ("soak-a", b"wrong-key-of-32-bytes-0123456789")):
+            body = json.dumps({"type": "job.finished", "data": {"job": "j-1", "tenant": tenant}}).encode()
+            now = int(time.time())
+            headers = {
+                "webhook-id": "msg_1",
+                "webhook-timestamp": str(now),
+                "webhook-signature": sign(key, "msg_1", now, body),
+            }
+            assert httpx.post(receiver.url, content=body, headers=headers).status_code == 204
+        got = receiver.received()
+        assert [(d["id"], d["type"], d["job"], d["verified"]) for d in got] == [
+            ("msg_1", "job.finished", "j-1", True),
+            ("msg_1", "job.finished", "j-1", False),
+        ]
+    finally:
+        receiver.close()
+
+
+def test_the_soaks_stack_is_the_rendered_one_with_host_mode_api_ports_and_serves_secrets() -> None:
+    api = ApiService((10002, 10001), publish_port=8080, replicas=2, secrets=("soak-api-signing-1",))
+    stack = ControllerStack(
+        image="reg:5000/ffswarm/controller@sha256:" + "a" * 64,
+        config_file=Path("/build/soak/ffswarm.yaml"),
+        config_text="data_root: /srv/d\n",
+        data_root="/srv/d",
+        volume=VolumeSpec.bind("/srv/d"),
+        api=api,
+    )
+    rendered = yaml.safe_load(render_controller_stack(stack))
+    doc = yaml.safe_load(deploy.adapt(render_controller_stack(stack), ["soak-api-signing-1", "soak-hook-soak-a-2"]))
+    svc = doc["services"]["api"]
+    assert svc["ports"] == [{"target": 8080, "published": 8080, "protocol": "tcp", "mode": "host"}]
+    assert svc["deploy"]["placement"]["max_replicas_per_node"] == 1 and svc["deploy"]["replicas"] == 2
+    assert svc["secrets"] == rendered["services"]["api"]["secrets"]  # the API's own, as rendered
+    serve = doc["services"]["controller"]
+    assert [(s["target"], s["uid"], s["mode"]) for s in serve["secrets"]] == [
+        ("soak-api-signing-1", "0", 0o400),
+        ("soak-hook-soak-a-2", "0", 0o400),
+    ]
+    assert {s["source"] for s in serve["secrets"]} <= set(doc["secrets"])
+    assert all(doc["secrets"][s["source"]] == {"external": True, "name": s["target"]} for s in serve["secrets"])
+    rest = {k: v for k, v in serve.items() if k != "secrets"}
+    assert rest == rendered["services"]["controller"]  # nothing else of serve changed
+    assert doc["volumes"] == rendered["volumes"] and doc["configs"] == rendered["configs"]
+
+
+def test_the_stream_sends_each_request_at_its_second_and_the_drain_sees_what_is_not_ended(env: Env) -> None:
+    for tenant in KEYS:
+        env.client(tenant).get("/v1/jobs").raise_for_status()
+        soak_inputs(env.area(tenant))
+    reqs = (Request(0.0, "acme", "photo", 0), Request(0.3, "globex", "zip", 2), Request(4.0, "acme", "cancel", 1))
+    plan = Plan(1, 0.01, False, False, (), reqs)
+    record = Record()
+    stream = Stream(env.root, ["http://127.0.0.1:9"], dict(KEYS), None, record)  # replaced before the first request
+    took = run.faulted(plan, stream, None, lambda: [env.url])
+    assert 4.0 <= took < 60
+    assert dict(record.answers) == {"photo 202": 1, "zip 202": 1, "cancel 200": 1}
+    jobs = {a.job: a.tenant for a in record.accepted.values()}
+    statuses = run.wait_ended(stream, {**jobs, "photo-lost0000": "acme"}, timeout=0, lost_after=0)
+    phases = {job: (s or {}).get("phase") for job, s in statuses.items()}
+    assert sorted(phases.values(), key=str) == [None, "cancelled", "queued"]  # no serve here: one stays queued
+    assert checks.ended(list(statuses), statuses).problems[0].endswith("(outcome None)")
