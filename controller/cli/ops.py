@@ -151,8 +151,23 @@ def render(
         metrics_port=metrics_port,
         inbox=inbox,
         api=_api_service(config, api_port, api_replicas, api_user),
+        secrets=_serve_secrets(config),
     )
     _emit(render_mod.render_controller_stack(spec), output)
+
+
+def _serve_secrets(config: Config) -> tuple[str, ...]:
+    """The key files `serve` reads, as Swarm secrets: webhook signing keys (the cluster's and each
+    tenant's), the link key a tenant's webhook carries a results link with, object-store credentials."""
+    named = [config.policy.webhooks.secret_file, config.api.signing_key_file]
+    named += [t.webhooks.secret_file for t in config.tenants.values()]
+    if config.storage.s3 is not None:
+        named.append(config.storage.s3.credentials_file)
+    named += [Path(t.s3.credentials_file) for t in config.tenants.values() if t.s3 and t.s3.credentials_file]
+    try:
+        return render_mod.api_secrets([p for p in named if p is not None])
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _api_service(config: Config, port: int, replicas: int, user: str | None) -> render_mod.ApiService | None:

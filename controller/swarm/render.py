@@ -169,7 +169,7 @@ def api_secrets(key_files: Sequence[Path]) -> tuple[str, ...]:
     for path in key_files:
         if str(path.parent) != SECRETS_DIR or not _SECRET_NAME.fullmatch(path.name):
             raise ValueError(
-                f"{path}: in the controller stack the API reads its key files as Swarm secrets: name them "
+                f"{path}: in the controller stack serve and the API read their key files as Swarm secrets: name them "
                 f"{SECRETS_DIR}/NAME in the config and create each with `docker secret create NAME FILE`"
             )
         names.append(path.name)
@@ -190,12 +190,18 @@ class ControllerStack:
     docker_socket: str = "/var/run/docker.sock"
     inbox: str | None = None  # default: <data_root>/inbox
     api: ApiService | None = None  # the config has tenants: `ffswarm api` beside `serve`
+    # Swarm secrets `serve` reads (webhook signing keys, the link key for webhooks, object-store
+    # credentials), mounted at /run/secrets/NAME for root alone: ``api_secrets`` of its key files.
+    secrets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.concurrent_jobs < 1:
             raise ValueError("concurrent_jobs must be at least 1")
         if not 0 < self.metrics_port < 65536:
             raise ValueError(f"metrics_port out of range: {self.metrics_port}")
+        for name in self.secrets:
+            if not _SECRET_NAME.fullmatch(name):
+                raise ValueError(f"secret name {name!r}: letters, digits, _ . - only")
 
     @property
     def config_name(self) -> str:
@@ -230,5 +236,6 @@ def render_controller_stack(stack: ControllerStack) -> str:
             volume=_volume_dict(stack.volume),
             volume_key=VOLUME_KEY,
             log_driver=LOG_DRIVER,
+            all_secrets=tuple(dict.fromkeys((*stack.secrets, *(stack.api.secrets if stack.api else ())))),
         )
     )

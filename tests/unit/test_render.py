@@ -250,3 +250,26 @@ def test_render_adds_the_api_only_for_tenants_as_controller_user_with_the_config
     elsewhere = {"signing_key_file": "/etc/ffswarm/api.key"}
     with pytest.raises(UsageError, match="/run/secrets/NAME"):
         _api_service(_config(tmp_path, tenants=tenants, controller_user="10000:999", api=elsewhere), 8080, 2, None)
+
+
+def test_serve_gets_the_key_files_it_signs_webhooks_and_links_with_as_root_only_secrets(tmp_path: Path) -> None:
+    """A tenant's webhook is signed with its own key and carries a results link signed with the API's:
+    in the controller stack `serve` reads both from Swarm secrets, as the api service does its own."""
+    from controller.cli.ops import _serve_secrets
+
+    tenants = {"acme": {"api_keys_sha256": ["0" * 64],
+                        "webhooks": {"allow_hosts": ["hooks.acme.example"], "secret_file": "/run/secrets/acme-hooks"}}}
+    api = {"signing_key_file": "/run/secrets/ffswarm-api"}
+    policy = {"webhooks": {"allow_hosts": ["ci.example"], "secret_file": "/run/secrets/cluster-hooks"}}
+    config = _config(tmp_path, tenants=tenants, controller_user="10000:999", api=api, policy=policy)
+    names = _serve_secrets(config)
+    assert set(names) == {"cluster-hooks", "ffswarm-api", "acme-hooks"}
+    stack = ControllerStack(**{**controller_stack(ApiService((10000, 999), secrets=("ffswarm-api",))).__dict__,
+                               "secrets": names})  # fmt: skip
+    doc = yaml.safe_load(render_controller_stack(stack))
+    mounted = {s["target"]: s for s in doc["services"]["controller"]["secrets"]}
+    assert set(mounted) == set(names) and all(s["uid"] == "0" and s["mode"] == 0o400 for s in mounted.values())
+    assert {v["name"] for v in doc["secrets"].values()} == set(names)  # each declared once, shared with the api
+    elsewhere = {"webhooks": {"allow_hosts": ["ci.example"], "secret_file": "/etc/ffswarm/hooks.key"}}
+    with pytest.raises(UsageError, match="/run/secrets/NAME"):
+        _serve_secrets(_config(tmp_path, policy=elsewhere))
