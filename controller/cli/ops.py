@@ -273,10 +273,13 @@ def nodes_ls(ctx: click.Context) -> None:
 # -- doctor -------------------------------------------------------------------------------------------
 @click.command()
 @click.option("--models", default="default", show_default=True, help="Model pack to verify.")
+@click.option(
+    "--store", metavar="S3_URL", help="Also probe what storage.s3 honours, on scratch keys under s3://BUCKET/PREFIX/."
+)
 @click.pass_context
-def doctor(ctx: click.Context, models: str) -> None:
+def doctor(ctx: click.Context, models: str, store: str | None) -> None:
     """Check the cluster can run jobs; each failing check names its fix. Exit 0 only when all pass."""
-    checks = run_checks(context.config(ctx), models, say=lambda c: click.echo(c.line()))
+    checks = run_checks(context.config(ctx), models, say=lambda c: click.echo(c.line()), store=store)
     failed: list[Check] = [c for c in checks if not c.ok]
     if failed:
         raise CapacityError(f"{len(failed)} check(s) failed: {', '.join(c.name for c in failed)}")
