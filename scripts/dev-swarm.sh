@@ -4,7 +4,8 @@
 #   - installs the Docker engine, debootstrap, python3-venv and ffmpeg when absent
 #   - starts dockerd with two fake GPUs (Swarm generic resources GPU=GPU-a, GPU=GPU-b) when none runs
 #   - swarm init, labels this node ffswarm.gpu=true
-#   - starts Ceph RGW for the S3 tests (scripts/s3-server.sh) in the background while the images build
+#   - installs and starts Ceph RGW for the S3 tests (scripts/s3-server.sh) in the background while the
+#     images build
 #   - builds the base and runner images
 #   - makes .venv (ffswarm + runner + test libraries, from locks/dev.txt) and the data root .dev-data/
 #   - installs the stand-in model pack as `default` when no pack of that name exists
@@ -24,8 +25,7 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 command -v ffprobe >/dev/null || need+=(ffmpeg)  # the controller probes and joins video targets
 # the web page's test (tests/unit/test_api_page.py) drives Debian's Chromium with Playwright; never a downloaded browser
 command -v chromium >/dev/null || need+=(chromium fonts-liberation)
-# the S3 tests' server, Ceph RGW (scripts/s3-server.sh): installed here so that apt runs once
-command -v radosgw >/dev/null && command -v ceph-osd >/dev/null && command -v ceph-mon >/dev/null || need+=(ceph-mon ceph-osd radosgw)
+command -v curl >/dev/null || need+=(curl)  # scripts/s3-server.sh asks RGW whether it is up
 if [ ${#need[@]} -gt 0 ]; then
   say "installing ${need[*]}"
   apt-get update -qq
@@ -66,8 +66,9 @@ docker node update --label-add ffswarm.gpu=true "$(docker info -f '{{.Swarm.Node
 gpus=$(docker node inspect self -f '{{range .Description.Resources.GenericResources}}{{with .NamedResourceSpec}}{{.Kind}}={{.Value}} {{end}}{{end}}')
 say "node: labelled ffswarm.gpu=true; generic resources: ${gpus:-none (GPU jobs cannot schedule here)}"
 
-# 3b. The S3 tests' server (Ceph RGW) comes up while the images build: after the swarm, so that it
-# also listens on the docker_gwbridge gateway the runners reach; scripts/test.sh waits for it.
+# 3b. The S3 tests' server (Ceph RGW, ~60 s to install its packages the first time, ~15 s to start)
+# comes up while the images build: after the swarm, so that it also listens on the docker_gwbridge
+# gateway the runners reach, and after this script's own apt-get; scripts/test.sh waits for it.
 mkdir -p build
 (
   for fd in /proc/$BASHPID/fd/*; do fd=${fd##*/}; [ "$fd" -gt 2 ] && eval "exec $fd>&-"; done

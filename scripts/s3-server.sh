@@ -96,6 +96,12 @@ start() {
   fi
   # memstore keeps objects in RAM only: a cluster that is not wholly up is made afresh (~15 s).
   stop
+  local port
+  for port in "$PORT" "$MON_PORT"; do
+    if ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then
+      say "port $port is taken by another process (another checkout's RGW? its scripts/s3-server.sh stop)"; exit 1
+    fi
+  done
   find "$STATE" -mindepth 1 -maxdepth 1 ! -name lock -exec rm -rf {} +
   mkdir -p "$STATE"/{run,log,mon,osd,rgw}
   write_conf

@@ -239,8 +239,9 @@ class S3Store:
         this job's commit of ``item`` with the same bytes is kept (cached); another job's object is
         ObjectExists unless ``overwrite``. The PUT carries its SHA-256 and the job's metadata and is
         conditional (If-None-Match: * for a new key, If-Match for a replaced one), so an object written
-        meanwhile is never replaced; large files go up in parts, aborted on any error: the object
-        appears whole or not at all."""
+        meanwhile is never replaced. The upload is contract/s3put.py's: one PUT unless the store is
+        known to honour conditions on CompleteMultipartUpload (``upload``), parts aborted on any error:
+        the object appears whole or not at all."""
         size, sha, b64 = digest(f)
         found = self.probe(url)
         seen = (
