@@ -4,7 +4,8 @@ fixtures in tests/integration/conftest.py).
 - ``assets`` and ``data``: the runner tests' data root, the stand-in pack and real photos built once
   per module, copied into each test's own data root with the run folder of ``RUNNER_JOB``;
 - ``moto``: moto's S3 server on loopback, one per module (tests/fixtures/moto_server.py);
-- ``rgw``: Ceph RGW, a real S3 server, started once by scripts/s3-server.sh (tests/fixtures/rgw_server.py).
+- ``rgw``: Ceph RGW, a real S3 server, started once by scripts/s3-server.sh (tests/fixtures/rgw_server.py);
+  ``s3``: RGW with the controller tests' buckets and objects, filled afresh per module.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 from tests.builders import RUNNER_JOB
 from tests.fixtures import photos
 from tests.fixtures.moto_server import Moto, moto_server
-from tests.fixtures.rgw_server import Rgw, rgw_server
+from tests.fixtures.rgw_server import Rgw, Seeded, rgw_server, seeded
 from tests.fixtures.standin_pack import build_pack
 
 
@@ -53,3 +54,8 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Moto]:
 @pytest.fixture(scope="session")
 def rgw() -> Rgw:
     return rgw_server()
+
+
+@pytest.fixture(scope="module")
+def s3(rgw: Rgw, tmp_path_factory: pytest.TempPathFactory) -> Seeded:
+    return seeded(rgw, tmp_path_factory.mktemp("secrets"))
