@@ -169,3 +169,19 @@ def test_a_big_conditional_commit_on_a_store_without_conditional_completes_is_on
         store.client.meta.events.register(f"before-call.s3.{op}", lambda model, **kw: calls.append(model.name))
     store.commit(S3Url(bucket, "one/out.mp4"), secrets.token_bytes(BIG), "job1", "i1", 1, overwrite=False)
     assert calls == ["PutObject"]
+
+
+def test_a_part_failing_while_others_are_in_flight_leaves_no_object_and_no_open_upload(
+    server: Server, bucket: str
+) -> None:
+    store = server.store(conditional_writes=False, part_workers=3)
+
+    def third_part(params: dict[str, Any], **kw: Any) -> None:
+        if params["PartNumber"] == 3:
+            raise ConnectionResetError()
+
+    store.client.meta.events.register("before-parameter-build.s3.UploadPart", third_part)
+    with pytest.raises(ConnectionResetError):  # raised in a part's thread, out of the commit
+        store.commit(S3Url(bucket, "cut/out.mp4"), secrets.token_bytes(BIG), "job1", "i1", 1, overwrite=False)
+    assert store.probe(S3Url(bucket, "cut/out.mp4")) is None
+    assert not store.client.list_multipart_uploads(Bucket=bucket).get("Uploads")
