@@ -11,6 +11,7 @@ inside it by the runner's own `verify_pack`, so the answer is the one a chunk wo
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -223,8 +224,11 @@ def check_policy(config: Config) -> Check:
     return _ok("policy", head.removeprefix("policy: ") + "".join(f"\n       {line}" for line in rest))
 
 
-def run_checks(config: Config, pack: str = "default", say: Callable[[Check], None] = lambda c: None) -> list[Check]:
-    """Every check, in order; later checks that need an earlier one's result say they were skipped."""
+def run_checks(
+    config: Config, pack: str = "default", say: Callable[[Check], None] = lambda c: None, store: str | None = None
+) -> list[Check]:
+    """Every check, in order; later checks that need an earlier one's result say they were skipped.
+    ``store`` (``s3://bucket/prefix/``): also what the configured object store honours, tried there."""
     out: list[Check] = []
 
     def add(c: Check) -> None:
@@ -232,6 +236,8 @@ def run_checks(config: Config, pack: str = "default", say: Callable[[Check], Non
         say(c)
 
     add(check_policy(config))
+    if store is not None:
+        add(check_store(config, store))
     try:
         admin = SwarmAdmin(config.docker_host)
         add(check_swarm(admin))
@@ -273,3 +279,38 @@ def check_runner_network(admin: SwarmAdmin) -> Check:
     if missing:
         return Check("runner-network", False, f"no running anchor on {', '.join(missing)}", fix)
     return _ok("runner-network", f"{RUNNER_NETWORK}: internal (no egress), anchored on every ready node")
+
+
+def check_store(config: Config, where: str, wait: Callable[[float], None] = time.sleep) -> Check:
+    """What ``storage.s3`` honours, tried on scratch keys under ``where`` (controller/storage/probe.py):
+    fails when a commit could not be made safely there (no atomic create, no If-Match in any form)."""
+    from contract.s3 import S3Url
+    from controller.storage.probe import expired_is_refused, probe
+    from controller.storage.s3 import S3Store, make_client
+
+    fix_config = "set storage.s3 (docs/storage.md) and its credentials file"
+    if config.storage.s3 is None:
+        return Check("store", False, "no storage.s3 in the config", fix_config)
+    try:
+        url = S3Url.parse(where)
+    except ValueError as e:
+        return Check(
+            "store", False, f"--store {where!r}: {e}", "give s3://BUCKET/PREFIX/ of a bucket ffswarm may write"
+        )
+    settings = config.storage.s3
+    try:
+        client = make_client(settings, max_attempts=2)
+        store = S3Store(settings, client)
+        found = probe(client, url, presign=lambda key: store.presign_get(S3Url(url.bucket, key), ttl=1),
+                      expiry=lambda link: expired_is_refused(link, wait))  # fmt: skip
+    except FfswarmError as e:
+        return Check("store", False, str(e), fix_config)
+    except Exception as e:  # noqa: BLE001  (a store's answer must not end doctor; its text is not shown)
+        return Check(
+            "store", False, f"{url}: the probe failed ({type(e).__name__})", "check the endpoint and credentials"
+        )
+    detail = f"{settings.endpoint_url or 'AWS S3'}, tried under {url}" + "".join(f"\n       {x}" for x in found.lines())
+    if not found.safe:
+        return Check("store", False, detail, "use a store with conditional PUT (If-None-Match: *, If-Match); "
+                     "ffswarm will not commit outputs where another job's could be replaced")  # fmt: skip
+    return _ok("store", detail)

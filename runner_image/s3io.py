@@ -1,13 +1,16 @@
 """Objects in an S3-compatible store (``s3://bucket/key``), read and committed with the data volume's
 guarantees (safefs.py; issue "Object storage", DESIGN.md).
 
-The PUT is the commit: one PutObject up to ``multipart_threshold``, else a multipart upload, invisible
-until CompleteMultipartUpload and aborted on any error (``Terminated`` included); a runner killed
-outright leaves an open upload, never an object (the bucket's AbortIncompleteMultipartUpload rule
-removes it). Each object carries its SHA-256 as the S3 checksum (a real store checks it; per part for
-multipart) and, with whose commit it is, in its metadata ``ffswarm-job/-item/-attempt/-sha256``: the
-metadata is the commit journal. An object is this job's only when it names this job and item (same
-sha256: cached; another: replaced by this later attempt); anything else is refused unless
+The PUT is the commit, made by contract/s3put.py (the controller's join uses the same code): one
+conditional PutObject, or, where the store honours conditions on CompleteMultipartUpload too
+(``conditional_complete``; Ceph RGW does not) or no condition is asked, a multipart upload for a body
+over ``multipart_threshold``, its parts sent ``part_workers`` at a time, invisible until
+CompleteMultipartUpload and aborted on any error (``Terminated`` included); a runner killed outright
+leaves an open upload, never an object (the bucket's AbortIncompleteMultipartUpload rule removes it).
+Each object carries its SHA-256 as the S3 checksum (a store that checks it refuses wrong bytes; per
+part for multipart) and, with whose commit it is, in its metadata ``ffswarm-job/-item/-attempt/-sha256``:
+the metadata is the commit journal. An object is this job's only when it names this job and item
+(same sha256: cached; another: replaced by this later attempt); anything else is refused unless
 ``overwrite``. Conditional writes (If-None-Match: *, If-Match: <etag>) make check and write one step.
 
 Errors (errors.py): wrong credentials, access refused, a missing bucket: MissingInput (66); throttling,
@@ -53,13 +56,12 @@ from contract.s3 import (
     commit_condition,
     parse_credentials,
 )
+from contract.s3put import MIN_PART, UnsafeCommit, Upload, put
 
 from .errors import ItemError, MissingInput, Temporary
 from .safefs import EXISTS, Digest
 from .volume import is_volume_error
 
-MIN_PART = 5 * 1024**2  # S3's smallest part (all but the last)
-MAX_PARTS = 10_000
 BLOCK = 1024**2
 
 # Codes that mean "these credentials may not do this here" or "the configuration is wrong": the same on
@@ -112,7 +114,9 @@ class S3Config:
     max_pool_connections: int = 16  # at least the items in flight (worker.inflight)
     multipart_threshold: int = 16 * 1024**2
     part_size: int = 8 * 1024**2
+    part_workers: int = 4  # parts sent at once by one commit
     conditional_writes: bool = True  # If-None-Match / If-Match on the commit (off for stores without them)
+    conditional_complete: bool = False  # the store honours them on CompleteMultipartUpload too (not RGW)
 
     def __post_init__(self) -> None:
         if self.addressing not in ("path", "virtual", "auto"):
@@ -121,6 +125,11 @@ class S3Config:
             raise ValueError("endpoint_url must be http(s)://host[:port]")
         if self.part_size < MIN_PART or min(self.connect_timeout, self.read_timeout, self.max_attempts) <= 0:
             raise ValueError(f"part_size must be at least {MIN_PART}; timeouts and max_attempts positive")
+        if self.part_workers < 1:
+            raise ValueError("part_workers must be at least 1")
+
+    def upload(self) -> Upload:
+        return Upload(self.multipart_threshold, self.part_size, self.part_workers, self.conditional_complete)
 
 
 def make_client(config: S3Config, credentials: Credentials) -> Any:
@@ -327,41 +336,10 @@ class Store:
         content_type = mimetypes.guess_type(url.key)[0] or "application/octet-stream"
         if before is not None:
             before(digest)
-        with calling(url):
-            if digest.size <= self.config.multipart_threshold:
-                with _opened(body) as f:
-                    self.client.put_object(
-                        Bucket=url.bucket, Key=url.key, Body=f, ContentLength=digest.size, ContentType=content_type,
-                        Metadata=meta, ChecksumAlgorithm="SHA256", ChecksumSHA256=b64, **condition,
-                    )  # fmt: skip
-            else:
-                self._multipart(url, body, digest.size, meta, content_type, condition)
-        return Committed(digest, cached=False, attempt=attempt)
-
-    def _multipart(
-        self, url: S3Url, body: Body, size: int, meta: dict[str, str], content_type: str, condition: dict[str, str]
-    ) -> None:
-        """Parts of ``part_size`` (more when the body needs over 10,000), each with its own SHA-256;
-        the object exists only once CompleteMultipartUpload succeeds; any error aborts the upload."""
-        part_size = max(self.config.part_size, -(-size // MAX_PARTS))
-        where = {"Bucket": url.bucket, "Key": url.key}
-        upload = self.client.create_multipart_upload(
-            **where, Metadata=meta, ContentType=content_type, ChecksumAlgorithm="SHA256"
-        )["UploadId"]
         try:
-            parts: list[dict[str, Any]] = []
-            with _opened(body) as f:
-                while chunk := f.read(part_size):
-                    n, b64 = len(parts) + 1, _b64(hashlib.sha256(chunk).digest())
-                    answer = self.client.upload_part(
-                        **where, UploadId=upload, PartNumber=n, Body=chunk, ContentLength=len(chunk),
-                        ChecksumAlgorithm="SHA256", ChecksumSHA256=b64,
-                    )  # fmt: skip
-                    parts.append({"ETag": answer["ETag"], "PartNumber": n, "ChecksumSHA256": b64})
-            self.client.complete_multipart_upload(
-                **where, UploadId=upload, MultipartUpload={"Parts": parts}, **condition
-            )
-        except BaseException:
-            with contextlib.suppress(Exception):
-                self.client.abort_multipart_upload(**where, UploadId=upload)
-            raise
+            with calling(url), _opened(body) as f:
+                put(self.client, url.bucket, url.key, f, digest.size, b64, meta, content_type, condition,
+                    self.config.upload())  # fmt: skip
+        except UnsafeCommit as e:
+            raise ItemError(f"{url}: not committed: {e}") from None
+        return Committed(digest, cached=False, attempt=attempt)

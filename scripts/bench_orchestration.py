@@ -181,8 +181,8 @@ def bench_config(**extra: Any) -> Config:
 
 
 def b5_s3(b: Bench, targets: str, chunk_size: Any, image: str) -> dict[str, Any]:
-    """B5's whole path again with the same photos as objects: targets and outputs on moto's S3 server
-    (a container on the runners' storage network, tests/fixtures/s3_server.py), the source on the
+    """B5's whole path again with the same photos as objects: targets and outputs on Ceph RGW
+    (on the host, reached from the runners' storage network, tests/fixtures/s3_server.py), the source on the
     volume. The upload of the inputs is not timed."""
     import tempfile
     from concurrent.futures import ThreadPoolExecutor
@@ -281,7 +281,7 @@ def main() -> None:
     ap.add_argument("--b4-chunks", type=int, default=0, help="first run one job of this many one-item chunks (no GPU)")
     ap.add_argument("--b5-items", type=int, default=500, help="real photos for B5 (the real runner, both ways)")
     ap.add_argument("--providers", default="cpu", help="of every job and of B5's in-process runner, e.g. cuda,cpu")
-    ap.add_argument("--b5-s3", action="store_true", help="B5 also with targets and outputs on an S3 server (moto)")
+    ap.add_argument("--b5-s3", action="store_true", help="B5 also with targets and outputs on an S3 server (Ceph RGW)")
     ap.add_argument("--skip", default="", help="comma list of b1,sweep,b2,b5,b4 to skip")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
@@ -377,7 +377,7 @@ def main() -> None:
                 ratio = objs["items_per_s"] / path["items_per_s"]
                 out["b5"]["s3"] = {**objs, "ratio_to_volume": round(ratio, 3)}
                 print(
-                    f"B5 with S3 (moto in a container, same photos): whole path {objs['items_per_s']:.1f} items/s "
+                    f"B5 with S3 (Ceph RGW on the host, same photos): whole path {objs['items_per_s']:.1f} items/s "
                     f"(wall {objs['wall_s']:.1f} s, {objs['ok']} ok) vs the data volume {path['items_per_s']:.1f} "
                     f"items/s → S3 ÷ volume {ratio:.2f}\n    profile (s from submit): first item "
                     f"{objs['first_item_s']:.2f}, last item {objs['last_item_s']:.2f}, end {objs['wall_s']:.2f}"

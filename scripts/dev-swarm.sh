@@ -4,6 +4,8 @@
 #   - installs the Docker engine, debootstrap, python3-venv and ffmpeg when absent
 #   - starts dockerd with two fake GPUs (Swarm generic resources GPU=GPU-a, GPU=GPU-b) when none runs
 #   - swarm init, labels this node ffswarm.gpu=true
+#   - installs and starts Ceph RGW for the S3 tests (scripts/s3-server.sh) in the background while the
+#     images build
 #   - builds the base, runner and controller images
 #   - makes .venv (ffswarm + runner + test libraries, from locks/dev.txt) and the data root .dev-data/
 #   - installs the OpenAPI linter (scripts/openapi-lint.sh) in the background when absent
@@ -25,6 +27,7 @@ command -v ffprobe >/dev/null || need+=(ffmpeg)  # the controller probes and joi
 # the web page's test (tests/unit/test_api_page.py) drives Debian's Chromium with Playwright; never a downloaded browser
 command -v chromium >/dev/null || need+=(chromium fonts-liberation)
 command -v npm >/dev/null || need+=(nodejs npm)  # installs the OpenAPI linter (scripts/openapi-lint.sh)
+command -v curl >/dev/null || need+=(curl)  # scripts/s3-server.sh asks RGW whether it is up
 if [ ${#need[@]} -gt 0 ]; then
   say "installing ${need[*]}"
   apt-get update -qq
@@ -64,6 +67,16 @@ fi
 docker node update --label-add ffswarm.gpu=true "$(docker info -f '{{.Swarm.NodeID}}')" >/dev/null
 gpus=$(docker node inspect self -f '{{range .Description.Resources.GenericResources}}{{with .NamedResourceSpec}}{{.Kind}}={{.Value}} {{end}}{{end}}')
 say "node: labelled ffswarm.gpu=true; generic resources: ${gpus:-none (GPU jobs cannot schedule here)}"
+
+# 3b. The S3 tests' server (Ceph RGW, ~60 s to install its packages the first time, ~15 s to start)
+# comes up while the images build: after the swarm, so that it also listens on the docker_gwbridge
+# gateway the runners reach, and after this script's own apt-get; scripts/test.sh waits for it.
+mkdir -p build
+(
+  for fd in /proc/$BASHPID/fd/*; do fd=${fd##*/}; [ "$fd" -gt 2 ] && eval "exec $fd>&-"; done
+  exec scripts/s3-server.sh start >build/s3-server.log 2>&1
+) &
+say "s3: Ceph RGW starting in the background (log build/s3-server.log)"
 
 # 4. Images (FFSWARM_IMAGES=later: the caller builds them itself, e.g. scripts/test.sh while the unit tests run).
 [ "${FFSWARM_IMAGES:-}" = later ] || scripts/build-images.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: brings up the dev swarm (scripts/dev-swarm.sh, idempotent), then lint, types,
-# unit tests (no Docker) and integration tests (the real single-node swarm and runner image).
-# The images build in the background while lint, types and the unit tests run (they need no image).
+# unit tests (no Docker) and integration tests (the real single-node swarm and runner image), the S3
+# ones against Ceph RGW (scripts/s3-server.sh). The images build in the background while lint, types
+# and the unit tests run (they need no image).
 # Extra arguments go to pytest, e.g. scripts/test.sh -k spine
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,8 @@ echo "== images: building in the background (build/images.log)"
 failed=0
 echo "== ruff"; .venv/bin/ruff check contract controller runner_image tests || failed=1
 echo "== mypy"; .venv/bin/mypy || failed=1
+# Ceph RGW for the S3 tests: dev-swarm.sh started it in the background; this waits for it.
+scripts/s3-server.sh start || { tail -20 build/s3-server.log 2>/dev/null; exit 1; }
 echo "== pytest (unit)"
 unit=0; .venv/bin/python -m pytest -q -p no:cacheprovider tests/unit "$@" || unit=$?
 [ "$unit" -eq 0 ] || [ "$unit" -eq 5 ] || failed=1  # 5: a -k that selects no unit test

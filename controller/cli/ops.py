@@ -313,15 +313,18 @@ def node_data(n: NodeInfo) -> dict[str, Any]:
 # -- doctor -------------------------------------------------------------------------------------------
 @click.command()
 @click.option("--models", default="default", show_default=True, help="Model pack to verify.")
+@click.option(
+    "--store", metavar="S3_URL", help="Also probe what storage.s3 honours, on scratch keys under s3://BUCKET/PREFIX/."
+)
 @output_option
 @click.pass_context
-def doctor(ctx: click.Context, models: str, output: str) -> None:
+def doctor(ctx: click.Context, models: str, store: str | None, output: str) -> None:
     """Check the cluster can run jobs; each failing check names its fix. Exit 0 only when all pass.
 
     With -o json|yaml: {"ok": bool, "checks": [{"name", "ok", "detail", "fix"}]} once all have run
     (the exit code as without)."""
     say = (lambda c: click.echo(c.line())) if output == "text" else (lambda c: None)
-    checks = run_checks(context.config(ctx), models, say=say)
+    checks = run_checks(context.config(ctx), models, say=say, store=store)
     failed: list[Check] = [c for c in checks if not c.ok]
     if output != "text":
         out.echo({"ok": not failed, "checks": [dataclasses.asdict(c) for c in checks]}, output)

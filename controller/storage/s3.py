@@ -27,19 +27,17 @@ from botocore.exceptions import (  # type: ignore[import-untyped]
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from contract.s3 import CACHED, META_ATTEMPT, META_ITEM, META_JOB, META_SHA256, Credentials, S3Url, commit_condition
+from contract.s3put import UnsafeCommit, Upload, put
 from controller.errors import FfswarmError, InternalError
 from controller.storage.errors import ObjectMissing, StorageAccessError, StorageTemporaryError, TooManyObjects
 from controller.storage.settings import MAX_LINK_TTL, S3Settings, read_credentials
 from controller.storage.transfer import (
     BLOCK,
-    MULTIPART_THRESHOLD,
-    PART_SIZE,
     Committed,
     ObjectChanged,
     ObjectExists,
     ObjectTooLarge,
     digest,
-    multipart,
 )
 
 __all__ = [
@@ -241,8 +239,9 @@ class S3Store:
         this job's commit of ``item`` with the same bytes is kept (cached); another job's object is
         ObjectExists unless ``overwrite``. The PUT carries its SHA-256 and the job's metadata and is
         conditional (If-None-Match: * for a new key, If-Match for a replaced one), so an object written
-        meanwhile is never replaced; large files go up in parts, aborted on any error: the object
-        appears whole or not at all."""
+        meanwhile is never replaced. The upload is contract/s3put.py's: one PUT unless the store is
+        known to honour conditions on CompleteMultipartUpload (``upload``), parts aborted on any error:
+        the object appears whole or not at all."""
         size, sha, b64 = digest(f)
         found = self.probe(url)
         seen = (
@@ -259,13 +258,9 @@ class S3Store:
         kind = mimetypes.guess_type(url.key)[0] or "application/octet-stream"
         try:
             f.seek(0)
-            if size <= self.multipart_threshold:
-                self._client.put_object(
-                    Bucket=url.bucket, Key=url.key, Body=f, ContentLength=size, ContentType=kind, Metadata=meta,
-                    ChecksumAlgorithm="SHA256", ChecksumSHA256=b64, **condition,
-                )  # fmt: skip
-            else:
-                multipart(self._client, url, f, size, meta, kind, condition, self.part_size)
+            put(self._client, url.bucket, url.key, f, size, b64, meta, kind, condition, self.upload)
+        except UnsafeCommit as e:
+            raise ObjectExists(url, f"not committed: {e}") from None
         except (ClientError, BotoCoreError) as e:
             if _code(e) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
                 raise ObjectExists(url) from None
@@ -273,8 +268,7 @@ class S3Store:
         self._buckets_seen.add(url.bucket)
         return Committed(size, sha, cached=False)
 
-    multipart_threshold = MULTIPART_THRESHOLD  # per store: tests make them small
-    part_size = PART_SIZE
+    upload = Upload()  # per store: tests make parts small or say the store honours conditional completes
 
     def _check_bucket(self, url: S3Url) -> None:
         if url.bucket in self._buckets_seen:

@@ -1,12 +1,9 @@
 """The controller's object storage (docs/storage.md): s3:// URLs, the storage: config, the credentials
-file, and listing / HEAD / presigned links against moto's S3 server on loopback, over HTTP like any S3.
+file, and listing / HEAD / presigned links against Ceph RGW, a real S3 server on loopback
+(scripts/s3-server.sh; the ``s3`` fixture, tests/fixtures/rgw_server.py), over HTTP like any S3.
 
-moto runs with its IAM authentication on (INITIAL_NO_AUTH_ACTION_COUNT, set through its
-/moto-api/reset-auth endpoint after the IAM user and buckets exist), so wrong credentials and a
-denied bucket are refused by the server, not by us. moto is a mock: it accepts tampered presigned
-signatures, and with IAM auth on it cannot serve presigned (query-string) requests at all (it
-answers 500), so the download test turns auth off for that one request. Nothing here proves S3's
-signature checking of links.
+Wrong credentials and another user's bucket are refused by the server's SigV4 check and its access
+control, not by us; a tampered or expired link is refused too (tests/unit/test_s3_rgw.py).
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ from controller.storage.errors import ObjectMissing, StorageAccessError, Storage
 from controller.storage.s3 import S3Store, make_client
 from controller.storage.settings import S3Settings, parse_storage, read_credentials
 from controller.storage.url import parse_url
-from tests.fixtures.moto_server import MANY, Moto
+from tests.fixtures.rgw_server import MANY, Seeded
 
 # --- URLs -------------------------------------------------------------------------------------------
 
@@ -195,8 +192,8 @@ def keys(objs: list) -> list[str]:  # type: ignore[type-arg]
     return [o.url.key for o in objs]
 
 
-def test_a_glob_lists_only_its_own_folder_and_double_star_goes_down(moto: Moto) -> None:
-    store = moto.store()
+def test_a_glob_lists_only_its_own_folder_and_double_star_goes_down(s3: Seeded) -> None:
+    store = s3.store()
     assert keys(store.list_matching(S3Url.parse("s3://media/crowd/*.jpg"), 100)) == ["crowd/a.jpg", "crowd/b.jpg"]
     assert keys(store.list_matching(S3Url.parse("s3://media/crowd/**/*.png"), 100)) == [
         "crowd/c.png",
@@ -210,8 +207,8 @@ def test_a_glob_lists_only_its_own_folder_and_double_star_goes_down(moto: Moto) 
     assert store.list_matching(S3Url.parse("s3://media/nothing/*.jpg"), 100) == []
 
 
-def test_listing_follows_every_page(moto: Moto) -> None:
-    store = moto.store()
+def test_listing_follows_every_page(s3: Seeded) -> None:
+    store = s3.store()
     seven_a_page = store.list_matching(S3Url.parse("s3://bulk/many/*.jpg"), 5000, page_size=7)
     assert keys(seven_a_page) == [f"many/{i:05d}.jpg" for i in range(MANY)]
     two_a_page = store.list_matching(S3Url.parse("s3://media/crowd/**"), 100, page_size=2)
@@ -220,16 +217,16 @@ def test_listing_follows_every_page(moto: Moto) -> None:
     )
 
 
-def test_a_glob_past_the_limit_stops_with_a_clear_error(moto: Moto) -> None:
+def test_a_glob_past_the_limit_stops_with_a_clear_error(s3: Seeded) -> None:
     with pytest.raises(TooManyObjects) as e:
-        moto.store().list_matching(S3Url.parse("s3://bulk/many/*.jpg"), 50, page_size=7)
+        s3.store().list_matching(S3Url.parse("s3://bulk/many/*.jpg"), 50, page_size=7)
     assert e.value.exit_code == 65
     assert "s3://bulk/many/*.jpg: matches more than 50 objects, the limit (policy.limits.targets)" in str(e.value)
-    assert len(moto.store().list_matching(S3Url.parse("s3://bulk/many/*.jpg"), MANY)) == MANY  # exactly at it
+    assert len(s3.store().list_matching(S3Url.parse("s3://bulk/many/*.jpg"), MANY)) == MANY  # exactly at it
 
 
-def test_a_missing_bucket_is_exit_66_naming_it(moto: Moto) -> None:
-    store = moto.store()
+def test_a_missing_bucket_is_exit_66_naming_it(s3: Seeded) -> None:
+    store = s3.store()
     for call in (lambda: store.list_matching(S3Url.parse("s3://no-such-bucket/crowd/*.jpg"), 10),
                  lambda: store.head(S3Url.parse("s3://no-such-bucket/crowd/a.jpg"))):  # fmt: skip
         with pytest.raises(StorageAccessError) as e:
@@ -240,8 +237,8 @@ def test_a_missing_bucket_is_exit_66_naming_it(moto: Moto) -> None:
 # --- HEAD, links -----------------------------------------------------------------------------------
 
 
-def test_head_gives_size_and_metadata_and_a_missing_object_is_an_item_error(moto: Moto) -> None:
-    store = moto.store()
+def test_head_gives_size_and_metadata_and_a_missing_object_is_an_item_error(s3: Seeded) -> None:
+    store = s3.store()
     obj = store.head(S3Url.parse("s3://media/meta/x.jpg"))
     assert obj.size == 5 and obj.metadata == {"ffswarm-job": "j1"} and obj.etag
     with pytest.raises(ObjectMissing) as e:
@@ -250,33 +247,29 @@ def test_head_gives_size_and_metadata_and_a_missing_object_is_an_item_error(moto
     assert not isinstance(e.value, StorageAccessError)  # the caller fails the item, not the job
 
 
-def test_a_presigned_link_downloads_the_object(moto: Moto) -> None:
-    store = moto.store()
+def test_a_presigned_link_downloads_the_object(s3: Seeded) -> None:
+    store = s3.store()
     link = store.presign_get(S3Url.parse("s3://media/meta/x.jpg"), ttl=600)
-    assert "X-Amz-Expires=600" in link and "X-Amz-Signature=" in link and moto.creds.secret_access_key not in link
-    moto.auth(False)  # moto with IAM auth on answers 500 to any presigned request (module docstring)
-    try:
-        answer = httpx.get(link)
-    finally:
-        moto.auth(True)
+    assert "X-Amz-Expires=600" in link and "X-Amz-Signature=" in link and s3.creds.secret_access_key not in link
+    answer = httpx.get(link)
     assert answer.status_code == 200 and answer.content == b"photo"
     assert f"X-Amz-Expires={3600}" in store.presign_get(S3Url.parse("s3://media/meta/x.jpg"))  # link_ttl
 
 
-def test_virtual_addressing_puts_the_bucket_in_the_host_name(moto: Moto) -> None:
+def test_virtual_addressing_puts_the_bucket_in_the_host_name(s3: Seeded) -> None:
     settings = S3Settings("s", Path("/x"), endpoint_url="http://s3.example.internal", addressing="virtual")
-    link = S3Store(settings, make_client(settings, moto.creds)).presign_get(S3Url.parse("s3://media/a/b.jpg"))
+    link = S3Store(settings, make_client(settings, s3.creds)).presign_get(S3Url.parse("s3://media/a/b.jpg"))
     assert link.startswith("http://media.s3.example.internal/a/b.jpg?")
 
 
 # --- failures --------------------------------------------------------------------------------------
 
 
-def test_wrong_credentials_are_exit_66_naming_the_bucket_never_the_secret(moto: Moto, tmp_path: Path) -> None:
+def test_wrong_credentials_are_exit_66_naming_the_bucket_never_the_secret(s3: Seeded, tmp_path: Path) -> None:
     wrong_secret = tmp_path / "wrong"
-    wrong_secret.write_text(f"AWS_ACCESS_KEY_ID={moto.creds.access_key_id}\nAWS_SECRET_ACCESS_KEY={SECRET}\n")
-    stores = [S3Store(moto.settings(wrong_secret), make_client(moto.settings(wrong_secret), max_attempts=1)),
-              moto.store(Credentials("AKIAUNKNOWNKEY000000", SECRET))]  # fmt: skip
+    wrong_secret.write_text(f"AWS_ACCESS_KEY_ID={s3.creds.access_key_id}\nAWS_SECRET_ACCESS_KEY={SECRET}\n")
+    stores = [S3Store(s3.settings(wrong_secret), make_client(s3.settings(wrong_secret), max_attempts=1)),
+              s3.store(Credentials("AKIAUNKNOWNKEY000000", SECRET))]  # fmt: skip
     for store in stores:
         for call in (lambda s=store: s.list_matching(S3Url.parse("s3://media/crowd/*.jpg"), 10),
                      lambda s=store: s.head(S3Url.parse("s3://media/crowd/a.jpg"))):  # fmt: skip
@@ -288,12 +281,12 @@ def test_wrong_credentials_are_exit_66_naming_the_bucket_never_the_secret(moto: 
         stores[0].list_matching(S3Url.parse("s3://media/crowd/*.jpg"), 10)
 
 
-def test_a_denied_bucket_is_exit_66_naming_it(moto: Moto) -> None:
+def test_a_denied_bucket_is_exit_66_naming_it(s3: Seeded) -> None:
     with pytest.raises(StorageAccessError) as e:
-        moto.store().list_matching(S3Url.parse("s3://forbidden/a/*.jpg"), 10)
+        s3.store().list_matching(S3Url.parse("s3://forbidden/a/*.jpg"), 10)
     assert e.value.exit_code == 66 and "access denied (S3 AccessDenied, HTTP 403)" in str(e.value)
     assert "bucket 'forbidden'" in str(e.value)
-    assert moto.creds.secret_access_key not in _everything(e.value)
+    assert s3.creds.secret_access_key not in _everything(e.value)
 
 
 class _Answers(http.server.BaseHTTPRequestHandler):

@@ -1,5 +1,5 @@
 """Jobs with s3:// paths, on the controller's side (issue 19, docs/storage.md): submit lists the
-globs in the store (moto's S3 server on loopback, its authentication on: tests/fixtures/moto_server.py),
+globs in the store (Ceph RGW on loopback: the ``s3`` fixture, tests/fixtures/rgw_server.py),
 plans the objects' URLs, and writes manifests that name the store and the secret's file, never the
 secret; the runner services get the secret by reference and the operator's network."""
 
@@ -22,22 +22,13 @@ from controller.run.jobs import manifest_settings, output_links, prepare, runner
 from controller.swarm.docker import secret_references
 from controller.swarm.servicespec import RUNNER_NETWORK, chunk_service
 from tests import builders
-from tests.fixtures.moto_server import Moto
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _fresh_moto() -> None:
-    """moto's state is process-wide: the server fixture of another module made its user already."""
-    from moto.moto_api._internal.models import moto_api_backend
-
-    moto_api_backend.reset()
-
+from tests.fixtures.rgw_server import Seeded
 
 RUNNER = "10001:10001"
 IMAGE = "sha256:" + "1" * 64
 
 
-def config(tmp_path: Path, m: Moto | None, **extra: Any) -> Config:
+def config(tmp_path: Path, m: Seeded | None, **extra: Any) -> Config:
     root = builders.data_root(tmp_path, photos=("faces/star.jpg",))
     for p in (root, *root.rglob("*")):
         os.chown(p, 10001, 10001)
@@ -61,9 +52,9 @@ def job(
 
 
 def test_a_job_with_an_s3_glob_and_s3_outputs_plans_urls_and_manifests_name_the_store(
-    tmp_path: Path, moto: Moto
+    tmp_path: Path, s3: Seeded
 ) -> None:
-    cfg = config(tmp_path, moto)
+    cfg = config(tmp_path, s3)
     (prepared,) = prepare(cfg, [job(tmp_path)], new=False)
     assert [(i.input, i.output) for i in prepared.plan.items] == [
         ("s3://media/crowd/a.jpg", "s3://media/out/j/a.png"),
@@ -76,36 +67,36 @@ def test_a_job_with_an_s3_glob_and_s3_outputs_plans_urls_and_manifests_name_the_
         text = m.to_json()
         back = Manifest.from_json(text)
         assert back.storage is not None and back.storage.credentials_file == "/run/secrets/ffswarm-s3"
-        assert back.storage.endpoint_url == moto.endpoint
-        assert moto.creds.secret_access_key not in text and moto.creds.access_key_id not in text
+        assert back.storage.endpoint_url == s3.endpoint
+        assert s3.creds.secret_access_key not in text and s3.creds.access_key_id not in text
         assert [i.input for i in back.items][0].startswith(("s3://media/crowd/", "/data/faces/"))
         assert back.source == ("/data/faces/star.jpg",)
 
 
-def test_a_job_of_files_only_has_no_storage_in_its_manifests(tmp_path: Path, moto: Moto) -> None:
-    cfg = config(tmp_path, moto)
+def test_a_job_of_files_only_has_no_storage_in_its_manifests(tmp_path: Path, s3: Seeded) -> None:
+    cfg = config(tmp_path, s3)
     (tmp_path / "root" / "faces" / "t.jpg").write_bytes(b"x")
     (prepared,) = prepare(cfg, [job(tmp_path, targets="faces/t.jpg", output="out/{stem}.png")], new=False)
     assert all(m.storage is None for m in chunk_manifests(prepared.plan, manifest_settings(cfg, prepared)).values())
     assert "secrets" not in chunk_service(runner_settings(cfg, prepared, IMAGE), "c0000", 1).as_dict()
 
 
-def test_a_missing_bucket_is_exit_66_naming_it(tmp_path: Path, moto: Moto) -> None:
+def test_a_missing_bucket_is_exit_66_naming_it(tmp_path: Path, s3: Seeded) -> None:
     with pytest.raises(FfswarmError) as e:
-        prepare(config(tmp_path, moto), [job(tmp_path, targets="s3://no-such-bucket/crowd/*.jpg")], new=False)
+        prepare(config(tmp_path, s3), [job(tmp_path, targets="s3://no-such-bucket/crowd/*.jpg")], new=False)
     assert e.value.exit_code == 66
     assert "bucket 'no-such-bucket' does not exist" in str(e.value)
 
 
-def test_a_missing_object_is_named_like_a_missing_file(tmp_path: Path, moto: Moto) -> None:
+def test_a_missing_object_is_named_like_a_missing_file(tmp_path: Path, s3: Seeded) -> None:
     with pytest.raises(FfswarmError) as e:
-        prepare(config(tmp_path, moto), [job(tmp_path, targets="s3://media/crowd/zz.jpg")], new=False)
+        prepare(config(tmp_path, s3), [job(tmp_path, targets="s3://media/crowd/zz.jpg")], new=False)
     assert e.value.exit_code == 66
     assert "targets[0]: 's3://media/crowd/zz.jpg' does not exist" in str(e.value)
 
 
-def test_a_glob_over_the_targets_limit_is_a_job_file_error(tmp_path: Path, moto: Moto) -> None:
-    cfg = config(tmp_path, moto, policy={"limits": {"targets": 50}})
+def test_a_glob_over_the_targets_limit_is_a_job_file_error(tmp_path: Path, s3: Seeded) -> None:
+    cfg = config(tmp_path, s3, policy={"limits": {"targets": 50}})
     with pytest.raises(JobFileError) as e:
         prepare(cfg, [job(tmp_path, targets="s3://bulk/many/*.jpg")], new=False)
     assert e.value.field == "targets[0]" and "matches more than 50 objects" in str(e.value)
@@ -124,15 +115,15 @@ def test_an_s3_output_template_without_storage_names_output(tmp_path: Path) -> N
     assert e.value.field == "output" and "storage.s3 is not configured" in str(e.value)
 
 
-def test_a_tenant_job_with_s3_is_refused(tmp_path: Path, moto: Moto) -> None:
+def test_a_tenant_job_with_s3_is_refused(tmp_path: Path, s3: Seeded) -> None:
     with pytest.raises(JobFileError) as e:
-        prepare(config(tmp_path, moto), [job(tmp_path)], new=False, tenant="acme")
+        prepare(config(tmp_path, s3), [job(tmp_path)], new=False, tenant="acme")
     assert "not accepted in API jobs" in str(e.value)
 
 
-def test_colliding_s3_outputs_are_refused(tmp_path: Path, moto: Moto) -> None:
+def test_colliding_s3_outputs_are_refused(tmp_path: Path, s3: Seeded) -> None:
     with pytest.raises(JobFileError) as e:
-        prepare(config(tmp_path, moto), [job(tmp_path, output="s3://media/out/same.png")], new=False)
+        prepare(config(tmp_path, s3), [job(tmp_path, output="s3://media/out/same.png")], new=False)
     assert e.value.field == "output"
 
 
@@ -143,10 +134,10 @@ def _clip(tmp_path: Path) -> bytes:
     return out.read_bytes()
 
 
-def test_a_video_in_the_store_is_probed_and_cut_into_segments(tmp_path: Path, moto: Moto) -> None:
-    store = moto.store()
+def test_a_video_in_the_store_is_probed_and_cut_into_segments(tmp_path: Path, s3: Seeded) -> None:
+    store = s3.store()
     store._client.put_object(Bucket="media", Key="clips/a.mp4", Body=_clip(tmp_path))
-    cfg = config(tmp_path, moto)
+    cfg = config(tmp_path, s3)
     text = "segment_seconds: 1\nname: v\nsource: faces/star.jpg\ntargets: ['s3://media/clips/*.mp4']\n"
     (tmp_path / "v.yaml").write_text(text + "output: 's3://media/out/{stem}{ext}'\nresources: {gpus: 0}\n")
     [prepared] = prepare(cfg, [tmp_path / "v.yaml"], new=False)
@@ -156,18 +147,18 @@ def test_a_video_in_the_store_is_probed_and_cut_into_segments(tmp_path: Path, mo
     assert not list(Path(tempfile.gettempdir()).glob("ffswarm-object-*"))  # the probe's copy is gone
 
 
-def test_a_video_in_the_store_over_the_video_bytes_limit_is_refused_naming_it(tmp_path: Path, moto: Moto) -> None:
-    store = moto.store()
+def test_a_video_in_the_store_over_the_video_bytes_limit_is_refused_naming_it(tmp_path: Path, s3: Seeded) -> None:
+    store = s3.store()
     store._client.put_object(Bucket="media", Key="clips/b.mp4", Body=_clip(tmp_path))
-    cfg = config(tmp_path, moto, policy={"limits": {"video_bytes": "1KiB"}})
+    cfg = config(tmp_path, s3, policy={"limits": {"video_bytes": "1KiB"}})
     with pytest.raises(JobFileError) as e:
         prepare(cfg, [job(tmp_path, targets="s3://media/clips/b.mp4", output="s3://media/out/{stem}{ext}")], new=False)
     assert e.value.field == "targets" and "s3://media/clips/b.mp4" in str(e.value)
     assert "policy.limits.video_bytes" in str(e.value)
 
 
-def test_runner_services_get_the_secret_by_reference_and_the_operators_network(tmp_path: Path, moto: Moto) -> None:
-    cfg = config(tmp_path, moto)
+def test_runner_services_get_the_secret_by_reference_and_the_operators_network(tmp_path: Path, s3: Seeded) -> None:
+    cfg = config(tmp_path, s3)
     (prepared,) = prepare(cfg, [job(tmp_path)], new=False)
     spec = chunk_service(runner_settings(cfg, prepared, IMAGE), "c0000", 1)
     data = spec.as_dict()
@@ -181,12 +172,12 @@ def test_runner_services_get_the_secret_by_reference_and_the_operators_network(t
         "SecretName": "ffswarm-s3",
         "File": {"Name": "ffswarm-s3", "UID": "10001", "GID": "10001", "Mode": 0o400},
     }
-    assert moto.creds.secret_access_key not in json.dumps(data) + json.dumps(ref)
+    assert s3.creds.secret_access_key not in json.dumps(data) + json.dumps(ref)
 
 
-def test_report_links_are_presigned_for_s3_outputs(tmp_path: Path, moto: Moto) -> None:
-    links = output_links(config(tmp_path, moto))
+def test_report_links_are_presigned_for_s3_outputs(tmp_path: Path, s3: Seeded) -> None:
+    links = output_links(config(tmp_path, s3))
     assert links is not None
     url = links("s3://media/out/j/a.png")
-    assert url is not None and url.startswith(f"{moto.endpoint}/media/out/j/a.png?")
-    assert "X-Amz-Expires=3600" in url and moto.creds.secret_access_key not in url
+    assert url is not None and url.startswith(f"{s3.endpoint}/media/out/j/a.png?")
+    assert "X-Amz-Expires=3600" in url and s3.creds.secret_access_key not in url

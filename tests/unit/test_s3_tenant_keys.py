@@ -2,9 +2,9 @@
 docs/storage.md#tenant-keys): the config's two forms and their refusals; a tenant's job mounts only its
 own secret, its manifests name that secret's file, and the controller lists its objects with its keys,
 while a CLI job keeps the cluster's; the API signs a tenant's links and streams its results.zip with its
-keys. Against moto's S3 server with its IAM authentication on (tests/fixtures/moto_server.py): the
-cluster's user is denied the bucket ``forbidden``, the tenant's user may use it, so an object there is
-reached only with the tenant's keys."""
+keys. Against Ceph RGW, a real S3 server (the ``s3`` fixture, tests/fixtures/rgw_server.py): the bucket
+``forbidden`` is the second test user's, used as the tenant's keys, and the cluster's user is refused
+it, so an object there is reached only with the tenant's keys."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from controller.run.usecase import video_store
 from controller.swarm.servicespec import chunk_service
 from tests import builders
 from tests.builders import make_config, serve_api
-from tests.fixtures.moto_server import REGION, Moto
+from tests.fixtures.rgw_server import REGION, Seeded
 
 IMAGE = "sha256:" + "1" * 64
 AREA = "s3://forbidden/acme/"
@@ -58,26 +58,15 @@ class Keys:
 
 
 @pytest.fixture(scope="module")
-def acme(moto: Moto, tmp_path_factory: pytest.TempPathFactory) -> Keys:
-    """The tenant's own IAM user and key (its file as the tenant's credentials_file), and two objects in
-    its area of the bucket the cluster's user is denied."""
-    moto.auth(False)
-    try:
-        admin = {"endpoint_url": moto.endpoint, "region_name": REGION, "aws_access_key_id": "admin",
-                 "aws_secret_access_key": "admin"}  # fmt: skip
-        iam = boto3.client("iam", **admin)
-        iam.create_user(UserName="acme")
-        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
-        iam.put_user_policy(UserName="acme", PolicyName="s3", PolicyDocument=json.dumps(policy))
-        key = iam.create_access_key(UserName="acme")["AccessKey"]
-        s3 = boto3.client("s3", **admin, config=BotoConfig(s3={"addressing_style": "path"}))
-        for name in ("a.jpg", "b.jpg"):
-            s3.put_object(Bucket="forbidden", Key=f"acme/in/{name}", Body=b"photo")
-    finally:
-        moto.auth(True)
-    path = tmp_path_factory.mktemp("acme-secrets") / "acme-s3"
-    path.write_text(f"AWS_ACCESS_KEY_ID={key['AccessKeyId']}\nAWS_SECRET_ACCESS_KEY={key['SecretAccessKey']}\n")
-    return Keys(key["AccessKeyId"], key["SecretAccessKey"], path)
+def acme(s3: Seeded, tmp_path_factory: pytest.TempPathFactory) -> Keys:
+    """The tenant's own key (its file as the tenant's credentials_file): the user owning ``forbidden``,
+    with two objects in its area of that bucket, which the cluster's user is refused."""
+    other = s3.rgw.other
+    keys = Keys(other.access_key_id, other.secret_access_key, tmp_path_factory.mktemp("acme-secrets") / "acme-s3")
+    keys.file.write_text(f"AWS_ACCESS_KEY_ID={keys.key_id}\nAWS_SECRET_ACCESS_KEY={keys.secret}\n")
+    for name in ("a.jpg", "b.jpg"):
+        keys.client(s3.endpoint).put_object(Bucket="forbidden", Key=f"acme/in/{name}", Body=b"photo")
+    return keys
 
 
 # --- config -------------------------------------------------------------------------------------
@@ -139,7 +128,7 @@ def test_two_tenants_never_share_a_credentials_secret(tmp_path: Path) -> None:
 # --- a tenant's job and a CLI job -----------------------------------------------------------------
 
 
-def config(tmp_path: Path, m: Moto, keys: Keys) -> Config:
+def config(tmp_path: Path, m: Seeded, keys: Keys) -> Config:
     root = builders.data_root(tmp_path, photos=("tenants/acme/faces/me.jpg", "faces/star.jpg"))
     data: dict[str, Any] = {
         "data_root": str(root),
@@ -160,9 +149,9 @@ def job_file(tmp_path: Path, source: str, target: str) -> Path:
 
 
 def test_a_tenants_job_lists_with_its_keys_mounts_only_its_secret_and_its_manifests_name_it(
-    tmp_path: Path, moto: Moto, acme: Keys
+    tmp_path: Path, s3: Seeded, acme: Keys
 ) -> None:
-    cfg = config(tmp_path, moto, acme)
+    cfg = config(tmp_path, s3, acme)
     f = job_file(tmp_path, "tenants/acme/faces/me.jpg", "s3://forbidden/acme/in/*.jpg")
     (prepared,) = prepare(cfg, [f], new=False, tenant="acme")  # listed with acme's keys: the cluster's are denied
     assert [i.input for i in prepared.plan.items] == ["s3://forbidden/acme/in/a.jpg", "s3://forbidden/acme/in/b.jpg"]
@@ -179,8 +168,8 @@ def test_a_tenants_job_lists_with_its_keys_mounts_only_its_secret_and_its_manife
     assert request.storage is not None and request.storage.credentials_file == "/run/secrets/acme-s3"
 
 
-def test_a_tenants_store_reads_only_its_credentials_file(tmp_path: Path, moto: Moto, acme: Keys) -> None:
-    cfg = config(tmp_path, moto, acme)
+def test_a_tenants_store_reads_only_its_credentials_file(tmp_path: Path, s3: Seeded, acme: Keys) -> None:
+    cfg = config(tmp_path, s3, acme)
     f = job_file(tmp_path, "tenants/acme/faces/me.jpg", "s3://forbidden/acme/in/*.jpg")
     spec = prepare(cfg, [f], new=False, tenant="acme")[0].spec
     gone = tmp_path / "acme-s3-gone"
@@ -201,8 +190,8 @@ def test_a_tenants_store_reads_only_its_credentials_file(tmp_path: Path, moto: M
     assert signed is not None and credential(signed).startswith(acme.key_id + "/")
 
 
-def test_a_cli_job_keeps_the_clusters_keys_and_secret(tmp_path: Path, moto: Moto, acme: Keys) -> None:
-    cfg = config(tmp_path, moto, acme)
+def test_a_cli_job_keeps_the_clusters_keys_and_secret(tmp_path: Path, s3: Seeded, acme: Keys) -> None:
+    cfg = config(tmp_path, s3, acme)
     with pytest.raises(FfswarmError, match=r"access denied"):  # the cluster's user may not use this bucket
         prepare(cfg, [job_file(tmp_path, "faces/star.jpg", "s3://forbidden/acme/in/*.jpg")], new=False)
     (prepared,) = prepare(cfg, [job_file(tmp_path, "faces/star.jpg", "s3://media/crowd/*.jpg")], new=False)
@@ -214,7 +203,7 @@ def test_a_cli_job_keeps_the_clusters_keys_and_secret(tmp_path: Path, moto: Moto
     link = output_links(cfg)
     assert link is not None
     signed = link("s3://media/out/a.png")
-    assert signed is not None and credential(signed).startswith(moto.creds.access_key_id + "/")
+    assert signed is not None and credential(signed).startswith(s3.creds.access_key_id + "/")
 
 
 def credential(link: str) -> str:
@@ -226,12 +215,12 @@ def credential(link: str) -> str:
 
 
 @pytest.fixture
-def api(tmp_path: Path, moto: Moto, acme: Keys) -> Iterator[builders.Env]:
+def api(tmp_path: Path, s3: Seeded, acme: Keys) -> Iterator[builders.Env]:
     config, signing = make_config(tmp_path)
     data = yaml.safe_load((tmp_path / "ffswarm.yaml").read_text())
     data["tenants"]["acme"]["s3"] = {"area": AREA, "credentials_secret": "acme-s3", "credentials_file": str(acme.file)}
-    data["storage"] = {"s3": {"endpoint_url": moto.endpoint, "credentials_secret": "ffswarm-s3",
-                              "credentials_file": str(moto.cred_file), "link_ttl": "1h"}}  # fmt: skip
+    data["storage"] = {"s3": {"endpoint_url": s3.endpoint, "credentials_secret": "ffswarm-s3",
+                              "credentials_file": str(s3.cred_file), "link_ttl": "1h"}}  # fmt: skip
     config = parse_config(tmp_path / "ffswarm.yaml", data)
     builders.beat(config)
     for url in serve_api(config):
@@ -257,16 +246,16 @@ def finished_run(root: Path, outputs: list[str], bodies: list[bytes]) -> None:
 
 
 def test_the_api_signs_a_tenants_links_and_streams_its_objects_with_its_own_keys(
-    api: builders.Env, moto: Moto, acme: Keys
+    api: builders.Env, s3: Seeded, acme: Keys
 ) -> None:
     root = api.root
     bodies = [b"swapped 0 " * 200, b"swapped 1 " * 200]
     outputs = [f"{AREA}out/{JOB}/0.jpg", f"{AREA}out/{JOB}/1.jpg"]
     finished_run(root, outputs, bodies)
-    s3 = acme.client(moto.endpoint)
+    tenant = acme.client(s3.endpoint)
     for n, (out, b) in enumerate(zip(outputs, bodies, strict=True)):
         meta = {META_JOB: JOB, META_ITEM: f"i{n:06d}", META_ATTEMPT: "1", META_SHA256: hashlib.sha256(b).hexdigest()}
-        s3.put_object(Bucket="forbidden", Key=out.removeprefix("s3://forbidden/"), Body=b, Metadata=meta)
+        tenant.put_object(Bucket="forbidden", Key=out.removeprefix("s3://forbidden/"), Body=b, Metadata=meta)
     with api.client() as c:
         status = c.get(f"/v1/jobs/{JOB}")
         report = c.get(f"/v1/jobs/{JOB}/report")
@@ -275,7 +264,7 @@ def test_the_api_signs_a_tenants_links_and_streams_its_objects_with_its_own_keys
     links = [*status.json()["output_urls"].values(), *(e["output_url"] for e in report.json()["items"].values())]
     assert len(links) == 4 and all(credential(link).startswith(acme.key_id + "/") for link in links)
     for text in (status.text, report.text):
-        assert moto.creds.access_key_id not in text and acme.secret not in text
+        assert s3.creds.access_key_id not in text and acme.secret not in text
     with zipfile.ZipFile(io.BytesIO(zipped.content)) as zf:  # the cluster's user is denied this bucket
         assert zf.read(f"out/{JOB}/0.jpg") == bodies[0] and zf.read(f"out/{JOB}/1.jpg") == bodies[1]
         assert "ffswarm-left-out.json" not in zf.namelist()

@@ -1,8 +1,7 @@
 """A tenant's part of the object store (tenants.<t>.s3, issue 19): the config that gives it, the API
 refusing every s3:// URL outside it, presigned output links, and results.zip streaming committed
-objects — over real HTTP on loopback, against moto's S3 server with its IAM auth on
-(tests/fixtures/moto_server.py). moto cannot serve a presigned request with auth on (it answers
-500), so the one download through a link turns auth off for that request."""
+objects — over real HTTP on loopback, against Ceph RGW, a real S3 server (the ``s3`` fixture,
+tests/fixtures/rgw_server.py): the presigned link is checked by the server when downloaded."""
 
 from __future__ import annotations
 
@@ -32,7 +31,7 @@ from controller.job.files import parse_job_text
 from controller.job.plan import Chunk, Plan, PlannedItem
 from controller.run.rundir import Control, RunDir
 from tests.builders import JPEG, Env, beat, make_config, serve_api
-from tests.fixtures.moto_server import REGION, Moto
+from tests.fixtures.rgw_server import REGION, Seeded
 
 AREA = "s3://media/acme/"
 JOB = "party-abcdefgh"
@@ -94,8 +93,8 @@ def test_a_bad_area_is_refused_naming_the_field(tmp_path: Path, value: object, w
 # --- the API over loopback, with the store ----------------------------------------------------------
 
 
-def client(m: Moto) -> Any:
-    """The runner's way in (the IAM user's keys): auth is on, moto refuses the fixture's admin keys."""
+def client(m: Seeded) -> Any:
+    """The runner's way in (the test user's keys)."""
     return boto3.client("s3", endpoint_url=m.endpoint, region_name=REGION, aws_access_key_id=m.creds.access_key_id,
                         aws_secret_access_key=m.creds.secret_access_key,
                         config=BotoConfig(s3={"addressing_style": "path"}))  # fmt: skip
@@ -103,7 +102,7 @@ def client(m: Moto) -> Any:
 
 @dataclass
 class S3Env(Env):
-    moto: Moto
+    server: Seeded
     s3: Any
 
     def put(self, key: str, body: bytes, meta: dict[str, str] | None = None) -> None:
@@ -116,20 +115,20 @@ class S3Env(Env):
         return digest
 
     def secrets(self) -> tuple[str, str]:
-        return self.moto.creds.secret_access_key, self.moto.creds.access_key_id
+        return self.server.creds.secret_access_key, self.server.creds.access_key_id
 
 
 @pytest.fixture
-def env(tmp_path: Path, moto: Moto) -> Iterator[S3Env]:
+def env(tmp_path: Path, s3: Seeded) -> Iterator[S3Env]:
     _, signing = make_config(tmp_path)  # the data root, the pack, the API's secrets and two tenants, acme and globex
     data = yaml.safe_load((tmp_path / "ffswarm.yaml").read_text())
     data["tenants"]["acme"]["s3"] = AREA
-    data["storage"] = {"s3": {"endpoint_url": moto.endpoint, "credentials_secret": "ffswarm-s3",
-                              "credentials_file": str(moto.cred_file), "link_ttl": "1h"}}  # fmt: skip
+    data["storage"] = {"s3": {"endpoint_url": s3.endpoint, "credentials_secret": "ffswarm-s3",
+                              "credentials_file": str(s3.cred_file), "link_ttl": "1h"}}  # fmt: skip
     config = parse_config(tmp_path / "ffswarm.yaml", data)
     beat(config)
     for url in serve_api(config):
-        yield S3Env(config, config.data_root, url, signing, moto, client(moto))
+        yield S3Env(config, config.data_root, url, signing, s3, client(s3))
 
 
 def post(env: S3Env, tenant: str = "acme", **fields: Any) -> httpx.Response:
@@ -241,17 +240,13 @@ def test_status_and_report_link_only_the_objects_in_the_area_and_a_link_download
     items = report.json()["items"]
     for n in (0, 1):
         link = items[f"i{n:06d}"]["output_url"]
-        assert link.startswith(f"{env.moto.endpoint}/media/acme/out/{JOB}/{n}.jpg?") and "X-Amz-Signature=" in link
+        assert link.startswith(f"{env.server.endpoint}/media/acme/out/{JOB}/{n}.jpg?") and "X-Amz-Signature=" in link
         assert urlsplit(link).path == urlsplit(links[f"i{n:06d}"]).path
     for n in (2, 3):  # recorded outside the area: the stale link of report.json is taken away too
         assert "output_url" not in items[f"i{n:06d}"] and items[f"i{n:06d}"]["output"] == outputs[n]
     for text in (status.text, report.text):  # a link names the access key id (X-Amz-Credential), never the secret
-        assert env.moto.creds.secret_access_key not in text and str(env.root) not in text
-    env.moto.auth(False)  # moto answers 500 to any presigned request with auth on (docs/storage.md)
-    try:
-        got = httpx.get(links["i000001"], timeout=10)
-    finally:
-        env.moto.auth(True)
+        assert env.server.creds.secret_access_key not in text and str(env.root) not in text
+    got = httpx.get(links["i000001"], timeout=10)
     assert got.status_code == 200 and got.content == body(1)
 
 
