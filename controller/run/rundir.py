@@ -226,16 +226,19 @@ class RunDir:
 
     def _share_runs(self, ctl: Owner | None) -> None:
         """runs/ made by this controller (or by an earlier step: the output claims under
-        runs/.claims) gets the runner's group and DIR_MODE, so runners can reach their run folders;
-        a runs/ someone else owns is left as it is."""
+        runs/.claims) gets the controller's owner, the runner's group and DIR_MODE, so runners reach
+        their run folders and an API running as ``controller_user`` reads them; one a root controller
+        made as root's is handed to ``controller_user``; a runs/ someone else owns is left as it is."""
         if ctl is None:
             return
         fd = self.volume.open_dir(self.path.parent)
         try:
             st = os.fstat(fd)
-            if st.st_uid == ctl[0] and (st.st_gid != ctl[1] or stat.S_IMODE(st.st_mode) & 0o050 != 0o050):
-                os.fchown(fd, -1, ctl[1])
-                os.fchmod(fd, stat.S_IMODE(st.st_mode) | 0o050)
+            ours = st.st_uid == ctl[0] or (st.st_uid == 0 and os.geteuid() == 0)
+            mode = stat.S_IMODE(st.st_mode)
+            if ours and (st.st_uid != ctl[0] or st.st_gid != ctl[1] or mode & 0o050 != 0o050):
+                os.fchown(fd, ctl[0], ctl[1])
+                os.fchmod(fd, mode | 0o050)
         finally:
             os.close(fd)
 

@@ -331,3 +331,17 @@ def test_a_runs_folder_made_first_by_the_output_claims_is_shared_with_the_runner
     rd.make_dirs()
     st = (root / "runs").stat()
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode) & 0o050) == (os.geteuid(), 10002, 0o050)
+
+
+def test_a_runs_folder_a_root_controller_made_is_handed_to_controller_user(tmp_path: Path) -> None:
+    """serve runs as root (the Docker socket) and the API as controller_user: runs/, made as root's by
+    the output claims, must become controller_user's, or the API cannot read any run folder."""
+    from controller.job import claims
+
+    root = tmp_path / "data"
+    root.mkdir()
+    claims.claim(root, "j", ["out/a.jpg"], "job.yaml")
+    assert (root / "runs").stat().st_uid == 0
+    RunDir(root, "j", (10001, 10001), (10002, 10001)).make_dirs()
+    st = (root / "runs").stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode) & 0o050) == (10002, 10001, 0o050)
