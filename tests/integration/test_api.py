@@ -88,7 +88,8 @@ def test_a_tenants_zip_runs_end_to_end_and_only_that_tenant_sees_it(
     assert any("readme.txt" in n for n in body.get("notes", []))
 
     events = _events(api, key_a, job, timeout=600)
-    assert events[-1] == ("end", {"job": job, "phase": "finished", "outcome": "succeeded"}), (events[-3:], api.log.read_text()[-2000:])
+    end = ("end", {"job": job, "phase": "finished", "outcome": "succeeded"})
+    assert events[-1] == end, (events[-3:], api.log.read_text()[-2000:])
     assert any(e == "progress" for e, _ in events)
 
     with api.client(key_a) as c:
