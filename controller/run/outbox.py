@@ -9,6 +9,13 @@ it is next due. A queue entry beside the run folders (``runs/.outbox/<job>~<id>~
 deliverer find the pending ones without reading every run folder; the record is the truth, the
 entry only a pointer (written before the record, removed after it says delivered or failed).
 
+A tenant's job that ended without a run folder (`serve` refused it, or it was cancelled while queued)
+keeps its deliveries beside its owner record instead, ``tenants/.jobs/<t>/<job>.deliveries/`` (the
+folder the API and `serve` both write, which runners cannot): the same records, found by the same
+queue entries, listed by the same route. Such an end is queued under a stable id (``stable_id``: job,
+event type and run), so a `serve` restarted half-way through refusing a job finds the delivery it
+already made instead of announcing the end again under a new id.
+
 Whoever makes a delivery tries it at once (``ffswarm submit`` has no other chance); one that fails
 stays pending, and `serve` runs a ``Deliverer`` (controller/run/webhooks.py) that sends due ones on
 ``webhooks.retry_schedule`` (controller/settings/webhooks.py), across its own restarts: a new
@@ -22,6 +29,7 @@ Two deliverers (two `serve`s) never send one delivery at once: each attempt hold
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -47,8 +55,10 @@ from controller.volume import DIR_MODE, Owner, UnsafePath, Volume
 
 Clock = Callable[[], float]
 Sender = Callable[[str, bytes, str, Webhooks, float], hooks.Attempt]  # url, body, id, policy, now
+TenantOf = Callable[[str], str | None]  # the tenant whose owner record holds a job (None: none does)
 
 FOLDER = "deliveries"
+RUNLESS = ".deliveries"  # a run-less tenant job's folder: tenants/.jobs/<t>/<job>.deliveries/
 QUEUE = ".outbox"  # under runs/
 DELIVERY_ID = re.compile(r"msg_[0-9a-f]{32}")
 STATES = ("pending", "delivered", "failed")
@@ -150,6 +160,12 @@ def _attempt(a: object) -> dict[str, Any]:
     return {"at": at, "error": error}
 
 
+def stable_id(job: str, kind: str, run: str) -> str:
+    """The delivery id of ``kind`` for one run of ``job``: the same on every call, so an end queued
+    twice (a controller restarted half-way) is one delivery."""
+    return "msg_" + hashlib.sha256(f"{job}\0{kind}\0{run}".encode()).hexdigest()[:32]
+
+
 def utc(t: float) -> str:
     """RFC 3339 in UTC, to the second: 2026-12-02T07:41:03Z."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
@@ -158,14 +174,36 @@ def utc(t: float) -> str:
 class Outbox:
     """The deliveries of the jobs under one data root."""
 
-    def __init__(self, data_root: Path, settings: WebhookSettings | None = None, clock: Clock = time.time) -> None:
+    def __init__(
+        self,
+        data_root: Path,
+        settings: WebhookSettings | None = None,
+        clock: Clock = time.time,
+        record_tenant: TenantOf | None = None,
+    ) -> None:
         self.root = data_root
         self.volume = Volume(data_root)
         self.settings = settings or WebhookSettings()
         self.clock = clock
+        self.record_tenant = record_tenant or (lambda job: None)
 
     # -- paths ---------------------------------------------------------------------------------------
+    def runless(self, job: str) -> str | None:
+        """The tenant of a job that has no run folder but an owner record (refused, or cancelled while
+        queued): its deliveries live beside that record. None for a job with a run folder."""
+        if not ID.fullmatch(job) or os.path.lexists(RunLayout.host(self.root, job).dir):
+            return None
+        return self.record_tenant(job)
+
+    def tenant(self, job: str) -> str | None:
+        """Whose key signs the job's deliveries: its run folder's ``owner``, or for a run-less job
+        the tenant whose record holds it; None for a CLI job."""
+        return self.runless(job) or hooks.job_tenant(self.root, job)
+
     def folder(self, job: str) -> Path:
+        tenant = self.runless(job)
+        if tenant is not None:
+            return DataRootLayout.host(self.root).records / tenant / f"{job}{RUNLESS}"
         return RunLayout.host(self.root, job).dir / FOLDER
 
     def record(self, job: str, delivery: str) -> Path:
@@ -176,7 +214,14 @@ class Outbox:
         return DataRootLayout.host(self.root).runs / QUEUE
 
     def _owner(self, job: str) -> Owner | None:
-        return RunDir(self.root, job).controller_owner()  # the run folder's own owner and group
+        tenant = self.runless(job)
+        if tenant is None:
+            return RunDir(self.root, job).controller_owner()  # the run folder's own owner and group
+        try:  # the record folder's: the API (which redelivers) writes what `serve` made, and back
+            st = os.stat(DataRootLayout.host(self.root).records / tenant, follow_symlinks=False)
+        except OSError:
+            return None
+        return (st.st_uid, st.st_gid) if stat.S_ISDIR(st.st_mode) else None
 
     # -- records -------------------------------------------------------------------------------------
     def read(self, job: str, delivery: str) -> Delivery | None:
@@ -247,11 +292,17 @@ class Outbox:
             self.volume.unlink(self.queue / name)
 
     # -- making and redelivering ---------------------------------------------------------------------
-    def enqueue(self, job: str, kind: str, data: Mapping[str, Any], url: str) -> Delivery:
-        """A new pending delivery, due now; its id is fixed from here on."""
+    def enqueue(self, job: str, kind: str, data: Mapping[str, Any], url: str, run: str | None = None) -> Delivery:
+        """A new pending delivery, due now; its id is fixed from here on. With ``run``, its id is
+        ``stable_id(job, kind, run)`` and a delivery already made under it is returned as it is."""
         now = self.clock()
+        if run is not None:
+            made = self.read(job, stable_id(job, kind, run))
+            if made is not None:
+                return made
         body = json.dumps(hooks.envelope(kind, data, now))
-        d = Delivery(id=hooks.new_id(), job=job, type=kind, url=url, body=body, created=now, next_attempt=now)
+        new = hooks.new_id() if run is None else stable_id(job, kind, run)
+        d = Delivery(id=new, job=job, type=kind, url=url, body=body, created=now, next_attempt=now)
         self._queue(d)  # first: a record is never pending without an entry that finds it
         self.write(d)
         return d
