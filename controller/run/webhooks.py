@@ -122,8 +122,9 @@ def notify(
         return None
     assert on_complete.webhook is not None
     box = outbox(config)
-    try:
-        d = box.enqueue(rundir.job, kind, data, on_complete.webhook)
+    try:  # an end under its run's stable id: a controller restarted half-way finds the one it queued
+        run = None if kind == STARTED else f"run-{box.run_number(rundir.job)}"
+        d = box.enqueue(rundir.job, kind, data, on_complete.webhook, run)
         if try_now:
             d = box.attempt(d, deliverer(config, box).policy_for(rundir.job))
     except (OSError, FfswarmError) as e:
@@ -153,6 +154,17 @@ def started(config: Config, rundir: RunDir, on_complete: OnComplete, try_now: bo
         log.get(job=rundir.job).warning("webhook_not_queued", type=STARTED, error=type(e).__name__)
         return
     notify(config, rundir, on_complete, STARTED, {**data, "phase": "running"}, try_now)
+
+
+def run_again(rundir: RunDir) -> None:
+    """Before a job that had ended runs again (a retry, its file submitted again): its next end is
+    announced anew, under the next run's id. A job still running (or never ended) keeps its run:
+    its end, if a stopped controller already queued it, is not announced twice. Never raises."""
+    try:
+        if status.finished(rundir):
+            Outbox(rundir.data_root).next_run(rundir.job)
+    except (OSError, FfswarmError) as e:
+        log.get(job=rundir.job).warning("webhook_run_not_counted", error=type(e).__name__)
 
 
 PolicyFor = Callable[[str], Webhooks]  # a job's webhook policy (its tenant's, or the cluster's)

@@ -13,19 +13,32 @@ from pathlib import Path
 
 import pytest
 import yaml
+from standardwebhooks.webhooks import Webhook
 
 from controller.config import Config, parse_config
-from controller.run import webhooks
+from controller.job.settings import OnComplete
+from controller.run import status, webhooks
 from controller.run.metrics import Metrics
 from controller.run.outbox import Outbox, stable_id
+from controller.run.rundir import Stage
 from controller.run.webhooks import Deliverer
+from controller.serve import refusals
 from controller.serve.daemon import Inbox, Server
 from tests.builders import Env, beat, make_config, serve_api
 from tests.unit.test_api_ops import claim, submit
-from tests.unit.test_webhook_outbox import Clock, Receiver, receiver  # noqa: F401 - the fixture
+from tests.unit.test_webhook_outbox import WHSEC as CLUSTER_WHSEC
+from tests.unit.test_webhook_outbox import Clock, Receiver, configured, ended, run_folder
 
 KEY = b"acme-own-webhook-key-0123456789ab"
 WHSEC = "whsec_" + base64.b64encode(KEY).decode()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    if r.httpd is not None:
+        r.down()
 
 
 @pytest.fixture
@@ -51,8 +64,6 @@ def box(config: Config, clock: Clock) -> Outbox:
 
 
 def verified(r: Receiver) -> list[dict[str, object]]:
-    from standardwebhooks.webhooks import Webhook
-
     return [Webhook(WHSEC).verify(body, headers) for headers, body in r.got]
 
 
@@ -96,8 +107,6 @@ def test_a_serve_restarted_after_queueing_a_refusal_does_not_announce_it_again(e
     job = submit(env, on_complete={"webhook": receiver.url})
     (env.area() / "faces" / "me.jpg").unlink()
     claimed = claim(env.config, job)
-    from controller.serve import refusals
-
     refusals.announce(env.config, claimed, "MissingInputError (exit 66): faces/me.jpg is missing")
     refusals.announce(env.config, claimed, "MissingInputError (exit 66): faces/me.jpg is missing")  # restarted
     clock = Clock()
@@ -120,7 +129,8 @@ def test_a_queued_job_cancelled_through_the_api_tells_its_webhook_once(env: Env,
     [event] = verified(receiver)
     assert event["type"] == "job.cancelled"
     data = event["data"]
-    assert isinstance(data, dict) and (data["phase"], data["outcome"], data["tenant"]) == ("cancelled", "cancelled", "acme")
+    assert isinstance(data, dict)
+    assert (data["phase"], data["outcome"], data["tenant"]) == ("cancelled", "cancelled", "acme")
     with env.client() as c:
         [shown] = c.get(f"/v1/jobs/{job}/deliveries").json()["deliveries"]
         assert shown["type"] == "job.cancelled" and shown["state"] == "delivered"
@@ -154,7 +164,27 @@ def test_a_job_without_a_webhook_or_a_cli_file_refused_announces_nothing(env: En
     refuse_in_serve(env, job)
     cli = env.root / "inbox" / "cli-job.yaml"
     cli.write_text(json.dumps({"source": "x.jpg", "targets": ["y.jpg"], "on_complete": {"webhook": receiver.url}}))
-    from controller.serve import refusals
-
     refusals.announce(env.config, cli, "JobFileError (exit 65): x.jpg is missing")
     assert list(box(env.config, Clock()).entries()) == []
+
+
+def test_an_end_queued_again_after_a_restart_is_one_delivery_and_a_retry_is_a_new_one(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """A controller killed after queueing a job's end but before the run was recorded as ended runs
+    the hooks again on its restart: the same delivery, not sent twice. A retry of the ended job is
+    a new run whose end is announced under a new id."""
+    config = configured(tmp_path)
+    rd = run_folder(config)
+    hooks = OnComplete(webhook=receiver.url)
+    assert ended(config, rd, hooks) == {"webhook": "delivered"}
+    assert ended(config, rd, hooks) == {"webhook": "delivered"}  # the restarted controller's second call
+    assert len(receiver.got) == 1 and len(webhooks.outbox(config).deliveries(rd.job)) == 1
+    rd.write_report({"job": rd.job})
+    rd.enter(Stage.ENDED)
+    assert status.finished(rd)
+    webhooks.run_again(rd)  # retried
+    assert ended(config, rd, hooks) == {"webhook": "delivered"}
+    first, second = webhooks.outbox(config).deliveries(rd.job)
+    assert first.id != second.id and receiver.ids() == [first.id, second.id]
+    assert [Webhook(CLUSTER_WHSEC).verify(b, h)["type"] for h, b in receiver.got] == ["job.finished"] * 2
