@@ -188,3 +188,19 @@ def test_an_end_queued_again_after_a_restart_is_one_delivery_and_a_retry_is_a_ne
     first, second = webhooks.outbox(config).deliveries(rd.job)
     assert first.id != second.id and receiver.ids() == [first.id, second.id]
     assert [Webhook(CLUSTER_WHSEC).verify(b, h)["type"] for h, b in receiver.got] == ["job.finished"] * 2
+
+
+def test_an_end_before_the_run_goes_only_to_a_host_the_tenant_allows(env: Env, receiver: Receiver) -> None:
+    """The tenant's own allow_hosts decide, as for any event: another host gets nothing queued, and
+    another tenant's section (globex allows none) never signs or sends acme's events."""
+    job = submit(env, on_complete={"webhook": receiver.url})
+    elsewhere = OnComplete(webhook="http://hooks.elsewhere.example/x")
+    data = {"job": job, "phase": "cancelled"}
+    assert webhooks.ended_before_running(env.config, job, "acme", elsewhere, "job.cancelled", data) is None
+    assert (
+        webhooks.ended_before_running(
+            env.config, job, "globex", OnComplete(webhook=receiver.url), "job.cancelled", data
+        )
+        is None
+    )
+    assert list(box(env.config, Clock()).entries()) == []
