@@ -23,7 +23,7 @@ from controller.run.outbox import Outbox, stable_id
 from controller.run.rundir import Stage
 from controller.run.webhooks import Deliverer
 from controller.serve import refusals
-from controller.serve.daemon import Inbox, Server
+from controller.serve.daemon import MAX_STARTS, Inbox, Server
 from tests.builders import Env, beat, make_config, serve_api
 from tests.unit.test_api_ops import claim, submit
 from tests.unit.test_webhook_outbox import WHSEC as CLUSTER_WHSEC
@@ -204,3 +204,19 @@ def test_an_end_before_the_run_goes_only_to_a_host_the_tenant_allows(env: Env, r
         is None
     )
     assert list(box(env.config, Clock()).entries()) == []
+
+
+def test_a_job_file_serve_gives_up_on_tells_its_webhook_it_failed(env: Env, receiver: Receiver) -> None:
+    """A file whose controller kept dying before the job had a run folder is refused for good: its
+    webhook hears of it like any other refusal."""
+    job = submit(env, on_complete={"webhook": receiver.url})
+    claimed = claim(env.config, job)
+    server = Server(env.config, Inbox(env.config.data_root / "inbox"), Metrics(), poll=0.05)
+    for _ in range(MAX_STARTS):
+        server.inbox.count_start(claimed)
+    server.start_job(claimed)  # one start too many: moved to failed/ at once
+    assert (env.root / "inbox" / "failed" / f"{job}.yaml").exists()
+    assert webhooks.deliverer(env.config, box(env.config, Clock())).run_due() == 1
+    [event] = verified(receiver)
+    data = event["data"]
+    assert isinstance(data, dict) and data["outcome"] == "failed" and "is not resumed again" in data["reason"]
