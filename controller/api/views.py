@@ -8,6 +8,7 @@ controller/api/results.py, the event stream controller/api/events.py.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from typing import Any
@@ -17,7 +18,7 @@ from controller.api.area import Area
 from controller.api.errors import ApiError, not_found
 from controller.config import Config
 from controller.errors import FfswarmError
-from controller.run import control, handover, status, usage
+from controller.run import control, handover, status, usage, webhooks
 from controller.run.rundir import RunDir, read_nofollow
 
 MAX_REASON = 4096
@@ -93,12 +94,31 @@ def cancel(config: Config, area: Area, job: str) -> dict[str, Any]:
             raise ApiError(409, "finished", f"job {job!r} already finished: nothing to cancel")
         control.flag_cancel(rundir)
         return {"job": job, "cancelled": True}
+    queued = DataRootLayout.host(config.data_root).inbox / f"{job}.yaml"
+    handed = read_nofollow(queued, config.policy.limits.job_file + 1)  # its on_complete, before it goes
     try:
-        os.unlink(DataRootLayout.host(config.data_root).inbox / f"{job}.yaml")
+        os.unlink(queued)
     except FileNotFoundError:
         raise ApiError(409, "not_cancellable", f"job {job!r} is being started; try again in a moment") from None
     area.mark_cancelled(job)
+    _announce_cancel(config, area, job, handed, rec.sha256)
     return {"job": job, "cancelled": True}
+
+
+def _announce_cancel(config: Config, area: Area, job: str, handed: bytes | None, sha256: str | None) -> None:
+    """``job.cancelled`` for a job taken out of the inbox, queued once for `serve`'s deliverer: the
+    webhook of the job file the API handed over (the bytes its record names; any others are not
+    trusted), its status as the API shows it now."""
+    if handed is None or sha256 != hashlib.sha256(handed).hexdigest():
+        return
+    on_complete = webhooks.on_complete_of(handed)
+    if on_complete is None or not webhooks.wanted(on_complete, webhooks.CANCELLED):
+        return
+    try:
+        data = job_view(config, area, job)
+    except ApiError:  # deleted meanwhile: nothing to tell
+        return
+    webhooks.ended_before_running(config, job, area.tenant, on_complete, webhooks.CANCELLED, data)
 
 
 # --- readiness ----------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 from controller.config import Config
 from controller.errors import UsageError
 from controller.job import claims
-from controller.run import handover, status
+from controller.run import handover, status, webhooks
 from controller.run.jobs import open_run
 from controller.run.rundir import Control, RunDir
 from controller.swarm.backend import SwarmBackend
@@ -48,6 +48,7 @@ def hand_back(rundir: RunDir, inbox: Path, frozen: bytes) -> None:
     whose run folder exists. A cancelled job is un-cancelled first; then its frozen job file (the
     bytes its run folder keeps) is placed as ``inbox/<id>.yaml``. A file already there: UsageError
     (another retry won)."""
+    webhooks.run_again(rundir)  # its next end is a new announcement
     uncancel(rundir)
     handover.place(inbox, f"{rundir.job}.yaml", frozen.decode("utf-8"))
 

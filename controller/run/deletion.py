@@ -2,8 +2,9 @@
 
 A finished job (its run ended, it was cancelled before it ran, or `serve` refused it) loses its
 uploads (``tenants/<t>/uploads/<job>/``), the outputs it wrote, its run folder, its inbox done/failed
-file and, for a tenant's job, its signed-links record, retry marker, owner record and its entry in
-the tenant's job list (controller/job/index.py). Nothing of another job is touched:
+file and, for a tenant's job, its signed-links record, retry marker, owner record, the webhook
+deliveries kept beside it when it never had a run folder, and its entry in the tenant's job list
+(controller/job/index.py). Nothing of another job is touched:
 
 - an output goes only when this job wrote it: its result line says ok with that output and the file
   still has the size and sha256 that line recorded, or the output's claim (controller/job/claims.py)
@@ -218,7 +219,7 @@ def delete_job(config: Config, job: str, tenant: str | None, outputs: bool = Tru
         rec = read_record(config, tenant, job)
         if rec is not None:  # out of the tenant's job list first (controller/job/index.py)
             JobIndex(vol, tenant).remove(job, rec.created)
-        for suffix in (".links", ".retry", ".json", ".deleting"):
+        for suffix in (".links", ".retry", ".deliveries", ".json", ".deleting"):
             _remove(vol, f"{_records(tenant)}/{job}{suffix}", out)
         walk_now(config.data_root, tenant)
     return out

@@ -9,6 +9,16 @@ it is next due. A queue entry beside the run folders (``runs/.outbox/<job>~<id>~
 deliverer find the pending ones without reading every run folder; the record is the truth, the
 entry only a pointer (written before the record, removed after it says delivered or failed).
 
+A tenant's job that ended without a run folder (`serve` refused it, or it was cancelled while queued)
+keeps its deliveries beside its owner record instead, ``tenants/.jobs/<t>/<job>.deliveries/`` (the
+folder the API and `serve` both write, which runners cannot): the same records, found by the same
+queue entries, listed by the same route. Such an end is queued under a stable id (``stable_id``: job,
+event type and run), so a `serve` restarted half-way through refusing a job finds the delivery it
+already made instead of announcing the end again under a new id. A job with a run folder queues its
+``job.finished`` / ``job.cancelled`` under a stable id as well, of the run ``deliveries/run`` counts
+(one more each time a job that ended runs again: ``next_run``), so a controller restarted between
+queueing a job's end and recording that the run ended does not announce it twice either.
+
 Whoever makes a delivery tries it at once (``ffswarm submit`` has no other chance); one that fails
 stays pending, and `serve` runs a ``Deliverer`` (controller/run/webhooks.py) that sends due ones on
 ``webhooks.retry_schedule`` (controller/settings/webhooks.py), across its own restarts: a new
@@ -23,149 +33,74 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
-import re
 import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from contract.layout import DataRootLayout, RunLayout
 from controller import log
 from controller import redact as shown
-from controller.errors import FfswarmError
 from controller.job.plan import ID
-from controller.job.settings import WEBHOOK_EVENTS
 from controller.policy import Webhooks
 from controller.run import hooks
+from controller.run.delivery import DELIVERY_ID, Delivery, OutboxError, stable_id, utc
 from controller.run.rundir import RunDir
 from controller.settings.webhooks import WebhookSettings
 from controller.volume import DIR_MODE, Owner, UnsafePath, Volume
 
+__all__ = ["DELIVERY_ID", "Delivery", "Outbox", "OutboxError", "stable_id", "utc"]  # the records: delivery.py
+
 Clock = Callable[[], float]
 Sender = Callable[[str, bytes, str, Webhooks, float], hooks.Attempt]  # url, body, id, policy, now
+TenantOf = Callable[[str], str | None]  # the tenant whose owner record holds a job (None: none does)
 
 FOLDER = "deliveries"
+RUN_FILE = "run"  # in a job's deliveries folder: which run of the job its next end belongs to
+RUNLESS = ".deliveries"  # a run-less tenant job's folder: tenants/.jobs/<t>/<job>.deliveries/
 QUEUE = ".outbox"  # under runs/
-DELIVERY_ID = re.compile(r"msg_[0-9a-f]{32}")
-STATES = ("pending", "delivered", "failed")
 MAX_RECORD = 4 * 1024**2
 MAX_ATTEMPTS = 1000  # attempts a record keeps (redeliveries add more); the oldest are dropped
 CLAIM_SECONDS = 120.0  # a send's claim older than this is a killed sender's
 ORPHAN_SECONDS = 300.0  # a queue entry whose record never appeared (its writer was killed)
 
 
-class OutboxError(FfswarmError):
-    """A delivery record that is not what the controller wrote; names the file, never its content."""
-
-
-@dataclass(frozen=True)
-class Delivery:
-    id: str
-    job: str
-    type: str
-    url: str
-    body: str  # the envelope as sent, fixed at enqueue
-    created: float
-    state: str = "pending"
-    next_attempt: float | None = None
-    attempts: tuple[dict[str, Any], ...] = ()  # {"at": float, "status": int} | {"at": float, "error": str}
-    tries: int = 0  # attempts since the delivery was (re)queued: the position in the schedule
-    generation: int = 0  # bumped by each redelivery: names its queue entry
-
-    def view(self) -> dict[str, Any]:
-        """What the API shows: no URL (it may carry a token) and no body."""
-        return {
-            "id": self.id,
-            "type": self.type,
-            "created_at": utc(self.created),
-            "state": self.state,
-            "next_attempt_at": utc(self.next_attempt) if self.next_attempt is not None else None,
-            "attempts": [{**a, "at": utc(a["at"])} for a in self.attempts],
-        }
-
-    def to_json(self) -> bytes:
-        return json.dumps({**asdict(self), "attempts": list(self.attempts)}).encode()
-
-    @staticmethod
-    def parse(raw: bytes, where: str) -> Delivery:
-        """A record read back from the volume, every field's type checked."""
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            raise OutboxError(f"{where}: not valid JSON (edited or truncated?)") from None
-        try:
-            _need(isinstance(data, dict))
-            d = Delivery(
-                id=_str(data, "id"),
-                job=_str(data, "job"),
-                type=_str(data, "type"),
-                url=_str(data, "url"),
-                body=_str(data, "body"),
-                created=_num(data["created"]),
-                state=_str(data, "state"),
-                next_attempt=None if data.get("next_attempt") is None else _num(data["next_attempt"]),
-                attempts=tuple(_attempt(a) for a in data.get("attempts", [])),
-                tries=int(_num(data.get("tries", 0))),
-                generation=int(_num(data.get("generation", 0))),
-            )
-            _need(bool(DELIVERY_ID.fullmatch(d.id) and ID.fullmatch(d.job)))
-            _need(d.state in STATES and d.type in WEBHOOK_EVENTS)
-        except (KeyError, TypeError, ValueError):
-            raise OutboxError(f"{where}: not a delivery record (edited?)") from None
-        return d
-
-
-def _need(ok: bool) -> None:
-    """A record's field is not what ffswarm writes (a ValueError: Delivery.parse names the file)."""
-    if not ok:
-        raise ValueError("not a delivery record")
-
-
-def _str(data: Mapping[str, Any], key: str) -> str:
-    value = data[key]
-    _need(isinstance(value, str))
-    return str(value)
-
-
-def _num(value: object) -> float:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-        raise ValueError("not a time or count")
-    return float(value)
-
-
-def _attempt(a: object) -> dict[str, Any]:
-    if not isinstance(a, dict):
-        raise ValueError("not an attempt")
-    at = _num(a.get("at"))
-    if "status" in a:
-        status = a["status"]
-        _need(isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599)
-        return {"at": at, "status": status}
-    error = a.get("error")
-    _need(isinstance(error, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]{0,80}", error) is not None)
-    return {"at": at, "error": error}
-
-
-def utc(t: float) -> str:
-    """RFC 3339 in UTC, to the second: 2026-12-02T07:41:03Z."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-
-
 class Outbox:
     """The deliveries of the jobs under one data root."""
 
-    def __init__(self, data_root: Path, settings: WebhookSettings | None = None, clock: Clock = time.time) -> None:
+    def __init__(
+        self,
+        data_root: Path,
+        settings: WebhookSettings | None = None,
+        clock: Clock = time.time,
+        record_tenant: TenantOf | None = None,
+    ) -> None:
         self.root = data_root
         self.volume = Volume(data_root)
         self.settings = settings or WebhookSettings()
         self.clock = clock
+        self.record_tenant = record_tenant or (lambda job: None)
 
     # -- paths ---------------------------------------------------------------------------------------
+    def runless(self, job: str) -> str | None:
+        """The tenant of a job that has no run folder but an owner record (refused, or cancelled while
+        queued): its deliveries live beside that record. None for a job with a run folder."""
+        if not ID.fullmatch(job) or os.path.lexists(RunLayout.host(self.root, job).dir):
+            return None
+        return self.record_tenant(job)
+
+    def tenant(self, job: str) -> str | None:
+        """Whose key signs the job's deliveries: its run folder's ``owner``, or for a run-less job
+        the tenant whose record holds it; None for a CLI job."""
+        return self.runless(job) or hooks.job_tenant(self.root, job)
+
     def folder(self, job: str) -> Path:
+        tenant = self.runless(job)
+        if tenant is not None:
+            return DataRootLayout.host(self.root).records / tenant / f"{job}{RUNLESS}"
         return RunLayout.host(self.root, job).dir / FOLDER
 
     def record(self, job: str, delivery: str) -> Path:
@@ -176,7 +111,14 @@ class Outbox:
         return DataRootLayout.host(self.root).runs / QUEUE
 
     def _owner(self, job: str) -> Owner | None:
-        return RunDir(self.root, job).controller_owner()  # the run folder's own owner and group
+        tenant = self.runless(job)
+        if tenant is None:
+            return RunDir(self.root, job).controller_owner()  # the run folder's own owner and group
+        try:  # the record folder's: the API (which redelivers) writes what `serve` made, and back
+            st = os.stat(DataRootLayout.host(self.root).records / tenant, follow_symlinks=False)
+        except OSError:
+            return None
+        return (st.st_uid, st.st_gid) if stat.S_ISDIR(st.st_mode) else None
 
     # -- records -------------------------------------------------------------------------------------
     def read(self, job: str, delivery: str) -> Delivery | None:
@@ -246,12 +188,39 @@ class Outbox:
         with contextlib.suppress(OSError, UnsafePath):
             self.volume.unlink(self.queue / name)
 
+    # -- runs --------------------------------------------------------------------------------------------
+    def run_number(self, job: str) -> int:
+        """Which run of the job its end events belong to (``RUN_FILE``; 1 before any was counted)."""
+        return max(self._counted(job), 1)
+
+    def _counted(self, job: str) -> int:
+        try:
+            raw = self.volume.read(self.folder(job) / RUN_FILE, 32)
+        except (OSError, UnsafePath):
+            raw = None
+        text = (raw or b"").decode("ascii", "replace").strip()
+        return int(text) if text.isdigit() and int(text) < 10**9 else 0
+
+    def next_run(self, job: str) -> int:
+        """The job runs again after it ended (a retry): its next end events belong to a new run."""
+        n = self.run_number(job) + 1
+        owner = self._owner(job)
+        self.volume.mkdirs(self.folder(job), owner, DIR_MODE)
+        self.volume.write_atomic(self.folder(job) / RUN_FILE, f"{n}\n".encode(), owner)
+        return n
+
     # -- making and redelivering ---------------------------------------------------------------------
-    def enqueue(self, job: str, kind: str, data: Mapping[str, Any], url: str) -> Delivery:
-        """A new pending delivery, due now; its id is fixed from here on."""
+    def enqueue(self, job: str, kind: str, data: Mapping[str, Any], url: str, run: str | None = None) -> Delivery:
+        """A new pending delivery, due now; its id is fixed from here on. With ``run``, its id is
+        ``stable_id(job, kind, run)`` and a delivery already made under it is returned as it is."""
         now = self.clock()
+        if run is not None:
+            made = self.read(job, stable_id(job, kind, run))
+            if made is not None:
+                return made
         body = json.dumps(hooks.envelope(kind, data, now))
-        d = Delivery(id=hooks.new_id(), job=job, type=kind, url=url, body=body, created=now, next_attempt=now)
+        new = hooks.new_id() if run is None else stable_id(job, kind, run)
+        d = Delivery(id=new, job=job, type=kind, url=url, body=body, created=now, next_attempt=now)
         self._queue(d)  # first: a record is never pending without an entry that finds it
         self.write(d)
         return d

@@ -88,6 +88,8 @@ def run(
     ``launch``: what starts its chunks' attempts (a pack's lanes: controller/serve/lanes.py; None: a
     fresh service each, controller/run/launch.py)."""
     rundir, image = open_or_start(config, backend, job)
+    if uncancel:  # submitted again after it ended: a new run
+        webhooks.run_again(rundir)
     with lease.held(rundir):
         on_event = fan_out([make(rundir, job) for make in sinks])
         if uncancel:
@@ -107,6 +109,7 @@ def resume(config: Config, backend: SwarmBackend, job_id: str, sinks: Sequence[S
     """Continue a job from its run folder (`resume`, `retry`): live services are adopted, committed
     items never redone, a cancelled job's remaining items run."""
     job, rundir = open_run(config, job_id)
+    webhooks.run_again(rundir)  # a retry of a job that ended: its next end is a new announcement
     with lease.held(rundir):
         on_event = fan_out([make(rundir, job) for make in sinks])
         _uncancel(rundir, on_event)

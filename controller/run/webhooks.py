@@ -6,37 +6,89 @@ job's ``on_complete.webhook_events`` lists it (default: all). The data is the jo
 the API shows it, with its ``outcome`` (and, for a tenant's job at its end, a signed ``results_url``).
 Each event goes into the job's outbox (controller/run/outbox.py) and is tried once at once; one not
 delivered stays pending there for `serve`'s ``Deliverer``, which sends each when it is due.
+
+A tenant's job can also end before it has a run folder: `serve` refuses it (``job.finished``,
+``outcome: failed``, the refusal's ``reason``) or the API cancels it while it is queued
+(``job.cancelled``). ``ended_before_running`` queues that end once, under a stable id, beside the
+job's owner record; the deliverer sends it like any other, signed with the tenant's own key.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
-from controller import log
+import yaml
+
+from controller import log, yamlio
 from controller.config import Config
 from controller.errors import FfswarmError
-from controller.job.settings import WEBHOOK_EVENTS, OnComplete
+from controller.job import owners
+from controller.job.settings import WEBHOOK_EVENTS, OnComplete, read_on_complete
 from controller.policy import Webhooks
 from controller.run import hooks, status, usage
-from controller.run.outbox import ORPHAN_SECONDS, Outbox, OutboxError, Sender, utc
+from controller.run.outbox import ORPHAN_SECONDS, Delivery, Outbox, OutboxError, Sender, utc
 from controller.run.rundir import RunDir
 from controller.volume import UnsafePath
 
 STARTED, FINISHED, CANCELLED = WEBHOOK_EVENTS
+BEFORE_RUN = "before-run"  # the run an end before any run folder belongs to (its stable id's part)
+
+
+def record_tenant(config: Config, job: str) -> str | None:
+    """The configured tenant whose owner record (read as hostile: controller/job/owners.py) holds ``job``."""
+    try:
+        runner: int | None = int(config.runner_uid_gid().split(":")[0])
+    except (FfswarmError, OSError, ValueError):
+        runner = None
+    trusted = owners.trusted_uids(config.controller_ids()[0], runner)
+    return next((t for t in sorted(config.tenants) if owners.read_record(config.data_root, t, job, trusted)), None)
 
 
 def outbox(config: Config) -> Outbox:
-    return Outbox(config.data_root, config.webhook_delivery)
+    return Outbox(config.data_root, config.webhook_delivery, record_tenant=functools.partial(record_tenant, config))
 
 
 def deliverer(config: Config, box: Outbox | None = None) -> Deliverer:
     """`serve`'s deliverer: each job's deliveries signed and checked with its own tenant's section."""
-    return Deliverer(box or outbox(config), lambda job: config.webhooks(hooks.job_tenant(config.data_root, job)))
+    box = box or outbox(config)
+    return Deliverer(box, lambda job: config.webhooks(box.tenant(job)))
+
+
+def on_complete_of(job_file: bytes) -> OnComplete | None:
+    """The ``on_complete`` a job file asks for, read on its own (the rest of the file may be what was
+    refused); None when it is missing or not valid."""
+    try:
+        data = yamlio.load(job_file)
+        section = data.get("on_complete") if isinstance(data, dict) else None
+        return read_on_complete(section, "on_complete") if isinstance(section, dict) else None
+    except (ValueError, TypeError, FfswarmError, yaml.YAMLError):
+        return None
+
+
+def ended_before_running(
+    config: Config, job: str, tenant: str, on_complete: OnComplete, kind: str, data: dict[str, Any]
+) -> Delivery | None:
+    """A tenant's job that ended with no run folder: ``kind`` queued once for `serve`'s deliverer
+    (a second call returns the first delivery); None when the job's webhook does not want it or its
+    host is not in the tenant's ``webhooks.allow_hosts``. Never raises for the volume: logged."""
+    if not wanted(on_complete, kind) or on_complete.webhook is None:
+        return None
+    host = (urlsplit(on_complete.webhook).hostname or "").lower()
+    if host not in config.webhooks(tenant).allow_hosts:
+        log.get(job=job).warning("webhook_not_queued", type=kind, error="host not allowed")
+        return None
+    try:
+        return outbox(config).enqueue(job, kind, {**data, "tenant": tenant}, on_complete.webhook, BEFORE_RUN)
+    except (OSError, FfswarmError) as e:
+        log.get(job=job).warning("webhook_not_queued", type=kind, error=type(e).__name__)
+        return None
 
 
 def wanted(on_complete: OnComplete, kind: str) -> bool:
@@ -70,8 +122,9 @@ def notify(
         return None
     assert on_complete.webhook is not None
     box = outbox(config)
-    try:
-        d = box.enqueue(rundir.job, kind, data, on_complete.webhook)
+    try:  # an end under its run's stable id: a controller restarted half-way finds the one it queued
+        run = None if kind == STARTED else f"run-{box.run_number(rundir.job)}"
+        d = box.enqueue(rundir.job, kind, data, on_complete.webhook, run)
         if try_now:
             d = box.attempt(d, deliverer(config, box).policy_for(rundir.job))
     except (OSError, FfswarmError) as e:
@@ -101,6 +154,17 @@ def started(config: Config, rundir: RunDir, on_complete: OnComplete, try_now: bo
         log.get(job=rundir.job).warning("webhook_not_queued", type=STARTED, error=type(e).__name__)
         return
     notify(config, rundir, on_complete, STARTED, {**data, "phase": "running"}, try_now)
+
+
+def run_again(rundir: RunDir) -> None:
+    """Before a job that had ended runs again (a retry, its file submitted again): its next end is
+    announced anew, under the next run's id. A job still running (or never ended) keeps its run:
+    its end, if a stopped controller already queued it, is not announced twice. Never raises."""
+    try:
+        if status.finished(rundir):
+            Outbox(rundir.data_root).next_run(rundir.job)
+    except (OSError, FfswarmError) as e:
+        log.get(job=rundir.job).warning("webhook_run_not_counted", error=type(e).__name__)
 
 
 PolicyFor = Callable[[str], Webhooks]  # a job's webhook policy (its tenant's, or the cluster's)

@@ -42,6 +42,7 @@ from controller.job import ledger
 from controller.run import webhooks
 from controller.run.handover import HEARTBEAT_SECONDS, HeartbeatFile, live_owners
 from controller.run.metrics import Metrics
+from controller.serve import refusals
 from controller.serve.inbox import JOB_SUFFIXES, SETTLE_SECONDS, Inbox
 from controller.serve.jobs import (
     Outcome,
@@ -139,6 +140,7 @@ class Server:
                 f"the controller stopped {starts - 1} times while running this file (crashed or was "
                 f"killed, e.g. out of memory); it is not resumed again. Submit it again once the cause is fixed."
             )
+            refusals.announce(self.config, claimed, reason)
             moved = self.inbox.finish(claimed, False, reason)
             self.log.error("job_file_given_up", file=claimed.name, starts=starts - 1, moved_to=str(moved))
             return
@@ -154,6 +156,8 @@ class Server:
                 self.inbox.put_back(claimed, delay)
                 self.log.warning("job_file_deferred", file=claimed.name, reason=outcome.reason, seconds=delay)
                 return
+            if not outcome.ok:  # refused before a run folder existed: its webhook is told (once)
+                refusals.announce(self.config, claimed, outcome.reason)
             moved = self.inbox.finish(claimed, outcome.ok, outcome.reason)
             self.log.info("job_file_finished", file=claimed.name, ok=outcome.ok, moved_to=str(moved))
 
@@ -189,6 +193,8 @@ class Server:
                 if outcome.retry:
                     self.inbox.put_back(m.claimed, self.retry_after)
                     continue
+                if not outcome.ok:
+                    refusals.announce(self.config, m.claimed, outcome.reason)
                 moved = self.inbox.finish(m.claimed, outcome.ok, outcome.reason)
                 self.log.info("job_file_finished", file=m.claimed.name, ok=outcome.ok, moved_to=str(moved))
 
