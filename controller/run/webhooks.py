@@ -106,7 +106,7 @@ def status_data(config: Config, rundir: RunDir, ended: str | None = None) -> dic
         row = {**row, "phase": ended, "stage": None, "controller": None, "eta_seconds": None, "items": items}
         row["usage"] = usage.of_rundir(rundir)
     tenant = hooks.job_tenant(config.data_root, rundir.job)
-    row = {**row, "owner": tenant, "outcome": status.outcome_of(row)}
+    row = {**row, "owner": tenant, "tenant": tenant, "outcome": status.outcome_of(row)}
     if row["outcome"] is not None and row.get("finished_at") is None:  # ending now: the report not yet read back
         finished = (rundir.report() or {}).get("finished")
         row["finished_at"] = status.utc(finished if isinstance(finished, int | float) else time.time())

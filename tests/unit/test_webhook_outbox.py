@@ -289,6 +289,7 @@ def test_a_job_announces_its_start_once_and_its_end_and_the_filter_leaves_out_th
     assert [b["type"] for b in receiver.verified()] == ["job.started", "job.finished"]
     assert receiver.verified()[0]["data"]["phase"] == "running"
     assert receiver.verified()[0]["data"]["outcome"] is None
+    assert all(b["data"]["tenant"] is None for b in receiver.verified())  # a CLI job: the data says so
 
     only_end = OnComplete(webhook=receiver.url, webhook_events=("job.finished",))
     rd2 = run_folder(config, "j-end")
