@@ -18,6 +18,7 @@ from controller.api.area import Area
 from controller.api.errors import ApiError, not_found
 from controller.config import Config
 from controller.errors import FfswarmError
+from controller.job.ledger import Ledger
 from controller.run import control, handover, status, usage, webhooks
 from controller.run.rundir import RunDir, read_nofollow
 
@@ -101,6 +102,7 @@ def cancel(config: Config, area: Area, job: str) -> dict[str, Any]:
     except FileNotFoundError:
         raise ApiError(409, "not_cancellable", f"job {job!r} is being started; try again in a moment") from None
     area.mark_cancelled(job)
+    Ledger(config.data_root, area.tenant).job_ended(job)  # its quota slot given back now, not at a recount
     _announce_cancel(config, area, job, handed, rec.sha256)
     return {"job": job, "cancelled": True}
 

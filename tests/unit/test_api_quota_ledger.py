@@ -158,6 +158,25 @@ def test_a_job_that_ended_without_its_decrement_is_healed_by_the_recount(setup: 
     assert jobs_counted(area) == QUOTA - 1
 
 
+def test_a_queued_job_cancelled_through_the_api_gives_its_slot_back_at_once(tmp_path: Path) -> None:
+    config, key = make_config(tmp_path, quota={"jobs_queued": 1})
+    beat(config)
+    for url in serve_api(config):
+        env = Env(config, config.data_root, url, key)
+        with env.client() as c:
+            c.get("/v1/jobs")  # the area is made on first use
+            (env.area() / "me.jpg").write_bytes(JPEG)
+            body = {"source": "me.jpg", "targets": ["me.jpg"], "resources": {"gpus": 0}}
+            first = c.post("/v1/jobs", json=body)
+            assert first.status_code == 202 and c.post("/v1/jobs", json=body).status_code == 429
+            assert c.post(f"/v1/jobs/{first.json()['id']}/cancel").json()["cancelled"] is True
+            area = Area(config.data_root, "acme")
+            assert jobs_counted(area) == 0  # at once: not left to the next recount
+            assert not list((config.data_root / "tenants" / ".quota" / "acme" / "open").iterdir())
+            assert c.post("/v1/jobs", json=body).status_code == 202
+        assert jobs_counted(area) == 1
+
+
 def test_serve_gives_the_slot_back_once_when_the_job_ends(setup: tuple[Config, Area]) -> None:
     config, area = setup
     beat(config)
