@@ -24,6 +24,7 @@ from controller.api import deliveries as api_deliveries
 from controller.api import events as event_stream
 from controller.api import idempotency, links, objects, ops, page, quota, results, submit, uploads, views
 from controller.api import usage as api_usage
+from controller.api import workers as api_workers
 from controller.api.area import Area, run_owner
 from controller.api.auth import Authenticator, JwtVerifier, read_key_file
 from controller.api.errors import ApiError, not_found
@@ -353,9 +354,13 @@ def make_app(config: Config) -> Starlette:
     return Starlette(routes=routes, lifespan=swept, middleware=metered, exception_handlers=handlers_)
 
 
-def serve(config: Config, host: str, port: int) -> None:
-    """Run the API on uvicorn until interrupted."""
+def serve(config: Config, host: str, port: int, workers: int = 1) -> int:
+    """Run the API on uvicorn until interrupted, in ``workers`` processes (controller/api/workers.py);
+    the exit code."""
+    if workers > 1:
+        return api_workers.run(lambda: make_app(config), host, port, workers)
     uvicorn.run(make_app(config), host=host, port=port, log_level="warning", proxy_headers=False)
+    return 0
 
 
 __all__ = ["Api", "make_app", "serve"]
