@@ -354,13 +354,12 @@ def make_app(config: Config) -> Starlette:
     return Starlette(routes=routes, lifespan=swept, middleware=metered, exception_handlers=handlers_)
 
 
-def serve(config: Config, host: str, port: int, workers: int = 1) -> int:
-    """Run the API on uvicorn until interrupted, in ``workers`` processes (controller/api/workers.py);
-    the exit code."""
+def serve(config: Config, host: str, port: int, workers: int = 1) -> None:
+    """Run the API on uvicorn until interrupted, in ``workers`` processes (controller/api/workers.py)."""
     if workers > 1:
-        return api_workers.run(lambda: make_app(config), host, port, workers)
+        api_workers.run(lambda: make_app(config), host, port, workers)
+        return
     uvicorn.run(make_app(config), host=host, port=port, log_level="warning", proxy_headers=False)
-    return 0
 
 
 __all__ = ["Api", "make_app", "serve"]

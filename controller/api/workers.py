@@ -10,7 +10,8 @@ workers are like replicas on one host:
   both and accept connections from the same socket (the kernel hands each connection to one);
 - ``Ctrl-C`` or SIGTERM to the parent stops every worker gracefully (requests in flight finish); a
   worker that exits on its own stops the others and the parent exits non-zero, so a supervisor
-  (Swarm, systemd) restarts the whole service rather than running it short of workers;
+  (Swarm, systemd) restarts the whole service rather than running it short of workers; a parent
+  killed outright takes its workers with it (each asked the kernel for a SIGTERM when it dies);
 - what is kept per process: each worker's fairness buckets (``quota.requests_per_second`` and
   ``requests_in_flight`` apply per worker, as per replica), its group commit (several requests in one
   flush, per worker), its upload sweep (safe to run in several at once); ``/metrics`` sums every
@@ -21,6 +22,7 @@ workers are like replicas on one host:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -38,10 +40,15 @@ from controller.errors import FfswarmError
 
 METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # what prometheus_client reads to share counters across processes
 BACKLOG = 2048
+PR_SET_PDEATHSIG = 1
 
 
 class ListenError(FfswarmError):
     exit_code = 71  # EX_OSERR: the address cannot be served
+
+
+class WorkerExited(FfswarmError):
+    exit_code = 70
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -66,25 +73,31 @@ def shared_metrics() -> str:
     return folder
 
 
-def run(build: Callable[[], ASGIApp], host: str, port: int, workers: int) -> int:
-    """Serve the app ``build`` makes with ``workers`` processes until SIGINT/SIGTERM; the exit code
-    (0 when stopped by a signal, 1 when a worker exited on its own)."""
+def run(build: Callable[[], ASGIApp], host: str, port: int, workers: int) -> None:
+    """Serve the app ``build`` makes with ``workers`` processes until SIGINT/SIGTERM; WorkerExited
+    when a worker exited on its own (the others stopped)."""
     folder = shared_metrics()
     try:
         sock = listen(host, port)
         try:
             app = build()
-            return _supervise(app, sock, workers)
+            died = _supervise(app, sock, workers)
         finally:
             sock.close()
+        if died is not None:
+            n, code = died
+            raise WorkerExited(f"API worker {n} exited on its own (code {code}); the others were stopped")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _supervise(app: ASGIApp, sock: socket.socket, workers: int) -> int:
+def _supervise(app: ASGIApp, sock: socket.socket, workers: int) -> tuple[int, int] | None:
+    """Fork the workers and wait for them all; (worker, exit code) of the first that exited on its
+    own, None when they were stopped by a signal."""
     logger = log.get(component="api")
     children: dict[int, int] = {}  # pid → worker number
-    state = {"stopping": False, "code": 0}
+    state = {"stopping": False}
+    died: tuple[int, int] | None = None
 
     def stop(sig: int, frame: FrameType | None) -> None:
         state["stopping"] = True
@@ -92,6 +105,7 @@ def _supervise(app: ASGIApp, sock: socket.socket, workers: int) -> int:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)  # uvicorn's graceful shutdown
 
+    me = os.getpid()
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for n in range(workers):
@@ -101,7 +115,7 @@ def _supervise(app: ASGIApp, sock: socket.socket, workers: int) -> int:
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
-                _worker(app, sock)  # never returns
+                _worker(app, sock, me)  # never returns
             children[pid] = n
         while children:
             try:
@@ -112,18 +126,19 @@ def _supervise(app: ASGIApp, sock: socket.socket, workers: int) -> int:
             if not state["stopping"]:
                 code = os.waitstatus_to_exitcode(status)
                 logger.error("api_worker_exited", worker=n, pid=pid, code=code)
-                state["code"] = 1
+                died = (n, code)
                 stop(signal.SIGTERM, None)
-        return state["code"]
+        return died
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
 
 
-def _worker(app: ASGIApp, sock: socket.socket) -> None:
+def _worker(app: ASGIApp, sock: socket.socket, parent: int) -> None:
     """One worker: uvicorn on the inherited socket until told to stop; exits the process."""
     code = 1
     try:
+        _end_with_parent(parent)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, _exit_now)  # before uvicorn's handlers, and re-raised by it at its end
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", proxy_headers=False))
@@ -135,6 +150,15 @@ def _worker(app: ASGIApp, sock: socket.socket) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _end_with_parent(parent: int) -> None:
+    """SIGTERM to this worker when the parent dies, even by SIGKILL (Linux prctl PR_SET_PDEATHSIG):
+    no worker goes on serving the address alone. Exits at once if the parent is already gone."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        raise SystemExit(0)
 
 
 def _exit_now(sig: int, frame: FrameType | None) -> None:

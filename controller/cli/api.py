@@ -34,6 +34,4 @@ def api(ctx: click.Context, listen: str | None, workers: int | None) -> None:
     n = workers or config.api.workers
     procs = f" with {n} workers" if n > 1 else ""
     click.echo(f"ffswarm api: serving {len(config.tenants)} tenant(s) on http://{host}:{port}{procs}", err=True)
-    code = serve(config, host, port, n)
-    if code:
-        ctx.exit(code)
+    serve(config, host, port, n)

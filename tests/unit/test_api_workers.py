@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -115,8 +116,7 @@ def test_ctrl_c_stops_every_worker_cleanly(api: Workers) -> None:
     workers = children(api.proc.pid)
     os.kill(api.proc.pid, signal.SIGINT)
     assert api.proc.wait(30) == 0
-    for pid in workers:
-        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    assert wait_gone(workers)
     log = api.log.read_text()
     assert "Traceback" not in log, log[-2000:]
 
@@ -133,3 +133,37 @@ def test_a_busy_address_is_one_line_before_any_worker_starts(tmp_path: Path) -> 
     assert done.returncode != 0
     assert "Traceback" not in done.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "in use" in done.stderr.lower(), done.stderr
+
+
+def gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
+
+
+def wait_gone(pids: list[int], seconds: float = 30) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if all(gone(p) for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_worker_that_dies_stops_the_service(api: Workers) -> None:
+    first, second = children(api.proc.pid)
+    os.kill(first, signal.SIGKILL)
+    assert api.proc.wait(30) == 70  # the supervisor restarts the service whole
+    assert wait_gone([second])
+    log = api.log.read_text()
+    assert "api_worker_exited" in log and "ffswarm: API worker 0 exited on its own (code -9)" in log, log[-2000:]
+    assert "Traceback" not in log
+
+
+def test_a_parent_killed_outright_leaves_no_worker_serving(api: Workers) -> None:
+    workers = children(api.proc.pid)
+    os.kill(api.proc.pid, signal.SIGKILL)
+    api.proc.wait(10)
+    assert wait_gone(workers), "a worker outlived its parent"
