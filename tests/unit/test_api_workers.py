@@ -51,6 +51,9 @@ def api(tmp_path: Path) -> Iterator[Workers]:
         (area / name).write_bytes(JPEG)
     proc = Workers(config, tmp_path / "api.log", ("--workers", "2"))
     proc.root = config.data_root
+    deadline = time.monotonic() + 30
+    while len(children(proc.proc.pid)) < 2 and time.monotonic() < deadline:  # both forked
+        time.sleep(0.02)
     yield proc
     proc.stop()
 
