@@ -117,8 +117,12 @@ class Area:
         ``durable=False``: not fsynced here (the caller flushes, controller/api/commit.py). The
         job's index entry is made after it (an entry always has its record)."""
         rec = JobRecord(job, self.tenant, time.time(), uploads, sha256=sha256)
-        # beneath the data root, never through a link; the folder is there (ensure, on every request)
-        self.volume.write_atomic(self.records / f"{job}.json", rec.to_json(), durable=durable)
+        path = self.records / f"{job}.json"  # beneath the data root, never through a link
+        try:
+            self.volume.write_atomic(path, rec.to_json(), durable=durable)
+        except FileNotFoundError:  # made by ensure on every request; made here for other callers
+            self.volume.mkdirs(self.records)
+            self.volume.write_atomic(path, rec.to_json(), durable=durable)
         try:
             self.index.add(job, rec.created)
         except BaseException:
