@@ -41,6 +41,7 @@ from controller.errors import FfswarmError
 METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # what prometheus_client reads to share counters across processes
 BACKLOG = 2048
 PR_SET_PDEATHSIG = 1
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class ListenError(FfswarmError):
@@ -106,17 +107,23 @@ def _supervise(app: ASGIApp, sock: socket.socket, workers: int) -> tuple[int, in
                 os.kill(pid, signal.SIGTERM)  # uvicorn's graceful shutdown
 
     me = os.getpid()
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
     try:
         for n in range(workers):
             if state["stopping"]:
                 break
             sys.stdout.flush()
             sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                _worker(app, sock, me)  # never returns
-            children[pid] = n
+            # signals held across the fork: the child must not run the parent's handler (a lost stop),
+            # and the parent registers the child before its handler may run
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            try:
+                pid = os.fork()
+                if pid == 0:
+                    _worker(app, sock, me)  # never returns
+                children[pid] = n
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         while children:
             try:
                 pid, status = os.wait()
@@ -138,9 +145,10 @@ def _worker(app: ASGIApp, sock: socket.socket, parent: int) -> None:
     """One worker: uvicorn on the inherited socket until told to stop; exits the process."""
     code = 1
     try:
-        _end_with_parent(parent)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, _exit_now)  # before uvicorn's handlers, and re-raised by it at its end
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a stop that came meanwhile lands now
+        _end_with_parent(parent)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", proxy_headers=False))
         server.run(sockets=[sock])
         code = 0 if server.started else 3

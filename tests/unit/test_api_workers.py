@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controller.config import parse_config
 from tests.builders import JPEG, KEYS, beat, make_config
-from tests.unit.test_api_killed_upload import ROOT, ApiProcess
+from tests.unit.test_api_killed_upload import ROOT, ApiProcess, free_port
 
 METRICS_TOKEN = "workers-scrape-token"
 BODY = {"source": "in/face.jpg", "targets": ["in/p.jpg"]}
@@ -170,3 +170,29 @@ def test_a_parent_killed_outright_leaves_no_worker_serving(api: Workers) -> None
     os.kill(api.proc.pid, signal.SIGKILL)
     api.proc.wait(10)
     assert wait_gone(workers), "a worker outlived its parent"
+
+
+def test_a_stop_while_the_workers_start_stops_them_all(tmp_path: Path) -> None:
+    """SIGTERM to the parent the moment its workers exist (still starting): none is left serving."""
+    config = make_config(tmp_path)[0]
+    for attempt in range(3):
+        port = free_port()
+        argv = [sys.executable, "-c", "from controller.cli.main import main; main()", "--config", str(config.path),
+                "api", "--listen", f"127.0.0.1:{port}", "--workers", "2"]  # fmt: skip
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 30
+            while len(children(proc.pid)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.002)
+            workers = children(proc.pid)
+            os.kill(proc.pid, signal.SIGTERM)
+            assert proc.wait(30) == 0, f"attempt {attempt}"
+            assert wait_gone(workers), f"attempt {attempt}: a worker kept serving"
+        finally:
+            if proc.poll() is None:
+                for pid in children(proc.pid):
+                    os.kill(pid, signal.SIGKILL)
+                proc.kill()
+                proc.wait(10)
+            assert proc.stderr is not None
+            proc.stderr.close()
