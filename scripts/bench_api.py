@@ -204,11 +204,13 @@ def bench(args: argparse.Namespace, workers: int) -> dict[str, float] | None:
             tracer = trace(pids, Path(tmp) / "strace.txt") if args.strace else None
             if tracer is not None:
                 time.sleep(1.0)  # attached to every thread before the first request
-            cpu0, t0 = tree_cpu(pids), time.perf_counter()
+            each0 = [tree_cpu([p]) for p in pids]
+            t0 = time.perf_counter()
             latencies, codes, ids = asyncio.run(
                 asyncio.wait_for(post_all(url, args.jobs, args.clients), timeout=args.deadline)
             )
-            wall, cpu = time.perf_counter() - t0, tree_cpu(pids) - cpu0
+            each = [tree_cpu([p]) - c for p, c in zip(pids, each0, strict=True)]
+            wall, cpu = time.perf_counter() - t0, sum(each)
             calls: dict[str, int] = {}
             if tracer is not None:
                 tracer.send_signal(signal.SIGINT)
@@ -240,6 +242,8 @@ def bench(args: argparse.Namespace, workers: int) -> dict[str, float] | None:
         print(f"  answers         {dict(sorted(codes.items()))}")
         per = max(accepted, 1)
         print(f"  API CPU         {1000 * cpu / per:.1f} ms per accepted request ({cpu:.1f} s over {wall:.1f} s)")
+        if len(each) > 1:  # how evenly the kernel spread the connections: the parent, then each worker
+            print(f"  CPU by process  {' · '.join(f'{c:.1f} s' for c in each)} (the parent first)")
         if args.strace:  # traced: the CPU and rate above are the traced ones (slower)
             top = sorted(calls.items(), key=lambda kv: -kv[1])
             shown = " · ".join(f"{name} {n / per:.1f}" for name, n in top[:12])
