@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import os
 import shutil
 import stat
+from typing import Any
 
 from controller.volume import UnsafePath
 
@@ -24,11 +26,17 @@ def sync_filesystem(path: os.PathLike[str] | str) -> None:
     instead of an fsync per file, each of which waits for its own journal commit."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if getattr(libc, "syncfs", None) is None or libc.syncfs(fd) != 0:
+        syncfs = _syncfs()
+        if syncfs is None or syncfs(fd) != 0:
             os.sync()
     finally:
         os.close(fd)
+
+
+@functools.cache
+def _syncfs() -> Any:
+    """libc's syncfs, looked up once (the API flushes for every group of requests); None without one."""
+    return getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 

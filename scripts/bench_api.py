@@ -2,13 +2,14 @@
 """How fast `ffswarm api` takes jobs: posts N one-photo JSON jobs from C concurrent clients to a real
 `ffswarm api` (uvicorn, its own process) on loopback over a temporary data root, then prints accepted/s
 and the p50/p99 submit latency, and checks that none is lost: every 202 became its inbox file. It also
-prints the API process's CPU per accepted request (its utime + stime from /proc, all threads, over the
-posting only), and with ``--strace`` the volume operations per request: strace attaches to the running
+prints the API's CPU per accepted request (utime + stime from /proc of its processes, all threads,
+over the posting only), and with ``--strace`` the volume operations per request: strace attaches to the running
 API for the posting only (start-up imports not counted) and counts file, fsync, rename and flock calls.
 
     .venv/bin/python scripts/bench_api.py                    # 1,000 jobs, 50 clients
     .venv/bin/python scripts/bench_api.py --jobs 200 --clients 10
     .venv/bin/python scripts/bench_api.py --strace           # + syscalls per request (slower: traced)
+    .venv/bin/python scripts/bench_api.py --workers 1,2      # `ffswarm api --workers`: 1 and 2, side by side
 
 Bounded and loopback only: 127.0.0.1, a temporary folder removed at the end, at most 20,000 jobs and
 200 clients, a deadline on the whole run. A fresh heartbeat stands for `ffswarm serve` (the API hands
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import os
 import signal
@@ -128,9 +130,10 @@ def cpu_seconds(pid: int) -> float:
 VOLUME_CALLS = "trace=%file,fsync,fdatasync,syncfs,sync,rename,renameat,renameat2,flock,getdents64"
 
 
-def trace(pid: int, out: Path) -> subprocess.Popen[bytes]:
-    """strace counting the API's volume calls from now on (all threads); stopped with SIGINT."""
-    cmd = ["strace", "-f", "-c", "-e", VOLUME_CALLS, "-o", str(out), "-p", str(pid)]
+def trace(pids: list[int], out: Path) -> subprocess.Popen[bytes]:
+    """strace counting the API's volume calls from now on (all threads of all its processes); stopped
+    with SIGINT."""
+    cmd = ["strace", "-f", "-c", "-e", VOLUME_CALLS, "-o", str(out), *(f"-p{pid}" for pid in pids)]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -148,20 +151,32 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=1000, help="jobs to post (at most 20000)")
-    parser.add_argument("--clients", type=int, default=50, help="concurrent clients (at most 200)")
-    parser.add_argument("--deadline", type=float, default=600, help="seconds the whole run may take")
-    parser.add_argument("--strace", action="store_true", help="count the API's volume syscalls per request")
-    args = parser.parse_args()
-    if not (1 <= args.jobs <= 20_000 and 1 <= args.clients <= 200):
-        parser.error("--jobs is 1..20000, --clients 1..200")
+def tree(pid: int) -> list[int]:
+    """The API's processes: the one started, and its workers (``--workers N``) when it has them."""
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        kids = []
+    return [pid, *(int(k) for k in kids)]
+
+
+def tree_cpu(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):  # a worker gone: its time is no longer readable
+            total += cpu_seconds(pid)
+    return total
+
+
+def bench(args: argparse.Namespace, workers: int) -> dict[str, float] | None:
+    """One run against an API of ``workers`` processes on a fresh data root: its figures printed and
+    returned (None when it did not start or a job went missing)."""
     with tempfile.TemporaryDirectory(prefix="ffswarm-bench-api-") as tmp:
         root, config = data_root(Path(tmp))
         port = free_port()
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        cmd = [sys.executable, "-m", "controller.cli", "--config", str(config), "api", "--listen", f"127.0.0.1:{port}"]
+        cmd = [sys.executable, "-m", "controller.cli", "--config", str(config), "api", "--listen", f"127.0.0.1:{port}",
+               "--workers", str(workers)]  # fmt: skip
         log = open(Path(tmp) / "api.log", "wb")  # noqa: SIM115 (closed once the API has stopped)
         server = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log)
         stop = threading.Event()
@@ -172,26 +187,30 @@ def main() -> int:
             deadline = time.time() + 30
             while True:
                 try:
-                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    up = httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+                    if up and len(tree(server.pid)) == (1 if workers == 1 else workers + 1):  # every worker forked
                         break
                 except httpx.TransportError:
                     pass
                 if time.time() > deadline or server.poll() is not None:
                     print("bench_api: the API did not start", file=sys.stderr)
-                    return 1
+                    return None
                 time.sleep(0.1)
             area = root / "tenants" / TENANT / "in"
             area.mkdir(parents=True, exist_ok=True)
             for n, name in enumerate(["face.jpg"] + [f"p{n}.jpg" for n in range(10)]):
                 (area / name).write_bytes(photo(n))
-            tracer = trace(server.pid, Path(tmp) / "strace.txt") if args.strace else None
+            pids = tree(server.pid)
+            tracer = trace(pids, Path(tmp) / "strace.txt") if args.strace else None
             if tracer is not None:
                 time.sleep(1.0)  # attached to every thread before the first request
-            cpu0, t0 = cpu_seconds(server.pid), time.perf_counter()
+            each0 = [tree_cpu([p]) for p in pids]
+            t0 = time.perf_counter()
             latencies, codes, ids = asyncio.run(
                 asyncio.wait_for(post_all(url, args.jobs, args.clients), timeout=args.deadline)
             )
-            wall, cpu = time.perf_counter() - t0, cpu_seconds(server.pid) - cpu0
+            each = [tree_cpu([p]) - c for p, c in zip(pids, each0, strict=True)]
+            wall, cpu = time.perf_counter() - t0, sum(each)
             calls: dict[str, int] = {}
             if tracer is not None:
                 tracer.send_signal(signal.SIGINT)
@@ -214,14 +233,17 @@ def main() -> int:
         dupes = len(ids) - len(set(ids))
         accepted = codes.get(202, 0)
         ms = sorted(x * 1000 for x in latencies)
-        print(f"bench_api: {args.jobs} one-photo JSON jobs from {args.clients} clients on loopback in {wall:.2f} s")
+        procs = f"an API of {workers} workers" if workers > 1 else "an API of 1 process"
+        print(f"bench_api: {args.jobs} one-photo JSON jobs from {args.clients} clients on loopback to {procs} "
+              f"in {wall:.2f} s")  # fmt: skip
         print(f"  accepted/s      {accepted / wall:.1f}")
-        print(
-            f"  submit latency  p50 {percentile(ms, 50):.1f} ms · p99 {percentile(ms, 99):.1f} ms · max {ms[-1]:.1f} ms"
-        )
+        p50, p99 = percentile(ms, 50), percentile(ms, 99)
+        print(f"  submit latency  p50 {p50:.1f} ms · p99 {p99:.1f} ms · max {ms[-1]:.1f} ms")
         print(f"  answers         {dict(sorted(codes.items()))}")
         per = max(accepted, 1)
         print(f"  API CPU         {1000 * cpu / per:.1f} ms per accepted request ({cpu:.1f} s over {wall:.1f} s)")
+        if len(each) > 1:  # how evenly the kernel spread the connections: the parent, then each worker
+            print(f"  CPU by process  {' · '.join(f'{c:.1f} s' for c in each)} (the parent first)")
         if args.strace:  # traced: the CPU and rate above are the traced ones (slower)
             top = sorted(calls.items(), key=lambda kv: -kv[1])
             shown = " · ".join(f"{name} {n / per:.1f}" for name, n in top[:12])
@@ -229,7 +251,43 @@ def main() -> int:
         print(f"  lost            {len(lost)} (accepted but no inbox file) · duplicate ids {dupes}")
         ok = accepted == args.jobs and not lost and not dupes
         print("bench_api: ok: every job accepted and in the inbox" if ok else "bench_api: FAILED")
-        return 0 if ok else 1
+        if not ok:
+            return None
+        return {"workers": workers, "rate": accepted / wall, "p50": p50, "p99": p99, "cpu_ms": 1000 * cpu / per}
+
+
+def worker_counts(text: str) -> list[int]:
+    try:
+        counts = [int(n) for n in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be worker counts like 2 or 1,2, got {text!r}") from None
+    if not counts or any(not 1 <= n <= 16 for n in counts):
+        raise argparse.ArgumentTypeError(f"each worker count is 1..16, got {text!r}")
+    return counts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=1000, help="jobs to post (at most 20000)")
+    parser.add_argument("--clients", type=int, default=50, help="concurrent clients (at most 200)")
+    parser.add_argument("--deadline", type=float, default=600, help="seconds the whole run may take")
+    parser.add_argument("--strace", action="store_true", help="count the API's volume syscalls per request")
+    parser.add_argument(
+        "--workers", type=worker_counts, default=[1], metavar="N[,M…]",
+        help="the API's worker processes (ffswarm api --workers); several: one run each, side by side",
+    )  # fmt: skip
+    args = parser.parse_args()
+    if not (1 <= args.jobs <= 20_000 and 1 <= args.clients <= 200):
+        parser.error("--jobs is 1..20000, --clients 1..200")
+    rows = [bench(args, n) for n in args.workers]
+    if len(rows) > 1:
+        print("\n| workers | accepted/s | p50 ms | p99 ms | API CPU ms/request |\n|---|---|---|---|---|")
+        for n, row in zip(args.workers, rows, strict=True):
+            if row is None:
+                print(f"| {n} | failed | | | |")
+            else:
+                print(f"| {n} | {row['rate']:.1f} | {row['p50']:.1f} | {row['p99']:.1f} | {row['cpu_ms']:.1f} |")
+    return 0 if all(rows) else 1
 
 
 if __name__ == "__main__":

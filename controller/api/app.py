@@ -7,9 +7,11 @@ number of replicas may serve the same volume.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import uvicorn
@@ -24,6 +26,7 @@ from controller.api import deliveries as api_deliveries
 from controller.api import events as event_stream
 from controller.api import idempotency, links, objects, ops, page, quota, results, submit, uploads, views
 from controller.api import usage as api_usage
+from controller.api import workers as api_workers
 from controller.api.area import Area, run_owner
 from controller.api.auth import Authenticator, JwtVerifier, read_key_file
 from controller.api.errors import ApiError, not_found
@@ -42,6 +45,7 @@ from controller.run import deletion
 
 Handler = Callable[[Request], Awaitable[Response]]
 MAX_JSON = 1024**2
+THREADS = 64
 
 
 class Api:
@@ -349,12 +353,29 @@ def make_app(config: Config) -> Starlette:
     swept = every(api.sweep, on_error=lambda e: api.log.warning("api_upload_sweep_failed", error=type(e).__name__))
     metered = [meter.middleware()]  # requests by route template, code and latency
     handlers_ = {HTTPException: framework_error, Exception: framework_error}
-    # the sweep again every minute while it serves
-    return Starlette(routes=routes, lifespan=swept, middleware=metered, exception_handlers=handlers_)
+    # the sweep again every minute while it serves, and threads enough for the requests in flight
+    return Starlette(routes=routes, lifespan=_threads(swept), middleware=metered, exception_handlers=handlers_)
 
 
-def serve(config: Config, host: str, port: int) -> None:
-    """Run the API on uvicorn until interrupted."""
+def _threads(inner: Callable[[Any], contextlib.AbstractAsyncContextManager[None]]) -> Any:
+    """The lifespan ``inner`` with THREADS worker threads for the blocking work of requests: asyncio's
+    default (cores + 4) would let only that many requests wait on one shared flush (commit.py), so a
+    burst of small jobs would pay one flush per handful of them instead of one for all."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(THREADS, thread_name_prefix="api"))
+        async with inner(app):
+            yield
+
+    return lifespan
+
+
+def serve(config: Config, host: str, port: int, workers: int = 1) -> None:
+    """Run the API on uvicorn until interrupted, in ``workers`` processes (controller/api/workers.py)."""
+    if workers > 1:
+        api_workers.run(lambda: make_app(config), host, port, workers)
+        return
     uvicorn.run(make_app(config), host=host, port=port, log_level="warning", proxy_headers=False)
 
 

@@ -64,7 +64,8 @@ class Area:
         top = DataRootLayout.host(data_root)
         self.path = top.tenants / tenant
         self.records = top.records / tenant
-        self.index = JobIndex(Volume(data_root), tenant)
+        self.volume = Volume(data_root)
+        self.index = JobIndex(self.volume, tenant)
 
     def ensure(self, runner: tuple[int, int] | None) -> None:
         """Create the area (owned by the runner when this process may chown) and the record folder."""
@@ -116,7 +117,12 @@ class Area:
         ``durable=False``: not fsynced here (the caller flushes, controller/api/commit.py). The
         job's index entry is made after it (an entry always has its record)."""
         rec = JobRecord(job, self.tenant, time.time(), uploads, sha256=sha256)
-        write_atomic(self.records / f"{job}.json", rec.to_json(), durable=durable)
+        path = self.records / f"{job}.json"  # beneath the data root, never through a link
+        try:
+            self.volume.write_atomic(path, rec.to_json(), durable=durable)
+        except FileNotFoundError:  # made by ensure on every request; made here for other callers
+            self.volume.mkdirs(self.records)
+            self.volume.write_atomic(path, rec.to_json(), durable=durable)
         try:
             self.index.add(job, rec.created)
         except BaseException:

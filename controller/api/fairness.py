@@ -11,7 +11,8 @@ tenant's credentials is admitted (or not) before its handler runs, and so before
 A refused request is 429 ``rate_limited`` with ``Retry-After`` and the ``RateLimit-Limit``,
 ``RateLimit-Remaining`` and ``RateLimit-Reset`` headers (IETF httpapi-ratelimit-headers draft);
 admitted answers carry the three RateLimit headers too. The buckets live in this API process: with
-several replicas each applies the limits to the requests it receives.
+several replicas, or several workers of one (``ffswarm api --workers``), each applies the limits to the
+requests it receives.
 
 Requests without credentials, or whose credentials do not name a tenant, pass untouched: their
 handler answers them (401, a signed link, /healthz).

@@ -8,17 +8,21 @@ times it up to its response's headers (a stream's length is the caller's, not th
 ``/metrics`` names tenants, so it is not public: it answers only a bearer token whose sha256 is in
 ``api.metrics_token_sha256`` (a tenant's key is not one), and is off (404) while none is configured.
 Each ApiMetrics owns its registry (no process-global state): apps made in one process stay apart.
+With ``ffswarm api --workers N`` the counters live in a folder the workers share and ``/metrics``
+answers their sums, whichever worker serves it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
@@ -83,7 +87,16 @@ class ApiMetrics:
             matched |= hmac.compare_digest(d, digest)
         if scheme.lower() != "bearer" or not token.strip() or not matched:
             raise unauthorized("GET /metrics takes a metrics token (api.metrics_token_sha256)")
-        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(self.exposed()), media_type=CONTENT_TYPE_LATEST)
+
+    def exposed(self) -> CollectorRegistry:
+        """This process's registry; with several workers (PROMETHEUS_MULTIPROC_DIR set, see
+        controller/api/workers.py), every worker's counters summed from that folder."""
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            return self.registry
+        summed = CollectorRegistry()
+        MultiProcessCollector(summed)  # type: ignore[no-untyped-call]
+        return summed
 
     def count_upload(self, scope: Scope, received: int, code: int) -> None:
         """A submission's bytes and acceptance under its tenant; nothing for an unknown caller."""

@@ -80,9 +80,13 @@ class JwtSettings:
         return self.algorithms[0] in HMAC_ALGORITHMS
 
 
+MAX_WORKERS = 64
+
+
 @dataclass(frozen=True)
 class ApiSettings:
     listen: str = DEFAULT_LISTEN
+    workers: int = 1  # API processes on the one listening socket (controller/api/workers.py)
     signing_key_file: Path | None = None  # signed download links; without it, links are off
     previous_signing_key_files: tuple[Path, ...] = ()  # still verify links during a key rotation
     link_ttl: int = 7 * 86400
@@ -171,14 +175,16 @@ def parse_api(value: object) -> ApiSettings:
     """``api:`` → ApiSettings; a missing section is the defaults (links and JWTs off)."""
     if value is None:
         return ApiSettings()
-    known = ("listen", "signing_key_file", "previous_signing_key_files", "link_ttl", "jwt", "max_zip_entries",
-             "max_zip_bytes", "max_zip_ratio", "metrics_token_sha256", "public_url", *_UPLOAD_KEYS)  # fmt: skip
+    known = ("listen", "workers", "signing_key_file", "previous_signing_key_files", "link_ttl", "jwt",
+             "max_zip_entries", "max_zip_bytes", "max_zip_ratio", "metrics_token_sha256", "public_url",
+             *_UPLOAD_KEYS)  # fmt: skip
     data = _mapping(value, "api", known)
     listen = data.get("listen", DEFAULT_LISTEN)
     parse_listen(listen, "api.listen")
     key = data.get("signing_key_file")
     return ApiSettings(
         listen=listen,
+        workers=check_int(data.get("workers", 1), "api.workers", minimum=1, maximum=MAX_WORKERS),
         signing_key_file=None if key is None else _abs_path(key, "api.signing_key_file"),
         previous_signing_key_files=_previous_keys(data.get("previous_signing_key_files", []), key is not None),
         link_ttl=parse_ttl(data.get("link_ttl", 7 * 86400), "api.link_ttl"),

@@ -37,7 +37,7 @@ from controller.api.uploads import Budget, Upload, too_large
 from controller.config import Config
 from controller.errors import FfswarmError, JobFileError
 from controller.job import remote
-from controller.job.files import JobFileErrors, parse_job, parse_job_text
+from controller.job.files import JobFileErrors, parse_job
 from controller.job.keys import path_keys
 from controller.job.locations import under
 from controller.job.pack_checks import check_pack
@@ -135,7 +135,7 @@ def validate(config: Config, area: Area, data: dict[str, Any], job: str, objects
     text = yamlio.dump(root_data, sort_keys=False, allow_unicode=True)
     if len(text.encode()) > config.policy.limits.job_file:
         raise ApiError(422, "invalid_job", f"the job file would be over {config.policy.limits.job_file} bytes")
-    parse_job_text(text, f"inbox/{job}.yaml")  # what serve will read back
+    parse_job(root_data, f"inbox/{job}.yaml")  # what serve will read back (the dump of JSON data loads as it)
     return text
 
 

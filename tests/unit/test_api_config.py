@@ -36,6 +36,7 @@ def test_tenants_and_api_are_read_with_their_defaults(tmp_path: Path) -> None:
     assert acme.quota.upload == 2 * 1024**3 and acme.quota.jobs_queued == 5 and acme.quota.stored == 200 * 1024**3
     assert c.api.link_ttl == 7 * 86400 and c.api.jwt is not None and c.api.jwt.key_file == Path("/k.pub")
     assert config(tmp_path).tenants == {}
+    assert c.api.workers == 1 and config(tmp_path, api={"workers": 4}).api.workers == 4
 
 
 @pytest.mark.parametrize(
@@ -59,6 +60,7 @@ def test_tenants_and_api_are_read_with_their_defaults(tmp_path: Path) -> None:
         ({"api": {"jwt": {"algorithms": ["none"], "secret_file": "/s"}}}, "unknown algorithm 'none'"),
         ({"api": {"listen": "8080"}}, "api.listen: must be HOST:PORT"),
         ({"api": {"link_ttl": "soon"}}, "api.link_ttl: must be a duration"),
+        ({"api": {"workers": 0}}, "api.workers: must be an integer from 1 to 64, got 0"),
     ],
 )
 def test_a_bad_section_is_refused_naming_the_field(tmp_path: Path, extra: dict[str, Any], words: str) -> None:

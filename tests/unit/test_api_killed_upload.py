@@ -40,11 +40,11 @@ def free_port() -> int:
 class ApiProcess:
     """`ffswarm --config CFG api --listen 127.0.0.1:PORT` in its own process."""
 
-    def __init__(self, config: Config, log: Path) -> None:
+    def __init__(self, config: Config, log: Path, args: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         self.log = log
         argv = [sys.executable, "-c", "from controller.cli.main import main; main()", "--config", str(config.path),
-                "api", "--listen", f"127.0.0.1:{self.port}"]  # fmt: skip
+                "api", "--listen", f"127.0.0.1:{self.port}", *args]  # fmt: skip
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
