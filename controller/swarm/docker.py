@@ -161,6 +161,15 @@ class DockerSwarm:
             network.ensure(self._client, name, image, user)
         self._networks.add(name)
 
+    def ensure_storage_network(self, name: str, image: str, user: str) -> None:
+        """The anchor of the operator's storage network (controller/swarm/network.py), once per controller."""
+        key = f"storage:{name}"
+        if key in self._networks:
+            return
+        with translated(f"anchoring the storage network {name}"):
+            network.ensure_storage(self._client, name, image, user)
+        self._networks.add(key)
+
     def create_service(self, spec: ServiceSpec) -> str:
         mounts = [_data_mount(spec.volume, m) for m in spec.data_mounts]
         mounts += [
@@ -186,6 +195,8 @@ class DockerSwarm:
         resources["Limits"]["Pids"] = spec.pids_limit  # API 1.41; docker-py's Resources has no field for it
         for net in spec.networks:
             self.ensure_network(net, spec.image, spec.user)
+        for net in spec.storage_networks:
+            self.ensure_storage_network(net, spec.image, spec.user)
         template = dt.TaskTemplate(
             container_spec=container,
             resources=resources,

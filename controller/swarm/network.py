@@ -59,14 +59,32 @@ def ensure(client: docker.DockerClient, name: str, image: str, user: str) -> Non
     _wait_for_anchors(client)
 
 
-def _anchor(client: docker.DockerClient) -> dict[str, Any] | None:
-    for svc in client.api.services(filters={"name": ANCHOR_SERVICE}):
-        if svc.get("Spec", {}).get("Name") == ANCHOR_SERVICE:
+def ensure_storage(client: docker.DockerClient, network: str, image: str, user: str) -> None:
+    """An anchor on the operator's storage network (``storage.s3.network``) too: runners join it as
+    well as their own, and without a task on it on every node each runner's arrival or departure
+    would be a node update that rejects the node's GPU tasks, as for the runners' network. Its own
+    service (``<anchor>-<network>``), so that adding a storage network never restarts the first anchor.
+    The network itself is the operator's: never made here."""
+    service = storage_anchor(network)
+    if not _anchor(client, service):
+        _create_anchor(client, network, image, user, service)
+    _wait_for_anchors(client, service)
+
+
+def storage_anchor(network: str) -> str:
+    return f"{ANCHOR_SERVICE}-{network}"[:63]
+
+
+def _anchor(client: docker.DockerClient, service: str = ANCHOR_SERVICE) -> dict[str, Any] | None:
+    for svc in client.api.services(filters={"name": service}):
+        if svc.get("Spec", {}).get("Name") == service:
             return dict(svc)
     return None
 
 
-def _create_anchor(client: docker.DockerClient, network: str, image: str, user: str) -> None:
+def _create_anchor(
+    client: docker.DockerClient, network: str, image: str, user: str, service: str = ANCHOR_SERVICE
+) -> None:
     container = dt.ContainerSpec(
         image=image,
         command=list(ANCHOR_COMMAND),
@@ -86,14 +104,14 @@ def _create_anchor(client: docker.DockerClient, network: str, image: str, user: 
     )
     try:
         client.api.create_service(
-            template, name=ANCHOR_SERVICE, labels={LABEL_ROLE: ROLE_ANCHOR}, mode=dt.ServiceMode("global")
+            template, name=service, labels={LABEL_ROLE: ROLE_ANCHOR}, mode=dt.ServiceMode("global")
         )
     except docker.errors.APIError as e:
         if e.status_code != 409:
             raise
 
 
-def _wait_for_anchors(client: docker.DockerClient) -> None:
+def _wait_for_anchors(client: docker.DockerClient, service: str = ANCHOR_SERVICE) -> None:
     deadline = time.monotonic() + ANCHOR_WAIT
     while True:
         ready = {
@@ -103,7 +121,7 @@ def _wait_for_anchors(client: docker.DockerClient) -> None:
         }
         running = {
             t.get("NodeID")
-            for t in client.api.tasks(filters={"service": ANCHOR_SERVICE, "desired-state": "running"})
+            for t in client.api.tasks(filters={"service": service, "desired-state": "running"})
             if t.get("Status", {}).get("State") == "running"
         }
         if ready <= running or time.monotonic() > deadline:
