@@ -73,11 +73,8 @@ def _openat2(dir_fd: int, rel: str, flags: int, mode: int) -> int:
 def umask() -> int:
     """The process umask, read without changing it (Linux: /proc/self/status), else the classic dance."""
     with contextlib.suppress(OSError, ValueError):
-        fd = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            status = os.read(fd, 16384)  # a few hundred bytes to a few kB; read on every file written
-        finally:
-            os.close(fd)
+        with open("/proc/self/status", "rb", buffering=0) as f:
+            status = f.read(16384)  # a few hundred bytes to a few kB; read on every file written
         start = status.index(b"\nUmask:") + 7
         return int(status[start : status.index(b"\n", start)].strip(), 8)
     old = os.umask(0o022)
