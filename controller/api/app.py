@@ -7,6 +7,7 @@ number of replicas may serve the same volume.
 from __future__ import annotations
 
 import asyncio
+import os
 import contextlib
 import json
 import traceback
@@ -45,7 +46,7 @@ from controller.run import deletion
 
 Handler = Callable[[Request], Awaitable[Response]]
 MAX_JSON = 1024**2
-THREADS = 64
+THREADS = min(32, (os.cpu_count() or 1) + 4)  # asyncio's own default, named: see _threads
 
 
 class Api:
@@ -358,9 +359,9 @@ def make_app(config: Config) -> Starlette:
 
 
 def _threads(inner: Callable[[Any], contextlib.AbstractAsyncContextManager[None]]) -> Any:
-    """The lifespan ``inner`` with THREADS worker threads for the blocking work of requests: asyncio's
-    default (cores + 4) would let only that many requests wait on one shared flush (commit.py), so a
-    burst of small jobs would pay one flush per handful of them instead of one for all."""
+    """The lifespan ``inner`` with THREADS worker threads for the blocking work of requests. More
+    threads let more requests share one flush (commit.py), but on a small machine they also stretch the
+    slowest answers (benchmarks/RESULTS.md, B-api); asyncio's default size is kept, in one place."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
