@@ -7,9 +7,9 @@ number of replicas may serve the same volume.
 from __future__ import annotations
 
 import asyncio
-import os
 import contextlib
 import json
+import os
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
