@@ -198,12 +198,12 @@ def free_port() -> int:
 class Serve:
     """One `ffswarm serve` subprocess on a test's own inbox; killed in teardown."""
 
-    def __init__(self, inbox: Path, port: int, concurrent_jobs: int = 2) -> None:
-        self.inbox, self.port, self.concurrent_jobs = inbox, port, concurrent_jobs
+    def __init__(self, inbox: Path, port: int, concurrent_jobs: int = 2, config: Path = CONFIG) -> None:
+        self.inbox, self.port, self.concurrent_jobs, self.config = inbox, port, concurrent_jobs, config
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "controller.cli", "--json-logs", "--config", str(CONFIG), "serve",
+        cmd = [sys.executable, "-m", "controller.cli", "--json-logs", "--config", str(self.config), "serve",
                "--inbox", str(self.inbox), "--metrics-port", str(self.port), "--metrics-addr", "127.0.0.1",
                "--poll", "0.3", "--concurrent-jobs", str(self.concurrent_jobs)]  # fmt: skip
         log = open(self.inbox.parent / "serve.log", "a")  # noqa: SIM115  (the child keeps it; closed when it ends)
