@@ -8,7 +8,8 @@ workers are like replicas on one host:
 - the parent binds the socket and builds the app once, so a wrong address, a missing key file or a
   bad tenant is one clear error before any worker exists; then it forks the workers, which inherit
   both and accept connections from the same socket (the kernel hands each connection to one);
-- ``Ctrl-C`` or SIGTERM to the parent stops every worker gracefully (requests in flight finish); a
+- ``Ctrl-C`` or SIGTERM to the parent stops every worker gracefully (requests in flight finish; one
+  still there after STOP_GRACE seconds is killed, so the parent always ends); a
   worker that exits on its own stops the others and the parent exits non-zero, so a supervisor
   (Swarm, systemd) restarts the whole service rather than running it short of workers; a parent
   killed outright takes its workers with it (each asked the kernel for a SIGTERM when it dies);
@@ -29,6 +30,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from types import FrameType
 
@@ -42,6 +44,8 @@ METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # what prometheus_client reads to shar
 BACKLOG = 2048
 PR_SET_PDEATHSIG = 1
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_GRACE = 10.0  # seconds a stopping worker has to finish its requests before it is killed
+POLL = 0.05  # how often the parent looks for ended workers
 
 
 class ListenError(FfswarmError):
@@ -98,10 +102,12 @@ def _supervise(app: ASGIApp, sock: socket.socket, workers: int) -> tuple[int, in
     logger = log.get(component="api")
     children: dict[int, int] = {}  # pid → worker number
     state = {"stopping": False}
+    deadline = [0.0]  # once stopping: when a worker still there is killed
     died: tuple[int, int] | None = None
 
     def stop(sig: int, frame: FrameType | None) -> None:
-        state["stopping"] = True
+        if not state["stopping"]:
+            state["stopping"], deadline[0] = True, time.monotonic() + STOP_GRACE
         for pid in list(children):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)  # uvicorn's graceful shutdown
@@ -125,10 +131,19 @@ def _supervise(app: ASGIApp, sock: socket.socket, workers: int) -> tuple[int, in
             finally:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         while children:
-            try:
-                pid, status = os.wait()
+            try:  # polled: a blocking wait would hang the parent on a worker that ignores its stop
+                pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
+            if pid == 0:
+                if state["stopping"] and time.monotonic() > deadline[0]:
+                    for late in list(children):
+                        logger.warning("api_worker_killed", worker=children[late], pid=late, grace_s=STOP_GRACE)
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(late, signal.SIGKILL)
+                    deadline[0] = float("inf")
+                time.sleep(POLL)
+                continue
             n = children.pop(pid)
             if not state["stopping"]:
                 code = os.waitstatus_to_exitcode(status)
