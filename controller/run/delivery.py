@@ -8,7 +8,6 @@ import hashlib
 import json
 import math
 import re
-import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from controller.errors import FfswarmError
 from controller.job.plan import ID
 from controller.job.settings import WEBHOOK_EVENTS
+from controller.run.status import utc
 
 DELIVERY_ID = re.compile(r"msg_[0-9a-f]{32}")
 STATES = ("pending", "delivered", "failed")
@@ -117,8 +117,3 @@ def stable_id(job: str, kind: str, run: str) -> str:
     """The delivery id of ``kind`` for one run of ``job``: the same on every call, so an end queued
     twice (a controller restarted half-way) is one delivery."""
     return "msg_" + hashlib.sha256(f"{job}\0{kind}\0{run}".encode()).hexdigest()[:32]
-
-
-def utc(t: float) -> str:
-    """RFC 3339 in UTC, to the second: 2026-12-02T07:41:03Z."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))

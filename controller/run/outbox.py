@@ -47,12 +47,12 @@ from controller import redact as shown
 from controller.job.plan import ID
 from controller.policy import Webhooks
 from controller.run import hooks
-from controller.run.delivery import DELIVERY_ID, Delivery, OutboxError, stable_id, utc
+from controller.run.delivery import DELIVERY_ID, Delivery, OutboxError, stable_id
 from controller.run.rundir import RunDir
 from controller.settings.webhooks import WebhookSettings
 from controller.volume import DIR_MODE, Owner, UnsafePath, Volume
 
-__all__ = ["DELIVERY_ID", "Delivery", "Outbox", "OutboxError", "stable_id", "utc"]  # the records: delivery.py
+__all__ = ["DELIVERY_ID", "Delivery", "Outbox", "OutboxError", "stable_id"]  # the records: delivery.py
 
 Clock = Callable[[], float]
 Sender = Callable[[str, bytes, str, Webhooks, float], hooks.Attempt]  # url, body, id, policy, now

@@ -33,7 +33,7 @@ from controller.job import owners
 from controller.job.settings import WEBHOOK_EVENTS, OnComplete, read_on_complete
 from controller.policy import Webhooks
 from controller.run import hooks, status, usage
-from controller.run.outbox import ORPHAN_SECONDS, Delivery, Outbox, OutboxError, Sender, utc
+from controller.run.outbox import ORPHAN_SECONDS, Delivery, Outbox, OutboxError, Sender
 from controller.run.rundir import RunDir
 from controller.volume import UnsafePath
 
@@ -136,7 +136,7 @@ def notify(
         last = d.attempts[-1] if d.attempts else {}
         return hooks.NOT_DELIVERED, str(last.get("status") or last.get("error"))
     due = d.next_attempt or 0.0
-    why = f"receiver not reached; retried until delivered (next at {utc(due)}) by `ffswarm serve`"
+    why = f"receiver not reached; retried until delivered (next at {status.utc(due)}) by `ffswarm serve`"
     log.get(job=rundir.job).warning("webhook_pending", type=kind, delivery=d.id, detail=why)
     return hooks.PENDING, why
 
