@@ -27,7 +27,7 @@ from pathlib import Path
 from contract.layout import RUNS, RunLayout
 from controller.errors import JobFileError
 from controller.folder import sync_filesystem
-from controller.volume import UnsafePath, Volume
+from controller.volume import Owner, UnsafePath, Volume
 
 CLAIMS = f"{RUNS}/.claims"
 JOBS = f"{CLAIMS}/jobs"
@@ -154,19 +154,24 @@ def refusal(rels: list[str], holder: str) -> str:
     )
 
 
-def claim(data_root: Path, job: str, outputs: Iterable[str], file: str) -> int:
+def claim(data_root: Path, job: str, outputs: Iterable[str], file: str, owner: Owner | None = None) -> int:
     """Claim every output for ``job`` (idempotent for its own claims). JobFileError (exit 65),
-    naming the other job, if a live one holds any; then this call's new claims are undone."""
+    naming the other job, if a live one holds any; then this call's new claims are undone.
+    ``owner``: the controller's uid:gid, given to the claims' folders (also ones made earlier by
+    someone else, e.g. a root ``serve``), so that an API running as ``controller_user`` can release
+    a job's claims when it deletes or cancels the job."""
     vol = Volume(data_root)
     digests = sorted({key(rel): rel for rel in outputs}.items())
-    _write_index(vol, job, [d for d, _ in digests])
+    if owner is not None:
+        vol.mkdirs(CLAIMS, owner, enforce=True)
+    _write_index(vol, job, [d for d, _ in digests], owner)
     made: list[str] = []
     each = len(digests) <= FSYNC_EACH
     try:
         for shard in sorted({_claim_path(d).rpartition("/")[0] for d, _ in digests}):
-            vol.mkdirs(shard)
+            vol.mkdirs(shard, owner, enforce=owner is not None)
         for digest, rel in digests:
-            if _claim_one(vol, data_root, job, digest, rel, file, durable=each):
+            if _claim_one(vol, data_root, job, digest, rel, file, durable=each, owner=owner):
                 made.append(digest)
     except JobFileError:
         for digest in made:
@@ -177,13 +182,22 @@ def claim(data_root: Path, job: str, outputs: Iterable[str], file: str) -> int:
     return len(made)
 
 
-def _claim_one(vol: Volume, data_root: Path, job: str, digest: str, rel: str, file: str, durable: bool = True) -> bool:
+def _claim_one(
+    vol: Volume,
+    data_root: Path,
+    job: str,
+    digest: str,
+    rel: str,
+    file: str,
+    durable: bool = True,
+    owner: Owner | None = None,
+) -> bool:
     """True if this call created the claim; False if ``job`` already held it. ``durable``: fsynced
     here (else the caller syncs the filesystem once for all its claims)."""
     path = _claim_path(digest)  # its shard folder made by the caller
     for _ in range(3):
         try:
-            fd = vol.create_exclusive(path)
+            fd = vol.create_exclusive(path, owner)
         except FileExistsError:
             holder = _read_holder(vol, path)
             if holder == job:
@@ -231,10 +245,10 @@ def _unlink_if_mine(vol: Volume, path: str, job: str) -> None:
             vol.unlink(path)
 
 
-def _write_index(vol: Volume, job: str, digests: list[str]) -> None:
-    vol.mkdirs(JOBS)
+def _write_index(vol: Volume, job: str, digests: list[str], owner: Owner | None = None) -> None:
+    vol.mkdirs(JOBS, owner, enforce=owner is not None)
     before = _read_index(vol, job)
-    vol.write_atomic(f"{JOBS}/{job}", "\n".join(sorted(set(before) | set(digests))).encode() + b"\n")
+    vol.write_atomic(f"{JOBS}/{job}", "\n".join(sorted(set(before) | set(digests))).encode() + b"\n", owner)
 
 
 def _read_index(vol: Volume, job: str) -> list[str]:

@@ -319,7 +319,13 @@ def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
     made = access.make_folders(config.data_root, job.folders, owner(config))
     if job.resolved is not None:  # its outputs claimed cluster-wide (controller/job/claims.py)
         try:
-            claims.claim(config.data_root, job.job_id, [t.output_rel for t in job.resolved.targets], str(job.file))
+            claims.claim(
+                config.data_root,
+                job.job_id,
+                [t.output_rel for t in job.resolved.targets],
+                str(job.file),
+                config.controller_ids(),
+            )
         except FfswarmError:
             access.remove_folders(config.data_root, made)
             raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -198,3 +199,34 @@ def test_a_tenants_job_reads_only_its_own_area(tmp_path: Path, source: str, targ
         resolve_job(_tenant_spec("tenants/acme/out/{name}", targets, source), root, "job.yaml", tenant="acme")
     assert e.value.field == field and "outside the tenant's area tenants/acme/" in e.value.reason
     assert str(root) not in str(e.value)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make claims as one uid and release them as another")
+def test_claims_made_by_a_root_serve_are_released_by_an_api_running_as_controller_user() -> None:
+    """A deployed stack: `serve` (root) claims a job's outputs, the API (controller_user) deletes the
+    job later; the claim folders belong to controller_user, so the API's release removes them and the
+    output is free for the next job — also when the claims' folders were made earlier as root."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as top:  # pytest's tmp_path is root's alone: not reachable by 4321
+        os.chmod(top, 0o755)
+        _released_by_controller_user(_root(Path(top)))
+
+
+def _released_by_controller_user(root: Path) -> None:
+    ctl = (4321, 4321)
+    claims.claim(root, "early", ["out/early.jpg"], "early.yaml")  # an older serve, no owner given
+    assert claims.claim(root, "first", ["out/p1.jpg", "out/p2.jpg"], "first.yaml", ctl) == 2
+    for folder in (root / "runs" / ".claims", root / "runs" / ".claims" / "jobs"):
+        assert (folder.stat().st_uid, folder.stat().st_gid) == ctl, folder
+    pid = os.fork()
+    if pid == 0:  # the API, as controller_user
+        code = 1
+        try:
+            os.setgid(ctl[1])
+            os.setuid(ctl[0])
+            code = 0 if claims.release(root, "first") == 2 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "controller_user could not release the job's claims"
+    assert claims.holder_of(root, "out/p1.jpg") is None
+    assert claims.claim(root, "second", ["out/p1.jpg"], "second.yaml", ctl) == 1
