@@ -2,8 +2,9 @@
 
 1. The cluster and the controller stack (``deploy``), the tenants' inputs, the webhook receiver.
 2. Reference: each distinct request of the plan submitted twice over, in two fault-free rounds; the
-   second round's outputs must equal the first's (the CPU runner is deterministic, or the byte check
-   means nothing), and the first round's are what every soak job's ok outputs must equal.
+   second round's outputs must show the same pictures as the first's (byte for byte, or apart only by
+   the CPU runner's rounding: ``checks.compare``), and the first round's are what every soak job's ok
+   outputs are compared with.
 3. The faulted run: the plan's requests at their seconds (a pool of senders, so a slow upload never
    holds the stream up) and its faults at theirs, each in a thread of its own (faults may overlap).
 4. Drain: every accepted job ended, the webhook outbox empty, lanes expired — or a time limit.
@@ -64,22 +65,17 @@ def wait_ended(
         time.sleep(10)
 
 
-def reference(stream: Stream, plan: Plan, root: Any, rounds: int = 2) -> tuple[dict[str, dict[str, str]], list[str]]:
-    """Each distinct request's outputs (input name → sha256) from the first fault-free round, and
-    where a later round's outputs differed (the runner is not deterministic there)."""
+def reference(stream: Stream, plan: Plan, root: Any, rounds: int = 2) -> tuple[dict[str, dict[str, str]], checks.Check]:
+    """Each distinct request's outputs (input name → path relative to the data root) from the first
+    fault-free round, and whether later rounds made the same pictures (``checks.deterministic``)."""
     found: list[dict[str, dict[str, str]]] = []
     for n in range(rounds):
         made = {req.key: (req.tenant, stream.offer(req, 0.0, reference=True)) for req in plan.distinct()}
         jobs = {job: tenant for tenant, job in made.values() if job}
         log(f"reference round {n + 1}: {len(jobs)} of {len(made)} requests accepted; waiting for their ends")
         wait_ended(stream, jobs, 1200)
-        found.append({
-            key: {name: digest or "" for name, (_, digest) in checks.outputs(root, tenant, job).items()}
-            for key, (tenant, job) in made.items() if job
-        })  # fmt: skip
-    differs = [f"{key}: round {n + 1} differs from round 1" for n, r in enumerate(found[1:], 1)
-               for key, outs in r.items() if key in found[0] and outs != found[0][key]]  # fmt: skip
-    return found[0], differs
+        found.append({key: checks.outputs(root, tenant, job) for key, (tenant, job) in made.items() if job})
+    return found[0], checks.deterministic(root, found)
 
 
 def faulted(plan: Plan, stream: Stream, faults: Faults | None, replicas: Callable[[], list[str]]) -> float:
@@ -180,7 +176,7 @@ def soak(plan: Plan, s3_endpoint: str | None, s3_container: str | None, keep: bo
             make_inputs(c.data_root / "tenants" / t)
         record = Record()
         stream = Stream(c.data_root, urls, d.keys, receiver.url, record)
-        ref, differs = reference(stream, plan, c.data_root)
+        ref, determinism = reference(stream, plan, c.data_root)
         faults = None if no_faults else Faults(c, stream, s3_container)
         log(f"{'fault-free' if no_faults else 'faulted'} run: {len(plan.requests)} requests, {len(plan.faults)} faults")
         took = faulted(plan, stream, faults, lambda: deploy.api_urls(c))
@@ -192,7 +188,6 @@ def soak(plan: Plan, s3_endpoint: str | None, s3_container: str | None, keep: bo
         drained = time.monotonic() - t_end
         wait_quiet(c, 600)
         results = run_checks(c, stream, record, ref, receiver.received())
-        determinism = checks.Check("runner deterministic", looked_at=len(ref), problems=differs)
         results.insert(0, determinism)
         return report(plan, record, faults, results, took, drained, len(receiver.received()))
     finally:
