@@ -34,20 +34,6 @@ SWARM_ADAPTER = {
 }
 MAX_LINES = 400
 
-# Package pairs that still import each other, each until the move named here is made (the modules
-# on either side belong to work in flight this round). A pair broken since fails the test below
-# until it is taken off this list.
-KNOWN_TWO_WAY = {
-    # config.py types and parses the `api:` and `tenants:` sections with controller/api/settings.py;
-    # the move: api/settings.py to a leaf (controller/settings/api.py) that config.py imports.
-    frozenset({"controller.api", "controller.config"}): "config.py → api/settings.py",
-    # storage/settings.py parses `link_ttl` with api/settings.py parse_ttl; the move: parse_ttl to
-    # controller/settings/fields.py (the shared field checks), or the settings move above.
-    frozenset({"controller.api", "controller.storage"}): "storage/settings.py → api/settings.py parse_ttl",
-    # run/hooks.py signs the results link (api/links.py) and reads ApiSettings; the move: links.py
-    # and the API's settings to leaves below both.
-    frozenset({"controller.api", "controller.run"}): "run/hooks.py → api/links.py, api/settings.py",
-}
 # Where DockerSwarm may be built: the CLI (the composition root) and the serve daemon (controller/serve/).
 SWARM_BUILDERS = ("controller.cli", "controller.serve")
 
@@ -262,12 +248,9 @@ def two_way(edges: dict[tuple[str, str], list[str]]) -> dict[frozenset[str], lis
 
 def test_no_two_packages_import_each_other() -> None:
     found = two_way(layer_edges(graph()))
-    new = {" ⇄ ".join(sorted(pair)): why for pair, why in found.items() if pair not in KNOWN_TWO_WAY}
-    assert not new, "packages that import each other (move what both need to a leaf below them):\n" + "\n".join(
-        f"{pair}: {', '.join(why)}" for pair, why in new.items()
+    assert not found, "packages that import each other (move what both need to a leaf below them):\n" + "\n".join(
+        f"{' ⇄ '.join(sorted(pair))}: {', '.join(why)}" for pair, why in found.items()
     )
-    gone = [" ⇄ ".join(sorted(pair)) for pair in KNOWN_TWO_WAY if pair not in found]
-    assert not gone, f"no longer two-way, take them off KNOWN_TWO_WAY: {gone}"
 
 
 def test_nothing_imports_the_cli_and_run_never_imports_serve() -> None:
