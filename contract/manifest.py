@@ -11,6 +11,7 @@ retries of a chunk read the same file, and the attempt number arrives through ``
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
@@ -19,17 +20,16 @@ from typing import Any
 
 from contract import processors
 from contract.errors import ManifestError
-from contract.handoff import check_linger
+from contract.handoff import LINGER_FIELDS, check_linger
 from contract.identity_table import Identity, check_id, check_people, read_table, table_dict
 from contract.layout import RunLayout
-from contract.manifest_checks import OPTIONAL, check_tuning
 from contract.manifest_fields import optional_fields, text_field
-from contract.masks import DEFAULT_TYPES, REGIONS
+from contract.masks import DEFAULT_TYPES, MASK_FIELDS, REGIONS, check_masks
 from contract.paths import require_container_path
-from contract.photo import PHOTO_QUALITY, PHOTO_SCALE
+from contract.photo import PHOTO_FIELDS, PHOTO_QUALITY, PHOTO_SCALE, check_photo
 from contract.s3 import StorageAccess, is_s3, require_location
-from contract.selector import AGE_LIMITS, DEFAULT_ORDER
-from contract.swapper import PIXEL_BOOST, SWAPPER_MODEL, SWAPPER_WEIGHT
+from contract.selector import AGE_LIMITS, DEFAULT_ORDER, Selector
+from contract.swapper import PIXEL_BOOST, SWAPPER_FIELDS, SWAPPER_MODEL, SWAPPER_WEIGHT, check_swapper
 
 SCHEMA_VERSION = 1  # a job with one source for every target
 SCHEMA_IDENTITIES = 2  # a job with ``pairs``: an identity table, each item names its identity
@@ -222,7 +222,7 @@ class Manifest:
         if not self.items:
             raise ManifestError("manifest has no items")
         check_people(self.schema == SCHEMA_VERSION, self.identities, self.source, self.items)
-        check_tuning(self)  # contract/manifest_checks.py
+        _check_tuning(self)  # the tuning fields' ranges, below
         for p in self.processors:
             if p not in PROCESSORS:
                 raise ManifestError(f"unknown processor {p!r}")
@@ -281,7 +281,7 @@ class Manifest:
             data["storage"] = self.storage.to_dict()
         else:
             del data["storage"]  # no s3:// object: as older runners know manifests
-        for name in OPTIONAL:  # left out at their defaults: older runners read the file unchanged
+        for name in _OPTIONAL:  # left out at their defaults: older runners read the file unchanged
             if data[name] == _FIELDS[name].default:
                 del data[name]
         return json.dumps(data, sort_keys=True)
@@ -329,9 +329,72 @@ class Manifest:
 _FIELDS = {f.name: f for f in fields(Manifest)}
 _READS = ", ".join(str(v) for v in SCHEMA_VERSIONS)
 
+# Left out of the JSON at their defaults: older runners read the file unchanged.
+_OPTIONAL = (
+    "source_embedding",
+    "reference_embedding",
+    "identity",
+    "identity_timeout",
+    "reference_distance",
+    "detector_threshold",
+    "detector_size",
+    "mask_feather",
+    "mask_padding",
+    "enhancer_blend",
+    "frame_enhancer_blend",
+    "overwrite",
+    "selector_order",
+    "selector_gender",
+    "selector_age",
+    "enhancer_model",
+    "enhancer_weight",
+    *MASK_FIELDS,
+    *SWAPPER_FIELDS,
+    *PHOTO_FIELDS,
+    *LINGER_FIELDS,
+)
+
+
+def _check_tuning(m: Manifest) -> None:
+    """Ranges as the job file allows them (controller/job/spec.py); a manifest written by hand or by
+    an older controller fails here (65) rather than as odd pixels."""
+    for name in ("source_embedding", "reference_embedding"):
+        emb = getattr(m, name)
+        if emb is not None and (not emb or not all(isinstance(v, float) and math.isfinite(v) for v in emb)):
+            raise ManifestError(f"{name} must be a non-empty tuple of finite floats")
+    if m.source_embedding and m.reference_embedding and len(m.source_embedding) != len(m.reference_embedding):
+        raise ManifestError("source_embedding and reference_embedding differ in length")
+    if m.faces == "reference" and m.reference_embedding is None and m.identity is None:
+        raise ManifestError("faces: reference needs reference_embedding or identity (computed at submit)")
+    if not isinstance(m.overwrite, bool):
+        raise ManifestError(f"overwrite must be true or false, got {m.overwrite!r}")
+    object.__setattr__(m, "selector_age", Selector(m.selector_order, m.selector_gender, m.selector_age).age)
+    if not 0 < m.identity_timeout <= 86400:
+        raise ManifestError(f"identity_timeout must be in (0, 86400] seconds, got {m.identity_timeout!r}")
+    checks = (
+        ("reference_distance", m.reference_distance, 0.0, 2.0),
+        ("detector_threshold", m.detector_threshold, 0.0, 1.0),
+        ("mask_feather", m.mask_feather, 0.0, 0.5),
+        ("mask_padding", m.mask_padding, 0.0, 0.5),
+        ("enhancer_blend", m.enhancer_blend, 0.0, 1.0),
+        ("enhancer_weight", m.enhancer_weight, 0.0, 1.0),
+        ("frame_enhancer_blend", m.frame_enhancer_blend, 0.0, 1.0),
+    )
+    for name, value, lo, hi in checks:
+        if not lo <= value <= hi:
+            raise ManifestError(f"{name} must be in [{lo:g}, {hi:g}], got {value!r}")
+    check_swapper(m.swapper_model, m.swapper_pixel_boost, m.swapper_weight)
+    check_masks(m)  # mask_types, mask_regions
+    check_photo(m.photo_quality, m.photo_scale)
+    if m.enhancer_model not in processors.FACE_ENHANCER_MODELS:
+        choices = ", ".join(processors.FACE_ENHANCER_MODELS)
+        raise ManifestError(f"enhancer_model must be one of {choices}, got {m.enhancer_model!r}")
+    if m.detector_size % 32 or not 160 <= m.detector_size <= 2048:
+        raise ManifestError(f"detector_size must be a multiple of 32 from 160 to 2048, got {m.detector_size!r}")
+
 
 def _item_dict(item: Item) -> dict[str, Any]:
-    """An item as JSON data; image items stay as they were before video items existed."""
+    """An item as JSON data; an image item carries no kind or segment, as older runners read it."""
     data: dict[str, Any] = {"id": item.id, "input": item.input, "output": item.output}
     if item.kind != "image" or item.segment is not None:
         data["kind"] = item.kind

@@ -9,7 +9,7 @@ checked against its pack.yaml ``model:`` when that records one. ``pixel_boost``:
 aligned crop in pixels, a multiple of the model's own side (128 for inswapper, 256 for the others) —
 the crop is split into (boost/side)² interleaved tiles of the model's side, each swapped, and put
 back together (FaceFusion's pixel boost; runner_image/pixel_boost.py); left out, the model's own.
-``weight``: how much of the source identity goes in, 1 all of it (as before), 0 the target face's
+``weight``: how much of the source identity goes in, 1 all of it (the plain swap), 0 the target face's
 own (runner_image/pixel_boost.py ``mixed_identity``, on the ArcFace embeddings, before any converter).
 
 The contracts (CONTRACTS), as FaceFusion 3.x's public source defines them

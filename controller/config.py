@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from controller import yamlio
-from controller.api.settings import ApiSettings, Tenant, check_tenant_storage, parse_api, parse_tenants
+from controller.apiconfig import ApiSettings, Tenant, check_tenant_storage, parse_api, parse_tenants
 from controller.errors import ConfigError
 from controller.policy import Policy, Webhooks, parse_policy
 from controller.settings.fields import FieldError, parse_duration
@@ -55,7 +55,7 @@ class Config:
     docker_host: str | None = None
     engine_outage: int = 120  # seconds a running job waits for a Docker engine that stopped answering
     policy: Policy = field(default_factory=Policy)  # what a job file may ask for (controller/policy.py)
-    api: ApiSettings = field(default_factory=ApiSettings)  # `ffswarm api` (controller/api/settings.py)
+    api: ApiSettings = field(default_factory=ApiSettings)  # `ffswarm api` (controller/apiconfig.py)
     tenants: Mapping[str, Tenant] = field(default_factory=dict)  # who may use the API (docs/api.md#config)
     packing: PackingSettings = field(
         default_factory=PackingSettings

@@ -100,8 +100,8 @@ def _cgroup_quota() -> float | None:
 def session_options(plan: ProviderPlan, threads: int) -> Any:
     so = ort.SessionOptions()
     # On CPU the pipeline runs one item per core (worker.inflight), each session call on one thread:
-    # for these small convolutions item-level parallelism beats intra-op threads (measured on 2
-    # cores: ~40 % more images/s), and idle pool threads must not spin against the other items.
+    # for these small convolutions item-level parallelism beats intra-op threads, and idle pool
+    # threads must not spin against the other items.
     # On CUDA, CPU threads only run the odd CPU-placed node; a few are plenty.
     so.intra_op_num_threads = 1 if plan.name == "cpu" else min(threads, 4)
     so.add_session_config_entry("session.intra_op.allow_spinning", "0" if plan.name == "cpu" else "1")

@@ -1,12 +1,12 @@
-"""A chunk's s3:// inputs, outputs and photos, beside its data-root ones (issue "Object storage").
+"""A chunk's s3:// inputs, outputs and photos, beside its data-root ones (docs/storage.md).
 
 A manifest that names any object carries a ``storage`` block (contract/s3.py StorageAccess): the
 runner makes one client per attempt from it and the credentials file (the Swarm secret), and reads
 and commits through s3io.Store. Everything here takes a manifest's path as it is, ``s3://…`` or
 ``/data/…``, so that the item loop has one code path for both.
 
-boto3 is imported only when a manifest names an object: a chunk on the data volume alone starts as
-fast as before.
+boto3 is imported only when a manifest names an object: a chunk on the data volume alone does not pay
+for its import.
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ boost-sized result is pasted back like a 128 one (runner_image/swap.py paste_bac
 
 Weight: ``normalise(target·(1 − weight) + source·weight)`` of the two L2-normalised ArcFace
 embeddings — the target face's own and the job's source — is the identity projected through
-``emap`` (1: the source alone, as before; 0: the target face's own). FaceFusion's
+``emap`` (1: the source alone, the plain swap; 0: the target face's own). FaceFusion's
 ``face_swapper_weight`` is a different curve: it maps its weight onto α from +0.35 to −0.35 and feeds
 ``latent·(1 − α) + target·α`` (so its 0.5 is the source alone and its 1 pushes past it, away from
-the target); ffswarm keeps 1 as the swap as it always was and 0 as the target's own identity.
+the target); ffswarm keeps 1 as the plain swap and 0 as the target's own identity.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ class Swapper:
     model. ``session.run`` is thread-safe, so several items may call ``swap`` at once.
     ``pixel_boost`` (the crop's side, a multiple of the model's) and ``weight`` (below 1: the source
     identity mixed with each target face's own, whose embedding ``swap`` is then given) are
-    runner_image/pixel_boost.py's; at 128 and 1 the swap is exactly as before.
+    runner_image/pixel_boost.py's; at 128 and 1 the swap is inswapper's own.
     """
 
     def __init__(self, model: Any, identity: np.ndarray, *, pixel_boost: int = 128, weight: float = 1.0) -> None:

@@ -1,2 +1,3 @@
-"""`ffswarm api`: the HTTP front door for tenants (docs/api.md). Importing this package imports no
-web framework: the config reads controller/api/settings.py on every command."""
+"""`ffswarm api`: the HTTP front door for tenants (docs/api.md). Its config sections (``api:``,
+``tenants:``) are parsed by controller/apiconfig.py, below the config, so no other command imports
+anything of this package."""

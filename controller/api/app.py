@@ -25,24 +25,24 @@ from starlette.routing import Route
 from controller import log
 from controller.api import deliveries as api_deliveries
 from controller.api import events as event_stream
-from controller.api import idempotency, links, objects, ops, page, quota, results, submit, uploads, views
+from controller.api import idempotency, objects, ops, page, quota, results, submit, uploads, views
 from controller.api import usage as api_usage
 from controller.api import workers as api_workers
 from controller.api.area import Area, run_owner
-from controller.api.auth import Authenticator, JwtVerifier, read_key_file
+from controller.api.auth import Authenticator, JwtVerifier, check_link_generation, read_key_file, verify_link
 from controller.api.errors import ApiError, not_found
 from controller.api.fairness import Fairness
 from controller.api.listing import Query, list_page
 from controller.api.metrics import ApiMetrics
 from controller.api.openapi import document
 from controller.api.routing import check_documented, framework_error, table_routes
-from controller.api.settings import Tenant
 from controller.api.sweep import Staging, every, sweep_uploads
 from controller.api.waiting import preference, until_ended
+from controller.apiconfig import Tenant
 from controller.config import Config
 from controller.errors import FfswarmError
 from controller.job import access
-from controller.run import deletion
+from controller.run import deletion, links
 
 Handler = Callable[[Request], Awaitable[Response]]
 MAX_JSON = 1024**2
@@ -103,9 +103,9 @@ class Api:
         """The owner's area of a job asked for by a signed link to this very path (key, signature,
         expiry within api.link_ttl), unless the job's links were revoked since the link was made."""
         q = request.query_params
-        made = links.verify(self.link_keys, "GET", request.url.path, q, self.config.api.link_ttl)
+        made = verify_link(self.link_keys, "GET", request.url.path, q, self.config.api.link_ttl)
         area = self.link_owner(job)
-        links.check_generation(area.root, area.tenant, job, made)
+        check_link_generation(area.root, area.tenant, job, made)
         return area
 
     def links(self, area: Area, job: str) -> dict[str, Any]:

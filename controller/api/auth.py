@@ -9,6 +9,11 @@ token's ``api.jwt.tenant_claim`` claim, or the tenant whose ``jwt_subjects`` lis
 (when both are there they must agree); a bare ``sub`` naming a tenant is not enough: an identity
 provider's subjects are its users, not this API's tenants. Key files are read once, when the API
 starts; an HMAC secret under 32 bytes is refused then. A 401 never says which tenants or keys exist.
+
+A signed link (controller/run/links.py) lets its holder in without a token, to that one path only.
+Refusals: 403 ``link_expired`` (past its expiry), ``bad_link`` (an expiry further away than
+``api.link_ttl``, however well signed), ``bad_signature`` (tampered, an unknown key, or no key id)
+and ``link_revoked``.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from typing import Any
 import jwt
 
 from controller.api.errors import ApiError, unauthorized
-from controller.api.settings import MIN_HMAC_SECRET, JwtSettings, Tenant
+from controller.apiconfig import MIN_HMAC_SECRET, JwtSettings, Tenant
 from controller.errors import ConfigError
+from controller.run import links
 
 MAX_TOKEN = 8192
 CLOCK_SKEW = 60  # seconds an iat may lie ahead of this host's clock
@@ -127,3 +133,48 @@ class Authenticator:
 def require(cond: bool, error: ApiError) -> None:
     if not cond:
         raise error
+
+
+# -- signed links ----------------------------------------------------------------------------------------
+def _number(text: str, what: str, digits: int) -> int:
+    if not text.isascii() or not text.isdigit() or len(text) > digits:
+        raise ApiError(403, "bad_signature", f"the link's {what} is not a number")
+    return int(text)
+
+
+def verify_link(
+    keys: links.SigningKeys | None,
+    method: str,
+    path: str,
+    query: Mapping[str, str],
+    ttl: int,
+    now: float | None = None,
+) -> int:
+    """The link's generation, once its key, signature and expiry check out (its job's owner and
+    revocation are the caller's to check, with ``check_link_generation``); raises a 401/403 ApiError."""
+    if keys is None:
+        raise ApiError(401, "unauthorized", "signed links are off on this API (no api.signing_key_file)")
+    expires = _number(query.get("expires", ""), "expires", 12)
+    kid = query.get("kid", "")
+    if not kid:
+        raise ApiError(403, "bad_signature", "the link has no key id (made by an older version); ask for a new one")
+    key = keys.find(kid)
+    if key is None:
+        raise ApiError(403, "bad_signature", "the link's key is not accepted here (rotated out); ask for a new one")
+    generation = _number(query.get("gen", ""), "gen", len(str(links.MAX_GENERATION)))
+    want = links.signature(key, method, path, expires, kid, generation)
+    sig = query.get("sig", "")
+    if not hmac.compare_digest(want.encode(), sig.lower().encode("utf-8", "replace")):  # any text, never a 500
+        raise ApiError(403, "bad_signature", "the link's signature does not match")
+    current = time.time() if now is None else now
+    if expires < current:
+        raise ApiError(403, "link_expired", "the link has expired; ask for a new one")
+    if expires > current + ttl:
+        raise ApiError(403, "bad_link", "the link's expiry is further away than this API allows (api.link_ttl)")
+    return generation
+
+
+def check_link_generation(data_root: Path, tenant: str, job: str, link_generation: int) -> None:
+    """403 ``link_revoked`` for a link made before the job's links were last revoked."""
+    if link_generation < links.generation(data_root, tenant, job):
+        raise ApiError(403, "link_revoked", "the job's links were revoked; ask for a new one")

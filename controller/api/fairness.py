@@ -31,7 +31,7 @@ from starlette.responses import Response
 
 from controller.api.auth import Authenticator
 from controller.api.errors import ApiError
-from controller.api.settings import Tenant
+from controller.apiconfig import Tenant
 
 Handler = Callable[[Request], Awaitable[Response]]
 

@@ -1,10 +1,10 @@
 """The OpenAPI 3.1 document served at /openapi.json, generated from a table of operations.
 
-Each route the API serves is one ``Operation`` here (the web page's in controller/api/page_openapi.py):
-its method and path, operationId, tag, words, parameters, request body and every answer, errors
-included. The schemas are the pydantic models of controller/api/schemas.py; the JSON body of
-``POST /v1/jobs`` is the job file's JSON Schema. app.py builds its routes from the same table, so a
-route cannot be served undocumented, and adding one is one entry here plus its handler.
+Each route the API serves, the web page's included, is one ``Operation`` here: its method and path,
+operationId, tag, words, parameters, request body and every answer, errors included. The schemas are
+the pydantic models of controller/api/schemas.py; the JSON body of ``POST /v1/jobs`` is the job
+file's JSON Schema. app.py builds its routes from the same table, so a route cannot be served
+undocumented, and adding one is one entry here plus its handler.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from controller.api import page_openapi, schemas
+from controller.api import schemas
 from controller.api.examples import EXAMPLES
-from controller.api.operation import JOB_ID, LINK_PARAMS, REF, Answer, Auth, Operation, Param, Tag
+from controller.api.operation import ITEM_ID, JOB_ID, LINK_PARAMS, REF, Answer, Auth, Operation, Param, Tag
 from controller.job.schema import job_schema
 
 ERROR_EXAMPLES = {
@@ -112,6 +112,45 @@ DELIVERIES: tuple[Operation, ...] = (
 )  # fmt: skip
 
 
+_THUMB = Param(
+    "thumb", "query", {"type": "integer", "minimum": 1, "maximum": 1024},
+    "a JPEG thumbnail instead of the file: 1 (256 px) or the longer side, 32–1024 px",
+)  # fmt: skip
+_FILE_TYPES = ("image/jpeg", "image/png", "image/webp", "image/bmp", "image/tiff", "video/mp4", "video/x-matroska",
+               "video/x-msvideo", "application/octet-stream")  # fmt: skip
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+
+
+def _item_file(which: str, op_id: str) -> Operation:
+    once = " once committed" if which == "output" else ""
+    return Operation(
+        "GET", f"/v1/jobs/{{job}}/items/{{item}}/{which}", op_id, Tag.PAGE,
+        f"An item's {which} file{once}, or its thumbnail",
+        (Answer(200, "the file, or a JPEG thumbnail", content={t: _BINARY for t in _FILE_TYPES}),),
+        (400, 403, 404, 422), params=(JOB_ID, ITEM_ID, _THUMB, *LINK_PARAMS), auth=Auth.TOKEN_OR_LINK,
+    )  # fmt: skip
+
+
+# The web page's operations (served by controller/api/page.py): the page, its events link, a job's
+# items and item files.
+PAGE: tuple[Operation, ...] = (
+    Operation("GET", "/", "getStatusPage", Tag.PAGE, "The web status page",
+              (Answer(200, "HTML", content={"text/html": {"schema": {"type": "string"}}}),), (), auth=Auth.NONE),
+    Operation("POST", "/v1/jobs/{job}/events-link", "createJobEventsLink", Tag.PAGE,
+              "A signed URL of the job's events, valid for 5 minutes (EventSource sends no token)",
+              (Answer(200, "the link", schemas.EventsLink),), (404, 409), params=(JOB_ID,)),
+    Operation("GET", "/v1/jobs/{job}/items", "listJobItems", Tag.PAGE,
+              "The job's photos and videos with status and reason",
+              (Answer(200, "a page of items", schemas.ItemPage),), (400, 404),
+              params=(JOB_ID,
+                      Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}),
+                      Param("cursor", "query", {"type": "string"}),
+                      Param("status", "query", {"enum": ["ok", "no_face", "error", "pending"]}))),
+    _item_file("input", "getJobItemInput"),
+    _item_file("output", "getJobItemOutput"),
+)  # fmt: skip
+
+
 OPERATIONS: tuple[Operation, ...] = (
     # liveness and readiness first: the schema test asks them while the heartbeat is fresh
     Operation("GET", "/healthz", "getHealth", Tag.SERVICE, "Liveness", (Answer(200, "alive", schemas.Health),), (),
@@ -178,11 +217,9 @@ OPERATIONS: tuple[Operation, ...] = (
               "Prometheus metrics; takes a metrics token (api.metrics_token_sha256), not a tenant's",
               (Answer(200, "Prometheus text format", content={"text/plain": {"schema": {"type": "string"}}}),),
               (404,)),
-    *page_openapi.OPERATIONS,
+    *PAGE,
     *DELIVERIES,
 )  # fmt: skip
-
-
 
 
 def _error_answer(status: int) -> dict[str, Any]:

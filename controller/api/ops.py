@@ -29,8 +29,8 @@ from controller import yamlio
 from controller.api.area import Area, JobRecord
 from controller.api.errors import ApiError, not_found
 from controller.api.quota import RETRY_AFTER, reserve
-from controller.api.settings import Tenant
 from controller.api.submit import inbox
+from controller.apiconfig import Tenant
 from controller.config import Config
 from controller.errors import FfswarmError, UsageError
 from controller.job.files import parse_job_text

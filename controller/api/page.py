@@ -6,7 +6,7 @@ the tab's sessionStorage and sent as ``Authorization: Bearer`` on every fetch.
 
 EventSource cannot send that header, and a token must never travel in a URL (proxy and browser logs
 keep URLs). So the page asks ``POST /v1/jobs/{id}/events-link`` (with its token) for a signed events
-URL (controller/api/links.py, the same HMAC as download links) valid for a few minutes and only for
+URL (controller/run/links.py, the same HMAC as download links) valid for a few minutes and only for
 that job's events; the events route accepts such a URL instead of a token. A stream once open runs to
 the job's end; a browser reconnecting after the link expired gets 403 and the page asks for a new one.
 
@@ -30,7 +30,7 @@ from starlette.routing import Route
 from controller.api import items, thumbs
 from controller.api.area import Area
 from controller.api.errors import ApiError, not_found
-from controller.api.settings import Tenant
+from controller.apiconfig import Tenant
 from controller.config import Config
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -30,7 +30,7 @@ from pathlib import Path
 from contract.layout import RunLayout
 from controller.api.area import JOB_ID, Area
 from controller.api.errors import ApiError
-from controller.api.settings import Tenant
+from controller.apiconfig import Tenant
 from controller.config import Config
 from controller.job.ledger import RECOUNT_SECONDS, STORED_SECONDS, Counts, Ledger, OverQuota, Reservation
 from controller.serve.inbox import JOB_SUFFIXES, original_name

@@ -30,10 +30,10 @@ from controller.api.area import Area, new_job_id
 from controller.api.errors import ApiError
 from controller.api.objects import Objects
 from controller.api.quota import RETRY_AFTER
-from controller.api.settings import Tenant
 from controller.api.sweep import Staging
 from controller.api.unzip import Unpacked, ZipLimits, unpack
 from controller.api.uploads import Budget, Upload, too_large
+from controller.apiconfig import Tenant
 from controller.config import Config
 from controller.errors import FfswarmError, JobFileError
 from controller.job import remote

@@ -83,7 +83,7 @@ class Staging:
 
     def __enter__(self) -> Path:
         try:
-            self.volume.mkdirs(self.rel, mode=0o755)  # runners read uploads/<job>/: 0755 as before
+            self.volume.mkdirs(self.rel, mode=0o755)  # runners read uploads/<job>/: 0755
             self.dir_fd = self.volume.open_dir(self.rel, "staging an upload")
         except UnsafePath as e:
             mode = _lmode(self.folder.parent)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from controller.api.settings import MAX_WORKERS, parse_listen
+from controller.apiconfig import MAX_WORKERS, parse_listen
 from controller.cli import context
 from controller.errors import UsageError
 from controller.settings.fields import FieldError

@@ -11,10 +11,9 @@ def auto_chunk_size(items: int, parallel: int, max_chunk: int = AUTO_MAX_CHUNK) 
     every chunk at most `max_chunk` items (AUTO_MAX_CHUNK, or what the measured cold start and
     per-item time of earlier jobs call for: controller/run/timings.py).
 
-    Each chunk service pays a fixed cost before its first item (container start ≈ 1.2 s, the
-    runner's imports and model load ≈ 1.3 s on the dev swarm) that its items amortise;
-    scripts/bench_orchestration.py shows efficiency climbing with chunk size until the slots run
-    out of chunks (benchmarks/RESULTS.md, "Orchestration: B1 and the chunk-size sweep"). So: as few
+    Each chunk service pays a fixed cost before its first item (a container start, the runner's
+    imports and model load) that its items amortise, so efficiency climbs with chunk size until the
+    slots run out of chunks (benchmarks/RESULTS.md, "Orchestration: B1 and the chunk-size sweep"). So: as few
     chunks as keep every slot busy, but no chunk above AUTO_MAX_CHUNK items, so that a huge job
     still spreads over a growing cluster and a lost chunk costs little (committed items are never
     redone anyway).

@@ -1,4 +1,4 @@
-"""Where a job may write: outputs fenced at plan time (issue 16).
+"""Where a job may write: outputs fenced at plan time.
 
 A job file names its outputs with a template, so one line can aim every output at another job's run
 folder, the model packs, the inbox, or at the job's own inputs (``output: alice/photos/{name}`` over

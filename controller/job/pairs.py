@@ -1,4 +1,4 @@
-"""Job-file ``pairs`` and ``pairs_file``: each target with its own source (issue 18).
+"""Job-file ``pairs`` and ``pairs_file``: each target with its own source.
 
 ``pairs:`` is read with the rest of the job file (controller/job/files.py); ``pairs_file:`` names a
 CSV (``source,target[,output]``, an optional header row of those words) or JSONL file (one object

@@ -62,7 +62,7 @@ class PlannedItem:
 
     def to_dict(self) -> dict[str, Any]:
         # By hand, not dataclasses.asdict (which deep-copies): plan.json of 5,000 items is written
-        # before the first chunk can start. Image items are written as before videos existed.
+        # before the first chunk can start. An image item carries no video keys.
         data: dict[str, Any] = {"id": self.id, "input": self.input, "output": self.output, "kind": self.kind}
         if self.parent is not None:
             data["parent"] = self.parent

@@ -184,7 +184,7 @@ class EnhancerSettings:
     the enhanced face is blended in (0 … 1) and codeformer's fidelity ``weight`` (0: most restored,
     1: closest to the input; accepted and unused with the other models, as in FaceFusion)."""
 
-    # blend first: EnhancerSettings(0.5) is the blend, as before models
+    # blend first: a positional EnhancerSettings(0.5) is the blend
     blend: float = field(
         default=ENHANCER_BLEND,
         metadata=about(

@@ -3,7 +3,7 @@
 A runner writes ``attempts/<chunk>.a<n>.json`` when its models are loaded and when it ends; the
 controller takes cold starts, providers and failure reasons from it. Only for an attempt without a
 record (a runner that died before writing it: a crash at import, a bad image, an older runner) does
-it fall back on the runner's log, as before.
+it fall back on the runner's log.
 
 The file was written by another process on a shared volume: it is opened without following links,
 read up to a size cap, validated field by field, and must name the job, chunk and attempt it is filed

@@ -48,11 +48,11 @@ from urllib.parse import urlsplit
 from contract.layout import RunLayout
 from controller import log
 from controller import redact as shown
-from controller.api import links
-from controller.api.settings import ApiSettings
+from controller.apiconfig import ApiSettings
 from controller.job.owners import TENANT
 from controller.job.spec import OnComplete
 from controller.policy import Hook, Policy, Webhooks
+from controller.run import links
 from controller.run.rundir import read_nofollow
 
 HOOK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -30,7 +30,7 @@ from controller.run.fold import committed
 from controller.run.rundir import RunDir
 
 ITEM_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
-TENANT = re.compile(r"[a-z0-9-]{1,40}")  # controller/api/settings.py TENANT_NAME
+TENANT = re.compile(r"[a-z0-9-]{1,40}")  # controller/apiconfig.py TENANT_NAME
 
 
 @dataclass

@@ -198,7 +198,7 @@ def reason_key(failure: Failure) -> str:
 
 
 def failure_lines(failures: tuple[Failure, ...], max_groups: int | None = None) -> list[str]:
-    """One line per reason (in order of first appearance): a reason of one item names it as before
+    """One line per reason (in order of first appearance): a reason of one item names it
     (`failed: a.jpg: reason`); a shared one counts them and names the first few."""
     groups: dict[str, list[Failure]] = {}
     for f in failures:

@@ -137,7 +137,7 @@ def _phase(cancelled: bool, stage: str | None, reported: bool, all_ended: bool, 
     """A job runs while a controller holds its lease (controller/run/job_lease.py); a recorded stage
     without one is a controller that stopped (Ctrl-C, killed). A run folder without a stage (an
     older controller's, or chunks run by `docker stack deploy` of a render) is finished once every
-    item has ended, else judged by its report, as before."""
+    item has ended, else judged by its report."""
     if cancelled:
         return "cancelled"
     if holder is not None:

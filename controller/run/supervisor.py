@@ -313,7 +313,7 @@ class Supervisor:
         exited = self.events.exit_code(att.service) if self.events is not None else None
         if exited is not None and classify_exit(exited) is None and (task is None or task.state not in ENDED):
             # Its container exited here with a code that ends the chunk (0, or 3: some items failed):
-            # done now, not when the swarm's task record catches up (70-150 ms later on 20.10).
+            # done now, not when the swarm's task record catches up (it lags the exit).
             self._finish(run, exited)
             return
         if task is None or task.state in PENDING_STATES:

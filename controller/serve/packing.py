@@ -1,8 +1,8 @@
 """Packing: many small jobs that arrive close together run in shared chunk services.
 
 A platform's typical request is one selfie onto one photo. Run alone, each pays an identity step, a
-chunk service, a container start and a model load for one photo (0.96 jobs/s measured on ae3bc90,
-against 30–45 photos/s of the runner in process). `serve` therefore holds a small job for a moment
+chunk service, a container start and a model load for one photo, while the runner in process does
+dozens of photos a second (benchmarks/RESULTS.md). `serve` therefore holds a small job for a moment
 (``packing.window``) and runs it together with the others that arrived meanwhile and agree on
 everything the runner loads and every rule an item follows: one *pack* job (controller/serve/packs.py),
 a pairs job whose every target keeps its own job's person, output and result, while each job keeps
@@ -17,9 +17,8 @@ The packer is adaptive: a bucket opens with its first job and is launched once i
 *and* `serve` has a free job slot *and* a GPU that no other pack holds; while it waits it keeps taking
 jobs (up to ``MAX_PACK_ITEMS``), so a burst makes fewer, fuller packs instead of a queue of tiny ones.
 A pack runs one chunk service per ``PACK_CHUNK_ITEMS`` photos at most, within the GPUs free for packs
-(``width``): measured on the dev swarm (bench_small), packs launched into job slots alone queued
-two chunks each behind one another's on 2 GPUs, every chunk paying its own container start and model
-load (≈ 3 s) for 5–6 photos.
+(``width``): packs launched into job slots alone would queue their chunks behind one another's on
+a few GPUs, every chunk paying its own container start and model load for a handful of photos.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ answers from one allocation of the swarm's GPUs over all jobs that want any:
 - Jobs of the command line (no tenant) share as one tenant of weight 1 without a quota.
 
 The book lives in the one `serve` process; jobs run by other controllers are not in it (their
-services simply take GPUs first, as before). ``running`` counts a job's live chunk services, pending
+services simply take GPUs first). ``running`` counts a job's live chunk services, pending
 ones included; a job's answer is reserved at once so that two jobs asking in the same instant
 cannot both take the last GPU.
 """

@@ -21,6 +21,7 @@ import yaml
 from controller import yamlio
 
 _DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+_TTL = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 _MEMORY = re.compile(r"(\d+)([kmgt]?)", re.IGNORECASE)
 _MEMORY_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
@@ -148,15 +149,24 @@ def check_keys(data: Mapping[Any, Any], known: Iterable[str], parent: str | None
 
 def parse_duration(value: object, field: str) -> int:
     """``30m``, ``90s``, ``2h``, ``1h30m`` or whole seconds → seconds (> 0)."""
+    return _seconds(value, field, _DURATION, "a duration like 30m, 90s, 2h or 1h30m, or whole seconds")
+
+
+def parse_ttl(value: object, field: str) -> int:
+    """``7d``, ``12h``, ``30m``, ``1d12h`` or whole seconds → seconds (> 0): parse_duration's units
+    and days, for lifetimes (links, tokens, retention)."""
+    return _seconds(value, field, _TTL, "a duration like 7d, 12h or 30m, or whole seconds")
+
+
+def _seconds(value: object, field: str, units: re.Pattern[str], hint: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         seconds = value
     else:
-        m = _DURATION.fullmatch(value) if isinstance(value, str) and value else None
+        m = units.fullmatch(value) if isinstance(value, str) and value else None
         if m is None:
-            hint = "a duration like 30m, 90s, 2h or 1h30m, or whole seconds"
             raise FieldError(field, f"must be {hint}, got {show(value)}")
-        h, mins, s = (int(g) if g else 0 for g in m.groups())
-        seconds = h * 3600 + mins * 60 + s
+        *days, h, mins, s = (int(g) if g else 0 for g in m.groups())
+        seconds = sum(days) * 86400 + h * 3600 + mins * 60 + s
     if seconds <= 0:
         raise FieldError(field, f"must be a duration longer than zero, got {show(value)}")
     return seconds

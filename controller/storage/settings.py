@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from contract.s3 import MAX_CREDENTIALS_BYTES, SECRETS_DIR, Credentials, StorageAccess, parse_credentials
-from controller.api.settings import parse_ttl
 from controller.errors import ConfigError
-from controller.settings.fields import FieldError, check_choice, check_keys, check_str, show
+from controller.settings.fields import FieldError, check_choice, check_keys, check_str, parse_ttl, show
 from controller.storage.area import SECRET_NAME, StorageArea
 
 Addressing = Literal["path", "virtual"]

@@ -105,8 +105,8 @@ class DockerSwarm:
         with translated("connecting to Docker"):
             client = self._connect()
         if client.api.base_url.startswith("http+docker://"):  # a local socket: no proxy applies
-            # requests scans the environment for proxy settings on every call: ~2 ms of CPU per API
-            # call here, a fifth of the controller's CPU while it watches a job.
+            # requests scans the environment for proxy settings on every call: a large share of the
+            # controller's CPU while it watches a job.
             client.api.trust_env = False
         return client
 

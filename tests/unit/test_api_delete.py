@@ -16,14 +16,14 @@ import pytest
 from click.testing import CliRunner
 
 from contract.results import ItemResult, ItemStatus
-from controller.api import links
 from controller.api.area import Area
-from controller.api.settings import parse_tenants
+from controller.apiconfig import parse_tenants
 from controller.cli.main import cli
 from controller.config import Config
 from controller.errors import FfswarmError
 from controller.job import claims
 from controller.job.plan import Chunk, Plan, PlannedItem, PlannedVideo
+from controller.run import links
 from controller.run.metrics import Metrics
 from controller.run.rundir import Control, RunDir
 from controller.serve.daemon import Outcome, Server

@@ -11,7 +11,7 @@ import pytest
 
 from controller.api.errors import ApiError
 from controller.api.fairness import Fairness
-from controller.api.settings import Quota, Tenant
+from controller.apiconfig import Quota, Tenant
 from controller.errors import ConfigError
 from tests.builders import Env, beat, make_config, serve_api
 

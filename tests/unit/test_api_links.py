@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from contract.results import ItemResult, ItemStatus
-from controller.api import links
 from controller.api.area import Area
 from controller.config import Config, parse_config
 from controller.job.plan import Chunk, Plan, PlannedItem
+from controller.run import links
 from controller.run.hooks import results_link
 from controller.run.rundir import Control, RunDir
 from tests.builders import JPEG, Env, beat, make_config, serve_api

@@ -15,12 +15,12 @@ import pytest
 import yaml
 
 from contract.results import ItemResult, ItemStatus
-from controller.api import links
-from controller.api.settings import ApiSettings
+from controller.api.auth import verify_link
+from controller.apiconfig import ApiSettings
 from controller.config import Config
 from controller.job.spec import OnComplete
 from controller.policy import Policy
-from controller.run import job_lease, usecase
+from controller.run import job_lease, links, usecase
 from controller.run.fold import Fold
 from controller.run.hooks import DELIVERED, on_complete, results_link
 from controller.run.jobs import start_run
@@ -221,7 +221,7 @@ def test_the_completion_webhook_of_a_tenants_job_carries_a_signed_results_link(e
     url = urlsplit(extra["results_url"])
     assert (url.scheme, url.netloc, url.path) == ("https", "faces.example.com", f"/v1/jobs/{job}/results.zip")
     q = {k: v[0] for k, v in parse_qs(url.query).items()}
-    links.verify(links.SigningKeys(env.signing_key), "GET", url.path, q, 3600)  # the API accepts it
+    verify_link(links.SigningKeys(env.signing_key), "GET", url.path, q, 3600)  # the API accepts it
     assert abs(int(q["expires"]) - (time.time() + 3600)) < 60
     with env.client(tenant=None) as c:  # and it downloads without a token
         assert c.get(f"{url.path}?{url.query}").status_code == 200

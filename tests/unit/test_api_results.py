@@ -106,7 +106,7 @@ def test_a_signed_link_works_without_a_token_and_not_once_expired_or_tampered(en
         assert tampered.status_code == 403 and tampered.json()["error"]["code"] == "bad_signature"
         other = anon.get("/v1/jobs/other-abcdefgh/results.zip", params={"expires": expires, "sig": sig})
         assert other.status_code == 403
-        from controller.api import links
+        from controller.run import links
 
         old = links.sign(links.SigningKeys(env.signing_key), "GET", path, ttl=10, now=time.time() - 60)
         expired = anon.get(old)

@@ -1,17 +1,16 @@
-"""Signed links: ``?expires=UNIX&kid=K&gen=G&sig=HEX``, valid without a token.
+"""Signed links: ``?expires=UNIX&kid=K&gen=G&sig=HEX``, valid without a token; made here, checked
+by the API (controller/api/auth.py ``verify_link``).
 
 ``sig`` is HMAC-SHA256 over ``METHOD\\nPATH\\nEXPIRES\\nKID\\nGEN`` made with the API's key (config
 ``api.signing_key_file``, shared by every replica). ``kid`` names the key: the first hex digits of
 its sha256, so a link made with a key listed in ``api.previous_signing_key_files`` still verifies
-while the key is being rotated. A link without ``kid`` (made before key ids) is refused. ``gen`` is
-the job's link generation: ``POST /v1/jobs/{id}/links/revoke`` raises it (a record beside the
-job's owner record, ``tenants/.jobs/<t>/<job>.links``), and every link of a lower generation is
+while the key is being rotated. ``gen`` is the job's link generation: ``POST
+/v1/jobs/{id}/links/revoke`` raises it (a record beside the job's owner record,
+``tenants/.jobs/<t>/<job>.links``, written only here), and every link of a lower generation is
 refused from then on; links made after the revoke carry the new one.
 
-Refusals: 403 ``link_expired`` (past its expiry), ``bad_link`` (an expiry further away than
-``api.link_ttl``, however well signed), ``bad_signature`` (tampered, or an unknown key), and
-``link_revoked``. The API signs the links it answers with; `serve` signs the one a tenant job's
-completion webhook carries (controller/run/hooks.py), with the same key file and ttl."""
+The API signs the links it answers with; `serve` signs the one a tenant job's completion webhook
+carries (controller/run/hooks.py), with the same key file and ttl: so this sits below both."""
 
 from __future__ import annotations
 
@@ -19,13 +18,11 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlencode
 
 from contract.layout import RECORDS, TENANTS
-from controller.api.errors import ApiError
 from controller.job.owners import JOB_ID
 from controller.run.rundir import read_nofollow, write_atomic
 
@@ -86,39 +83,6 @@ def sign(keys: SigningKeys, method: str, path: str, ttl: int, generation: int = 
     return f"{path}?{urlencode({'expires': expires, 'kid': kid, 'gen': generation, 'sig': sig})}"
 
 
-def _number(text: str, what: str, digits: int) -> int:
-    if not text.isascii() or not text.isdigit() or len(text) > digits:
-        raise ApiError(403, "bad_signature", f"the link's {what} is not a number")
-    return int(text)
-
-
-def verify(
-    keys: SigningKeys | None, method: str, path: str, query: Mapping[str, str], ttl: int, now: float | None = None
-) -> int:
-    """The link's generation, once its key, signature and expiry check out (its job's owner and
-    revocation are the caller's to check, with ``check_generation``); raises a 401/403 ApiError."""
-    if keys is None:
-        raise ApiError(401, "unauthorized", "signed links are off on this API (no api.signing_key_file)")
-    expires = _number(query.get("expires", ""), "expires", 12)
-    kid = query.get("kid", "")
-    if not kid:
-        raise ApiError(403, "bad_signature", "the link has no key id (made by an older version); ask for a new one")
-    key = keys.find(kid)
-    if key is None:
-        raise ApiError(403, "bad_signature", "the link's key is not accepted here (rotated out); ask for a new one")
-    generation = _number(query.get("gen", ""), "gen", len(str(MAX_GENERATION)))
-    want = signature(key, method, path, expires, kid, generation)
-    sig = query.get("sig", "")
-    if not hmac.compare_digest(want.encode(), sig.lower().encode("utf-8", "replace")):  # any text, never a 500
-        raise ApiError(403, "bad_signature", "the link's signature does not match")
-    current = time.time() if now is None else now
-    if expires < current:
-        raise ApiError(403, "link_expired", "the link has expired; ask for a new one")
-    if expires > current + ttl:
-        raise ApiError(403, "bad_link", "the link's expiry is further away than this API allows (api.link_ttl)")
-    return generation
-
-
 # -- revocation ------------------------------------------------------------------------------------------
 def revocation_file(data_root: Path, tenant: str, job: str) -> Path:
     """Beside the job's owner record: the API's folder, which no runner can write."""
@@ -147,11 +111,6 @@ def revoke(data_root: Path, tenant: str, job: str) -> int:
     new = min(generation(data_root, tenant, job) + 1, MAX_GENERATION)
     write_atomic(revocation_file(data_root, tenant, job), json.dumps({"job": job, "generation": new}).encode())
     return new
-
-
-def check_generation(data_root: Path, tenant: str, job: str, link_generation: int) -> None:
-    if link_generation < generation(data_root, tenant, job):
-        raise ApiError(403, "link_revoked", "the job's links were revoked; ask for a new one")
 
 
 def _lexists(path: Path) -> bool:

@@ -1,8 +1,10 @@
 """The config's ``api:`` and ``tenants:`` sections (docs/api.md#config), parsed strictly.
 
-Pure data: nothing here reads a key file or the disk (the API reads its key files when it starts,
-controller/api/auth.py), so every other command keeps working on a config whose secrets live only
-where the API runs. Every refusal is a ``FieldError`` naming ``api.<field>`` or ``tenants.<t>.<field>``.
+Below the config, the API and `serve` alike: config.py parses these sections with it, the API serves
+by them, and `serve` signs a tenant job's results link with ``api:``'s key. Pure data: nothing here
+reads a key file or the disk (the API reads its key files when it starts, controller/api/auth.py), so
+every other command keeps working on a config whose secrets live only where the API runs. Every
+refusal is a ``FieldError`` naming ``api.<field>`` or ``tenants.<t>.<field>``.
 """
 
 from __future__ import annotations
@@ -14,14 +16,21 @@ from pathlib import Path
 from typing import Any
 
 from controller.policy import Webhooks, parse_webhooks
-from controller.settings.fields import FieldError, check_int, check_keys, check_number, check_str, show
+from controller.settings.fields import (
+    FieldError,
+    check_int,
+    check_keys,
+    check_number,
+    check_str,
+    parse_ttl,
+    show,
+)
 from controller.storage.area import StorageArea, parse_area
 
 TENANT_NAME = r"[a-z0-9-]{1,40}"  # a folder under tenants/: no dots, so never a hidden name
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SIZE = re.compile(r"(\d+)\s*([kmgt]?)(i?b)?", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 _LISTEN = re.compile(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(\d{1,5})")
 HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
 KEY_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512")
@@ -114,21 +123,6 @@ def parse_size(value: object, f: str) -> int:
     if size <= 0:
         raise FieldError(f, f"must be a size above zero, got {show(value)}")
     return size
-
-
-def parse_ttl(value: object, f: str) -> int:
-    """``7d``, ``12h``, ``30m``, ``1d12h`` or whole seconds → seconds (> 0)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        seconds = value
-    else:
-        m = _DURATION.fullmatch(value) if isinstance(value, str) and value else None
-        if m is None:
-            raise FieldError(f, f"must be a duration like 7d, 12h or 30m, or whole seconds, got {show(value)}")
-        d, h, mins, s = (int(g) if g else 0 for g in m.groups())
-        seconds = d * 86400 + h * 3600 + mins * 60 + s
-    if seconds <= 0:
-        raise FieldError(f, f"must be a duration longer than zero, got {show(value)}")
-    return seconds
 
 
 def parse_listen(value: object, f: str = "listen") -> tuple[str, int]:
