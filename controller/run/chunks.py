@@ -230,6 +230,9 @@ class Policy:
     max_node_losses: int = 10
     engine_outage: float = 120.0  # how long the watch waits for an engine that stopped answering
     share: Share | None = None  # under `serve`: the job's seat in the GPU share book (controller/serve/shares.py)
+    # called at the start of every round of the watch: under `serve`, a pack's look at its jobs (their
+    # cancels and leases: controller/serve/packs.py)
+    on_round: Callable[[], None] = lambda: None
 
     def limit(self, asked: int, waiting: int, running: int) -> int:
         """Chunks the job may have running now: what it asked for (`scale`), within its GPU share."""

@@ -47,6 +47,7 @@ from controller.job.ledger import Ledger
 from controller.job.owners import JOB_ID, MAX_RECORD, JobRecord
 from controller.run import status
 from controller.run.fold import Fold
+from controller.run.packed import pack_of
 from controller.run.rundir import RunDir, read_nofollow
 from controller.volume import UnsafePath, Volume
 
@@ -201,9 +202,7 @@ def delete_job(config: Config, job: str, tenant: str | None, outputs: bool = Tru
     pack = None
     rundir = RunDir(config.data_root, job)
     if rundir.exists():
-        raw = read_nofollow(rundir.layout.packed, 256)
-        name = raw.decode("ascii", "replace").strip() if raw else ""
-        pack = name if name.startswith("pack-") and _NAME.fullmatch(name) else None
+        pack = pack_of(rundir)
         if outputs:
             _outputs(config, vol, rundir, job, tenant, out)
     if tenant is not None:

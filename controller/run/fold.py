@@ -1,6 +1,7 @@
-"""One fold of a run folder: the plan, every chunk's latest result lines and the video joins, into
-what each item's state is. The report, `status`, the pending chunks of a resume or a render, and the
-progress counts all ask it, so "which items are done, which are pending" is answered in one place.
+"""One fold of a run folder: the plan, every chunk's latest result lines (a packed job's read through
+its pack) and the video joins, into what each item's state is. The report, `status`, the pending
+chunks of a resume or a render, and the progress counts all ask it, so "which items are done, which
+are pending" is answered in one place.
 
 An item is *committed* when its latest result is ok or no_face (a re-run skips it); anything else —
 no result yet, or an error — is still to do, and a chunk holding such an item is pending.
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 
 from contract.results import ItemResult, ItemStatus
 from controller.job.plan import Plan, PlannedVideo
+from controller.run import packed
 from controller.run.join import joins
 from controller.run.rundir import RunDir
 
@@ -32,10 +34,12 @@ class Fold:
 
     @classmethod
     def read(cls, plan: Plan, rundir: RunDir) -> Fold:
+        """The job's results; a packed job's read through its pack (controller/run/packed.py)."""
         results: dict[str, ItemResult] = {}
         dropped: dict[str, int] = {}
+        through = packed.results(plan, rundir)
         for chunk in plan.chunks:
-            merged = rundir.chunk_results(chunk.id)
+            merged = packed.merged(rundir.chunk_results(chunk.id), through.get(chunk.id, []))
             results.update((i, merged.latest[i]) for i in chunk.items if i in merged.latest)
             if merged.dropped:
                 dropped[chunk.id] = merged.dropped

@@ -102,8 +102,8 @@ class Supervisor:
 
     def _loop(self, queue: deque[str], gate: Callable[[], bool] | None) -> None:
         while queue or self._running() or gate:
-            control = self.rundir.control()
-            if control.cancel:
+            self.policy.on_round()
+            if (control := self.rundir.control()).cancel:
                 self._cancel_all(queue)
                 break
             try:

@@ -81,12 +81,14 @@ def run(
     uncancel: bool = False,
     share: Share | None = None,
     launch: LaunchFactory | None = None,
+    on_round: Callable[[], None] | None = None,
 ) -> Report:
     """One prepared job start to report (`submit`, `serve`), continuing its run when the folder exists.
     The job's lease is held meanwhile: a job another controller runs is refused (exit 69). With
     `uncancel` (an explicit `submit` of the job's file), a cancelled job's remaining items run.
     ``launch``: what starts its chunks' attempts (a pack's lanes: controller/serve/lanes.py; None: a
-    fresh service each, controller/run/launch.py)."""
+    fresh service each, controller/run/launch.py). ``on_round``: called at every round of the watch
+    (Policy.on_round)."""
     rundir, image = open_or_start(config, backend, job)
     if uncancel:  # submitted again after it ended: a new run
         webhooks.run_again(rundir)
@@ -94,7 +96,7 @@ def run(
         on_event = fan_out([make(rundir, job) for make in sinks])
         if uncancel:
             _uncancel(rundir, on_event)
-        return supervise(config, backend, job, rundir, image, on_event, share, launch)
+        return supervise(config, backend, job, rundir, image, on_event, share, launch, on_round)
 
 
 def submit(
@@ -105,7 +107,13 @@ def submit(
     return [run(config, backend, job, sinks, uncancel=True) for job in jobs]
 
 
-def resume(config: Config, backend: SwarmBackend, job_id: str, sinks: Sequence[SinkFactory] = ()) -> Report:
+def resume(
+    config: Config,
+    backend: SwarmBackend,
+    job_id: str,
+    sinks: Sequence[SinkFactory] = (),
+    on_round: Callable[[], None] | None = None,
+) -> Report:
     """Continue a job from its run folder (`resume`, `retry`): live services are adopted, committed
     items never redone, a cancelled job's remaining items run."""
     job, rundir = open_run(config, job_id)
@@ -115,7 +123,7 @@ def resume(config: Config, backend: SwarmBackend, job_id: str, sinks: Sequence[S
         _uncancel(rundir, on_event)
         todo = Fold.read(job.plan, rundir).pending_chunks()
         access.make_folders(config.data_root, access.check_plan(config, job.plan, todo, str(job.file)), owner(config))
-        return supervise(config, backend, job, rundir, rundir.image(), on_event)
+        return supervise(config, backend, job, rundir, rundir.image(), on_event, on_round=on_round)
 
 
 def check_encoder(job: PreparedJob, image: str, encoders: frozenset[str] | None) -> None:
@@ -177,6 +185,7 @@ def supervise(
     on_event: EventSink | None = None,
     share: Share | None = None,
     launch: LaunchFactory | None = None,
+    on_round: Callable[[], None] | None = None,
 ) -> Report:
     """The stages of a job whose run folder exists, each recorded in state.json as it starts."""
     plan = rundir.plan()
@@ -189,7 +198,7 @@ def supervise(
             on_event(event, **fields)
 
     webhooks.started(config, rundir, job.spec.on_complete)  # once per job: a resumed run says nothing
-    sup, runs = _identity_and_chunks(config, backend, job, rundir, image, emit, started, share, launch)
+    sup, runs = _identity_and_chunks(config, backend, job, rundir, image, emit, started, share, launch, on_round)
     rundir.enter(Stage.VIDEOS)
     store = video_store(config, plan, job.tenant)
     runs = join.finish(plan, rundir, job.spec, sup.run, runs, emit, store)  # redo bad segments, join videos
@@ -254,6 +263,7 @@ def _identity_and_chunks(
     started: float,
     share: Share | None = None,
     launch: LaunchFactory | None = None,
+    on_round: Callable[[], None] | None = None,
 ) -> tuple[Supervisor, dict[str, ChunkRun]]:
     """The identity step (when its answer is still pending) beside the pending chunks, to their ends."""
     plan = rundir.plan()
@@ -263,6 +273,7 @@ def _identity_and_chunks(
         schedule_timeout=float(config.schedule_timeout),
         engine_outage=float(config.engine_outage),
         share=share,
+        on_round=on_round or Policy.on_round,
     )
     settings = runner_settings(config, job, image)
     sizes = {c.id: len(c.items) for c in plan.chunks}

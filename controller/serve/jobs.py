@@ -26,6 +26,7 @@ from controller.job.paths import relative_text
 from controller.redact import printable
 from controller.run import job_lease, usecase
 from controller.run.metrics import Metrics
+from controller.run.packed import pack_of
 from controller.run.report import Report, summary
 from controller.run.rundir import RunDir, read_nofollow
 from controller.run.usecase import SinkFactory
@@ -151,7 +152,7 @@ def _run_job_file(config: Config, path: Path, metrics: Metrics, running: Running
         # a bad file is refused before Docker is asked; a tenant's job is resolved inside its area
         job = usecase.one_job(config, path) if tenant is None else usecase.one_job(config, path, tenant=tenant)
         rundir = RunDir(config.data_root, job.job_id)
-        pack = packs.pack_of(rundir) if rundir.exists() else None
+        pack = pack_of(rundir) if rundir.exists() else None
         if pack is not None and RunDir(config.data_root, pack).exists():
             return _packed_again(config, rundir, pack, metrics)
         if running.packer is not None and not rundir.exists() and running.packer.offer(Member(path, job, tenant)):

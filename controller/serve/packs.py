@@ -5,17 +5,18 @@ target swaps in its own job's person and writes its own job's output, planned, r
 like any other; its ``members.json`` says which job each of its items belongs to. A pack runs no
 identity step: each of its chunks embeds the people its own items use, once each, after its models
 load (a source photo without exactly one face fails that person's items, naming the photo), which
-spares every pack a container start and a model load that its chunks waited for (5–8 s of a 10 s
-pack, measured on the dev swarm). Each packed job
-keeps a run folder of its own, created with its own plan and a ``packed`` file naming the pack. While
-the pack runs, each result line of the pack is copied into the packed job's results file under the
-job's own item id, so that everything that reads a job (status, the API's events, report, results.zip)
-reads the packed job exactly like one that ran alone. When the pack ends, each job gets its own
-report and on_complete, and `serve` moves each job's inbox file to done/ or failed/.
+spares every pack a container start and a model load. Each packed job keeps a run folder of its
+own, created with its own plan and a ``packed`` file naming the pack. Nothing is copied into it
+while the pack runs: everything that reads a job (status, the API's events, report, results.zip)
+reads a packed job's results through its pack (controller/run/packed.py, by the one fold), exactly
+like one that ran alone. When the pack ends, each job gets its own report and on_complete, and
+`serve` moves each job's inbox file to done/ or failed/.
 
-A packed job cancelled while its pack runs ends at once as cancelled (its report says which items
+At every round of the pack's watch (Policy.on_round) ``PackRun.watch`` looks at its jobs: a
+packed job cancelled while its pack runs ends at once as cancelled (its report says which items
 were not done); the pack goes on for the other jobs, and items of the cancelled job already in a
-running chunk may still be committed (as a cancelled job's committed outputs are kept anyway).
+running chunk may still be committed (as a cancelled job's committed outputs are kept anyway). The
+same look renews the jobs' leases.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import math
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from controller.config import Config
 from controller.errors import FfswarmError
 from controller.job.files import parse_job_text
 from controller.job.keys import Pack, packed
-from controller.job.plan import AUTO_MAX_CHUNK, Plan, TargetRef, item_id, make_plan
+from controller.job.plan import AUTO_MAX_CHUNK, ID, Plan, TargetRef, item_id, make_plan
 from controller.job.resolve import Photo, ResolvedJob, Target
 from controller.job.spec import JobSpec
 from controller.run import job_lease, usecase, webhooks
@@ -47,8 +48,9 @@ from controller.run.failures import ChunkState
 from controller.run.fold import Fold
 from controller.run.jobs import PreparedJob, open_run, owner
 from controller.run.launch import FreshLauncher, Launcher
+from controller.run.packed import own_items, read_members
 from controller.run.report import Report, build_report
-from controller.run.rundir import Control, RunDir, Stage, read_nofollow
+from controller.run.rundir import Control, RunDir, Stage
 from controller.run.usecase import SinkFactory
 from controller.serve.lanes import LaneLauncher, Lanes
 from controller.serve.packing import Member, pack_key
@@ -58,8 +60,7 @@ from controller.swarm.servicespec import RunnerSettings
 
 # Keys of a job file that are each job's own, never the pack's (``pack=OWN`` beside their fields)
 OWN_KEYS = frozenset(packed(JobSpec, Pack.OWN))
-TICK = 1.0  # seconds between copies of the pack's results into its jobs' folders
-MAX_MEMBERS_BYTES = 64 * 1024**2
+LOOK = 1.0  # seconds between PackRun.watch's looks at the jobs' cancel flags
 
 
 def new_pack_id() -> str:
@@ -132,21 +133,6 @@ def _rel(config: Config, p: Photo) -> str:
     return Path(p).relative_to(config.data_root).as_posix()
 
 
-def pack_of(rundir: RunDir) -> str | None:
-    """The pack a job's run folder says it runs in (None: it runs alone)."""
-    raw = read_nofollow(rundir.layout.packed, 256)
-    text = raw.decode("ascii", "replace").strip() if raw else ""
-    return text if text.startswith("pack-") and text.replace("-", "").isalnum() else None
-
-
-def read_members(rundir: RunDir) -> dict[str, Any]:
-    raw = rundir.read_file(rundir.layout.members, MAX_MEMBERS_BYTES)
-    data = json.loads(raw) if raw else None
-    if not isinstance(data, dict):
-        raise ValueError(f"{rundir.rel(rundir.layout.members)}: not a members record")
-    return data
-
-
 @dataclass
 class _Job:
     """One packed job while its pack runs."""
@@ -156,56 +142,61 @@ class _Job:
     plan: Plan
     items: dict[str, str]  # pack item -> this job's item
     lease: job_lease.Lease | None = None
-    copied: dict[str, int] = field(default_factory=dict)  # result lines last written, by the job's chunk
     report: Report | None = None
 
 
 class PackRun:
-    """Runs a pack (new or resumed) and keeps its jobs' folders up to date; ``outcomes`` maps each
-    job to its report once the pack has ended."""
+    """Runs a pack (new or resumed) and ends each of its jobs; ``run`` maps each job to its report
+    once the pack has ended."""
 
-    def __init__(self, config: Config, backend: SwarmBackend, pack: RunDir, jobs: dict[str, _Job]) -> None:
+    def __init__(
+        self,
+        config: Config,
+        backend: SwarmBackend,
+        pack: RunDir,
+        jobs: dict[str, _Job],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config, self.backend, self.pack = config, backend, pack
         self.jobs = jobs
         self.log = log.get(job=pack.job, component="pack")
-        self._stop = threading.Event()
-        self._beat = 0.0
+        self.clock = clock
+        self._looked = self._beat = -math.inf
         self.image = ""
+        self.plan: Plan | None = None
 
-    # -- copying results ---------------------------------------------------------------------------
-    def tick(self, plan: Plan) -> None:
-        fold = Fold.read(plan, self.pack)
-        for job in self.jobs.values():
-            if job.report is not None:
-                continue
-            if job.rundir.control().cancel:
-                self.finish(job, plan, cancelled=True)
-                continue
-            mine = {own: pack_item for pack_item, own in job.items.items()}
-            for chunk in job.plan.chunks:  # each of the job's own chunks gets its items' lines
-                lines = [
-                    dataclasses.replace(r, item=own, attempt=1).to_line()
-                    for own in chunk.items
-                    if (r := fold.result(mine[own])) is not None
-                ]
-                if len(lines) != job.copied.get(chunk.id, -1):
-                    job.rundir.write_file(job.rundir.layout.results(chunk.id, 1), "".join(lines).encode())
-                    job.copied[chunk.id] = len(lines)
-        if time.monotonic() - self._beat >= job_lease.INTERVAL:
-            self._beat = time.monotonic()
-            for job in self.jobs.values():
-                if job.lease is not None and job.report is None:
-                    job.lease.renew()
+    def _running(self) -> list[_Job]:
+        return [job for job in self.jobs.values() if job.report is None]
 
-    def _copier(self, plan: Plan) -> None:
-        while not self._stop.wait(TICK):
+    # -- each round of the pack's watch --------------------------------------------------------------
+    def watch(self) -> None:
+        """A look at the jobs while the pack runs (Policy.on_round), at most every LOOK seconds:
+        a job whose cancel flag is set ends now, as cancelled; the others' leases are renewed every
+        job_lease.INTERVAL. A job that cannot be read now is looked at again next time."""
+        now = self.clock()
+        if now - self._looked < LOOK:
+            return
+        self._looked = now
+        for job in self._running():
             try:
-                self.tick(plan)
-            except (OSError, ValueError, FfswarmError) as e:  # the next tick tries again
-                self.log.warning("pack_copy_failed", error=str(e))
+                if job.rundir.control().cancel:
+                    self.finish(job, cancelled=True)
+            except (OSError, ValueError, FfswarmError) as e:
+                self.log.warning("packed_job_not_looked_at", packed=job.rundir.job, error=str(e))
+        if now - self._beat < job_lease.INTERVAL:
+            return
+        self._beat = now
+        for job in self._running():
+            try:
+                if job.lease is not None:
+                    job.lease.renew()
+            except OSError as e:  # the next beat tries again, well before the lease expires
+                self.log.warning("packed_job_lease_not_renewed", packed=job.rundir.job, error=str(e))
 
     # -- a job's end ---------------------------------------------------------------------------------
-    def finish(self, job: _Job, plan: Plan, cancelled: bool = False, chunks: dict[str, ChunkRun] | None = None) -> None:
+    def finish(self, job: _Job, cancelled: bool = False, chunks: dict[str, ChunkRun] | None = None) -> None:
+        """The one end of a packed job: its chunks as its items ended in the pack (read through it),
+        its report, on_complete, Stage.ENDED, its lease released."""
         fold = Fold.read(job.plan, job.rundir)
         runs: dict[str, ChunkRun] = {}
         for chunk in job.plan.chunks:  # the job's own chunks, each as its items ended in the pack
@@ -216,7 +207,7 @@ class PackRun:
             elif cancelled:
                 run.state = ChunkState.CANCELLED
             else:
-                run.state, run.reason = ChunkState.FAILED, _why(job, plan, chunks or {}, missing)
+                run.state, run.reason = ChunkState.FAILED, self._why(job, chunks or {}, missing)
         job.rundir.enter(Stage.REPORT)
         started = job.lease.started if job.lease else time.time()
         report = build_report(job.plan, job.rundir, runs, self.image, started)
@@ -228,9 +219,21 @@ class PackRun:
             job.lease.release()
         self.log.info("packed_job_finished", packed=job.rundir.job, **vars(report.counts))
 
+    def _why(self, job: _Job, chunks: dict[str, ChunkRun], missing: set[str]) -> str:
+        """Why a job's items have no result: the reason the pack's chunk holding them failed."""
+        plan = self.plan or self.pack.plan()
+        mine = {p for p, own in job.items.items() if own in missing}
+        for chunk in plan.chunks:
+            run = chunks.get(chunk.id)
+            if mine & set(chunk.items) and run is not None and run.reason:
+                return f"{run.reason} (in pack {plan.job}, chunk {chunk.id})"
+        return f"no result recorded in pack {plan.job}"
+
     # -- the pack ------------------------------------------------------------------------------------
-    def run(self, start: Callable[[], Report]) -> dict[str, Report]:
-        plan = self.pack.plan()
+    def run(self, start: Callable[[Callable[[], None]], Report]) -> dict[str, Report]:
+        """Take every job's lease, run the pack (``start``, given ``watch`` for its watch's rounds),
+        then end each job still running."""
+        self.plan = self.pack.plan()
         self.image = self.pack.image()
         try:  # every job's lease, or none: another controller may be continuing this pack
             for job in self.jobs.values():
@@ -243,21 +246,15 @@ class PackRun:
                     job.lease.release()
                     job.lease = None
             raise
+        self._beat = self.clock()
         for job in self.jobs.values():
             job.rundir.enter(Stage.CHUNKS)
             webhooks.started(self.config, job.rundir, job.spec.on_complete, try_now=False)  # serve's deliverer sends it
-        copier = threading.Thread(target=self._copier, args=(plan,), name=f"copy-{self.pack.job}", daemon=True)
-        copier.start()
-        try:
-            report = start()
-        finally:
-            self._stop.set()
-            copier.join(TICK + 5)
+        report = start(self.watch)
         chunks = _chunk_runs(self.pack)
-        self.tick(plan)
-        for job in self.jobs.values():
-            if job.report is None:
-                self.finish(job, plan, cancelled=report.counts.cancelled > 0, chunks=chunks)
+        for job in self._running():  # a cancel since the last look ends its job as cancelled too
+            cancelled = report.counts.cancelled > 0 or job.rundir.control().cancel
+            self.finish(job, cancelled=cancelled, chunks=chunks)
         os.sync()  # the jobs' folders were written without fsyncs (_Job.rundir.durable)
         return {name: job.report for name, job in self.jobs.items() if job.report is not None}
 
@@ -275,29 +272,15 @@ def _chunk_runs(pack: RunDir) -> dict[str, ChunkRun]:
     return out
 
 
-def _why(job: _Job, plan: Plan, chunks: dict[str, ChunkRun], missing: set[str]) -> str:
-    mine = {p for p, own in job.items.items() if own in missing}
-    for chunk in plan.chunks:
-        run = chunks.get(chunk.id)
-        if mine & set(chunk.items) and run is not None and run.reason:
-            return f"{run.reason} (in pack {plan.job}, chunk {chunk.id})"
-    return f"no result recorded in pack {plan.job}"
-
-
-def start(
+def open_pack(
     config: Config,
     backend: SwarmBackend,
     members: Sequence[Member],
     folder: Path,
     parallel: int,
-    sinks: Sequence[SinkFactory] = (),
-    share: Share | None = None,
-    chunks_done: Callable[[], None] | None = None,
-    lanes: Lanes | None = None,
-) -> dict[str, Report]:
-    """Make the pack and its jobs' folders, then run it to its end; each job's report. ``chunks_done``
-    is called once the pack's chunks have ended, before its jobs' reports are written (`serve` gives
-    the pack's GPUs to the next pack meanwhile)."""
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[PreparedJob, PackRun]:
+    """A new pack's run folder, its members.json and its jobs' folders, nothing started yet."""
     pack_id = new_pack_id()
     prepared, record = build(config, members, pack_id, folder, parallel)
     pack, _ = usecase.open_or_start(config, backend, prepared)
@@ -314,7 +297,25 @@ def start(
             rundir.create(m.job.file.read_bytes(), m.job.plan, {}, Control(m.job.spec.max_concurrent), image)
         jobs[m.job.job_id] = _Job(rundir, m.job.spec, m.job.plan, record[m.job.job_id]["items"])
     os.sync()
-    runner = PackRun(config, backend, pack, jobs)
+    return prepared, PackRun(config, backend, pack, jobs, clock)
+
+
+def start(
+    config: Config,
+    backend: SwarmBackend,
+    members: Sequence[Member],
+    folder: Path,
+    parallel: int,
+    sinks: Sequence[SinkFactory] = (),
+    share: Share | None = None,
+    chunks_done: Callable[[], None] | None = None,
+    lanes: Lanes | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, Report]:
+    """Make the pack and its jobs' folders, then run it to its end; each job's report. ``chunks_done``
+    is called once the pack's chunks have ended, before its jobs' reports are written (`serve` gives
+    the pack's GPUs to the next pack meanwhile); ``clock`` paces PackRun.watch."""
+    prepared, runner = open_pack(config, backend, members, folder, parallel, clock)
 
     def in_lanes(swarm: SwarmBackend, rundir: RunDir, settings: RunnerSettings) -> Launcher:
         """A one-chunk pack's chunk handed to a lingering service (controller/serve/lanes.py)."""
@@ -325,9 +326,9 @@ def start(
 
     launch = in_lanes if lanes is not None and len(prepared.plan.chunks) == 1 else None
 
-    def run_pack() -> Report:
+    def run_pack(on_round: Callable[[], None]) -> Report:
         try:
-            return usecase.run(config, backend, prepared, sinks, share=share, launch=launch)
+            return usecase.run(config, backend, prepared, sinks, share=share, launch=launch, on_round=on_round)
         finally:
             if chunks_done is not None:
                 chunks_done()
@@ -339,13 +340,16 @@ def resume(config: Config, backend: SwarmBackend, pack_id: str, sinks: Sequence[
     """A pack whose controller stopped: continued from its run folder, its jobs' folders as they are."""
     pack = RunDir(config.data_root, pack_id, owner(config), config.controller_ids())
     record = read_members(pack)
+    pack_plan = pack.plan()
     jobs: dict[str, _Job] = {}
     for name, entry in record.items():
+        if not ID.fullmatch(name):  # not a job id: not a job this pack ran
+            continue
         rundir = RunDir(config.data_root, name, owner(config), config.controller_ids())
         rundir.durable = False
         if rundir.report() is not None:  # ended with the earlier controller: nothing left to do
             continue
         prepared, _ = open_run(config, name)
-        jobs[name] = _Job(rundir, prepared.spec, prepared.plan, dict(entry["items"]))
+        jobs[name] = _Job(rundir, prepared.spec, prepared.plan, own_items(entry, prepared.plan, pack_plan))
     runner = PackRun(config, backend, pack, jobs)
-    return runner.run(lambda: usecase.resume(config, backend, pack_id, sinks))
+    return runner.run(lambda on_round: usecase.resume(config, backend, pack_id, sinks, on_round))

@@ -152,6 +152,8 @@ def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: s
             assert results.status_code == 200 and zipfile.ZipFile(io.BytesIO(results.content)).namelist() == []
             continue
         assert row["items"]["ok"] == 1 and row["items"]["failed"] == 0, (job, row)
+        own = ws.root / "runs" / job / "results"  # read through its pack: nothing copied into the job's folder
+        assert not own.is_dir() or not any(p.stat().st_size for p in own.iterdir()), sorted(own.iterdir())
         assert item["output"] == f"tenants/{tenant}/out/{job}/{Path(body['targets'][0]).name}", item
         with zipfile.ZipFile(io.BytesIO(results.content)) as zf:
             assert zf.namelist() == [f"out/{job}/{Path(body['targets'][0]).name}"], zf.namelist()

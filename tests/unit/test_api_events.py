@@ -24,6 +24,7 @@ from controller.run.rundir import Control, RunDir, Stage
 from tests.builders import Env, api_env, serve_api
 
 JOB = "party-abcdefgh"
+PACK = "pack-aaaaaaaa"
 OUT = f"tenants/acme/out/{JOB}"
 
 
@@ -175,7 +176,22 @@ def test_a_client_joining_late_gets_each_chunk_as_it_is_then_only_changes(env: E
 
 def test_a_packed_job_shows_its_one_chunk_only_when_it_ends(env: Env) -> None:
     rd = new_run(env, chunks=1)
-    rd.write_file(rd.layout.packed, b"pack-aaaaaaaa\n")
+    pack = RunDir(env.root, PACK)
+    items = (  # the pack's items: another job's first, then this job's two
+        PlannedItem("i000000", "tenants/acme/in/x.jpg", "tenants/acme/out/other/x.jpg", "image"),
+    ) + tuple(replace(i, id=f"i{n + 1:06d}") for n, i in enumerate(rd.plan().items))
+    plan = Plan(PACK, items, (Chunk("c0000", ("i000000", "i000001", "i000002")),))
+    pack.create(b"name: p\n", plan, {}, Control(1), "sha256:x")
+    mine = {"i000001": "i000000", "i000002": "i000001"}
+    members = {"other-abcdefgh": {"items": {"i000000": "i000000"}}, JOB: {"items": mine}}
+    pack.write_file(pack.layout.members, json.dumps(members).encode())
+    rd.write_file(rd.layout.packed, f"{PACK}\n".encode())
+
+    def commit(*ids: str) -> None:  # what the pack's runner has appended: each pack item as planned
+        done = [plan.item(i) for i in ids]
+        lines = [ItemResult(i.id, ItemStatus.OK, 1, f"/data/{i.input}", f"/data/{i.output}") for i in done]
+        (pack.path / "results" / "c0000.a1.jsonl").write_text("".join(r.to_line() for r in lines))
+
     lease = job_lease.Lease(rd, interval=3600)  # its pack's controller runs it
     lease.acquire()
     rd.enter(Stage.CHUNKS)  # a packed job's state.json holds no chunk records: its pack's has them
@@ -183,10 +199,10 @@ def test_a_packed_job_shows_its_one_chunk_only_when_it_ends(env: Env) -> None:
         events = stream(c)
         name, first = next(events)
         assert name == "progress" and first["phase"] == "running"
-        results(rd, "c0000", ItemStatus.OK, "i000000")  # the pack's first result, copied into the job
-        name, copied = next(events)
-        assert name == "progress" and copied["items"]["ok"] == 1  # no chunk event before it
-        results(rd, "c0000", ItemStatus.OK, "i000000", "i000001")
+        commit("i000001")  # the pack commits the job's first photo
+        name, shown = next(events)
+        assert name == "progress" and shown["items"]["ok"] == 1  # read through the pack; no chunk event before it
+        commit("i000001", "i000002", "i000000")
         record = chunk("done")
         rd.write_report({"job": JOB, "chunks": {"c0000": record}})  # as the pack writes it at the job's end
         rd.enter(Stage.ENDED)
