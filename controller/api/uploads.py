@@ -23,11 +23,13 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from controller.api.errors import ApiError
+from controller.api.slow import Lane
 from controller.folder import Folder
 from controller.volume import write_all
 
 MAX_JOB_PART = 1024**2
 MAX_PARTS = 10_000
+BATCH = 256 * 1024  # body bytes parsed and written in one step of the slow pool
 FRAMING = MAX_JOB_PART + 4 * 1024**2  # body bytes that are not file content: the job part, part headers
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 IMAGE_EXT = {"jpeg": ".jpg", "png": ".png", "webp": ".webp", "bmp": ".bmp", "tiff": ".tif"}
@@ -226,12 +228,21 @@ class _Receiver:
                 folder.close()
 
 
+def _feed(parser: MultipartParser, pieces: list[bytes], end: bool = False) -> None:
+    for piece in pieces:
+        parser.write(piece)
+    if end:
+        parser.finalize()
+
+
 async def receive(
-    content_type: str, length: str | None, body: AsyncIterator[bytes], folder: Folder, budget: Budget
+    content_type: str, length: str | None, body: AsyncIterator[bytes], folder: Folder, budget: Budget, lane: Lane
 ) -> Upload:
     """Stream a multipart body into the staging ``folder``: an empty folder this process holds
     (controller/api/sweep.py ``Staging``: its lock proves the upload alive to other replicas' sweeps).
-    On any refusal the staging folder is emptied before the error is raised."""
+    Each piece is parsed and written in the tenant's ``lane`` of the slow pool, never on the event
+    loop or the threads of quick reads. On any refusal the staging folder is emptied before the
+    error is raised."""
     ctype, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
     if ctype != b"multipart/form-data" or not boundary:
@@ -242,12 +253,16 @@ async def receive(
     rx = _Receiver(folder, budget)
     try:
         parser = MultipartParser(boundary, rx.callbacks())  # type: ignore[arg-type]
+        pending: list[bytes] = []  # pieces of the body handed to the lane together, BATCH bytes at a time
         async for chunk in body:
             rx.up.total += len(chunk)
             if rx.up.total > cap:
                 raise too_large(budget, f"the request (over {cap} bytes with its framing)")
-            parser.write(chunk)
-        parser.finalize()
+            pending.append(chunk)
+            if sum(map(len, pending)) >= BATCH:
+                await lane.run(_feed, parser, pending)
+                pending = []
+        await lane.run(_feed, parser, pending, end=True)
         if rx.part is not None or rx.in_job:
             raise ApiError(400, "bad_request", "the multipart body ended inside a part")
         rx.close()
