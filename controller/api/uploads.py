@@ -29,7 +29,6 @@ from controller.volume import write_all
 
 MAX_JOB_PART = 1024**2
 MAX_PARTS = 10_000
-BATCH = 256 * 1024  # body bytes parsed and written in one step of the slow pool
 FRAMING = MAX_JOB_PART + 4 * 1024**2  # body bytes that are not file content: the job part, part headers
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 IMAGE_EXT = {"jpeg": ".jpg", "png": ".png", "webp": ".webp", "bmp": ".bmp", "tiff": ".tif"}
@@ -228,13 +227,6 @@ class _Receiver:
                 folder.close()
 
 
-def _feed(parser: MultipartParser, pieces: list[bytes], end: bool = False) -> None:
-    for piece in pieces:
-        parser.write(piece)
-    if end:
-        parser.finalize()
-
-
 async def receive(
     content_type: str, length: str | None, body: AsyncIterator[bytes], folder: Folder, budget: Budget, lane: Lane
 ) -> Upload:
@@ -253,16 +245,12 @@ async def receive(
     rx = _Receiver(folder, budget)
     try:
         parser = MultipartParser(boundary, rx.callbacks())  # type: ignore[arg-type]
-        pending: list[bytes] = []  # pieces of the body handed to the lane together, BATCH bytes at a time
-        async for chunk in body:
+        async for chunk in body:  # each piece on disk as it comes: the upload's progress is visible
             rx.up.total += len(chunk)
             if rx.up.total > cap:
                 raise too_large(budget, f"the request (over {cap} bytes with its framing)")
-            pending.append(chunk)
-            if sum(map(len, pending)) >= BATCH:
-                await lane.run(_feed, parser, pending)
-                pending = []
-        await lane.run(_feed, parser, pending, end=True)
+            await lane.run(parser.write, chunk)
+        await lane.run(parser.finalize)
         if rx.part is not None or rx.in_job:
             raise ApiError(400, "bad_request", "the multipart body ended inside a part")
         rx.close()
