@@ -136,7 +136,9 @@ async def phase(url: str, job: str, args: argparse.Namespace, flooding: bool) ->
         if flooding:
             floods = [flood_loop(flood, "glob", zipped, until, done) for _ in range(args.glob_clients)]
             floods += [flood_loop(flood, "zip", zipped, until, done) for _ in range(args.zip_clients)]
-        (seconds, codes), *_ = await asyncio.gather(read_loop(reader, job, until, args.reader_rate), *floods)
+        reading = asyncio.ensure_future(read_loop(reader, job, until, args.reader_rate))
+        await asyncio.gather(*floods)
+        seconds, codes = await reading
     ms = sorted(s * 1000 for s in seconds)
     return {"n": len(ms), "p50": percentile(ms, 50), "p99": percentile(ms, 99), "max": ms[-1], "codes": codes,
             "flood": dict(sorted(done.items()))}  # fmt: skip

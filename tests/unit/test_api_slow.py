@@ -19,6 +19,7 @@ from controller.api import submit
 from controller.api.slow import SlowWork
 from controller.config import parse_config
 from controller.errors import ConfigError
+from controller.job import resolve
 from tests.builders import JPEG, Env, api_env, make_config
 from tests.unit.test_api_group_commit import until
 
@@ -157,14 +158,14 @@ def test_one_tenants_blocked_glob_submits_leave_another_tenants_reads_and_submit
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     blocked = Blocker()
-    real = submit.resolve_job
+    real = resolve.resolve_job
 
-    def resolve(spec: Any, base: Path, *args: Any, **kwargs: Any) -> Any:
+    def blocked_resolve(spec: Any, base: Path, *args: Any, **kwargs: Any) -> Any:
         if base.name == "acme":
             blocked()
         return real(spec, base, *args, **kwargs)
 
-    monkeypatch.setattr(submit, "resolve_job", resolve)
+    monkeypatch.setattr(submit, "resolve_job", blocked_resolve)  # as the API's submit finds it
     for tenant in ("acme", "globex"):
         with env.client(tenant) as c:
             assert c.get("/v1/jobs").status_code == 200  # the area is made on first use
