@@ -109,6 +109,8 @@ class ApiSettings:
     max_request_bytes: int = 8 * 1024**3  # one upload request's files and unpacked archives together
     public_url: str | None = None  # e.g. https://faces.example.com: webhooks carry absolute links
     metrics_token_sha256: tuple[str, ...] = ()  # GET /metrics takes one of these tokens; none: /metrics is off
+    slow_threads: int = 4  # threads for slow work (globs, uploads, thumbnails, results.zip): controller/api/slow.py
+    slow_threads_per_tenant: int = 2  # of those, what one tenant may hold at once (below slow_threads)
 
 
 def parse_size(value: object, f: str) -> int:
@@ -165,13 +167,32 @@ def _upload_limits(data: dict[str, Any]) -> dict[str, int]:
     }
 
 
+_SLOW_KEYS = ("slow_threads", "slow_threads_per_tenant")
+
+
+def _slow_limits(data: dict[str, Any]) -> dict[str, int]:
+    """The slow pool's size and one tenant's share of it; the share is below the size, so no tenant
+    can hold every slow thread."""
+    d = ApiSettings()
+    threads = check_int(data.get("slow_threads", d.slow_threads), "api.slow_threads", minimum=2, maximum=256)
+    share = check_int(
+        data.get("slow_threads_per_tenant", d.slow_threads_per_tenant), "api.slow_threads_per_tenant", minimum=1
+    )
+    if share >= threads:
+        raise FieldError(
+            "api.slow_threads_per_tenant",
+            f"must be below api.slow_threads ({threads}): one tenant must not hold every slow thread, got {share}",
+        )
+    return {"slow_threads": threads, "slow_threads_per_tenant": share}
+
+
 def parse_api(value: object) -> ApiSettings:
     """``api:`` → ApiSettings; a missing section is the defaults (links and JWTs off)."""
     if value is None:
         return ApiSettings()
     known = ("listen", "workers", "signing_key_file", "previous_signing_key_files", "link_ttl", "jwt",
              "max_zip_entries", "max_zip_bytes", "max_zip_ratio", "metrics_token_sha256", "public_url",
-             *_UPLOAD_KEYS)  # fmt: skip
+             *_UPLOAD_KEYS, *_SLOW_KEYS)  # fmt: skip
     data = _mapping(value, "api", known)
     listen = data.get("listen", DEFAULT_LISTEN)
     parse_listen(listen, "api.listen")
@@ -187,6 +208,7 @@ def parse_api(value: object) -> ApiSettings:
         max_zip_bytes=parse_size(data.get("max_zip_bytes", 8 * 1024**3), "api.max_zip_bytes"),
         max_zip_ratio=check_int(data.get("max_zip_ratio", 200), "api.max_zip_ratio", minimum=1),
         **_upload_limits(data),
+        **_slow_limits(data),
         metrics_token_sha256=_digests(data.get("metrics_token_sha256", []), "api.metrics_token_sha256"),
         public_url=None if data.get("public_url") is None else parse_public_url(data["public_url"]),
     )

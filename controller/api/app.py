@@ -36,6 +36,7 @@ from controller.api.listing import Query, list_page
 from controller.api.metrics import ApiMetrics
 from controller.api.openapi import document
 from controller.api.routing import check_documented, framework_error, table_routes
+from controller.api.slow import SlowWork
 from controller.api.sweep import Staging, every, sweep_uploads
 from controller.api.waiting import preference, until_ended
 from controller.apiconfig import Tenant
@@ -58,6 +59,7 @@ class Api:
         self.signing_key = self.link_keys.current if self.link_keys else None  # readiness: was it read
         self.objects = objects.Objects(config.storage.s3)  # the store, for tenants with an s3 area
         self.fairness = Fairness()  # each tenant's request rate and requests in flight (controller/api/fairness.py)
+        self.slow = SlowWork(config.api.slow_threads, config.api.slow_threads_per_tenant)  # controller/api/slow.py
         self.log = log.get(component="api")
 
     def area(self, tenant: Tenant) -> Area:
@@ -136,7 +138,9 @@ class Api:
                 data = json.loads(body)
             except ValueError:
                 raise ApiError(400, "bad_request", "the body is not JSON") from None
-            accepted = await asyncio.to_thread(submit.submit_json, self.config, tenant, area, data, self.objects, slot)
+            lane = self.slow.lane(tenant.name)  # globs resolved there, the hand-over among the quick steps
+            job, text = await lane.run(submit.checked_json, self.config, area, data, self.objects)
+            accepted = await asyncio.to_thread(submit.accept_json, self.config, area, job, text, slot)
         else:
             budget = await asyncio.to_thread(submit.request_budget, self.config, tenant, area)
             declared = request.headers.get("content-length", "")
@@ -146,14 +150,15 @@ class Api:
             job = await asyncio.to_thread(submit.fresh_id, area, name)
             staging = Staging(self.config.data_root, tenant.name, job)
             with staging:  # locked until it is moved or gone
+                lane = self.slow.lane(tenant.name)  # the body written, unpacked and checked there
                 up = await uploads.receive(
-                    ctype, request.headers.get("content-length"), request.stream(), staging.staged, budget
+                    ctype, request.headers.get("content-length"), request.stream(), staging.staged, budget, lane
                 )
                 opts = submit.options(up.job)
                 if "name" in opts:  # the id carries the name the caller chose
                     job = await asyncio.to_thread(submit.fresh_id, area, submit._name(opts))
                 await asyncio.to_thread(slot.bind, job)  # before the inbox: the job's end finds its slot
-                accepted = await asyncio.to_thread(
+                accepted = await lane.run(
                     submit.submit_upload, self.config, area, job, up, opts, staging, budget, self.objects
                 )
                 await asyncio.to_thread(slot.commit)  # its reserved bytes given back: submit_upload counted them
@@ -237,8 +242,8 @@ class Api:
         else:
             area = await asyncio.to_thread(self.area, self.tenant(request))
         files, objs = await asyncio.to_thread(results.committed, self.config, area, job)
-        return StreamingResponse(
-            results.results_zip(self.config, area, job, files, objs, self.objects),
+        return StreamingResponse(  # built piece by piece in the owner's share of the slow pool
+            self.slow.lane(area.tenant).pieces(results.results_zip(self.config, area, job, files, objs, self.objects)),
             media_type="application/zip",
             headers={"Content-Disposition": f'attachment; filename="{job}.zip"'},
         )
@@ -355,19 +360,24 @@ def make_app(config: Config) -> Starlette:
     metered = [meter.middleware()]  # requests by route template, code and latency
     handlers_ = {HTTPException: framework_error, Exception: framework_error}
     # the sweep again every minute while it serves, and threads enough for the requests in flight
-    return Starlette(routes=routes, lifespan=_threads(swept), middleware=metered, exception_handlers=handlers_)
+    lifespan = _threads(swept, api.slow)
+    return Starlette(routes=routes, lifespan=lifespan, middleware=metered, exception_handlers=handlers_)
 
 
-def _threads(inner: Callable[[Any], contextlib.AbstractAsyncContextManager[None]]) -> Any:
-    """The lifespan ``inner`` with THREADS worker threads for the blocking work of requests. More
-    threads let more requests share one flush (commit.py), but on a small machine they also stretch the
-    slowest answers (benchmarks/RESULTS.md, B-api); asyncio's default size is kept, in one place."""
+def _threads(inner: Callable[[Any], contextlib.AbstractAsyncContextManager[None]], slow: SlowWork) -> Any:
+    """The lifespan ``inner`` with THREADS worker threads for the quick blocking work of requests
+    (slow work has its own pool, ``slow``, closed at the end). More threads let more requests share
+    one flush (commit.py), but on a small machine they also stretch the slowest answers
+    (benchmarks/RESULTS.md, B-api); asyncio's default size is kept, in one place."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(THREADS, thread_name_prefix="api"))
-        async with inner(app):
-            yield
+        try:
+            async with inner(app):
+                yield
+        finally:
+            slow.close()
 
     return lifespan
 

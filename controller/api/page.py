@@ -30,6 +30,7 @@ from starlette.routing import Route
 from controller.api import items, thumbs
 from controller.api.area import Area
 from controller.api.errors import ApiError, not_found
+from controller.api.slow import Lane, SlowWork
 from controller.apiconfig import Tenant
 from controller.config import Config
 
@@ -58,6 +59,7 @@ class ApiLike(Protocol):
     """What the page needs of controller/api/app.py's Api (a protocol: no import cycle)."""
 
     config: Config
+    slow: SlowWork  # thumbnails and file downloads run in the owner's share of it
 
     def area(self, tenant: Tenant) -> Area: ...
 
@@ -143,23 +145,24 @@ class Page:
         rel, kind = await asyncio.to_thread(items.item_file, config, area, job, item, which)
         shown = items.shown_path(area, rel)
         opened = await asyncio.to_thread(items.open_file, config, rel, shown)
+        lane = self.api.slow.lane(area.tenant)
         if size is None:
-            return self._whole(opened, shown)
+            return self._whole(opened, shown, lane)
         try:
-            data = await asyncio.to_thread(self._thumbnail, opened, kind, size)
+            data = await lane.run(self._thumbnail, opened, kind, size)
         except thumbs.NoThumbnail as e:
             raise ApiError(422, "no_thumbnail", f"{shown}: {e}", file=shown) from None
         finally:
             opened.close()
         return Response(data, media_type="image/jpeg", headers=FILE_HEADERS)
 
-    def _whole(self, opened: items.Opened, shown: str) -> Response:
+    def _whole(self, opened: items.Opened, shown: str, lane: Lane) -> Response:
         headers = {**FILE_HEADERS, "Content-Length": str(opened.size)}
         name = shown.rsplit("/", 1)[-1].replace('"', "")
         if opened.media_type is None:  # not a photo or video: a download, never shown inline
             headers["Content-Disposition"] = f'attachment; filename="{name}"'
         media = opened.media_type or "application/octet-stream"
-        return StreamingResponse(opened.pieces(), media_type=media, headers=headers)
+        return StreamingResponse(lane.pieces(opened.pieces()), media_type=media, headers=headers)
 
     def _thumbnail(self, opened: items.Opened, kind: str, size: int) -> bytes:
         if kind != "image":

@@ -183,15 +183,26 @@ def submit_json(
 ) -> Accepted:
     """``slot``: the request's job slot (quota.reserve), taken here when not given; released by
     whoever took it unless the job is handed over."""
-    if not isinstance(data, dict):
-        raise ApiError(422, "invalid_job", "the body must be a JSON object of job fields")
     if slot is None:
         with quota.reserve(config, tenant, area) as own:
             return submit_json(config, tenant, area, data, objects, own)
+    job, text = checked_json(config, area, data, objects)
+    return accept_json(config, area, job, text, slot)
+
+
+def checked_json(config: Config, area: Area, data: object, objects: Objects | None = None) -> tuple[str, str]:
+    """(the job's id, its inbox file's text): the slow half of a JSON submit (globs resolved, inputs
+    checked), which the API runs in the tenant's share of its slow pool (controller/api/slow.py)."""
+    if not isinstance(data, dict):
+        raise ApiError(422, "invalid_job", "the body must be a JSON object of job fields")
     job = fresh_id(area, _name(data))
     fields = {**data, "name": job}
     fields.setdefault("output", default_output(area, data, job))
-    text = validate(config, area, fields, job, objects)
+    return job, validate(config, area, fields, job, objects)
+
+
+def accept_json(config: Config, area: Area, job: str, text: str, slot: quota.Reservation) -> Accepted:
+    """The checked job handed over in its reserved ``slot``: durable when this returns."""
     slot.bind(job)  # before the inbox: the job's end (which may come at once) finds its slot
     hand_over(config, area, job, text, uploads=False)
     slot.commit()

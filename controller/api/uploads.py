@@ -23,6 +23,7 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from controller.api.errors import ApiError
+from controller.api.slow import Lane
 from controller.folder import Folder
 from controller.volume import write_all
 
@@ -227,11 +228,13 @@ class _Receiver:
 
 
 async def receive(
-    content_type: str, length: str | None, body: AsyncIterator[bytes], folder: Folder, budget: Budget
+    content_type: str, length: str | None, body: AsyncIterator[bytes], folder: Folder, budget: Budget, lane: Lane
 ) -> Upload:
     """Stream a multipart body into the staging ``folder``: an empty folder this process holds
     (controller/api/sweep.py ``Staging``: its lock proves the upload alive to other replicas' sweeps).
-    On any refusal the staging folder is emptied before the error is raised."""
+    Each piece is parsed and written in the tenant's ``lane`` of the slow pool, never on the event
+    loop or the threads of quick reads. On any refusal the staging folder is emptied before the
+    error is raised."""
     ctype, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
     if ctype != b"multipart/form-data" or not boundary:
@@ -242,12 +245,12 @@ async def receive(
     rx = _Receiver(folder, budget)
     try:
         parser = MultipartParser(boundary, rx.callbacks())  # type: ignore[arg-type]
-        async for chunk in body:
+        async for chunk in body:  # each piece on disk as it comes: the upload's progress is visible
             rx.up.total += len(chunk)
             if rx.up.total > cap:
                 raise too_large(budget, f"the request (over {cap} bytes with its framing)")
-            parser.write(chunk)
-        parser.finalize()
+            await lane.run(parser.write, chunk)
+        await lane.run(parser.finalize)
         if rx.part is not None or rx.in_job:
             raise ApiError(400, "bad_request", "the multipart body ended inside a part")
         rx.close()
