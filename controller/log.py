@@ -80,6 +80,8 @@ def setup(
             processors=[
                 *common,
                 structlog.processors.TimeStamper(fmt="iso", utc=True),
+                # the traceback of log.exception(...) as text in "exception" (else only "exc_info": true)
+                structlog.processors.format_exc_info,
                 structlog.processors.JSONRenderer(),
             ],
             wrapper_class=structlog.make_filtering_bound_logger(level),

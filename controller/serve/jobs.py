@@ -10,6 +10,7 @@ small ones may be packed together (controller/serve/packing.py, packs.py).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import threading
 import time
@@ -52,6 +53,15 @@ class Outcome:
     retry: bool = False  # the swarm could not take the job now (exit 69): try again later, not failed/
     packed: bool = False  # held for a pack: the packer has the file now (controller/serve/packing.py)
     delay: float | None = None  # with retry: seconds before it is looked at again (None: the server's)
+
+
+FULL = "the shared volume is full: the job waits in the inbox and goes on once there is room"
+
+
+def full_volume(e: BaseException) -> bool:
+    """A write refused because the shared volume (or the tenant's filesystem quota) is full: a state
+    that passes when space is freed, so the job is tried again later rather than failed."""
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass(frozen=True)
@@ -173,6 +183,9 @@ def _run_job_file(config: Config, path: Path, metrics: Metrics, running: Running
     except FfswarmError as e:
         return Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}")
     except Exception as e:  # one job's failure must not stop the controller or its other jobs
+        if full_volume(e):  # the job waits in the inbox and is continued (resumed) once there is room
+            log.get(component="serve", file=path.name).warning("job_file_volume_full", error=str(e))
+            return Outcome(False, FULL, retry=True)
         # the traceback goes to the controller's log, never into the reason file beside the job
         log.get(component="serve", file=path.name).exception("job_file_internal_error")
         return Outcome(False, f"internal error (exit 70): {type(e).__name__}; the controller's log has the details")
@@ -251,6 +264,9 @@ def run_pack(
     except FfswarmError as e:
         return {n: _shown(config, Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}")) for n in names}
     except Exception as e:
+        if full_volume(e):  # its jobs wait in the inbox; the first one claimed again continues the pack
+            log.get(component="serve", pack=names[0]).warning("pack_volume_full", error=str(e))
+            return {n: Outcome(False, FULL, retry=True) for n in names}
         log.get(component="serve", pack=names[0]).exception("pack_internal_error")
         why = f"internal error (exit 70): {type(e).__name__}; the controller's log has the details"
         return {n: Outcome(False, why) for n in names}

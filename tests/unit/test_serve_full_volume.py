@@ -1,0 +1,62 @@
+"""A full shared volume is a state that passes: `serve` keeps the job in the inbox and goes on later,
+never fails it for good; any other unexpected error fails the job with its traceback in the log."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+
+from controller import log
+from controller.config import parse_config
+from controller.run import usecase
+from controller.run.metrics import Metrics
+from controller.serve import jobs
+
+
+def _job_file(tmp_path: Path) -> Path:
+    path = tmp_path / "inbox" / "a.yaml"
+    path.parent.mkdir()
+    path.write_text("name: a\n")
+    return path
+
+
+def test_a_job_whose_volume_fills_up_waits_in_the_inbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(*_a: object, **_k: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(usecase, "one_job", full)
+    config = parse_config(tmp_path / "ffswarm.yaml", {"data_root": str(tmp_path)})
+    outcome = jobs.run_job_file(config, _job_file(tmp_path), Metrics())
+    assert outcome.retry and not outcome.ok
+    assert outcome.reason == jobs.FULL
+
+
+def test_an_unexpected_error_fails_the_job_and_logs_its_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_a: object, **_k: object) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(usecase, "one_job", broken)
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", out)
+    log.setup(json_lines=True, level=logging.INFO)
+    config = parse_config(tmp_path / "ffswarm.yaml", {"data_root": str(tmp_path)})
+    try:
+        outcome = jobs.run_job_file(config, _job_file(tmp_path), Metrics())
+    finally:
+        monkeypatch.undo()
+        log.setup(json_lines=True)  # the real stderr again for the tests after this one
+    assert not outcome.retry and not outcome.ok
+    assert outcome.reason == "internal error (exit 70): OSError; the controller's log has the details"
+    lines = [json.loads(line) for line in out.getvalue().splitlines() if line.startswith("{")]
+    logged = [x for x in lines if x.get("event") == "job_file_internal_error"]
+    assert logged, out.getvalue()
+    assert "Traceback (most recent call last)" in logged[0]["exception"]
+    assert "Input/output error" in logged[0]["exception"]
