@@ -152,7 +152,8 @@ def commit_mode(
 ) -> bool:
     """Whether the conditional commits of a job writing ``outputs`` may go up in parts (every
     output bucket honours conditions on CompleteMultipartUpload), after each bucket's record is
-    read or probed (``probe(where)``, under the folder of its first output there). A bucket whose
+    read or probed (``probe(where)``, under the folder of its first output there; a probe these keys
+    may not make there is logged and leaves that bucket to one PUT per commit). A bucket whose
     store lacks a guarantee that commits need refuses the job (StorageAccessError: exit 66), naming
     the store, the capability and the fix: there a commit could silently replace another's object."""
     firsts: dict[str, S3Url] = {}
@@ -162,7 +163,12 @@ def commit_mode(
     for bucket, url in sorted(firsts.items()):
         folder = url.key.rpartition("/")[0]
         where = S3Url(bucket, f"{folder}/") if folder else url  # scratch keys beside the job's own
-        record = records.current(endpoint, bucket, max_age, functools.partial(probe, where))
+        try:
+            record = records.current(endpoint, bucket, max_age, functools.partial(probe, where))
+        except StorageAccessError as e:  # refused or no bucket: the runner's own check of it says so (66)
+            ffswarm_log.get().warning("store_not_probed", bucket=bucket, reason=e.reason)
+            parts = False
+            continue
         missing = record.capabilities.missing()
         if missing is not None:
             raise StorageAccessError(url, f"the store {endpoint} does not honour {missing} in bucket {bucket!r} "

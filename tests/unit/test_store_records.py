@@ -147,6 +147,16 @@ def test_parts_only_when_every_output_bucket_honours_conditional_completes(tmp_p
     assert never.where == []
 
 
+def test_a_probe_the_keys_may_not_make_leaves_one_put_per_commit_and_no_record(tmp_path: Path) -> None:
+    records = kept(tmp_path, Clock())
+
+    def denied(where: S3Url) -> Capabilities:
+        raise StorageAccessError(where, "access denied (S3 AccessDenied, HTTP 403)")
+
+    assert commit_mode(records, "http://store", DAY, [S3Url("theirs", "a.mp4")], denied) is False
+    assert records.load("http://store", "theirs") is None
+
+
 # -- a job's submit, against moto's server -------------------------------------------------------------
 def moto_config(tmp_path: Path, moto: Moto, **extra: Any) -> Config:
     return config(tmp_path, moto, **extra)  # type: ignore[arg-type]  # Seeded's endpoint and cred_file
