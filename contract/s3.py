@@ -227,7 +227,7 @@ SECRETS_DIR = "/run/secrets/"
 ADDRESSING = ("path", "virtual")
 _ENDPOINT = re.compile(r"https?://[A-Za-z0-9.-]{1,253}(?::[0-9]{1,5})?/?")
 _REGION = re.compile(r"[a-z0-9-]{1,32}")
-_STORAGE_KEYS = ("endpoint_url", "region", "addressing", "credentials_file")
+_STORAGE_KEYS = ("endpoint_url", "region", "addressing", "credentials_file", "conditional_complete")
 
 
 @dataclass(frozen=True)
@@ -240,6 +240,9 @@ class StorageAccess:
     region: str = "us-east-1"
     addressing: str = "path"  # path | virtual
     credentials_file: str = "/run/secrets/ffswarm-s3"
+    # The controller probed the store: it refuses a CompleteMultipartUpload whose condition fails, so
+    # conditional commits may go up in parts (contract/s3put.py); False: one PUT, up to 5 GiB.
+    conditional_complete: bool = False
 
     def __post_init__(self) -> None:
         e = self.endpoint_url
@@ -259,11 +262,15 @@ class StorageAccess:
             or f == SECRETS_DIR.rstrip("/")
         ):
             raise ManifestError(f"storage.credentials_file: must be a normalised file path under {SECRETS_DIR}")
+        if not isinstance(self.conditional_complete, bool):
+            raise ManifestError("storage.conditional_complete: must be true or false")
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {k: getattr(self, k) for k in _STORAGE_KEYS}
         if self.endpoint_url is None:
             del data["endpoint_url"]
+        if not self.conditional_complete:  # the safe path: as manifests were before the store was probed
+            del data["conditional_complete"]
         return data
 
     @classmethod
@@ -274,7 +281,9 @@ class StorageAccess:
         if unknown:
             raise ManifestError(f"storage.{unknown[0]}: unknown field (known: {', '.join(_STORAGE_KEYS)})")
         for key in _STORAGE_KEYS:
-            if key in data and not isinstance(data[key], str) and not (key == "endpoint_url" and data[key] is None):
+            if key == "conditional_complete" or key not in data:
+                continue  # a bool, checked when built
+            if not isinstance(data[key], str) and not (key == "endpoint_url" and data[key] is None):
                 raise ManifestError(f"storage.{key}: must be a string")
         return cls(**data)
 

@@ -86,8 +86,8 @@ def put(
         if size > MAX_PUT:
             raise UnsafeCommit(
                 f"{size} bytes is over the {MAX_PUT}-byte limit of one PUT, and the store is not known to "
-                "honour conditions on CompleteMultipartUpload (storage.s3.conditional_complete), so a "
-                "commit in parts could replace another job's object"
+                "honour conditions on CompleteMultipartUpload (ffswarm doctor --store shows what it honours), "
+                "so a commit in parts could replace another job's object"
             )
         tries = match_tries(condition)
         for n, cond in enumerate(tries, 1):

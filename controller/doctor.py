@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from controller.config import Config
 from controller.errors import FfswarmError
+from controller.run import stores
 from controller.run.oneshot import run_oneshot
 from controller.swarm.admin import SwarmAdmin
 from controller.swarm.backend import ImageInfo, NodeInfo
@@ -309,8 +310,12 @@ def check_store(config: Config, where: str, wait: Callable[[float], None] = time
         return Check(
             "store", False, f"{url}: the probe failed ({type(e).__name__})", "check the endpoint and credentials"
         )
+    kept = stores.records(config)
+    kept.save(stores.endpoint(settings), url.bucket, found)  # what jobs writing to this bucket rely on
     detail = f"{settings.endpoint_url or 'AWS S3'}, tried under {url}" + "".join(f"\n       {x}" for x in found.lines())
+    detail += f"\n       recorded for jobs: {kept.path(stores.endpoint(settings), url.bucket)}"
     if not found.safe:
-        return Check("store", False, detail, "use a store with conditional PUT (If-None-Match: *, If-Match); "
-                     "ffswarm will not commit outputs where another job's could be replaced")  # fmt: skip
+        return Check("store", False, detail, f"use a store that honours conditional PUT ({found.missing()} is "
+                     "not): ffswarm refuses jobs with outputs there, since a commit could replace another "
+                     "job's object")  # fmt: skip
     return _ok("store", detail)

@@ -123,7 +123,8 @@ def connect(root: DataRoot, storage: StorageAccess | None, urls: list[str], job:
         raise BadManifest("the manifest names s3:// objects but has no storage block")
     from .s3io import S3Config, Store  # boto3: only for chunks that use the store
 
-    config = S3Config(endpoint_url=storage.endpoint_url, region=storage.region, addressing=storage.addressing)
+    config = S3Config(endpoint_url=storage.endpoint_url, region=storage.region, addressing=storage.addressing,
+                      conditional_complete=storage.conditional_complete)  # fmt: skip
     return Objects(Store.connect(config, credentials_path(storage, root.secrets)), job)
 
 

@@ -3,6 +3,9 @@
 # (one monitor, one memstore OSD, one radosgw; no manager, pool size 1), state under build/rgw/.
 #   scripts/s3-server.sh start    install when absent (root), bring it up, make the test user; idempotent
 #   scripts/s3-server.sh stop     stop by pid file (rgw, osd, mon), state kept
+#   scripts/s3-server.sh gateway-kill   SIGKILL radosgw alone (by pid file): the store stops answering,
+#                                       the objects stay (monitor and OSD keep running); for fault tests
+#   scripts/s3-server.sh gateway-start  start radosgw again on the running cluster, wait until it answers
 #   scripts/s3-server.sh reset    stop and remove the state (the next start makes a fresh cluster)
 #   scripts/s3-server.sh env      KEY=VALUE lines: endpoints and the test user's credentials
 #   scripts/s3-server.sh install  only the packages (slow part; CI runs it beside the image builds)
@@ -144,6 +147,18 @@ stop() {
   done
 }
 
+gateway_kill() {
+  if alive client.rgw.a; then kill -KILL "$(cat "$STATE/run/client.rgw.a.pid")"; wait_gone client.rgw.a; say "killed radosgw"; fi
+}
+
+gateway_start() {
+  alive mon.a && alive osd.0 || { say "the cluster is not up (its objects are gone): scripts/s3-server.sh start"; exit 1; }
+  alive client.rgw.a || radosgw -c "$CONF" -n client.rgw.a "${as_ceph[@]}"
+  for _ in $(seq 1 120); do answers && break; sleep 0.5; done
+  answers || { say "radosgw did not answer on 127.0.0.1:$PORT; see $STATE/log"; exit 1; }
+  say "radosgw up again on $(endpoints)"
+}
+
 env_() {
   local gw; gw=$(awk '{print $2}' "$STATE/endpoints" 2>/dev/null || true)
   echo "FFSWARM_S3_ENDPOINT=http://127.0.0.1:$PORT"
@@ -157,8 +172,10 @@ env_() {
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
+  gateway-kill) gateway_kill ;;
+  gateway-start) gateway_start ;;
   reset) stop; rm -rf "${STATE:?}" ;;
   env) env_ ;;
   install) install ;;
-  *) echo "usage: $0 start|stop|reset|env|install" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|reset|env|install|gateway-kill|gateway-start" >&2; exit 2 ;;
 esac

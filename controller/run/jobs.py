@@ -33,7 +33,7 @@ from controller.job.pack_checks import check_pack
 from controller.job.plan import AUTO_MAX_CHUNK, ID, ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
 from controller.job.resolve import ResolvedJob, resolve_job
 from controller.job.spec import JobSpec
-from controller.run import identity, timings
+from controller.run import identity, stores, timings
 from controller.run.rundir import Control, RunDir, next_job_id
 from controller.settings.fields import FieldError
 from controller.swarm.backend import SwarmBackend
@@ -61,6 +61,8 @@ class PreparedJob:
     people_in_chunks: bool = False
     linger: float = 0.0  # a pack's: its chunk services may wait this long for the next pack (controller/serve/lanes.py)
     tenant: str | None = None  # an API job's (or a pack's) tenant: its runners see only its area
+    # Its stores honour conditions on CompleteMultipartUpload: conditional commits may go up in parts
+    commit_in_parts: bool = False
 
 
 SwarmFactory = Callable[[], SwarmBackend]  # the command's one backend, built when first asked for
@@ -126,6 +128,8 @@ def _prepare_one(
         spec, config.data_root, str(file), job_id=job_id, tenant=tenant, max_pairs=limit, store=store
     )
     admission.check_counts(config.policy, str(file), len(resolved.targets), 0)
+    # the stores its outputs go to: probed (or their record read), refused where a commit is unsafe
+    parts = store is not None and stores.commit_in_parts(config, store, [t.output_rel for t in resolved.targets])
     check_pack(config, spec, file)
     folders = access.check_job(config, resolved, str(file))  # the runner can read and write it all
     try:  # videos probed and cut into segments
@@ -138,7 +142,7 @@ def _prepare_one(
         targets = [dataclasses.replace(r, identity=p) for r, p in zip(targets, people, strict=True)]
     admission.check_counts(config.policy, str(file), len(targets), sum(len(t.segments) for t in targets))
     plan = make_plan(job_id, targets, spec.chunk_size, parallel(spec), chunk_cap(config, spec, targets))
-    return PreparedJob(file, spec, resolved, plan, job_id, folders, tenant=tenant)
+    return PreparedJob(file, spec, resolved, plan, job_id, folders, tenant=tenant, commit_in_parts=parts)
 
 
 def store_for(config: Config, spec: JobSpec, tenant: str | None = None) -> Any:
@@ -233,7 +237,7 @@ def manifest_settings(config: Config, job: PreparedJob, ident: IdentityResult | 
         reference_embedding=ident.reference_embedding if ident else None,
         identity_timeout=None if ident or job.people_in_chunks else identity.wait_limit(config),
         **job_file_settings(job.spec),
-        storage=storage_access(config, job.tenant) if job.resolved.uses_s3 else None,
+        storage=storage_access(config, job.tenant, job.commit_in_parts) if job.resolved.uses_s3 else None,
         linger=job.linger,
     )
 
@@ -270,11 +274,12 @@ def data_mounts(config: Config, job: PreparedJob) -> tuple[DataMount, ...]:
     )
 
 
-def storage_access(config: Config, tenant: str | None) -> StorageAccess | None:
+def storage_access(config: Config, tenant: str | None, in_parts: bool = False) -> StorageAccess | None:
     """The store as the job's manifests name it: the credentials file is the Swarm secret its
-    runners mount (_storage_mounts), the tenant's own for a tenant's job (Config.s3)."""
+    runners mount (_storage_mounts), the tenant's own for a tenant's job (Config.s3); ``in_parts``:
+    its conditional commits may go up in parts (controller/run/stores.py)."""
     s3 = config.s3(tenant)
-    return None if s3 is None else s3.access()
+    return None if s3 is None else dataclasses.replace(s3.access(), conditional_complete=in_parts)
 
 
 def _storage_mounts(config: Config, job: PreparedJob) -> dict[str, Any]:

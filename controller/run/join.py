@@ -31,7 +31,7 @@ from controller.job.video import ProbeError, _reason, _run, fetched, probe
 from controller.run.chunks import ChunkRun
 from controller.run.rundir import RunDir
 from controller.storage.errors import ObjectMissing, StorageAccessError, StorageTemporaryError
-from controller.storage.transfer import ObjectChanged, ObjectExists, ObjectTooLarge
+from controller.storage.transfer import ObjectChanged, ObjectExists, ObjectTooLarge, digest
 from controller.volume import Owner, UnsafePath, Volume, create_temp, masked, own, proc_path
 
 if TYPE_CHECKING:
@@ -212,6 +212,7 @@ def join_video(
         if (is_s3(video.input) or is_s3(video.output)) and store is None:
             raise JoinError("the object store is not configured (storage.s3)")
         with _original(volume, video, store, bool(audio)) as original, _opened(volume, parts) as segment_fds:
+            check_digests(segment_fds, segments, parts)  # the very descriptors ffmpeg reads
             ffmpeg_join = _Join(original, segment_fds, audio, names, demuxer, video.output)
             if is_s3(video.output):
                 assert store is not None
@@ -234,6 +235,20 @@ def join_video(
 
 class JoinError(Exception):
     pass
+
+
+def check_digests(fds: list[int], results: list[ItemResult], names: list[str]) -> None:
+    """Each open segment's bytes against the size and sha256 its result line recorded (the runner
+    records them for every output it commits), hashed as a commit is (controller/storage/transfer.py
+    digest): JoinError naming the first segment that differs, so wrong bytes are never joined."""
+    for fd, r, name in zip(fds, results, names, strict=True):
+        if r.sha256 is None:
+            continue
+        with open(fd, "rb", closefd=False) as f:
+            size, sha, _ = digest(f)
+        if sha != r.sha256 or (r.size is not None and size != r.size):
+            raise JoinError(f"segment {name} does not match the sha256 its result recorded (changed since "
+                            f"it was committed); the video is not joined from it")  # fmt: skip
 
 
 @contextlib.contextmanager

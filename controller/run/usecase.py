@@ -25,7 +25,7 @@ from controller.errors import EngineUnavailable, FfswarmError, JobFileError
 from controller.job import access, claims
 from controller.job.plan import Plan
 from controller.job.spec import OnComplete
-from controller.run import control, identity, join, timings, webhooks
+from controller.run import control, identity, join, stores, timings, webhooks
 from controller.run import job_lease as lease
 from controller.run.chunks import ChunkRun, EventSink, Policy, Share
 from controller.run.fold import Fold
@@ -222,7 +222,9 @@ def video_store(config: Config, plan: Plan, tenant: str | None = None) -> Any:
         return None
     from controller.storage.s3 import S3Store
 
-    return S3Store.from_settings(s3)
+    store = S3Store.from_settings(s3)
+    store.upload = stores.join_upload(config, plan, store)  # in parts only where the store's record allows
+    return store
 
 
 def call_hooks(config: Config, hooks: OnComplete, rundir: RunDir, report: Report, path: Path) -> Report:

@@ -35,6 +35,7 @@ class Capabilities:
     if_match_quoted: str  # PUT If-Match "<etag>": a matching one passes, a wrong one is 412
     if_match_unquoted: str  # the same with the ETag unquoted
     complete_if_none_match: str  # CompleteMultipartUpload If-None-Match: * on an existing key is 412
+    complete_if_match: str  # CompleteMultipartUpload If-Match with a wrong ETag is 412
     checksum_sha256: str  # a PUT with a wrong x-amz-checksum-sha256 is refused
     presigned_expiry: str  # an expired presigned GET is refused (checked only when asked: it waits)
 
@@ -44,6 +45,7 @@ class Capabilities:
             f"PUT If-Match (quoted ETag): {self.if_match_quoted}",
             f"PUT If-Match (unquoted ETag): {self.if_match_unquoted}",
             f"CompleteMultipartUpload If-None-Match: *: {self.complete_if_none_match}",
+            f"CompleteMultipartUpload If-Match: {self.complete_if_match}",
             f"x-amz-checksum-sha256 on PUT: {self.checksum_sha256}",
             f"presigned link expiry: {self.presigned_expiry}",
         ]
@@ -51,7 +53,22 @@ class Capabilities:
     @property
     def safe(self) -> bool:
         """Whether ffswarm's commits hold here: atomic create, and If-Match in one of its forms."""
-        return self.put_if_none_match == HONOURED and HONOURED in (self.if_match_quoted, self.if_match_unquoted)
+        return self.missing() is None
+
+    def missing(self) -> str | None:
+        """The guarantee a conditional commit needs that this store does not give, in the doctor's
+        words (None: both hold). Without it a commit could replace an object written meanwhile."""
+        if self.put_if_none_match != HONOURED:
+            return "PUT If-None-Match: *"
+        if HONOURED not in (self.if_match_quoted, self.if_match_unquoted):
+            return "PUT If-Match"
+        return None
+
+    @property
+    def conditional_complete(self) -> bool:
+        """Whether conditional commits may go up in parts: the store refuses a CompleteMultipartUpload
+        whose If-None-Match or If-Match does not hold (Ceph RGW Pacific and moto do not both)."""
+        return self.complete_if_none_match == HONOURED and self.complete_if_match == HONOURED
 
 
 def _status(e: Exception) -> int:
@@ -67,8 +84,6 @@ def _answer(call: Callable[[], object]) -> int:
         return 200
     except ClientError as e:
         return _status(e) or 400
-    except BotoCoreError as e:
-        raise ConnectionError(type(e).__name__) from None
 
 
 def _if_match(client: Any, bucket: str, key: str, etag: str) -> str:
@@ -94,7 +109,8 @@ def probe(
         put_inm = HONOURED if again == 412 else IGNORED if again == 200 else f"answers HTTP {again}"
         quoted = _if_match(client, bucket, key, client.head_object(Bucket=bucket, Key=key)["ETag"])
         unquoted = _if_match(client, bucket, key, client.head_object(Bucket=bucket, Key=key)["ETag"].strip('"'))
-        complete = _complete(client, bucket, key)
+        complete = _complete(client, bucket, key, {"IfNoneMatch": "*"})
+        complete_match = _complete(client, bucket, key, {"IfMatch": "0" * 32})
         bad = b64(hashlib.sha256(b"not these bytes").digest())
         made.append(base + "checksum")
         sent = _answer(lambda: client.put_object(Bucket=bucket, Key=base + "checksum", Body=b"these bytes",
@@ -103,19 +119,26 @@ def probe(
         link = "not checked (doctor --store checks it)"
         if presign is not None and expiry is not None:
             link = HONOURED if expiry(presign(key)) else IGNORED
-        return Capabilities(str(client.meta.endpoint_url), put_inm, quoted, unquoted, complete, checksum, link)
+        return Capabilities(
+            str(client.meta.endpoint_url), put_inm, quoted, unquoted, complete, complete_match, checksum, link
+        )
     finally:
         for k in made:
             with contextlib.suppress(ClientError, BotoCoreError):
                 client.delete_object(Bucket=bucket, Key=k)
 
 
-def _complete(client: Any, bucket: str, key: str) -> str:
-    upload = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+def _complete(client: Any, bucket: str, key: str, condition: dict[str, str]) -> str:
+    """Whether CompleteMultipartUpload under ``condition`` (which does not hold on the existing
+    ``key``) is refused; a store that refuses multipart uploads themselves answers their status."""
+    try:
+        upload = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    except ClientError as e:
+        return f"answers HTTP {_status(e) or 400}"
     try:
         part = client.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=1, Body=b"multipart")
         done = _answer(lambda: client.complete_multipart_upload(
-            Bucket=bucket, Key=key, UploadId=upload, IfNoneMatch="*",
+            Bucket=bucket, Key=key, UploadId=upload, **condition,
             MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]},
         ))  # fmt: skip
         return HONOURED if done == 412 else IGNORED if done == 200 else f"answers HTTP {done}"

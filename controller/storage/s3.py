@@ -30,6 +30,7 @@ from contract.s3 import CACHED, META_ATTEMPT, META_ITEM, META_JOB, META_SHA256, 
 from contract.s3put import UnsafeCommit, Upload, put
 from controller.errors import FfswarmError, InternalError
 from controller.storage.errors import ObjectMissing, StorageAccessError, StorageTemporaryError, TooManyObjects
+from controller.storage.probe import Capabilities, probe
 from controller.storage.settings import MAX_LINK_TTL, S3Settings, read_credentials
 from controller.storage.transfer import (
     BLOCK,
@@ -268,7 +269,15 @@ class S3Store:
         self._buckets_seen.add(url.bucket)
         return Committed(size, sha, cached=False)
 
-    upload = Upload()  # per store: tests make parts small or say the store honours conditional completes
+    upload = Upload()  # per store: tests make parts small; a job's store honours conditional completes or not
+
+    def capabilities(self, where: S3Url) -> Capabilities:
+        """What the store honours, tried on scratch keys under ``where`` (controller/storage/probe.py;
+        no presigned link is waited for); a refusal or an unreachable store comes out as ours."""
+        try:
+            return probe(self._client, where)
+        except (ClientError, BotoCoreError) as e:
+            raise translate(e, where, "write") from None
 
     def _check_bucket(self, url: S3Url) -> None:
         if url.bucket in self._buckets_seen:

@@ -20,6 +20,7 @@ from controller.storage.area import SECRET_NAME, StorageArea
 
 Addressing = Literal["path", "virtual"]
 MAX_LINK_TTL = 7 * 86400  # SigV4 presigned URLs live at most 7 days
+DEFAULT_PROBE_MAX_AGE = 7 * 86400
 _ENDPOINT = re.compile(r"https?://[A-Za-z0-9.-]+(:\d{1,5})?/?|https?://\[[0-9a-fA-F:]+\](:\d{1,5})?/?")
 _REGION = r"[a-z0-9-]{1,32}"
 NETWORK_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
@@ -38,6 +39,9 @@ class S3Settings:
     # An attachable overlay network the operator made that reaches the store; runners of jobs that
     # use s3:// join it beside their internal one (docs/storage.md#network). None: none is joined.
     network: str | None = None
+    # How long what a probe found about a store is believed (controller/storage/record.py); older,
+    # the next job that writes there probes it again.
+    probe_max_age: int = DEFAULT_PROBE_MAX_AGE
     credentials_field: str = "storage.s3.credentials_file"  # how errors about the file name it
 
     def access(self) -> StorageAccess:
@@ -79,7 +83,7 @@ def parse_s3(value: object) -> S3Settings:
         raise FieldError(f, f"must be a mapping, got {show(value)}")
     data: dict[str, Any] = value
     check_keys(data, ("endpoint_url", "region", "addressing", "credentials_secret", "credentials_file",
-                      "link_ttl", "network"), parent=f)  # fmt: skip
+                      "link_ttl", "network", "probe_max_age"), parent=f)  # fmt: skip
     if "credentials_secret" not in data:
         raise FieldError(f"{f}.credentials_secret", "is required: the Swarm secret that holds the access key")
     secret = check_str(data["credentials_secret"], f"{f}.credentials_secret", pattern=SECRET_NAME,
@@ -96,6 +100,7 @@ def parse_s3(value: object) -> S3Settings:
         raise FieldError(f"{f}.link_ttl", f"S3 presigned links live at most 7d, got {show(data['link_ttl'])}")
     style = check_choice(data.get("addressing", "path"), f"{f}.addressing", ("path", "virtual"), "addressing style")
     addressing: Addressing = "virtual" if style == "virtual" else "path"
+    max_age = parse_ttl(data.get("probe_max_age", DEFAULT_PROBE_MAX_AGE), f"{f}.probe_max_age")
     network = data.get("network")
     if network is not None:
         network = check_str(network, f"{f}.network", pattern=NETWORK_NAME,
@@ -110,6 +115,7 @@ def parse_s3(value: object) -> S3Settings:
         addressing=addressing,
         link_ttl=ttl,
         network=network,
+        probe_max_age=max_age,
     )
 
 

@@ -136,6 +136,7 @@ def test_a_video_segment_may_read_an_object_but_writes_into_the_run_folder() -> 
         ({"credentials_file": "/run/secrets/../../etc/shadow"}, "storage.credentials_file"),
         ({"credentials_file": "/run/secrets/"}, "storage.credentials_file"),
         ({"aws_secret_access_key": "x"}, "storage.aws_secret_access_key: unknown field"),
+        ({"conditional_complete": "yes"}, "storage.conditional_complete: must be true or false"),
     ],
 )
 def test_a_bad_storage_block_is_refused_naming_the_field(block: Any, field: str) -> None:
@@ -154,6 +155,10 @@ def test_storage_access_defaults_and_virtual_addressing() -> None:
     }
     virtual = StorageAccess.from_dict({"addressing": "virtual", "region": "eu-west-1", "endpoint_url": None})
     assert virtual == StorageAccess(None, "eu-west-1", "virtual")
+    in_parts = StorageAccess(conditional_complete=True)  # said only when the controller found it holds
+    assert (
+        in_parts.to_dict()["conditional_complete"] is True and StorageAccess.from_dict(in_parts.to_dict()) == in_parts
+    )
     assert is_s3("s3://a/b") and not is_s3("/data/s3://x") and not is_s3(None)
 
 

@@ -368,8 +368,9 @@ def run_segments(root: Path, plan: Plan, only: set[str] | None = None) -> RunDir
         with open(rundir.path / "results" / f"{cid}.a1.jsonl", "a") as f:
             for item in m.items:
                 if only is None or item.id in only:
-                    status, out, n, _ = rvideo.process_segment(item, DataRoot(root), STEPS)
-                    f.write(ItemResult(item.id, status, 1, item.input, out, faces=n).to_line())
+                    status, out, n, d = rvideo.process_segment(item, DataRoot(root), STEPS)
+                    f.write(ItemResult(item.id, status, 1, item.input, out, faces=n, size=d.size,
+                                       sha256=d.sha256).to_line())  # fmt: skip
     return rundir
 
 
@@ -453,6 +454,22 @@ def test_join_restores_audio_and_redoes_only_a_corrupt_segment(tmp_path: Path) -
     calls.clear()  # a second finish (resume) joins nothing again and redoes nothing
     join.finish(plan, rundir, spec, rerun_with(tmp_path, plan, calls), {}, lambda e, **k: events.append((e, k)))
     assert calls == [] and [e for e, _ in events].count("video_joined") == 3
+
+
+def test_a_segment_whose_bytes_are_not_the_ones_recorded_fails_its_video_naming_it(tmp_path: Path) -> None:
+    make_clip(tmp_path / "in" / "a.mp4", seconds=1)
+    spec, plan = job_on(tmp_path, segment_seconds=0.4)
+    rundir = run_segments(tmp_path, plan)
+    first, second = (tmp_path / plan.item(s).output for s in plan.videos[0].segments[:2])
+    first.write_bytes(second.read_bytes())  # a whole, readable segment of the right length: not the one committed
+    events: list[tuple[str, dict[str, Any]]] = []
+    join.finish(plan, rundir, spec, rerun_with(tmp_path, plan, []), {}, lambda e, **k: events.append((e, k)))
+    (joined,) = [k for e, k in events if e == "video_joined"]
+    shown = first.relative_to(tmp_path).as_posix()
+    assert joined["status"] == "error"
+    assert joined["reason"] == (f"out/a.mp4: segment {shown} does not match the sha256 its result recorded "
+                                "(changed since it was committed); the video is not joined from it")  # fmt: skip
+    assert not (tmp_path / "out" / "a.mp4").exists()
 
 
 def test_skip_audio_and_a_failed_audio_restore(tmp_path: Path) -> None:
