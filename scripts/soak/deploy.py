@@ -139,7 +139,7 @@ def object_store(c: Cluster, seed: int) -> ObjectStore:
     store = ObjectStore(f"http://{c.gateway}:{S3_PORT}", f"ffswarm-soak-{seed}", rgw.creds.access_key_id,
                         rgw.creds.secret_access_key, rgw)  # fmt: skip
     s3 = store.client()
-    with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+    with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
         s3.create_bucket(Bucket=store.bucket)
     empty_bucket(s3, store.bucket)
     if not node_docker(NODES[0], "network", "inspect", "-f", "{{.Name}}", S3_NETWORK, check=False):
