@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # A real S3 server for the tests: Ceph RADOS Gateway from Debian's own packages, as plain processes
 # (one monitor, one memstore OSD, one radosgw; no manager, pool size 1), state under build/rgw/.
-#   scripts/s3-server.sh start    install when absent (root), bring it up, make the test user; idempotent
+#   scripts/s3-server.sh start [--also ADDR]…   install when absent (root), bring it up, make the test
+#                                 user; idempotent. --also: one more address of this host to listen on
+#                                 (kept for later starts while the host has it); never 0.0.0.0
 #   scripts/s3-server.sh stop     stop by pid file (rgw, osd, mon), state kept
 #   scripts/s3-server.sh gateway-kill   SIGKILL radosgw alone (by pid file): the store stops answering,
-#                                       the objects stay (monitor and OSD keep running); for fault tests
-#   scripts/s3-server.sh gateway-start  start radosgw again on the running cluster, wait until it answers
+#                                       the objects stay (monitor and OSD keep running); `start` brings
+#                                       radosgw back and waits until it answers (fault tests, the soak)
 #   scripts/s3-server.sh reset    stop and remove the state (the next start makes a fresh cluster)
 #   scripts/s3-server.sh env      KEY=VALUE lines: endpoints and the test user's credentials
 #   scripts/s3-server.sh install  only the packages (slow part; CI runs it beside the image builds)
 # RGW listens on 127.0.0.1 (the controller and the unit tests) and, when the engine's docker_gwbridge
 # exists, on its gateway address too: a runner on any swarm overlay network reaches the host there,
 # as it reached moto's published port before, with no port open on the machine's other interfaces.
+# A change of listen addresses, or a gateway stopped alone, restarts radosgw only, so the objects stay.
 # The daemons run as the unprivileged `ceph` user when started by root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +31,19 @@ OSD_UUID=7d3c8e0a-3f7b-4d0e-9a55-0ff5a2a11a02
 say() { printf 's3-server: %s\n' "$*" >&2; }
 
 gateway() { ip -4 -o addr show docker_gwbridge 2>/dev/null | awk '{sub(/\/.*/, "", $4); print $4; exit}'; }
-endpoints() { local gw; gw=$(gateway); echo "127.0.0.1:$PORT${gw:+ $gw:$PORT}"; }
+host_has() { ip -4 -o addr show 2>/dev/null | awk '{sub(/\/.*/, "", $4); print $4}' | grep -qxF "$1"; }
+extras() {  # the --also addresses of earlier starts that this host still has
+  local a
+  [ -s "$STATE/also" ] || return 0
+  while read -r a; do [ -n "$a" ] && host_has "$a" && echo "$a"; done <"$STATE/also"
+}
+endpoints() {
+  local gw a out
+  gw=$(gateway)
+  out="127.0.0.1:$PORT${gw:+ $gw:$PORT}"
+  for a in $(extras); do case " $out " in *" $a:$PORT "*) ;; *) out+=" $a:$PORT" ;; esac; done
+  echo "$out"
+}
 alive() { [ -s "$STATE/run/$1.pid" ] && kill -0 "$(cat "$STATE/run/$1.pid")" 2>/dev/null; }
 answers() { curl -s -o /dev/null -m 2 "http://127.0.0.1:$PORT/"; }
 ceph_() { ceph -c "$CONF" --connect-timeout 15 "$@"; }
@@ -97,6 +112,15 @@ start() {
   if alive client.rgw.a && [ "$(cat "$STATE/endpoints" 2>/dev/null)" = "$(endpoints)" ] && answers; then
     ensure_users; say "already running on $(endpoints)"; return
   fi
+  if alive mon.a && alive osd.0 && [ -s "$CONF" ]; then  # the objects are there: only radosgw (re)starts
+    stop_gateway
+    write_conf
+    radosgw -c "$CONF" -n client.rgw.a "${as_ceph[@]}" 9>&-
+    wait_answers
+    ensure_users
+    say "radosgw up again on $(endpoints)"
+    return
+  fi
   # memstore keeps objects in RAM only: a cluster that is not wholly up is made afresh (~15 s).
   stop
   local port
@@ -105,7 +129,7 @@ start() {
       say "port $port is taken by another process (another checkout's RGW? its scripts/s3-server.sh stop)"; exit 1
     fi
   done
-  find "$STATE" -mindepth 1 -maxdepth 1 ! -name lock -exec rm -rf {} +
+  find "$STATE" -mindepth 1 -maxdepth 1 ! -name lock ! -name also -exec rm -rf {} +
   mkdir -p "$STATE"/{run,log,mon,osd,rgw}
   write_conf
   [ "$(id -u)" = 0 ] && chown -R ceph:ceph "$STATE"
@@ -117,10 +141,24 @@ start() {
   ceph-osd -c "$CONF" -i 0 --mkfs --osd-uuid "$OSD_UUID" "${as_ceph[@]}" 2>>"$STATE/log/mkfs.log"
   ceph-osd -c "$CONF" -i 0 "${as_ceph[@]}" 9>&- 2>>"$STATE/log/start.log"
   radosgw -c "$CONF" -n client.rgw.a "${as_ceph[@]}" 9>&-
-  for _ in $(seq 1 120); do answers && break; sleep 0.5; done
-  answers || { say "radosgw did not answer on 127.0.0.1:$PORT; see $STATE/log"; exit 1; }
+  wait_answers
   ensure_users
   say "up on $(endpoints)"
+}
+
+wait_answers() {
+  for _ in $(seq 1 120); do answers && return; sleep 0.5; done
+  say "radosgw did not answer on 127.0.0.1:$PORT; see $STATE/log"; exit 1
+}
+
+also() {  # remember ADDR (an IPv4 address of this host, never 0.0.0.0) for this and later starts
+  local a=$1
+  if ! [[ $a =~ ^[0-9]{1,3}(\.[0-9]{1,3}){3}$ ]] || [ "$a" = 0.0.0.0 ]; then
+    say "--also $a: give one IPv4 address of this host (never 0.0.0.0: the test keys would reach the network)"; exit 2
+  fi
+  host_has "$a" || { say "--also $a: no interface of this host has that address"; exit 2; }
+  mkdir -p "$STATE"
+  grep -qxF "$a" "$STATE/also" 2>/dev/null || echo "$a" >>"$STATE/also"
 }
 
 ensure_users() {
@@ -140,6 +178,10 @@ wait_gone() {
   kill -KILL "$pid" 2>/dev/null || true
 }
 
+stop_gateway() {
+  if alive client.rgw.a; then kill "$(cat "$STATE/run/client.rgw.a.pid")"; wait_gone client.rgw.a; say "stopped client.rgw.a"; fi
+}
+
 stop() {
   local name
   for name in client.rgw.a osd.0 mon.a; do
@@ -151,16 +193,9 @@ gateway_kill() {
   if alive client.rgw.a; then kill -KILL "$(cat "$STATE/run/client.rgw.a.pid")"; wait_gone client.rgw.a; say "killed radosgw"; fi
 }
 
-gateway_start() {
-  alive mon.a && alive osd.0 || { say "the cluster is not up (its objects are gone): scripts/s3-server.sh start"; exit 1; }
-  alive client.rgw.a || radosgw -c "$CONF" -n client.rgw.a "${as_ceph[@]}"
-  for _ in $(seq 1 120); do answers && break; sleep 0.5; done
-  answers || { say "radosgw did not answer on 127.0.0.1:$PORT; see $STATE/log"; exit 1; }
-  say "radosgw up again on $(endpoints)"
-}
-
 env_() {
-  local gw; gw=$(awk '{print $2}' "$STATE/endpoints" 2>/dev/null || true)
+  local gw; gw=$(gateway)
+  [ -n "$gw" ] && grep -qw "$gw:$PORT" "$STATE/endpoints" 2>/dev/null && gw="$gw:$PORT" || gw=""
   echo "FFSWARM_S3_ENDPOINT=http://127.0.0.1:$PORT"
   echo "FFSWARM_S3_SWARM_ENDPOINT=http://${gw:-127.0.0.1:$PORT}"
   echo "FFSWARM_S3_ACCESS_KEY=$ACCESS_KEY"
@@ -169,13 +204,24 @@ env_() {
   echo "FFSWARM_S3_OTHER_SECRET_KEY=$OTHER_SECRET_KEY"
 }
 
-case "${1:-}" in
+cmd=${1:-}
+shift || true
+if [ "$cmd" = start ]; then
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --also) [ $# -ge 2 ] || { say "--also needs an address"; exit 2; }; also "$2"; shift 2 ;;
+      *) say "start: unknown option $1"; exit 2 ;;
+    esac
+  done
+elif [ $# -gt 0 ]; then
+  say "$cmd takes no options"; exit 2
+fi
+case "$cmd" in
   start) start ;;
   stop) stop ;;
   gateway-kill) gateway_kill ;;
-  gateway-start) gateway_start ;;
   reset) stop; rm -rf "${STATE:?}" ;;
   env) env_ ;;
   install) install ;;
-  *) echo "usage: $0 start|stop|reset|env|install|gateway-kill|gateway-start" >&2; exit 2 ;;
+  *) echo "usage: $0 start [--also ADDR]…|stop|gateway-kill|reset|env|install" >&2; exit 2 ;;
 esac

@@ -161,13 +161,19 @@ def _serve_secrets(config: Config) -> tuple[str, ...]:
     tenant's), the link key a tenant's webhook carries a results link with, object-store credentials."""
     named = [config.policy.webhooks.secret_file, config.api.signing_key_file]
     named += [t.webhooks.secret_file for t in config.tenants.values()]
-    if config.storage.s3 is not None:
-        named.append(config.storage.s3.credentials_file)
-    named += [Path(t.s3.credentials_file) for t in config.tenants.values() if t.s3 and t.s3.credentials_file]
     try:
-        return render_mod.api_secrets([p for p in named if p is not None])
+        return render_mod.api_secrets([p for p in named if p is not None] + _store_key_files(config))
     except ValueError as e:
         raise UsageError(str(e)) from None
+
+
+def _store_key_files(config: Config) -> list[Path]:
+    """The object store's credentials files (the cluster's and tenants' own): serve lists, probes and
+    joins with them, the API checks a tenant's s3:// job at submit and signs its links with them."""
+    if config.storage.s3 is None:
+        return []
+    own = [Path(t.s3.credentials_file) for t in config.tenants.values() if t.s3 and t.s3.credentials_file]
+    return [config.storage.s3.credentials_file, *own]
 
 
 def _api_service(config: Config, port: int, replicas: int, user: str | None) -> render_mod.ApiService | None:
@@ -184,7 +190,7 @@ def _api_service(config: Config, port: int, replicas: int, user: str | None) -> 
         )
     jwt = config.api.jwt
     named = (config.api.signing_key_file, *config.api.previous_signing_key_files, jwt.key_file if jwt else None)
-    keys = [p for p in named if p is not None]
+    keys = [p for p in named if p is not None] + _store_key_files(config)
     try:
         return render_mod.ApiService((ids[0], ids[1]), port, replicas, render_mod.api_secrets(keys))
     except ValueError as e:

@@ -2,7 +2,8 @@
 
 Nothing here calls Docker or the API: the caller hands in the status objects, usage answers, webhook
 deliveries received and the engines' service and container lists it fetched, so each check can be
-tried on a data root built on disk. Each answers a ``Check``: PASS/FAIL, how many things it looked
+tried on a data root built on disk. Outputs of S3 jobs are named by their ``s3://`` URL and read
+with the boto3 client the caller hands in (``s3``). Each answers a ``Check``: PASS/FAIL, how many things it looked
 at, and what is wrong, naming the job, item or path (relative to the data root).
 
 The volume is read as the controller reads it: never through a symlink (``os.walk`` does not follow
@@ -12,19 +13,22 @@ links, files are opened with ``O_NOFOLLOW``).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
 import stat
 import subprocess
+import tempfile
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from contract.paths import CONTAINER_DATA_ROOT
 from contract.results import ItemResult, ItemStatus, parse_results
+from contract.s3 import META_JOB, S3Url, is_s3
 
 END_TYPES = ("job.finished", "job.cancelled")
 ENDED_PHASES = ("finished", "cancelled", "refused")
@@ -88,6 +92,26 @@ def _sha256(path: Path) -> str | None:
 def host_path(root: Path, container_path: str) -> Path:
     """A runner's path (``/data/…``) as seen under the data root."""
     return root / container_path.removeprefix(CONTAINER_DATA_ROOT).lstrip("/")
+
+
+def named(root: Path, output: str) -> str:
+    """How the checks name an output: its ``s3://`` URL, or its path relative to the data root."""
+    return output if is_s3(output) else host_path(root, output).relative_to(root).as_posix()
+
+
+def load(root: Path, name: str, s3: Any = None) -> bytes | None:
+    """An output's bytes by its ``named`` name (an object through ``s3``, a boto3 client; a file never
+    through a link); None when it is missing or cannot be read."""
+    if not is_s3(name):
+        return _read(root / name)
+    if s3 is None:
+        return None
+    try:
+        url = S3Url.parse(name)
+        data: bytes = s3.get_object(Bucket=url.bucket, Key=url.key)["Body"].read()
+    except Exception:  # noqa: BLE001 (missing, refused or unreachable: the caller names the object)
+        return None
+    return data
 
 
 def _runs(root: Path) -> Iterator[Path]:
@@ -154,20 +178,24 @@ def ended(accepted: Iterable[str], statuses: Mapping[str, Mapping[str, Any] | No
 
 def item_name(root: Path, tenant: str, job: str, result: ItemResult) -> str:
     """An item's input named the same in every job of the same request: relative to the job's upload
-    folder when it was uploaded, else to the tenant's area."""
+    folder when it was uploaded, else to the tenant's area (an object: to the tenant's prefix in its
+    bucket, ``s3://BUCKET/<tenant>/``)."""
+    if is_s3(result.input):
+        key = result.input.removeprefix("s3://").partition("/")[2]
+        return key.removeprefix(f"{tenant}/")
     rel = host_path(root, result.input).relative_to(root).as_posix()
     rel = rel.removeprefix(f"tenants/{tenant}/")
     return rel.removeprefix(f"uploads/{job}/")
 
 
 def outputs(root: Path, tenant: str, job: str) -> dict[str, str]:
-    """Input name → the ok output's path relative to the data root, for a job's committed photo and
-    video outputs (never video segments inside the run folder)."""
+    """Input name → the ok output (``named``: its path relative to the data root, or its URL), for a
+    job's committed photo and video outputs (never video segments inside the run folder)."""
     out: dict[str, str] = {}
     for r in latest(root / "runs" / job).values():
         if r.status is not ItemStatus.OK or r.output is None:
             continue
-        rel = host_path(root, r.output).relative_to(root).as_posix()
+        rel = named(root, r.output)
         if not rel.startswith("runs/"):
             out[item_name(root, tenant, job, r)] = rel
     return out
@@ -184,33 +212,37 @@ FAR_SHARE = 0.005
 VIDEO = (".mp4", ".mov", ".mkv", ".webm", ".avi")
 
 
-def _decoded(path: Path) -> Any:
+def _decoded(data: bytes, suffix: str) -> Any:
     import numpy as np
 
-    if path.suffix.lower() in VIDEO:
-        raw = subprocess.run(
-            ["ffmpeg", "-v", "error", "-nostdin", "-i", str(path), "-f", "rawvideo", "-pix_fmt", "rgb24", "-"],
-            capture_output=True,
-            timeout=120,
-            check=True,
-        ).stdout
+    if suffix.lower() in VIDEO:  # through a file: an MP4's index may come last, which a pipe cannot seek to
+        with tempfile.NamedTemporaryFile(suffix=suffix) as f:
+            f.write(data)
+            f.flush()
+            raw = subprocess.run(
+                ["ffmpeg", "-v", "error", "-nostdin", "-i", f.name, "-f", "rawvideo", "-pix_fmt", "rgb24", "-"],
+                capture_output=True,
+                timeout=120,
+                check=True,
+            ).stdout
         return np.frombuffer(raw, dtype=np.uint8)
     from PIL import Image
 
-    with Image.open(path) as im:
+    with Image.open(io.BytesIO(data)) as im:
         return np.asarray(im.convert("RGB"), dtype=np.uint8)
 
 
-def compare(a: Path, b: Path) -> str | None:
-    """None when the two outputs are byte-identical, "close" when they differ only as the runner's
-    rounding does (see MEAN_LEVELS), else why they are not the same picture."""
-    da, db = _read(a), _read(b)
+def compare(root: Path, a: str, b: str, s3: Any = None) -> str | None:
+    """None when the two outputs (``named`` names: under ``root``, or objects read through ``s3``) are
+    byte-identical, "close" when they differ only as the runner's rounding does (see MEAN_LEVELS),
+    else why they are not the same picture."""
+    da, db = load(root, a, s3), load(root, b, s3)
     if da is None or db is None:
         return f"{a if da is None else b} is missing or not a regular file"
     if da == db:
         return None
     try:
-        pa, pb = _decoded(a), _decoded(b)
+        pa, pb = _decoded(da, PurePosixPath(a).suffix), _decoded(db, PurePosixPath(b).suffix)
     except (OSError, ValueError, subprocess.SubprocessError) as e:
         return f"cannot be decoded ({type(e).__name__})"
     if pa.shape != pb.shape:
@@ -222,11 +254,13 @@ def compare(a: Path, b: Path) -> str | None:
     return f"a different picture (mean {mean:.2f} levels apart, {far:.2%} of values more than {FAR_LEVELS} apart)"
 
 
-def identical(root: Path, jobs: Mapping[str, tuple[str, str]], reference: Mapping[str, Mapping[str, str]]) -> Check:
+def identical(
+    root: Path, jobs: Mapping[str, tuple[str, str]], reference: Mapping[str, Mapping[str, str]], s3: Any = None
+) -> Check:
     """Every ok output of a soak job shows the same picture as the same request's output in the
     fault-free reference run (``compare``): byte-identical, or apart only by the runner's rounding
     (counted in a note). ``jobs``: job → (tenant, request key); ``reference``: key → input name → the
-    reference output's path relative to the data root."""
+    reference output (``named``); ``s3``: how objects are read."""
     check = Check("outputs = reference")
     close = 0
     for job, (tenant, key) in sorted(jobs.items()):
@@ -239,7 +273,7 @@ def identical(root: Path, jobs: Mapping[str, tuple[str, str]], reference: Mappin
             if name not in ref:
                 check.problems.append(f"{job}: {name} has no output in the reference of {key}")
                 continue
-            why = compare(root / ref[name], root / rel)
+            why = compare(root, ref[name], rel, s3)
             if why == "close":
                 close += 1
             elif why is not None:
@@ -251,7 +285,7 @@ def identical(root: Path, jobs: Mapping[str, tuple[str, str]], reference: Mappin
     return check
 
 
-def deterministic(root: Path, rounds: list[Mapping[str, Mapping[str, str]]]) -> Check:
+def deterministic(root: Path, rounds: Sequence[Mapping[str, Mapping[str, str]]], s3: Any = None) -> Check:
     """The reference rounds against the first: each later round's outputs show the same pictures
     (``compare``); byte-identical ones and close ones are counted in a note."""
     check = Check("runner deterministic")
@@ -266,7 +300,7 @@ def deterministic(root: Path, rounds: list[Mapping[str, Mapping[str, str]]]) -> 
                 continue
             for name, rel in sorted(outs.items()):
                 check.looked_at += 1
-                why = compare(root / first[name], root / rel)
+                why = compare(root, first[name], rel, s3)
                 if why is None:
                     exact += 1
                 elif why == "close":
@@ -315,7 +349,7 @@ def committed_once(root: Path) -> Check:
                     writes[r.item] += 1
                     first[r.item] = min(first.get(r.item, attempt), attempt)
                     if not (run / "packed").exists():
-                        owners[host_path(root, r.output).relative_to(root).as_posix()].add(run.name)
+                        owners[named(root, r.output)].add(run.name)
         check.looked_at += len(writes)
         check.problems += [f"{run.name}: {item} committed {n} times" for item, n in sorted(writes.items()) if n > 1]
         for item, attempts in sorted(_journal(run).items()):
@@ -375,6 +409,57 @@ def left_on_volume(root: Path) -> Check:
         if jobs != 0:
             check.problems.append(f"{rel(ledger)}: counts {jobs} unfinished jobs")
         check.problems += [f"{rel(p)}: quota slot held" for p in sorted((ledger.parent / "open").glob("*"))]
+    return check
+
+
+def recorded_objects(root: Path) -> dict[str, set[str]]:
+    """Object URL → the jobs whose result lines (chunks' and joins') or commit journals name it as an
+    output: every object a job wrote, whether its item then ended ok or not."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for run in _runs(root):
+        lines = [r for rs in _lines(run).values() for r in rs]
+        joins = _read(run / "joins.jsonl")
+        lines += parse_results(joins.decode("utf-8", "replace"))[0] if joins else []
+        for r in lines:
+            if r.output is not None and is_s3(r.output):
+                out[r.output].add(run.name)
+        folder = run / "results"
+        for p in sorted(folder.iterdir()) if folder.is_dir() and not folder.is_symlink() else []:
+            data = _read(p) if _COMMITS.fullmatch(p.name) else None
+            for line in (data or b"").decode("utf-8", "replace").splitlines():
+                try:
+                    output = json.loads(line).get("output")
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(output, str) and is_s3(output):
+                    out[output].add(run.name)
+    return out
+
+
+def left_in_store(root: Path, s3: Any, bucket: str, inputs: Iterable[str]) -> Check:
+    """What a finished soak must not leave in its bucket: a multipart upload not completed or aborted,
+    or an object that is neither an input (under one of the ``inputs`` key prefixes) nor an output some
+    job recorded (``recorded_objects``: a temporary or stray object); and a recorded output whose
+    metadata names a job that did not record it (another job's object replaced)."""
+    check = Check("nothing left (store)")
+    prefixes = tuple(inputs)
+    for page in s3.get_paginator("list_multipart_uploads").paginate(Bucket=bucket):
+        for u in page.get("Uploads", []):
+            check.problems.append(f"s3://{bucket}/{u['Key']}: multipart upload {u['UploadId'][:12]} left")
+    recorded = recorded_objects(root)
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        for obj in page.get("Contents", []):
+            check.looked_at += 1
+            url = f"s3://{bucket}/{obj['Key']}"
+            if obj["Key"].startswith(prefixes):
+                continue
+            jobs = recorded.get(url)
+            if not jobs:
+                check.problems.append(f"{url}: no job recorded this object (a temporary or stray object)")
+                continue
+            owner = s3.head_object(Bucket=bucket, Key=obj["Key"]).get("Metadata", {}).get(META_JOB)
+            if owner not in jobs:
+                check.problems.append(f"{url}: its metadata names job {owner}, recorded by {', '.join(sorted(jobs))}")
     return check
 
 

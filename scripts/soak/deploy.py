@@ -5,6 +5,9 @@
   fault fills that and never the host's disk; on a reused cluster whose data root is no mount of its
   own that fault is skipped.
 - The controller image pushed to the cluster's registry and named by digest (`controller_image`).
+- With ``--s3``: Ceph RGW on this host (scripts/s3-server.sh) also listening on the cluster network's
+  gateway, a bucket of the soak's own, an attachable overlay network runners join to reach it
+  (``storage.s3.network``), and each tenant's area ``s3://<bucket>/<tenant>/``.
 - The soak's config: the cluster's, plus three tenants with their webhooks, the API with a signing
   key, packing with linger, a short webhook retry schedule; key files as Swarm secrets.
 - `ffswarm render --controller` (serve, two api replicas), with two changes the soak needs, applied to
@@ -17,6 +20,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -25,14 +29,18 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import yaml
 
 from scripts.soak.plan import TENANTS
+
+if TYPE_CHECKING:
+    from tests.fixtures.rgw_server import Rgw
 
 ROOT = Path(__file__).resolve().parents[2]
 STATE = ROOT / "build" / "cluster" / "state.json"
@@ -44,6 +52,9 @@ API_PORT = 8080
 CONTROLLER_IMAGE = os.environ.get("CONTROLLER_IMAGE", "ffswarm/controller:dev")
 CONTROLLER_USER = (10002, 10001)  # the API's uid; the runner's group, so it can add uploads/ to an area
 RUNNER = (10001, 10001)
+S3_PORT = 7480  # scripts/s3-server.sh's
+S3_NETWORK = "ffswarm-soak-s3"  # the attachable overlay network runners of s3:// jobs join
+S3_REGION = "us-east-1"
 
 
 def sh(*cmd: str, timeout: float = 300, check: bool = True) -> str:
@@ -95,6 +106,72 @@ def push_controller_image() -> str:
     return f"ffswarm-registry:5000/ffswarm/controller@{digest}"
 
 
+@dataclass(frozen=True)
+class ObjectStore:
+    """The soak's object store: the soak reaches it on loopback (``rgw``), the stack and its runners on
+    the cluster network's gateway (``endpoint``); ``bucket`` is the soak's own."""
+
+    endpoint: str
+    bucket: str
+    access_key: str
+    secret_key: str
+    rgw: Rgw | None = None  # the running server (None where only the config is written)
+
+    def area(self, tenant: str) -> str:
+        return f"s3://{self.bucket}/{tenant}/"
+
+    def client(self) -> Any:
+        if self.rgw is None:
+            raise RuntimeError("the soak's object store is not running")
+        return self.rgw.client()
+
+    def credentials(self) -> bytes:
+        """The credentials file (docs/storage.md#config) the stack's secret carries."""
+        return f"AWS_ACCESS_KEY_ID={self.access_key}\nAWS_SECRET_ACCESS_KEY={self.secret_key}\n".encode()
+
+
+def object_store(c: Cluster, seed: int) -> ObjectStore:
+    """Ceph RGW on this host, listening on the cluster's gateway too (started when it is not), an empty
+    bucket ``ffswarm-soak-<seed>``, and the runners' storage network on the manager."""
+    from tests.fixtures.rgw_server import rgw_server  # boto3: only for a soak with S3
+
+    rgw = rgw_server(also=(c.gateway,))
+    store = ObjectStore(f"http://{c.gateway}:{S3_PORT}", f"ffswarm-soak-{seed}", rgw.creds.access_key_id,
+                        rgw.creds.secret_access_key, rgw)  # fmt: skip
+    s3 = store.client()
+    with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
+        s3.create_bucket(Bucket=store.bucket)
+    empty_bucket(s3, store.bucket)
+    if not node_docker(NODES[0], "network", "inspect", "-f", "{{.Name}}", S3_NETWORK, check=False):
+        node_docker(NODES[0], "network", "create", "-d", "overlay", "--attachable", S3_NETWORK)
+    return store
+
+
+def empty_bucket(s3: Any, bucket: str) -> None:
+    """Every object and open multipart upload of ``bucket`` removed (a replayed seed starts clean)."""
+    for upload in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
+        s3.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        for obj in page.get("Contents", []):
+            s3.delete_object(Bucket=bucket, Key=obj["Key"])
+
+
+def remove_store(store: ObjectStore) -> None:
+    """The bucket (memstore holds it in RAM), the anchor serve put on the storage network, the network."""
+    from controller.swarm.network import storage_anchor
+
+    with contextlib.suppress(Exception):
+        s3 = store.client()
+        empty_bucket(s3, store.bucket)
+        s3.delete_bucket(Bucket=store.bucket)
+    node_docker(NODES[0], "service", "rm", storage_anchor(S3_NETWORK), check=False)
+    for _ in range(15):  # the anchor's tasks hold the network a moment longer
+        if not node_docker(NODES[0], "network", "rm", S3_NETWORK, check=False, timeout=30):
+            time.sleep(2)
+            continue
+        break
+
+
 @dataclass
 class Deployed:
     config: Path
@@ -114,15 +191,26 @@ def secret(name: str, value: bytes) -> str:
     return full
 
 
-def write_config(c: Cluster, image: str, receiver_host: str, seed: int) -> Deployed:
-    """The soak's config (build/soak/ffswarm.yaml) and its secrets; tenant keys differ per seed."""
-    OUT.mkdir(parents=True, exist_ok=True)
+def write_config(
+    c: Cluster,
+    image: str,
+    receiver_host: str,
+    seed: int,
+    store: ObjectStore | None = None,
+    make_secret: Callable[[str, bytes], str] = secret,
+    out: Path = OUT,
+) -> Deployed:
+    """The soak's config (``out``/ffswarm.yaml) and its secrets (``make_secret``: name, content → the
+    Swarm secret's name); tenant keys differ per seed. With ``store``: ``storage.s3`` reached on the
+    cluster's gateway with the test user's keys as a Swarm secret, runners joining ``S3_NETWORK``, and
+    each tenant's area in the soak's bucket."""
+    out.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = yaml.safe_load(c.config.read_text())
     data.pop("docker_host", None)  # serve reaches its own engine by its socket; render is told by DOCKER_HOST
-    signing = secret("api-signing", hashlib.sha256(f"soak signing {seed}".encode()).hexdigest().encode())
+    signing = make_secret("api-signing", hashlib.sha256(f"soak signing {seed}".encode()).hexdigest().encode())
     keys = {t: f"soak-key-{t}-{seed}" for t in TENANTS}
     hooks = {t: "whsec_" + base64.b64encode(hashlib.sha256(f"{t}{seed}".encode()).digest()).decode() for t in TENANTS}
-    names = {t: secret(f"hook-{t}", hooks[t].encode()) for t in TENANTS}
+    names = {t: make_secret(f"hook-{t}", hooks[t].encode()) for t in TENANTS}
     data.update(
         controller_image=image,
         controller_user=f"{CONTROLLER_USER[0]}:{CONTROLLER_USER[1]}",
@@ -140,11 +228,19 @@ def write_config(c: Cluster, image: str, receiver_host: str, seed: int) -> Deplo
             for t in TENANTS
         },
     )  # fmt: skip
-    path = OUT / "ffswarm.yaml"
+    made = [signing, *names.values()]
+    if store is not None:
+        creds = make_secret("s3", store.credentials())
+        data["storage"] = {"s3": {"endpoint_url": store.endpoint, "region": S3_REGION, "addressing": "path",
+                                  "credentials_secret": creds, "link_ttl": "1h", "network": S3_NETWORK}}  # fmt: skip
+        for t in TENANTS:
+            data["tenants"][t]["s3"] = store.area(t)
+        made.append(creds)
+    path = out / "ffswarm.yaml"
     path.write_text(
         f"# scripts/soak.py, seed {seed}: the cluster's config plus tenants, API, packing\n" + yaml.safe_dump(data)
     )
-    return Deployed(path, keys, hooks, [signing, *names.values()])
+    return Deployed(path, keys, hooks, made)
 
 
 def prepare_volume(c: Cluster) -> None:

@@ -1,6 +1,7 @@
 """One soak from start to end: deploy, reference run, faulted run, drain, checks, summary.
 
-1. The cluster and the controller stack (``deploy``), the tenants' inputs, the webhook receiver.
+1. The cluster and the controller stack (``deploy``), the tenants' inputs (with ``--s3`` in their
+   areas of the store too), the webhook receiver.
 2. Reference: each distinct request of the plan submitted twice over, in two fault-free rounds; the
    second round's outputs must show the same pictures as the first's (byte for byte, or apart only by
    the CPU runner's rounding: ``checks.compare``), and the first round's are what every soak job's ok
@@ -26,9 +27,9 @@ from typing import Any
 import docker
 
 from scripts.soak import checks, deploy
-from scripts.soak.faults import KILLED, Faults
+from scripts.soak.faults import KILLED, Faults, RgwSwitch
 from scripts.soak.plan import TENANTS, Plan
-from scripts.soak.stream import Receiver, Record, Stream, make_inputs
+from scripts.soak.stream import Receiver, Record, Stream, make_inputs, upload_inputs
 
 ENDED = ("finished", "cancelled", "refused")
 DRAIN_S = float(os.environ.get("SOAK_DRAIN_S", "1800"))
@@ -65,9 +66,12 @@ def wait_ended(
         time.sleep(10)
 
 
-def reference(stream: Stream, plan: Plan, root: Any, rounds: int = 2) -> tuple[dict[str, dict[str, str]], checks.Check]:
-    """Each distinct request's outputs (input name → path relative to the data root) from the first
-    fault-free round, and whether later rounds made the same pictures (``checks.deterministic``)."""
+def reference(
+    stream: Stream, plan: Plan, root: Any, s3: Any = None, rounds: int = 2
+) -> tuple[dict[str, dict[str, str]], checks.Check]:
+    """Each distinct request's outputs (input name → path relative to the data root, or object URL)
+    from the first fault-free round, and whether later rounds made the same pictures
+    (``checks.deterministic``; ``s3`` reads objects)."""
     found: list[dict[str, dict[str, str]]] = []
     for n in range(rounds):
         made = {req.key: (req.tenant, stream.offer(req, 0.0, reference=True)) for req in plan.distinct()}
@@ -75,7 +79,7 @@ def reference(stream: Stream, plan: Plan, root: Any, rounds: int = 2) -> tuple[d
         log(f"reference round {n + 1}: {len(jobs)} of {len(made)} requests accepted; waiting for their ends")
         wait_ended(stream, jobs, 1200)
         found.append({key: checks.outputs(root, tenant, job) for key, (tenant, job) in made.items() if job})
-    return found[0], checks.deterministic(root, found)
+    return found[0], checks.deterministic(root, found, s3)
 
 
 def faulted(plan: Plan, stream: Stream, faults: Faults | None, replicas: Callable[[], list[str]]) -> float:
@@ -131,7 +135,12 @@ def swarm_lists(c: deploy.Cluster) -> tuple[list[Any], dict[str, list[Any]]]:
 
 
 def run_checks(
-    c: deploy.Cluster, stream: Stream, record: Record, ref: dict[str, dict[str, str]], received: list[dict[str, Any]]
+    c: deploy.Cluster,
+    stream: Stream,
+    record: Record,
+    ref: dict[str, dict[str, str]],
+    received: list[dict[str, Any]],
+    store: deploy.ObjectStore | None,
 ) -> list[checks.Check]:
     statuses = wait_ended(stream, {a.job: a.tenant for a in record.accepted.values()}, 60)
     # (a request whose reference was not accepted fails the comparison: "no reference")
@@ -146,25 +155,30 @@ def run_checks(
     unverified = [d for d in received if not d.get("verified")]
     hooks = checks.webhooks_once(c.data_root, ends, received)
     hooks.problems += [f"{d.get('id')}: signature did not verify ({d.get('tenant')})" for d in unverified]
-    return [
+    s3 = store.client() if store else None
+    found = [
         checks.ended(list(record.accepted), statuses),
-        checks.identical(c.data_root, soak_jobs, ref),
+        checks.identical(c.data_root, soak_jobs, ref, s3),
         checks.committed_once(c.data_root),
         checks.left_on_volume(c.data_root),
         checks.left_in_swarm(services, containers),
         hooks,
         checks.usage_adds_up(totals, per_job),
     ]
+    if store is not None:
+        inputs = [f"{t}/soak/" for t in TENANTS]
+        found.insert(4, checks.left_in_store(c.data_root, s3, store.bucket, inputs))
+    return found
 
 
-def soak(plan: Plan, s3_endpoint: str | None, s3_container: str | None, keep: bool, no_faults: bool = False) -> int:
-    if plan.s3:
-        log("S3 requests are not part of the soak yet: run it without --s3-endpoint")
-        return 2
+def soak(plan: Plan, keep: bool, no_faults: bool = False) -> int:
     c = deploy.cluster(os.environ.get("SOAK_DATA_SIZE", "4g"))
     log(f"cluster up: data root {c.data_root} ({'own mount' if c.own_volume else 'host disk'}), host {c.gateway}")
+    store = deploy.object_store(c, plan.seed) if plan.s3 else None
+    if store is not None:
+        log(f"object store: Ceph RGW on {store.endpoint} (and loopback), bucket {store.bucket}")
     image = deploy.push_controller_image()
-    d = deploy.write_config(c, image, c.gateway, plan.seed)
+    d = deploy.write_config(c, image, c.gateway, plan.seed, store)
     receiver = Receiver(c.gateway, d.webhook_secrets)
     deploy.prepare_volume(c)
     deploy.deploy(deploy.render(d))
@@ -174,10 +188,14 @@ def soak(plan: Plan, s3_endpoint: str | None, s3_container: str | None, keep: bo
         log(f"controller stack ready: api {urls}")
         for t in TENANTS:
             make_inputs(c.data_root / "tenants" / t)
+            if store is not None:
+                upload_inputs(c.data_root / "tenants" / t, store.client(), store.area(t))
         record = Record()
-        stream = Stream(c.data_root, urls, d.keys, receiver.url, record)
-        ref, determinism = reference(stream, plan, c.data_root)
-        faults = None if no_faults else Faults(c, stream, s3_container)
+        areas = {t: store.area(t) for t in TENANTS} if store else None
+        stream = Stream(c.data_root, urls, d.keys, receiver.url, record, areas)
+        ref, determinism = reference(stream, plan, c.data_root, store.client() if store else None)
+        switch = RgwSwitch(c.gateway) if store else None
+        faults = None if no_faults else Faults(c, stream, switch)
         log(f"{'fault-free' if no_faults else 'faulted'} run: {len(plan.requests)} requests, {len(plan.faults)} faults")
         took = faulted(plan, stream, faults, lambda: deploy.api_urls(c))
         if faults is not None:
@@ -187,7 +205,7 @@ def soak(plan: Plan, s3_endpoint: str | None, s3_container: str | None, keep: bo
         wait_ended(stream, {a.job: a.tenant for a in record.accepted.values()}, DRAIN_S)
         drained = time.monotonic() - t_end
         wait_quiet(c, 600)
-        results = run_checks(c, stream, record, ref, receiver.received())
+        results = run_checks(c, stream, record, ref, receiver.received(), store)
         results.insert(0, determinism)
         return report(plan, record, faults, results, took, drained, len(receiver.received()))
     finally:
@@ -196,6 +214,8 @@ def soak(plan: Plan, s3_endpoint: str | None, s3_container: str | None, keep: bo
         receiver.close()
         if not keep:
             deploy.remove_stack(d.secret_names)
+            if store is not None:
+                deploy.remove_store(store)
 
 
 def report(plan: Plan, record: Record, faults: Faults | None, results: list[checks.Check], took: float,

@@ -68,15 +68,35 @@ def make_inputs(area: Path) -> None:
         shutil.chown(p, *RUNNER_OWNER)
 
 
+def upload_inputs(area: Path, s3: Any, tenant_area: str) -> list[str]:
+    """The tenant's faces and target photos (``soak/`` in its area on the volume) put into its area of
+    the store (``tenant_area``: ``s3://BUCKET/PREFIX/``) under the same names; the URLs put."""
+    bucket, _, prefix = tenant_area.removeprefix("s3://").partition("/")
+    put = []
+    for folder in ("faces", "in"):
+        for p in sorted((area / "soak" / folder).glob("*.jpg")):
+            key = f"{prefix}soak/{folder}/{p.name}"
+            s3.put_object(Bucket=bucket, Key=key, Body=p.read_bytes(), ContentType="image/jpeg")
+            put.append(f"s3://{bucket}/{key}")
+    return put
+
+
 def settings(name: str, webhook: str | None) -> dict[str, Any]:
     """What every soak job sets besides its inputs: CPU runners on the GPU workers, its webhook."""
     return {**JOB_SETTINGS, "name": name, **({"on_complete": {"webhook": webhook}} if webhook else {})}
 
 
-def body(req: Request, webhook: str | None) -> dict[str, Any]:
-    """The JSON job of a photo, pairs or video request (paths relative to the tenant's area)."""
+def body(req: Request, webhook: str | None, s3_area: str | None = None) -> dict[str, Any]:
+    """The JSON job of a photo, pairs, video or s3 request: paths relative to the tenant's area on the
+    volume; an s3 request's source and target are objects in its area of the store (``s3_area``,
+    ``s3://BUCKET/PREFIX/``), and with no ``output`` its output goes there too (``<area>out/<job>/``)."""
     v = req.variant
     common = settings(req.kind, webhook)
+    if req.kind == "s3":
+        if s3_area is None:
+            raise ValueError(f"an s3 request of {req.tenant}, whose tenant has no storage area")
+        return {**common, "source": f"{s3_area}soak/faces/s{v % 2}.jpg",
+                "targets": [f"{s3_area}soak/in/p{VARIANTS + v:02d}.jpg"]}  # fmt: skip
     if req.kind == "photo":
         return {**common, "source": f"soak/faces/s{v % 2}.jpg", "targets": [f"soak/in/p{v:02d}.jpg"]}
     if req.kind == "pairs":
@@ -129,9 +149,16 @@ class Stream:
     """Sends requests for the three tenants to the API replicas in turn."""
 
     def __init__(
-        self, root: Path, replicas: list[str], keys: dict[str, str], webhook: str | None, record: Record
+        self,
+        root: Path,
+        replicas: list[str],
+        keys: dict[str, str],
+        webhook: str | None,
+        record: Record,
+        s3_areas: dict[str, str] | None = None,
     ) -> None:
         self.root, self.replicas, self.keys, self.webhook, self.record = root, replicas, keys, webhook, record
+        self.s3_areas = s3_areas or {}  # tenant → its area of the store (s3 requests)
         self._turn = 0
 
     def client(self, tenant: str, timeout: float = 60) -> httpx.Client:
@@ -171,7 +198,7 @@ class Stream:
                         self.record.retried[job] += 1
             return str(r.status_code), None
         else:
-            r = c.post("/v1/jobs", json=body(req, self.webhook))
+            r = c.post("/v1/jobs", json=body(req, self.webhook, self.s3_areas.get(req.tenant)))
         return str(r.status_code), (r.json().get("id") if r.status_code == 202 else None)
 
     def _reach_back(self, req: Request) -> str | None:

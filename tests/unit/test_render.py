@@ -273,3 +273,28 @@ def test_serve_gets_the_key_files_it_signs_webhooks_and_links_with_as_root_only_
     elsewhere = {"webhooks": {"allow_hosts": ["ci.example"], "secret_file": "/etc/ffswarm/hooks.key"}}
     with pytest.raises(UsageError, match="/run/secrets/NAME"):
         _serve_secrets(_config(tmp_path, policy=elsewhere))
+
+
+def test_the_api_gets_the_object_stores_keys_it_checks_s3_jobs_and_signs_links_with(tmp_path: Path) -> None:
+    """A tenant's s3:// job is checked against the store at submit, by the API: in the controller
+    stack the API reads the store's credentials files from Swarm secrets, as serve does."""
+    from controller.cli.ops import _serve_secrets
+
+    storage = {"s3": {"endpoint_url": "http://10.9.0.1:7480", "credentials_secret": "ffswarm-s3"}}
+    tenants = {
+        "acme": {"api_keys_sha256": ["0" * 64], "s3": "s3://media/acme/"},
+        "globex": {"api_keys_sha256": ["1" * 64],
+                   "s3": {"area": "s3://media/globex/", "credentials_secret": "globex-s3"}},
+    }  # fmt: skip
+    api = {"signing_key_file": "/run/secrets/ffswarm-api"}
+    config = _config(tmp_path, tenants=tenants, controller_user="10000:999", api=api, storage=storage)
+    got = _api_service(config, 8080, 2, None)
+    assert got is not None and got.secrets == ("ffswarm-api", "ffswarm-s3", "globex-s3")
+    assert {"ffswarm-s3", "globex-s3"} <= set(_serve_secrets(config))
+    stack = ControllerStack(**{**controller_stack(got).__dict__, "secrets": _serve_secrets(config)})
+    doc = yaml.safe_load(render_controller_stack(stack))
+    mounted = {s["target"]: s for s in doc["services"]["api"]["secrets"]}
+    assert mounted["ffswarm-s3"]["uid"] == "10000" and mounted["globex-s3"]["mode"] == 0o400
+    no_store = _api_service(_config(tmp_path, tenants={"acme": {"api_keys_sha256": ["0" * 64]}},
+                                    controller_user="10000:999", api=api), 8080, 2, None)  # fmt: skip
+    assert no_store is not None and no_store.secrets == ("ffswarm-api",)

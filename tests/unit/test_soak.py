@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,11 +19,16 @@ import yaml
 from PIL import Image
 
 from contract.results import ItemResult, ItemStatus
+from contract.s3 import META_JOB, parse_credentials
+from controller.cli.ops import _api_service, _serve_secrets
+from controller.config import load_config
+from controller.storage.area import parse_area
 from controller.swarm.render import ApiService, ControllerStack, render_controller_stack
 from controller.swarm.servicespec import VolumeSpec
 from scripts.soak import checks, deploy, run
-from scripts.soak.plan import FAULT_GAP, FAULT_KINDS, TENANTS, Plan, Request, make_plan
-from scripts.soak.stream import Receiver, Record, Stream
+from scripts.soak.faults import S3_SERVER, Faults, RgwSwitch
+from scripts.soak.plan import FAULT_GAP, FAULT_KINDS, TENANTS, Fault, Plan, Request, make_plan
+from scripts.soak.stream import Receiver, Record, Stream, body, upload_inputs
 from tests.builders import JPEG, KEYS, MP4, Env, api_env, data_root
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,14 +166,13 @@ def test_outputs_equal_to_the_reference_pass_and_a_changed_picture_fails(root: P
 
 
 def test_a_truncated_output_is_not_the_same_picture(root: Path) -> None:
-    a = root / "a.png"
-    b = root / "b.png"
-    a.write_bytes(photo(2))
-    b.write_bytes(photo(2)[:200])
-    assert checks.compare(a, a) is None
-    assert checks.compare(a, b) == "cannot be decoded (OSError)"
-    b.write_bytes(photo(3))
-    assert (checks.compare(a, b) or "").startswith("a different picture")
+    (root / "a.png").write_bytes(photo(2))
+    (root / "b.png").write_bytes(photo(2)[:200])
+    assert checks.compare(root, "a.png", "a.png") is None
+    assert checks.compare(root, "a.png", "b.png") == "cannot be decoded (OSError)"
+    (root / "b.png").write_bytes(photo(3))
+    assert (checks.compare(root, "a.png", "b.png") or "").startswith("a different picture")
+    assert checks.compare(root, "a.png", "gone.png") == "gone.png is missing or not a regular file"
 
 
 def test_reference_rounds_that_differ_only_by_rounding_count_as_deterministic(root: Path) -> None:
@@ -440,3 +445,196 @@ def test_the_stream_sends_each_request_at_its_second_and_the_drain_sees_what_is_
     phases = {job: (s or {}).get("phase") for job, s in statuses.items()}
     assert sorted(phases.values(), key=str) == [None, "cancelled", "queued"]  # no serve here: one stays queued
     assert checks.ended(list(statuses), statuses).problems[0].endswith("(outcome None)")
+
+
+# --- S3: the config, the request, the checks on a store, the store fault ---------------------------
+
+
+def test_dry_run_with_s3_plans_s3_requests_and_the_store_fault_and_says_how_to_replay_it(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "soak.py"), "--dry-run", "--short", "--seed", "42", "--s3"],
+        capture_output=True, text=True, cwd=tmp_path, env={"PATH": "/nonexistent"}, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "--seed 42 --minutes 5 --short --gap 1.4 --s3)" in proc.stdout
+    assert "S3 on" in proc.stdout and "stop_store" in proc.stdout and '"s3":' in proc.stdout
+
+
+STORE = deploy.ObjectStore("http://10.9.0.1:7480", "ffswarm-soak-7", "SOAKACCESSKEY", "soak-secret-key")
+
+
+def test_the_soaks_config_with_s3_reaches_the_store_on_the_gateway_with_its_keys_as_a_secret(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    cluster_config = tmp_path / "cluster.yaml"
+    cluster_config.write_text(yaml.safe_dump({"data_root": str(tmp_path / "data"), "volume": {"type": "bind"},
+                                              "docker_host": "tcp://127.0.0.1:1"}))  # fmt: skip
+    c = deploy.Cluster(tmp_path / "data", cluster_config, {}, {}, "10.9.0.1", False)
+    made: dict[str, bytes] = {}
+
+    def make_secret(name: str, value: bytes) -> str:
+        made[f"soak-{name}-x"] = value
+        return f"soak-{name}-x"
+
+    d = deploy.write_config(c, "reg/ctl@sha256:" + "a" * 64, "10.9.0.1", 7, STORE, make_secret, tmp_path / "out")
+    config = load_config(str(d.config))
+    s3 = config.storage.s3
+    assert s3 is not None and (s3.endpoint_url, s3.addressing, s3.network) == (
+        "http://10.9.0.1:7480", "path", deploy.S3_NETWORK,
+    )  # fmt: skip
+    assert s3.credentials_secret == "soak-s3-x" and str(s3.credentials_file) == "/run/secrets/soak-s3-x"
+    creds = parse_credentials(made["soak-s3-x"])
+    assert (creds.access_key_id, creds.secret_access_key) == ("SOAKACCESSKEY", "soak-secret-key")
+    assert {t: str(config.tenants[t].s3) for t in TENANTS} == {t: f"s3://ffswarm-soak-7/{t}/" for t in TENANTS}
+    assert "soak-s3-x" in d.secret_names  # removed with the stack
+    api = _api_service(config, 8080, 2, None)
+    assert api is not None and "soak-s3-x" in api.secrets and "soak-s3-x" in _serve_secrets(config)
+    without = load_config(str(deploy.write_config(c, "img", "10.9.0.1", 7, None, make_secret, tmp_path / "o2").config))
+    assert without.storage.s3 is None and all(t.s3 is None for t in without.tenants.values())
+
+
+def test_an_s3_request_names_objects_in_its_tenants_area_and_its_output_goes_there() -> None:
+    area = STORE.area("soak-b")
+    got = body(Request(0, "soak-b", "s3", 2), "http://10.9.0.1:9/hook", area)
+    assert got["source"] == "s3://ffswarm-soak-7/soak-b/soak/faces/s0.jpg"
+    assert got["targets"] == ["s3://ffswarm-soak-7/soak-b/soak/in/p06.jpg"]
+    assert "output" not in got  # an object target's output: <area>out/<job>/{stem}{ext} (docs/api.md)
+    assert got["on_complete"] == {"webhook": "http://10.9.0.1:9/hook"} and got["providers"] == ["cpu"]
+    fence = parse_area(area, "soak-b", "tenants.soak-b.s3")
+    assert all(fence.relative(u) is not None for u in [got["source"], *got["targets"]])
+    record = Record()
+    stream = Stream(Path("/nonexistent"), ["http://127.0.0.1:9"], {"soak-c": "k"}, None, record)
+    assert stream.offer(Request(0, "soak-c", "s3", 0), 0.0) is None  # no area: never sent
+    assert dict(record.answers) == {"s3 error ValueError": 1}
+
+
+@pytest.fixture(scope="module")
+def moto_s3() -> Iterator[Any]:
+    import boto3  # type: ignore[import-untyped]
+    from botocore.config import Config as BotoConfig  # type: ignore[import-untyped]
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1",
+                           aws_access_key_id="soak", aws_secret_access_key="soak",
+                           config=BotoConfig(s3={"addressing_style": "path"}))  # fmt: skip
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def bucket(moto_s3: Any) -> str:
+    name = f"ffswarm-soak-{time.monotonic_ns()}"
+    moto_s3.create_bucket(Bucket=name)
+    return name
+
+
+def s3_job(root: Path, s3: Any, bucket: str, job: str, data: bytes | None, target: str = "p04.jpg") -> str:
+    """A committed s3 job: its result line, and (``data``) its object as the runner puts it."""
+    url = f"s3://{bucket}/soak-a/out/{job}/{target}"
+    if data is not None:
+        s3.put_object(Bucket=bucket, Key=url.split("/", 3)[3], Body=data, Metadata={META_JOB: job})
+    inp = f"s3://{bucket}/soak-a/soak/in/{target}"
+    write_run(root, job, {"c0000.a1.jsonl": line("i000000", 1, url, input=inp)})
+    return url
+
+
+def test_s3_outputs_compare_with_the_reference_read_from_the_store(root: Path, moto_s3: Any, bucket: str) -> None:
+    ref = s3_job(root, moto_s3, bucket, "ref-1", photo(6))
+    assert checks.outputs(root, "soak-a", "ref-1") == {"soak/in/p04.jpg": ref}
+    s3_job(root, moto_s3, bucket, "same", photo(6))
+    s3_job(root, moto_s3, bucket, "close", photo(6, nudge=12))
+    bad = s3_job(root, moto_s3, bucket, "bad", photo(7))
+    gone = s3_job(root, moto_s3, bucket, "gone", None)
+    reference = {"s3-1": checks.outputs(root, "soak-a", "ref-1")}
+    jobs = {j: ("soak-a", "s3-1") for j in ("same", "close", "bad", "gone")}
+    check = checks.identical(root, jobs, reference, moto_s3)
+    assert check.looked_at == 4 and check.notes == [
+        "1 of 4 outputs equal the reference within the runner's rounding, not byte for byte"
+    ]
+    assert len(check.problems) == 2
+    assert check.problems[0].startswith(f"bad: {bad} differs from the reference of s3-1 (soak/in/p04.jpg): a different")
+    assert check.problems[1] == (
+        f"gone: {gone} differs from the reference of s3-1 (soak/in/p04.jpg): {gone} is missing or not a regular file"
+    )
+    rounds = [reference, {"s3-1": checks.outputs(root, "soak-a", "close")}]
+    again = checks.deterministic(root, rounds, moto_s3)
+    assert again.ok and again.notes == ["0 byte-identical, 1 within the runner's rounding, of 1"]
+
+
+def test_an_object_committed_by_two_jobs_fails_committed_once(root: Path, moto_s3: Any, bucket: str) -> None:
+    s3_job(root, moto_s3, bucket, "j1", b"1")
+    assert checks.committed_once(root).ok
+    url = s3_job(root, moto_s3, bucket, "j1", b"1")
+    write_run(root, "j2", {"c0000.a1.jsonl": line("i000000", 1, url, input=f"s3://{bucket}/soak-a/soak/in/x.jpg")})
+    assert checks.committed_once(root).problems == [f"{url}: committed by 2 jobs (j1, j2)"]
+
+
+def test_the_store_holds_only_inputs_and_recorded_outputs_and_no_open_upload(
+    root: Path, moto_s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    area = tmp_path / "area"
+    for rel in ("soak/faces/s0.jpg", "soak/in/p04.jpg"):
+        (area / rel).parent.mkdir(parents=True, exist_ok=True)
+        (area / rel).write_bytes(JPEG)
+    put = upload_inputs(area, moto_s3, f"s3://{bucket}/soak-a/")
+    assert put == [f"s3://{bucket}/soak-a/soak/faces/s0.jpg", f"s3://{bucket}/soak-a/soak/in/p04.jpg"]
+    assert moto_s3.get_object(Bucket=bucket, Key="soak-a/soak/in/p04.jpg")["Body"].read() == JPEG
+    s3_job(root, moto_s3, bucket, "j1", b"out")
+    killed = f"s3://{bucket}/soak-a/out/k1/p05.jpg"  # put by an attempt killed before its result line
+    moto_s3.put_object(Bucket=bucket, Key="soak-a/out/k1/p05.jpg", Body=b"o", Metadata={META_JOB: "k1"})
+    write_run(root, "k1", {"c0000.a1.commits": json.dumps({"item": "i000000", "output": killed}) + "\n"})
+    inputs = ["soak-a/soak/"]
+    clean = checks.left_in_store(root, moto_s3, bucket, inputs)
+    assert clean.ok and clean.looked_at == 4, clean.problems
+
+    moto_s3.put_object(Bucket=bucket, Key="soak-a/out/j1/.p04.jpg.tmp", Body=b"t")
+    upload = moto_s3.create_multipart_upload(Bucket=bucket, Key="soak-b/out/j9/v.mp4")["UploadId"]
+    moto_s3.put_object(Bucket=bucket, Key="soak-a/out/j1/p04.jpg", Body=b"x", Metadata={META_JOB: "intruder"})
+    assert checks.left_in_store(root, moto_s3, bucket, inputs).problems == [
+        f"s3://{bucket}/soak-b/out/j9/v.mp4: multipart upload {upload[:12]} left",
+        f"s3://{bucket}/soak-a/out/j1/.p04.jpg.tmp: no job recorded this object (a temporary or stray object)",
+        f"s3://{bucket}/soak-a/out/j1/p04.jpg: its metadata names job intruder, recorded by j1",
+    ]
+
+
+def test_the_store_fault_stops_radosgw_alone_for_its_duration_then_starts_it_and_waits(tmp_path: Path) -> None:
+    commands: list[tuple[str, ...]] = []
+    slept: list[float] = []
+    fail_on: set[str] = set()
+
+    def runner(*cmd: str, timeout: float) -> str:
+        commands.append(cmd)
+        if cmd[1] in fail_on:
+            raise RuntimeError(f"{cmd[1]} failed")
+        return ""
+
+    c = deploy.Cluster(tmp_path, tmp_path / "c.yaml", {}, {}, "10.9.0.1", False)
+    stream = Stream(tmp_path, [], {}, None, Record())
+    faults = Faults(c, stream, RgwSwitch("10.9.0.1", run=runner), sleep=slept.append)
+    faults.inject(Fault(5.0, "stop_store", 0, 30.0), time.monotonic())
+    script = str(S3_SERVER)
+    assert commands == [(script, "gateway-kill"), (script, "start", "--also", "10.9.0.1")]
+    assert slept == [30.0]
+    done = faults.done[0]
+    assert (done.injected, done.target, done.note) == (True, "rgw:10.9.0.1", "stopped 30s")
+
+    commands.clear()
+    fail_on.add("gateway-kill")  # a stop that fails half-way: the gateway is started all the same
+    faults.inject(Fault(9.0, "stop_store", 0, 30.0), time.monotonic())
+    assert commands == [(script, "gateway-kill"), (script, "start", "--also", "10.9.0.1")]
+    assert not faults.done[1].injected and faults.done[1].note == "failed: RuntimeError: gateway-kill failed"
+
+    bare = Faults(c, stream, None, sleep=slept.append)
+    bare.inject(Fault(1.0, "stop_store", 0, 30.0), time.monotonic())
+    assert not bare.done[0].injected and bare.done[0].note == "skipped: no object store (a soak without --s3)"
+
+
+def test_the_s3_server_never_listens_on_every_address(tmp_path: Path) -> None:
+    for bad in ("0.0.0.0", "10.0.0.1;true", "::"):
+        proc = subprocess.run([str(S3_SERVER), "start", "--also", bad], capture_output=True, text=True, timeout=30,
+                              env={"PATH": "/usr/bin:/bin", "FFSWARM_RGW_STATE": str(tmp_path / "rgw")})  # fmt: skip
+        assert proc.returncode == 2 and f"--also {bad}: give one IPv4 address of this host" in proc.stderr
+    assert not (tmp_path / "rgw" / "also").exists()  # nothing remembered, nothing installed or started
