@@ -156,6 +156,31 @@ def latest(run: Path) -> dict[str, ItemResult]:
     return out
 
 
+def job_results(root: Path, job: str) -> dict[str, ItemResult]:
+    """A job's items as ``latest`` reads them; a packed job's (its run folder names its pack in
+    ``packed``) from its pack's results, under the pack items that the pack's ``members.json`` gives
+    this job."""
+    run = root / "runs" / job
+    out = latest(run)
+    raw = _read(run / "packed")
+    pack = raw.decode("ascii", "replace").strip() if raw else ""
+    if not re.fullmatch(r"pack-[a-z0-9-]{1,80}", pack):
+        return out
+    try:
+        members = json.loads(_read(root / "runs" / pack / "members.json") or b"{}")
+    except ValueError:
+        return out
+    entry = members.get(job) if isinstance(members, dict) else None
+    items = entry.get("items") if isinstance(entry, dict) else None
+    if not isinstance(items, dict):
+        return out
+    for pack_item, r in latest(root / "runs" / pack).items():
+        own = items.get(pack_item)
+        if isinstance(own, str):
+            out.setdefault(own, r)
+    return out
+
+
 # --- every accepted request reached an end ---------------------------------------------------------
 
 
@@ -192,7 +217,7 @@ def outputs(root: Path, tenant: str, job: str) -> dict[str, str]:
     """Input name → the ok output (``named``: its path relative to the data root, or its URL), for a
     job's committed photo and video outputs (never video segments inside the run folder)."""
     out: dict[str, str] = {}
-    for r in latest(root / "runs" / job).values():
+    for r in job_results(root, job).values():
         if r.status is not ItemStatus.OK or r.output is None:
             continue
         rel = named(root, r.output)
@@ -336,8 +361,8 @@ def _journal(run: Path) -> dict[str, list[int]]:
 def committed_once(root: Path) -> Check:
     """Each item of each run folder committed its output once: one result line that wrote it (later
     attempts only say ``cached``), and no attempt after that one journaling it again; and no output
-    path committed by two jobs (a packed job's copied lines are its pack's, so packed jobs are left
-    out of that comparison)."""
+    path committed by two jobs (a packed job's items are its pack's lines, counted once, in the pack's
+    folder)."""
     check = Check("committed once")
     owners: dict[str, set[str]] = defaultdict(set)
     for run in _runs(root):

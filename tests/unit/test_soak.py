@@ -638,3 +638,20 @@ def test_the_s3_server_never_listens_on_every_address(tmp_path: Path) -> None:
                               env={"PATH": "/usr/bin:/bin", "FFSWARM_RGW_STATE": str(tmp_path / "rgw")})  # fmt: skip
         assert proc.returncode == 2 and f"--also {bad}: give one IPv4 address of this host" in proc.stderr
     assert not (tmp_path / "rgw" / "also").exists()  # nothing remembered, nothing installed or started
+
+
+def test_a_packed_jobs_outputs_are_read_through_its_pack_and_never_another_jobs(root: Path) -> None:
+    mine = output(root, "tenants/soak-a/out/j-1/p.jpg", b"mine")
+    other = output(root, "tenants/soak-a/out/j-2/q.jpg", b"other")
+    write_run(
+        root,
+        "pack-abc",
+        {"c0000.a1.jsonl": line("i000000", 1, mine, input="/data/tenants/soak-a/in/p.jpg")
+         + line("i000001", 1, other, input="/data/tenants/soak-a/in/q.jpg")},
+        **{"members.json": json.dumps({"j-1": {"tenant": "soak-a", "items": {"i000000": "i000000"}},
+                                       "j-2": {"tenant": "soak-a", "items": {"i000001": "i000000"}}})},
+    )  # fmt: skip
+    write_run(root, "j-1", {}, packed="pack-abc\n")
+    assert checks.outputs(root, "soak-a", "j-1") == {"in/p.jpg": "tenants/soak-a/out/j-1/p.jpg"}
+    write_run(root, "j-3", {}, packed="pack-abc\n")  # named by no member entry: sees nothing
+    assert checks.outputs(root, "soak-a", "j-3") == {}
