@@ -32,7 +32,10 @@ ERROR_EXAMPLES = {
     413: ("too_large", "a JSON job is at most 1048576 bytes"),
     415: ("unsupported_media", "send JSON (application/json) or multipart/form-data"),
     422: ("invalid_job", "job.yaml: targets: is required"),
-    429: ("rate_limited", "more than 20 requests a second; retry after the Retry-After seconds"),
+    429: (
+        "rate_limited",
+        "over the tenant's quota.requests_per_second or quota.requests_in_flight; retry after Retry-After seconds",
+    ),
     503: ("busy", "the API is busy; try again"),
 }
 ERROR_HEADERS = {
@@ -267,9 +270,9 @@ def _operation(op: Operation) -> dict[str, Any]:
         for media, example in op.body_examples.items():
             content[media]["example"] = example
         out["requestBody"] = {"required": True, "content": content}
-    errors = set(op.errors)
+    errors = set(op.errors) | {429}  # any request carrying a tenant's token counts against its limits (api/fairness.py)
     if op.auth is not Auth.NONE:
-        errors |= {401, 429}  # every route a tenant calls is rate limited (controller/api/fairness.py)
+        errors |= {401}
     errors |= {405}  # the path with another method
     answers = {str(a.status): _answer(a) for a in op.answers}
     answers |= {str(s): _error_answer(s) for s in sorted(errors) if str(s) not in answers}

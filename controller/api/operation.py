@@ -89,7 +89,8 @@ class Operation:
     tag: Tag
     summary: str
     answers: tuple[Answer, ...]
-    errors: tuple[int, ...]  # besides 401, 429 (every call with a token) and 405 (every path)
+    # besides 429 (any call carrying a token), 401 (every call that needs one) and 405 (every path)
+    errors: tuple[int, ...]
     description: str = ""
     params: tuple[Param, ...] = ()
     body: Mapping[str, Any] | None = None  # media type → JSON Schema
