@@ -187,7 +187,7 @@ class JobStatus(Model):
     eta_seconds: int | None = None
     controller: Controller | None = None
     usage: Usage | None = None
-    reason: str | None = Field(None, description="why `serve` refused the job")
+    reason: str | None = Field(None, description="why `serve` refused the job, or gave up on it")
     results_url: str | None = Field(None, description="results.zip by a signed link (no token needed)")
     output_urls: dict[str, str] | None = Field(None, description="item → link of its object in the store")
     output_urls_more: int | None = Field(None, ge=0, description="objects beyond output_urls")

@@ -51,6 +51,9 @@ def _phase_row(config: Config, area: Area, job: str, cancelled: bool) -> dict[st
             row = {"job": job, "phase": "unreadable"}
         if os.path.lexists(box / f"{job}.yaml"):  # handed back by POST …/retry
             row = {**row, "phase": "queued"}
+            row.pop("reason", None)
+        if isinstance(row.get("reason"), str):  # `serve` gave up on it: paths as the tenant knows them
+            row["reason"] = row["reason"].replace(area.rel + "/", "")
         return {**row, "owner": area.tenant, "usage": usage.of_rundir(rundir)}
     reason = read_nofollow(box / "failed" / f"{job}.yaml.reason.txt", MAX_REASON)
     if reason is not None or os.path.lexists(box / "failed" / f"{job}.yaml"):

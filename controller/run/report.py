@@ -100,6 +100,7 @@ class Report:
     hooks: Mapping[str, str] | None = None  # on_complete outcomes
     dropped_lines: Mapping[str, int] | None = None  # chunk id -> runner result lines that did not parse
     usage: Mapping[str, Any] | None = None  # what a platform bills by (controller/run/usage.py)
+    reason: str | None = None  # why the controller ended the job itself (`serve` gave up on it); else None
 
     def exit_code(self) -> int:
         """CLI: 0 every item ok (no_face per policy is not a failure) · 1 failed items or chunks."""
@@ -128,6 +129,8 @@ class Report:
             out["dropped_result_lines"] = dict(self.dropped_lines)
         if self.usage is not None:
             out["usage"] = dict(self.usage)
+        if self.reason is not None:
+            out["reason"] = self.reason
         return out
 
     def to_json(self) -> str:
@@ -149,6 +152,7 @@ class Report:
             hooks=dict(d["hooks"]) if d.get("hooks") is not None else None,
             dropped_lines=dict(d["dropped_result_lines"]) if d.get("dropped_result_lines") else None,
             usage=dict(d["usage"]) if d.get("usage") is not None else None,
+            reason=d["reason"] if isinstance(d.get("reason"), str) else None,
         )
 
 

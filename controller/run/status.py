@@ -32,14 +32,15 @@ def collect(config: Config, job: str | None) -> list[dict[str, Any]]:
     return [job_status(RunDir(config.data_root, n)) for n in names]
 
 
-def job_status(rundir: RunDir) -> dict[str, Any]:
+def job_status(rundir: RunDir, ending: bool = False) -> dict[str, Any]:
+    """The job's status object. ``ending``: its controller is ending it now (its report is written,
+    its hooks run), so its report counts as its end."""
     if not rundir.exists():
         raise UsageError(f"no job {rundir.job!r} under {rundir.path.parent}")
     fold = Fold.read(rundir.plan(), rundir)
     plan = fold.plan
     items = fold.user_counts()  # what the user submitted: images, and videos once joined
     total = fold.user_total()
-    done = sum(items.values())
     segments_total, segments_done = fold.segments()
     first, last = fold.span()
     state = rundir.state() or {}
@@ -52,6 +53,10 @@ def job_status(rundir: RunDir) -> dict[str, Any]:
     control = rundir.control()
     holder = lease.holder(rundir)
     report = rundir.report()
+    over = ending or (stage == Stage.ENDED and holder is None)
+    if report is not None and over and not control.cancel:  # its report failed them: not pending
+        items["error"] += failed_unrun(fold, report)
+    done = sum(items.values())
     phase = _phase(control.cancel and holder is None, stage, report is not None, done == total, holder)
     cancelled = total - done if phase == "cancelled" else 0  # never to be run unless resumed
     eta = None
@@ -82,6 +87,9 @@ def job_status(rundir: RunDir) -> dict[str, Any]:
             else None
         ),
     }
+    reason = (report or {}).get("reason")
+    if phase == "finished" and isinstance(reason, str):  # why its controller gave up on it
+        row["reason"] = reason
     row["outcome"] = outcome_of(row)
     started = _stamp(rundir, rundir.layout.plan)  # plan.json is written once, as the run folder is made
     ended = None
@@ -91,6 +99,17 @@ def job_status(rundir: RunDir) -> dict[str, Any]:
             ended = _stamp(rundir, rundir.layout.control) if phase == "cancelled" else last or None
     row.update(created_at=utc(started), started_at=utc(started), finished_at=utc(ended))
     return row
+
+
+def failed_unrun(fold: Fold, report: Mapping[str, Any]) -> int:
+    """Items without a result of their own that the job's report ended as failed: their chunk
+    failed, or the controller gave up on the job. Once the job has ended they are failed, not pending."""
+    entries = report.get("items")
+    if not isinstance(entries, dict):
+        return 0
+    unrun = [i.id for i in fold.plan.items if i.kind != "segment" and fold.result(i.id) is None]
+    unrun += [v.id for v in fold.plan.videos if fold.video_status(v) is None]
+    return sum(1 for i in unrun if isinstance(e := entries.get(i), dict) and e.get("status") == "error")
 
 
 def outcome_of(row: Mapping[str, Any]) -> str | None:

@@ -202,12 +202,34 @@ def supervise(
     rundir.enter(Stage.VIDEOS)
     store = video_store(config, plan, job.tenant)
     runs = join.finish(plan, rundir, job.spec, sup.run, runs, emit, store)  # redo bad segments, join videos
+    return end(config, job, rundir, plan, runs, image, started, emit)
+
+
+def end(
+    config: Config,
+    job: PreparedJob,
+    rundir: RunDir,
+    plan: Plan,
+    runs: dict[str, ChunkRun],
+    image: str,
+    started: float,
+    emit: EventSink,
+    reason: str | None = None,
+) -> Report:
+    """The one end of a job whose chunks have ended (``runs``): its report, its on_complete, stage
+    ENDED and its output claims released. ``reason``: why the controller ends the job itself
+    (controller/run/giveup.py): kept in the report, its webhook only queued for `serve`'s deliverer and its cost not
+    measured (its chunks did not run to their end)."""
     rundir.enter(Stage.REPORT)
     links = jobs_links(config, job.tenant)  # signed with the job's own credentials
-    report = _record_timing(config, job, rundir, plan, build_report(plan, rundir, runs, image, started, links), logger)
+    report = build_report(plan, rundir, runs, image, started, links)
+    if reason is None:
+        report = _record_timing(config, job, rundir, plan, report, log.get(job=job.job_id))
+    else:
+        report = replace(report, reason=reason)
     path = rundir.write_report(report.to_dict())
     emit("job_finished", report=str(path), **vars(report.counts))
-    report = call_hooks(config, job.spec.on_complete, rundir, report, path)
+    report = call_hooks(config, job.spec.on_complete, rundir, report, path, try_now=reason is None)
     rundir.enter(Stage.ENDED)
     claims.release(rundir.data_root, rundir.job)  # its outputs are its own now: no live job holds them
     return report
@@ -227,9 +249,12 @@ def video_store(config: Config, plan: Plan, tenant: str | None = None) -> Any:
     return store
 
 
-def call_hooks(config: Config, hooks: OnComplete, rundir: RunDir, report: Report, path: Path) -> Report:
+def call_hooks(
+    config: Config, hooks: OnComplete, rundir: RunDir, report: Report, path: Path, try_now: bool = True
+) -> Report:
     """The job's on_complete (a ``job.finished`` or ``job.cancelled`` webhook, with a signed results
-    link for a tenant's job; the hook), recorded in its report; the report unchanged when it has none."""
+    link for a tenant's job; the hook), recorded in its report; the report unchanged when it has none.
+    Without ``try_now`` the webhook is only queued (`serve`'s deliverer sends it)."""
     ended = "cancelled" if hooks.webhook and rundir.control().cancel else "finished"
     kind = webhooks.CANCELLED if ended == "cancelled" else webhooks.FINISHED
     if not webhooks.wanted(hooks, kind):  # the job's webhook_events leave this one out
@@ -245,7 +270,7 @@ def call_hooks(config: Config, hooks: OnComplete, rundir: RunDir, report: Report
         except FfswarmError as e:  # the job itself is done: a status that cannot be read is only a loss
             return NOT_DELIVERED, f"status unreadable: {e}"
         data.update(results_link(config.data_root, rundir.job, config.tenants, config.api))
-        sent = webhooks.notify(config, rundir, hooks, kind, data)
+        sent = webhooks.notify(config, rundir, hooks, kind, data, try_now)
         assert sent is not None  # wanted: checked above
         return sent
 

@@ -98,13 +98,16 @@ def wanted(on_complete: OnComplete, kind: str) -> bool:
 def status_data(config: Config, rundir: RunDir, ended: str | None = None) -> dict[str, Any]:
     """The job's status object; ``ended`` (finished | cancelled): as it will read once this
     controller lets go of the job (it still holds its lease while the hooks run)."""
-    row = status.job_status(rundir)
+    row = status.job_status(rundir, ending=ended is not None)
     if ended is not None:
         items = dict(row["items"])
         if ended == "cancelled":
             items["cancelled"], items["pending"] = items["cancelled"] + items["pending"], 0
         row = {**row, "phase": ended, "stage": None, "controller": None, "eta_seconds": None, "items": items}
         row["usage"] = usage.of_rundir(rundir)
+        reason = (rundir.report() or {}).get("reason")
+        if ended == "finished" and isinstance(reason, str):  # its controller gave up on it
+            row["reason"] = reason
     tenant = hooks.job_tenant(config.data_root, rundir.job)
     row = {**row, "owner": tenant, "tenant": tenant, "outcome": status.outcome_of(row)}
     if row["outcome"] is not None and row.get("finished_at") is None:  # ending now: the report not yet read back

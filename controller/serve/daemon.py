@@ -28,8 +28,10 @@ Beside the inbox loop a thread sends the webhook deliveries still pending in the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -39,11 +41,13 @@ from controller import log
 from controller.config import Config
 from controller.errors import FfswarmError
 from controller.job import ledger
-from controller.run import webhooks
+from controller.run import giveup, webhooks
 from controller.run.handover import HEARTBEAT_SECONDS, HeartbeatFile, live_owners
 from controller.run.metrics import Metrics
+from controller.run.packed import pack_of
+from controller.run.rundir import RunDir
 from controller.serve import refusals
-from controller.serve.inbox import JOB_SUFFIXES, SETTLE_SECONDS, Inbox
+from controller.serve.inbox import JOB_SUFFIXES, SETTLE_SECONDS, Inbox, original_name
 from controller.serve.jobs import (
     Outcome,
     Running,
@@ -57,6 +61,7 @@ from controller.serve.lanes import Lanes
 from controller.serve.packing import Member, Packer, width
 from controller.serve.retention import Retention
 from controller.serve.shares import ShareBook
+from controller.swarm.backend import SwarmBackend
 from controller.swarm.docker import DockerSwarm
 
 __all__ = [
@@ -131,6 +136,8 @@ class Server:
         self.retention = Retention(config)  # tenants.<t>.retention: old finished jobs deleted (at most once a minute)
         # webhook deliveries still pending (this serve's, an earlier one's, a CLI job's): sent on their schedule
         self.deliverer = webhooks.deliverer(config)
+        # the swarm a job given up on has its services removed from (controller/run/giveup.py)
+        self.swarm: Callable[[], SwarmBackend | None] = functools.partial(DockerSwarm, config.docker_host)
         self.log = log.get(component="serve", inbox=str(inbox.path))
 
     def start_job(self, claimed: Path) -> None:
@@ -140,8 +147,7 @@ class Server:
                 f"the controller stopped {starts - 1} times while running this file (crashed or was "
                 f"killed, e.g. out of memory); it is not resumed again. Submit it again once the cause is fixed."
             )
-            refusals.announce(self.config, claimed, reason)
-            moved = self.inbox.finish(claimed, False, reason)
+            moved = self._failed(claimed, reason)
             self.log.error("job_file_given_up", file=claimed.name, starts=starts - 1, moved_to=str(moved))
             return
 
@@ -156,9 +162,10 @@ class Server:
                 self.inbox.put_back(claimed, delay)
                 self.log.warning("job_file_deferred", file=claimed.name, reason=outcome.reason, seconds=delay)
                 return
-            if not outcome.ok:  # refused before a run folder existed: its webhook is told (once)
-                refusals.announce(self.config, claimed, outcome.reason)
-            moved = self.inbox.finish(claimed, outcome.ok, outcome.reason)
+            if outcome.ok:
+                moved = self.inbox.finish(claimed, True, outcome.reason)
+            else:
+                moved = self._failed(claimed, outcome.reason)
             self.log.info("job_file_finished", file=claimed.name, ok=outcome.ok, moved_to=str(moved))
 
         thread = threading.Thread(target=work, name=f"job-{claimed.name}", daemon=True)
@@ -193,15 +200,48 @@ class Server:
                 if outcome.retry:
                     self.inbox.put_back(m.claimed, self.retry_after)
                     continue
-                if not outcome.ok:
-                    refusals.announce(self.config, m.claimed, outcome.reason)
-                moved = self.inbox.finish(m.claimed, outcome.ok, outcome.reason)
+                if outcome.ok:
+                    moved = self.inbox.finish(m.claimed, True, outcome.reason)
+                else:
+                    moved = self._failed(m.claimed, outcome.reason)
                 self.log.info("job_file_finished", file=m.claimed.name, ok=outcome.ok, moved_to=str(moved))
+            self._give_up_packs(members, outcomes)
 
         thread = threading.Thread(target=work, name=f"pack-{members[0].claimed.name}", daemon=True)
         for m in members:
             self._active[m.claimed.name] = thread
         thread.start()
+
+    def _failed(self, claimed: Path, reason: str | None) -> Path:
+        """A job file moved to failed/ with its reason. A job that has a run folder it has not ended
+        (an internal error, a controller that kept stopping) ends first, failed for that reason, as
+        any job ends (controller/run/giveup.py); one refused before it ran has its refusal announced."""
+        name = original_name(claimed.name)
+        job = os.path.splitext(name)[0]
+        shown = (reason or "").replace(f"{self.inbox.running.name}/{claimed.name}", f"{self.inbox.failed.name}/{name}")
+        self._give_up(job, shown.strip() or "serve gave up on the job")
+        refusals.announce(self.config, claimed, reason)
+        return self.inbox.finish(claimed, False, reason)
+
+    def _give_up(self, job: str, reason: str) -> None:
+        """End ``job``'s run (giveup.give_up); never raises: a job that cannot be ended now stays
+        stopped (`ffswarm resume` continues it) and the controller goes on."""
+        try:
+            giveup.give_up(self.config, job, reason, self.swarm())
+        except Exception:  # one job's end must not stop the controller or its other jobs
+            self.log.exception("job_not_given_up", job=job)
+
+    def _give_up_packs(self, members: list[Member], outcomes: dict[str, Outcome]) -> None:
+        """A pack whose jobs were all failed by serve (an internal error): the pack's own run ends
+        too, so that its claims on their outputs are let go of."""
+        if any(outcomes[m.job.job_id].ok or outcomes[m.job.job_id].retry for m in members):
+            return
+        found = set()
+        for m in members:
+            with contextlib.suppress(OSError, FfswarmError):
+                found.add(pack_of(RunDir(self.config.data_root, m.job.job_id)))
+        for pack in sorted(p for p in found if p is not None):
+            self._give_up(pack, outcomes[members[0].job.job_id].reason or "serve gave up on the pack")
 
     def _job_ended(self, job: str) -> None:
         try:

@@ -250,7 +250,13 @@ class PackRun:
         for job in self.jobs.values():
             job.rundir.enter(Stage.CHUNKS)
             webhooks.started(self.config, job.rundir, job.spec.on_complete, try_now=False)  # serve's deliverer sends it
-        report = start(self.watch)
+        try:
+            report = start(self.watch)
+        except BaseException:  # the jobs are let go of: whoever gives up on them (or continues them) may take them
+            for job in self._running():
+                if job.lease is not None:
+                    job.lease.release()
+            raise
         chunks = _chunk_runs(self.pack)
         for job in self._running():  # a cancel since the last look ends its job as cancelled too
             cancelled = report.counts.cancelled > 0 or job.rundir.control().cancel
