@@ -3,7 +3,8 @@ fixtures in tests/integration/conftest.py).
 
 - ``assets`` and ``data``: the runner tests' data root, the stand-in pack and real photos built once
   per module, copied into each test's own data root with the run folder of ``RUNNER_JOB``;
-- ``moto``: moto's S3 server on loopback, one per module (tests/fixtures/moto_server.py);
+- ``moto_endpoint``: moto's S3 server on loopback, one per module (tests/fixtures/moto_server.py), only
+  where RGW cannot serve a test (docs/storage.md);
 - ``rgw``: Ceph RGW, a real S3 server, started once by scripts/s3-server.sh (tests/fixtures/rgw_server.py);
   ``s3``: RGW with the controller tests' buckets and objects, filled afresh per module.
 """
@@ -18,7 +19,7 @@ import pytest
 
 from tests.builders import RUNNER_JOB
 from tests.fixtures import photos
-from tests.fixtures.moto_server import Moto, moto_server
+from tests.fixtures.moto_server import moto_server
 from tests.fixtures.rgw_server import Rgw, Seeded, rgw_server, seeded
 from tests.fixtures.standin_pack import build_pack
 
@@ -47,8 +48,8 @@ def data(tmp_path: Path, assets: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Moto]:
-    yield from moto_server(tmp_path_factory)
+def moto_endpoint() -> Iterator[str]:
+    yield from moto_server()
 
 
 @pytest.fixture(scope="session")

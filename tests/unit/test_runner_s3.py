@@ -22,7 +22,6 @@ from typing import Any
 
 import boto3  # type: ignore[import-untyped]
 import pytest
-from moto.server import ThreadedMotoServer
 
 from contract.identity import IdentityRequest, IdentityResult
 from contract.identity_table import Identity
@@ -37,17 +36,6 @@ from tests.unit.test_video import make_clip
 
 JOB, RUN = "job1", "/data/runs/job1"
 KEY_ID, SECRET = "AKIAFFSWARMTEST00002", "Zq" + secrets.token_hex(16)  # searched for in every output
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
 
 
 def client(endpoint: str, key_id: str = KEY_ID, secret: str = SECRET) -> Any:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from moto.server import ThreadedMotoServer
 
 from contract.s3 import S3Url
 from runner_image.errors import ItemError
@@ -41,17 +40,6 @@ class Server:
             connect_timeout=5,
         )  # fmt: skip
         return Store.connect(S3Config(**{**base, **kw}), self.cred_file)
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
 
 
 @pytest.fixture(params=["rgw", "moto"])

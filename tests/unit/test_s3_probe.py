@@ -3,11 +3,13 @@ against Ceph RGW, whose differences from AWS are known (docs/storage.md), and mo
 
 from __future__ import annotations
 
-import time
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
+import boto3  # type: ignore[import-untyped]
 import pytest
+from botocore.config import Config as BotoConfig  # type: ignore[import-untyped]
 from click.testing import CliRunner
 
 from contract.s3 import S3Url
@@ -15,8 +17,7 @@ from controller.cli.main import cli
 from controller.config import load_config
 from controller.doctor import check_store
 from controller.storage.probe import HONOURED, IGNORED, REFUSED, probe
-from tests.fixtures.moto_server import Moto
-from tests.fixtures.rgw_server import Rgw
+from tests.fixtures.rgw_server import REGION, Rgw, signing_clock_back
 
 
 @pytest.fixture
@@ -47,8 +48,12 @@ def test_rgw_answers_as_documented_and_the_probe_leaves_nothing(rgw: Rgw, bucket
     assert not rgw.client().list_multipart_uploads(Bucket=bucket).get("Uploads")
 
 
-def test_moto_honours_conditional_completes(moto: Moto) -> None:
-    found = probe(moto.store()._client, S3Url("media", "probe/"))
+def test_moto_honours_conditional_completes(moto_endpoint: str) -> None:
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name=REGION, aws_access_key_id="k",
+                      aws_secret_access_key="s", config=BotoConfig(s3={"addressing_style": "path"}))  # fmt: skip
+    bucket = f"ffswarm-probe-{secrets.token_hex(4)}"
+    s3.create_bucket(Bucket=bucket)
+    found = probe(s3, S3Url(bucket, "probe/"))
     assert found.put_if_none_match == HONOURED and found.complete_if_none_match == HONOURED and found.safe
 
 
@@ -56,11 +61,8 @@ def test_doctor_prints_the_stores_answers_with_link_expiry(rgw: Rgw, bucket: str
     config = load_config(str(rgw_config(rgw, tmp_path)))
     waited: list[float] = []
 
-    def wait(seconds: float) -> None:  # the link is signed for 1 s; the store's clock decides
-        waited.append(seconds)
-        time.sleep(seconds)
-
-    check = check_store(config, f"s3://{bucket}/probe/", wait=wait)
+    with signing_clock_back(2):  # its 1 s link signed 2 s ago: the store's clock finds it expired, no waiting
+        check = check_store(config, f"s3://{bucket}/probe/", wait=waited.append)
     assert check.ok and waited == [2.0]
     assert "CompleteMultipartUpload If-None-Match: *: ignored" in check.line()
     assert "PUT If-Match (quoted ETag): refuses a matching one" in check.line()

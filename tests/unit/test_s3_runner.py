@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from moto.server import ThreadedMotoServer
 
 from contract.exits import RunnerExit
 from contract.s3 import S3Url
@@ -34,17 +33,6 @@ from tests.fixtures.rgw_server import Rgw
 SECRET = "Zq" + secrets.token_hex(16)  # distinctive: searched for in every error and log line
 KEY_ID = "AKIAFFSWARMTEST00001"
 MIB = 1024**2
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from scripts.soak.faults import S3_SERVER, Faults, RgwSwitch
 from scripts.soak.plan import FAULT_GAP, FAULT_KINDS, TENANTS, Fault, Plan, Request, make_plan
 from scripts.soak.stream import Receiver, Record, Stream, body, upload_inputs
 from tests.builders import JPEG, KEYS, MP4, Env, api_env, data_root
+from tests.fixtures.rgw_server import Rgw
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -507,28 +508,19 @@ def test_an_s3_request_names_objects_in_its_tenants_area_and_its_output_goes_the
     assert dict(record.answers) == {"s3 error ValueError": 1}
 
 
-@pytest.fixture(scope="module")
-def moto_s3() -> Iterator[Any]:
-    import boto3  # type: ignore[import-untyped]
-    from botocore.config import Config as BotoConfig  # type: ignore[import-untyped]
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1",
-                           aws_access_key_id="soak", aws_secret_access_key="soak",
-                           config=BotoConfig(s3={"addressing_style": "path"}))  # fmt: skip
-    finally:
-        server.stop()
+@pytest.fixture
+def store(rgw: Rgw) -> Any:
+    return rgw.client()
 
 
 @pytest.fixture
-def bucket(moto_s3: Any) -> str:
-    name = f"ffswarm-soak-{time.monotonic_ns()}"
-    moto_s3.create_bucket(Bucket=name)
-    return name
+def bucket(rgw: Rgw) -> Iterator[str]:
+    """A bucket of this test's own on Ceph RGW (the ``rgw`` fixture), removed with what it holds."""
+    name = rgw.new_bucket()
+    try:
+        yield name
+    finally:
+        rgw.remove_bucket(name)
 
 
 def s3_job(root: Path, s3: Any, bucket: str, job: str, data: bytes | None, target: str = "p04.jpg") -> str:
@@ -541,16 +533,16 @@ def s3_job(root: Path, s3: Any, bucket: str, job: str, data: bytes | None, targe
     return url
 
 
-def test_s3_outputs_compare_with_the_reference_read_from_the_store(root: Path, moto_s3: Any, bucket: str) -> None:
-    ref = s3_job(root, moto_s3, bucket, "ref-1", photo(6))
+def test_s3_outputs_compare_with_the_reference_read_from_the_store(root: Path, store: Any, bucket: str) -> None:
+    ref = s3_job(root, store, bucket, "ref-1", photo(6))
     assert checks.outputs(root, "soak-a", "ref-1") == {"soak/in/p04.jpg": ref}
-    s3_job(root, moto_s3, bucket, "same", photo(6))
-    s3_job(root, moto_s3, bucket, "close", photo(6, nudge=12))
-    bad = s3_job(root, moto_s3, bucket, "bad", photo(7))
-    gone = s3_job(root, moto_s3, bucket, "gone", None)
+    s3_job(root, store, bucket, "same", photo(6))
+    s3_job(root, store, bucket, "close", photo(6, nudge=12))
+    bad = s3_job(root, store, bucket, "bad", photo(7))
+    gone = s3_job(root, store, bucket, "gone", None)
     reference = {"s3-1": checks.outputs(root, "soak-a", "ref-1")}
     jobs = {j: ("soak-a", "s3-1") for j in ("same", "close", "bad", "gone")}
-    check = checks.identical(root, jobs, reference, moto_s3)
+    check = checks.identical(root, jobs, reference, store)
     assert check.looked_at == 4 and check.notes == [
         "1 of 4 outputs equal the reference within the runner's rounding, not byte for byte"
     ]
@@ -560,40 +552,40 @@ def test_s3_outputs_compare_with_the_reference_read_from_the_store(root: Path, m
         f"gone: {gone} differs from the reference of s3-1 (soak/in/p04.jpg): {gone} is missing or not a regular file"
     )
     rounds = [reference, {"s3-1": checks.outputs(root, "soak-a", "close")}]
-    again = checks.deterministic(root, rounds, moto_s3)
+    again = checks.deterministic(root, rounds, store)
     assert again.ok and again.notes == ["0 byte-identical, 1 within the runner's rounding, of 1"]
 
 
-def test_an_object_committed_by_two_jobs_fails_committed_once(root: Path, moto_s3: Any, bucket: str) -> None:
-    s3_job(root, moto_s3, bucket, "j1", b"1")
+def test_an_object_committed_by_two_jobs_fails_committed_once(root: Path, store: Any, bucket: str) -> None:
+    s3_job(root, store, bucket, "j1", b"1")
     assert checks.committed_once(root).ok
-    url = s3_job(root, moto_s3, bucket, "j1", b"1")
+    url = s3_job(root, store, bucket, "j1", b"1")
     write_run(root, "j2", {"c0000.a1.jsonl": line("i000000", 1, url, input=f"s3://{bucket}/soak-a/soak/in/x.jpg")})
     assert checks.committed_once(root).problems == [f"{url}: committed by 2 jobs (j1, j2)"]
 
 
 def test_the_store_holds_only_inputs_and_recorded_outputs_and_no_open_upload(
-    root: Path, moto_s3: Any, bucket: str, tmp_path: Path
+    root: Path, store: Any, bucket: str, tmp_path: Path
 ) -> None:
     area = tmp_path / "area"
     for rel in ("soak/faces/s0.jpg", "soak/in/p04.jpg"):
         (area / rel).parent.mkdir(parents=True, exist_ok=True)
         (area / rel).write_bytes(JPEG)
-    put = upload_inputs(area, moto_s3, f"s3://{bucket}/soak-a/")
+    put = upload_inputs(area, store, f"s3://{bucket}/soak-a/")
     assert put == [f"s3://{bucket}/soak-a/soak/faces/s0.jpg", f"s3://{bucket}/soak-a/soak/in/p04.jpg"]
-    assert moto_s3.get_object(Bucket=bucket, Key="soak-a/soak/in/p04.jpg")["Body"].read() == JPEG
-    s3_job(root, moto_s3, bucket, "j1", b"out")
+    assert store.get_object(Bucket=bucket, Key="soak-a/soak/in/p04.jpg")["Body"].read() == JPEG
+    s3_job(root, store, bucket, "j1", b"out")
     killed = f"s3://{bucket}/soak-a/out/k1/p05.jpg"  # put by an attempt killed before its result line
-    moto_s3.put_object(Bucket=bucket, Key="soak-a/out/k1/p05.jpg", Body=b"o", Metadata={META_JOB: "k1"})
+    store.put_object(Bucket=bucket, Key="soak-a/out/k1/p05.jpg", Body=b"o", Metadata={META_JOB: "k1"})
     write_run(root, "k1", {"c0000.a1.commits": json.dumps({"item": "i000000", "output": killed}) + "\n"})
     inputs = ["soak-a/soak/"]
-    clean = checks.left_in_store(root, moto_s3, bucket, inputs)
+    clean = checks.left_in_store(root, store, bucket, inputs)
     assert clean.ok and clean.looked_at == 4, clean.problems
 
-    moto_s3.put_object(Bucket=bucket, Key="soak-a/out/j1/.p04.jpg.tmp", Body=b"t")
-    upload = moto_s3.create_multipart_upload(Bucket=bucket, Key="soak-b/out/j9/v.mp4")["UploadId"]
-    moto_s3.put_object(Bucket=bucket, Key="soak-a/out/j1/p04.jpg", Body=b"x", Metadata={META_JOB: "intruder"})
-    assert checks.left_in_store(root, moto_s3, bucket, inputs).problems == [
+    store.put_object(Bucket=bucket, Key="soak-a/out/j1/.p04.jpg.tmp", Body=b"t")
+    upload = store.create_multipart_upload(Bucket=bucket, Key="soak-b/out/j9/v.mp4")["UploadId"]
+    store.put_object(Bucket=bucket, Key="soak-a/out/j1/p04.jpg", Body=b"x", Metadata={META_JOB: "intruder"})
+    assert checks.left_in_store(root, store, bucket, inputs).problems == [
         f"s3://{bucket}/soak-b/out/j9/v.mp4: multipart upload {upload[:12]} left",
         f"s3://{bucket}/soak-a/out/j1/.p04.jpg.tmp: no job recorded this object (a temporary or stray object)",
         f"s3://{bucket}/soak-a/out/j1/p04.jpg: its metadata names job intruder, recorded by j1",

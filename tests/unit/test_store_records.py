@@ -2,7 +2,8 @@
 recorded per endpoint and bucket on the data root, believed only as the controller's own and while
 younger than ``storage.s3.probe_max_age``; a job writing objects to a store without conditional PUT
 is refused naming it, and its runners commit in parts only where CompleteMultipartUpload conditions
-hold. The store here is moto's server (the ``moto`` fixture); what RGW answers is in test_s3_probe.py."""
+hold. The store here is Ceph RGW, a real S3 server (the ``s3`` fixture); what it answers to each probe
+is in test_s3_probe.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -29,7 +29,7 @@ from controller.storage.record import FOLDER, Records, commit_mode
 from controller.volume import Volume
 from runner_image.objects import connect
 from runner_image.volume import DataRoot
-from tests.fixtures.moto_server import Moto
+from tests.fixtures.rgw_server import Seeded
 from tests.unit.test_s3_jobs import config, job
 
 DAY = 86400.0
@@ -141,7 +141,7 @@ def test_parts_only_when_every_output_bucket_honours_conditional_completes(tmp_p
     never = Prober(NO_ATOMIC_CREATE)
     assert commit_mode(records, "http://store", DAY, [S3Url("aws", "a.mp4")], never) is True
     assert commit_mode(records, "http://store", DAY, [S3Url("aws", "a.mp4"), S3Url("rgw", "b.mp4")], never) is False
-    half = dataclasses.replace(AWS_LIKE, complete_if_match=IGNORED)  # moto: If-None-Match only
+    half = dataclasses.replace(AWS_LIKE, complete_if_match=IGNORED)  # If-None-Match only
     records.save("http://store", "half", half)
     assert commit_mode(records, "http://store", DAY, [S3Url("half", "a.mp4")], never) is False
     assert never.where == []
@@ -157,34 +157,30 @@ def test_a_probe_the_keys_may_not_make_leaves_one_put_per_commit_and_no_record(t
     assert records.load("http://store", "theirs") is None
 
 
-# -- a job's submit, against moto's server -------------------------------------------------------------
-def moto_config(tmp_path: Path, moto: Moto, **extra: Any) -> Config:
-    return config(tmp_path, moto, **extra)  # type: ignore[arg-type]  # Seeded's endpoint and cred_file
-
-
+# -- a job's submit, against Ceph RGW ------------------------------------------------------------------
 def storage_of(cfg: Config, tmp_path: Path) -> list[StorageAccess | None]:
     (prepared,) = prepare(cfg, [job(tmp_path)], new=False)
     manifests = chunk_manifests(prepared.plan, manifest_settings(cfg, prepared))
     return [Manifest.from_json(m.to_json()).storage for m in manifests.values()]
 
 
-def test_the_first_job_probes_the_store_records_it_and_leaves_no_scratch_key(tmp_path: Path, moto: Moto) -> None:
-    cfg = moto_config(tmp_path, moto)
-    before = {o["Key"] for o in moto.store()._client.list_objects_v2(Bucket="media").get("Contents", [])}
+def test_the_first_job_probes_the_store_records_it_and_leaves_no_scratch_key(tmp_path: Path, s3: Seeded) -> None:
+    cfg = config(tmp_path, s3)
+    before = {o["Key"] for o in s3.store()._client.list_objects_v2(Bucket="media").get("Contents", [])}
     found = storage_of(cfg, tmp_path)
     assert found and all(s is not None and s.conditional_complete is False for s in found)
-    record = stores.records(cfg).load(moto.endpoint, "media")
+    record = stores.records(cfg).load(s3.endpoint, "media")
     assert record is not None
-    assert record.capabilities.put_if_none_match == HONOURED  # moto: atomic create, If-Match ignored on
+    assert record.capabilities.put_if_none_match == HONOURED  # RGW: atomic create, If-Match ignored on
     assert record.capabilities.complete_if_match == IGNORED  # CompleteMultipartUpload: one PUT each
-    after = {o["Key"] for o in moto.store()._client.list_objects_v2(Bucket="media").get("Contents", [])}
+    after = {o["Key"] for o in s3.store()._client.list_objects_v2(Bucket="media").get("Contents", [])}
     assert after == before
-    assert not moto.store()._client.list_multipart_uploads(Bucket="media").get("Uploads")
+    assert not s3.store()._client.list_multipart_uploads(Bucket="media").get("Uploads")
 
 
-def test_a_job_writing_to_a_store_recorded_without_conditional_put_is_refused(tmp_path: Path, moto: Moto) -> None:
-    cfg = moto_config(tmp_path, moto)
-    stores.records(cfg).save(moto.endpoint, "media", NO_ATOMIC_CREATE)
+def test_a_job_writing_to_a_store_recorded_without_conditional_put_is_refused(tmp_path: Path, s3: Seeded) -> None:
+    cfg = config(tmp_path, s3)
+    stores.records(cfg).save(s3.endpoint, "media", NO_ATOMIC_CREATE)
     with pytest.raises(FfswarmError) as e:
         prepare(cfg, [job(tmp_path)], new=False)
     assert e.value.exit_code == 66
@@ -193,28 +189,28 @@ def test_a_job_writing_to_a_store_recorded_without_conditional_put_is_refused(tm
     assert not (Path(cfg.data_root) / "runs" / "j").exists()
 
 
-def test_an_old_record_is_probed_again_after_storage_s3_probe_max_age(tmp_path: Path, moto: Moto) -> None:
-    cfg = moto_config(tmp_path, moto)
-    s3 = cfg.storage.s3
-    assert s3 is not None
+def test_an_old_record_is_probed_again_after_storage_s3_probe_max_age(tmp_path: Path, s3: Seeded) -> None:
+    cfg = config(tmp_path, s3)
+    settings = cfg.storage.s3
+    assert settings is not None
     cfg = dataclasses.replace(
-        cfg, storage=dataclasses.replace(cfg.storage, s3=dataclasses.replace(s3, probe_max_age=60))
+        cfg, storage=dataclasses.replace(cfg.storage, s3=dataclasses.replace(settings, probe_max_age=60))
     )
     old = Records(Volume(cfg.data_root), cfg.controller_ids(), stores.records(cfg).trusted, Clock(1000.0))
-    old.save(moto.endpoint, "media", NO_ATOMIC_CREATE)  # long ago: probed again, and moto has atomic create
+    old.save(s3.endpoint, "media", NO_ATOMIC_CREATE)  # long ago: probed again, and RGW has atomic create
     assert storage_of(cfg, tmp_path)
-    record = stores.records(cfg).load(moto.endpoint, "media")
+    record = stores.records(cfg).load(s3.endpoint, "media")
     assert record is not None and record.capabilities.put_if_none_match == HONOURED
 
 
-def test_where_completes_are_conditional_the_runners_commit_in_parts(tmp_path: Path, moto: Moto) -> None:
-    cfg = moto_config(tmp_path, moto)
-    stores.records(cfg).save(moto.endpoint, "media", AWS_LIKE)
+def test_where_completes_are_conditional_the_runners_commit_in_parts(tmp_path: Path, s3: Seeded) -> None:
+    cfg = config(tmp_path, s3)
+    stores.records(cfg).save(s3.endpoint, "media", AWS_LIKE)
     found = storage_of(cfg, tmp_path)
     assert found and all(s is not None and s.conditional_complete for s in found)
     secrets_dir = tmp_path / "secrets"
     secrets_dir.mkdir()
-    (secrets_dir / "ffswarm-s3").write_bytes(moto.cred_file.read_bytes())
+    (secrets_dir / "ffswarm-s3").write_bytes(s3.cred_file.read_bytes())
     storage = found[0]
     assert storage is not None
     objects = connect(DataRoot(tmp_path, str(secrets_dir)), storage, ["s3://media/out/j/a.png"], "j")
@@ -224,11 +220,11 @@ def test_where_completes_are_conditional_the_runners_commit_in_parts(tmp_path: P
     assert safe is not None and safe.store.config.conditional_complete is False
 
 
-def test_doctor_store_records_what_it_found_for_the_jobs(tmp_path: Path, moto: Moto) -> None:
-    cfg = moto_config(tmp_path, moto)
+def test_doctor_store_records_what_it_found_for_the_jobs(tmp_path: Path, s3: Seeded) -> None:
+    cfg = config(tmp_path, s3)
     waited: list[float] = []
     check = check_store(cfg, "s3://media/probe/", wait=waited.append)
     assert waited == [2.0] and "CompleteMultipartUpload If-Match: ignored" in check.line()
-    record = stores.records(cfg).load(moto.endpoint, "media")
+    record = stores.records(cfg).load(s3.endpoint, "media")
     assert record is not None and record.capabilities.presigned_expiry != "not checked (doctor --store checks it)"
     assert f"recorded for jobs: {FOLDER}/" in check.line()
