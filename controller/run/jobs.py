@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import posixpath
-import stat
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,7 +43,6 @@ from controller.swarm.servicespec import (
     chunk_service,
     tenant_mounts,
 )
-from controller.volume import UnsafePath
 
 
 @dataclass(frozen=True)
@@ -349,7 +346,6 @@ def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
     return rundir
 
 
-_NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def run_tenant(config: Config, job: str) -> str | None:
@@ -363,26 +359,8 @@ def run_tenant(config: Config, job: str) -> str | None:
         return None
     trusted = owners.trusted_uids(config.controller_ids()[0], owner(config)[0])
     rundir = RunDir(config.data_root, job)
-    try:
-        folder = rundir.volume.open_dir(rundir.path)
-    except (OSError, UnsafePath):
-        return None
-    try:
-        st = os.fstat(folder)
-        if st.st_uid not in trusted or st.st_mode & 0o022:
-            return None
-        fd = os.open(rundir.layout.owner.name, _NOFOLLOW, dir_fd=folder)
-    except OSError:
-        return None
-    finally:
-        os.close(folder)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid not in trusted or st.st_mode & 0o022:
-            return None
-        name = os.read(fd, 64).decode("ascii", "replace").strip()
-    finally:
-        os.close(fd)
+    raw = rundir.volume.read_trusted(rundir.path, rundir.layout.owner.name, trusted, 64, 0o022)
+    name = raw.decode("ascii", "replace").strip() if raw else ""
     return name if owners.TENANT.fullmatch(name) and name in config.tenants else None
 
 

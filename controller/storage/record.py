@@ -18,8 +18,6 @@ import functools
 import hashlib
 import json
 import math
-import os
-import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -29,14 +27,13 @@ from controller import log as ffswarm_log
 from controller.storage.errors import StorageAccessError
 from controller.storage.probe import Capabilities
 from controller.storage.url import S3Url
-from controller.volume import Owner, UnsafePath, Volume, read_all
+from controller.volume import Owner, UnsafePath, Volume
 
 FOLDER = f"{RUNS}/.stores"
 MAX_BYTES = 16 * 1024
 FOLDER_MODE, RECORD_MODE = 0o700, 0o600
 CLOCK_SKEW = 300.0  # a record probed further in the future than this is not believed
 _FIELDS = tuple(f.name for f in fields(Capabilities))
-_NOFOLLOW = os.O_RDONLY | os.O_NONBLOCK
 
 
 @dataclass(frozen=True)
@@ -97,34 +94,16 @@ class Records:
 
     def load(self, endpoint: str, bucket: str) -> Record | None:
         """The trusted record of ``bucket`` on ``endpoint``; None when there is none to believe."""
-        try:
-            folder = self.volume.open_dir(FOLDER, "reading")
-        except (OSError, UnsafePath):
+        raw = self.volume.read_trusted(
+            FOLDER, self.path(endpoint, bucket).rsplit("/", 1)[1], self.trusted, MAX_BYTES, 0o077
+        )
+        if raw is None:
             return None
-        try:
-            if not self._trusted(os.fstat(folder)):
-                return None
-            fd = os.open(self.path(endpoint, bucket).rsplit("/", 1)[1], _NOFOLLOW | os.O_NOFOLLOW, dir_fd=folder)
-        except OSError:
-            return None
-        finally:
-            os.close(folder)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or not self._trusted(st) or st.st_size > MAX_BYTES:
-                return None
-            raw = read_all(fd, MAX_BYTES, FOLDER)
-        except (OSError, UnsafePath):
-            return None
-        finally:
-            os.close(fd)
         found = Record.from_json(raw)
         if found is None or (found.endpoint, found.bucket) != (endpoint, bucket):
             return None
         return found if found.probed_at <= self.clock() + CLOCK_SKEW else None
 
-    def _trusted(self, st: os.stat_result) -> bool:
-        return st.st_uid in self.trusted and not st.st_mode & 0o077
 
     def save(self, endpoint: str, bucket: str, capabilities: Capabilities) -> Record:
         """Record ``capabilities`` as probed now (the folder made 0700 and the controller's, the file
