@@ -18,8 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped]
-
 from contract.s3 import S3Url
 from contract.s3put import b64
 
@@ -72,6 +70,8 @@ class Capabilities:
 
 
 def _status(e: Exception) -> int:
+    from botocore.exceptions import ClientError  # type: ignore[import-untyped]  # the s3 extra: only when probing
+
     if isinstance(e, ClientError):
         return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
     return 0
@@ -79,6 +79,8 @@ def _status(e: Exception) -> int:
 
 def _answer(call: Callable[[], object]) -> int:
     """The HTTP status a call got: 200 when it went through."""
+    from botocore.exceptions import ClientError
+
     try:
         call()
         return 200
@@ -100,6 +102,8 @@ def probe(
 ) -> Capabilities:
     """The store's answers, tried under ``url`` (a bucket and a key prefix); ``presign(key)`` and
     ``expiry(link)`` (True when the store refused a link signed to expire at once) check links."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
     base = f"{url.key}.ffswarm-probe-{secrets.token_hex(4)}/" if url.key else f".ffswarm-probe-{secrets.token_hex(4)}/"
     bucket, key = url.bucket, base + "object"
     made: list[str] = [key]
@@ -131,6 +135,8 @@ def probe(
 def _complete(client: Any, bucket: str, key: str, condition: dict[str, str]) -> str:
     """Whether CompleteMultipartUpload under ``condition`` (which does not hold on the existing
     ``key``) is refused; a store that refuses multipart uploads themselves answers their status."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
     try:
         upload = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
     except ClientError as e:
