@@ -2,8 +2,8 @@
 """How fast `ffswarm api` takes jobs: posts N one-photo JSON jobs from C concurrent clients to a real
 `ffswarm api` (uvicorn, its own process) on loopback over a temporary data root, then prints accepted/s
 and the p50/p99 submit latency, and checks that none is lost: every 202 became its inbox file. It also
-prints the API's CPU per accepted request (utime + stime from /proc of its processes, all threads,
-over the posting only), and with ``--strace`` the volume operations per request: strace attaches to the running
+prints the API's CPU per accepted request (from /proc: its processes, all threads, over the posting only;
+scripts/proc_cpu.py), and with ``--strace`` the volume operations per request: strace attaches to the running
 API for the posting only (start-up imports not counted) and counts file, fsync, rename and flock calls.
 
     .venv/bin/python scripts/bench_api.py                    # 1,000 jobs, 50 clients
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import hashlib
 import os
 import signal
@@ -42,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from controller.run.handover import HeartbeatFile  # noqa: E402
+from scripts.proc_cpu import per_request_ms, sample, spent, tree  # noqa: E402
 
 KEY = "bench-secret-key"
 TENANT = "bench"
@@ -121,12 +121,6 @@ async def post_all(url: str, jobs: int, clients: int) -> tuple[list[float], dict
     return latencies, codes, ids
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, all its threads (/proc/<pid>/stat fields 14 and 15)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 VOLUME_CALLS = "trace=%file,fsync,fdatasync,syncfs,sync,rename,renameat,renameat2,flock,getdents64"
 
 
@@ -149,23 +143,6 @@ def syscalls(summary: IO[str]) -> dict[str, int]:
 
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
-
-
-def tree(pid: int) -> list[int]:
-    """The API's processes: the one started, and its workers (``--workers N``) when it has them."""
-    try:
-        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        kids = []
-    return [pid, *(int(k) for k in kids)]
-
-
-def tree_cpu(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(OSError):  # a worker gone: its time is no longer readable
-            total += cpu_seconds(pid)
-    return total
 
 
 def bench(args: argparse.Namespace, workers: int) -> dict[str, float] | None:
@@ -204,13 +181,14 @@ def bench(args: argparse.Namespace, workers: int) -> dict[str, float] | None:
             tracer = trace(pids, Path(tmp) / "strace.txt") if args.strace else None
             if tracer is not None:
                 time.sleep(1.0)  # attached to every thread before the first request
-            each0 = [tree_cpu([p]) for p in pids]
+            before = sample(server.pid)
             t0 = time.perf_counter()
             latencies, codes, ids = asyncio.run(
                 asyncio.wait_for(post_all(url, args.jobs, args.clients), timeout=args.deadline)
             )
-            each = [tree_cpu([p]) - c for p, c in zip(pids, each0, strict=True)]
-            wall, cpu = time.perf_counter() - t0, sum(each)
+            after = sample(server.pid)
+            wall, cpu = time.perf_counter() - t0, spent(before, after)
+            each = [after.get(p, 0.0) - c for p, c in before.items()]
             calls: dict[str, int] = {}
             if tracer is not None:
                 tracer.send_signal(signal.SIGINT)
@@ -241,7 +219,8 @@ def bench(args: argparse.Namespace, workers: int) -> dict[str, float] | None:
         print(f"  submit latency  p50 {p50:.1f} ms · p99 {p99:.1f} ms · max {ms[-1]:.1f} ms")
         print(f"  answers         {dict(sorted(codes.items()))}")
         per = max(accepted, 1)
-        print(f"  API CPU         {1000 * cpu / per:.1f} ms per accepted request ({cpu:.1f} s over {wall:.1f} s)")
+        cpu_ms = per_request_ms(cpu, accepted)
+        print(f"  API CPU         {cpu_ms:.1f} ms per accepted request ({cpu:.1f} s over {wall:.1f} s)")
         if len(each) > 1:  # how evenly the kernel spread the connections: the parent, then each worker
             print(f"  CPU by process  {' · '.join(f'{c:.1f} s' for c in each)} (the parent first)")
         if args.strace:  # traced: the CPU and rate above are the traced ones (slower)
@@ -253,7 +232,7 @@ def bench(args: argparse.Namespace, workers: int) -> dict[str, float] | None:
         print("bench_api: ok: every job accepted and in the inbox" if ok else "bench_api: FAILED")
         if not ok:
             return None
-        return {"workers": workers, "rate": accepted / wall, "p50": p50, "p99": p99, "cpu_ms": 1000 * cpu / per}
+        return {"workers": workers, "rate": accepted / wall, "p50": p50, "p99": p99, "cpu_ms": cpu_ms}
 
 
 def worker_counts(text: str) -> list[int]:

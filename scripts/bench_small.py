@@ -14,9 +14,12 @@ steady rate, run by `ffswarm serve`, side by side in one run:
   packed-2t, lingering-2t  as packed and lingering, the requests alternating between two tenants:
            what keeping tenants apart costs (a pack and a lane hold one tenant's photos only).
 
-For each: completed requests/s (requests / from the first post to the last report) and the p50/p99
-end-to-end latency (post → the job's report.json written). Every request has its own source photo
-(from a pool of 40 faces) and target photo.
+For each: completed requests/s (requests / from the first post to the last report), the p50/p99
+end-to-end latency (post → the job's report.json written), and the control plane's CPU per request
+done: the API's, serve's and their sum ("API ms/req", "serve ms/req", "control ms/req"; from /proc,
+every thread and child, from the first request offered to the last seen done; the ceiling's per pair).
+Every request has its own source photo (from a pool of 40 faces) and target photo. The table comes
+twice: aligned, and as Markdown rows for benchmarks/RESULTS.md.
 
     scripts/dev-swarm.sh   # first: the dev swarm, its config (ffswarm.yaml) and data root
     .venv/bin/python scripts/bench_small.py                       # N=1000 at 10/s, M=30
@@ -53,6 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from scripts.bench_api import free_port  # noqa: E402
+from scripts.proc_cpu import per_request_ms, sample, spent  # noqa: E402
 from tests.fixtures import photos  # noqa: E402
 
 KEY = "bench-small-key"
@@ -64,6 +68,47 @@ POOL = 40
 
 def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+def control_cpu(api_s: float, serve_s: float, requests: int) -> dict[str, float]:
+    """The control plane's CPU per request done, in ms: the API's, serve's, and both together."""
+    api, serve = per_request_ms(api_s, requests), per_request_ms(serve_s, requests)
+    return {"api_ms": api, "serve_ms": serve, "control_ms": api + serve}
+
+
+COLUMNS = ("path", "requests", "done/s", "× ceiling", "× alone", "p50 s", "p99 s",
+           "API ms/req", "serve ms/req", "control ms/req")  # fmt: skip
+WIDTHS = (16, 9, 9, 11, 9, 8, 8, 12, 14, 16)
+
+
+def cells(rows: dict[str, dict[str, float]]) -> list[list[str]]:
+    """Each phase's figures as text, in COLUMNS' order (× alone "-" when alone was not run)."""
+    ceiling = rows["ceiling"]["per_s"]
+    out = []
+    for name, r in rows.items():
+        alone = f"{r['per_s'] / rows['alone']['per_s']:.1f}×" if "alone" in rows else "-"
+        out.append([name, f"{int(r['items']):,}", f"{r['per_s']:.2f}", f"{r['per_s'] / ceiling:.2f}×", alone,
+                    f"{r['p50']:.1f}", f"{r['p99']:.1f}", f"{r['api_ms']:.1f}", f"{r['serve_ms']:.1f}",
+                    f"{r['control_ms']:.1f}"])  # fmt: skip
+    return out
+
+
+def table(rows: dict[str, dict[str, float]]) -> list[str]:
+    """The phases' rows aligned for a terminal, under their header."""
+
+    def align(row: list[str]) -> list[str]:
+        return [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, WIDTHS, strict=True))]
+
+    return ["".join(align(row)) for row in [list(COLUMNS), *cells(rows)]]
+
+
+def markdown(rows: dict[str, dict[str, float]]) -> list[str]:
+    """The phases' rows as a Markdown table for benchmarks/RESULTS.md (latencies in s)."""
+    lines = ["| " + " | ".join(c.removesuffix(" s") for c in COLUMNS) + " |", "|---" * len(COLUMNS) + "|"]
+    for row in cells(rows):
+        row[5:7] = [f"{row[5]} s", f"{row[6]} s"]  # p50, p99: their unit in each cell, as RESULTS.md has it
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
 
 
 class Bench:
@@ -153,20 +198,26 @@ class Bench:
             time.sleep(0.3)
         return done
 
-    def phase(self, name: str, url: str, bodies: list[dict[str, Any]], rate: float, limit: float) -> dict[str, float]:
+    def phase(
+        self, name: str, url: str, api: int, bodies: list[dict[str, Any]], rate: float, limit: float
+    ) -> dict[str, float]:
+        """One row: ``bodies`` offered at ``rate`` to the API (process ``api``) and run by a serve of its own."""
         config = "packed" if name.startswith("packed") else "lingering" if name.startswith("lingering") else "alone"
         serve = self.start("serve", "--concurrent-jobs", "4", "--poll", "0.3", config=config)
         time.sleep(3)  # its heartbeat: the API hands jobs only to a live serve
         try:
+            cpu0 = sample(api), sample(serve.pid)  # serve's start-up and idle polling before: not counted
             posted = asyncio.run(self.offer(url, bodies, rate))
             done = self.wait(posted, time.monotonic() + limit)
+            cpu = sample(api), sample(serve.pid)
         finally:
             serve.send_signal(signal.SIGTERM)
             serve.wait(60)
         first = min(t for _, t in posted)
         lat = [done[j] - t for j, t in posted]
         items = sum(len(b.get("pairs", [])) or 1 for b in bodies)
-        row = {"items": items, "per_s": items / (max(done.values()) - first), "p50": pct(lat, 50), "p99": pct(lat, 99)}
+        row = {"items": items, "per_s": items / (max(done.values()) - first), "p50": pct(lat, 50), "p99": pct(lat, 99),
+               **control_cpu(spent(cpu0[0], cpu[0]), spent(cpu0[1], cpu[1]), items)}  # fmt: skip
         if config in ("packed", "lingering"):
             self.packs[name] = self.pack_times([j for j, _ in posted], self.tmp / f"serve-{config}.log")
         return row
@@ -270,20 +321,16 @@ def main() -> int:
                 "packed-2t": ([one(k, 2) for k in range(n)], a.rate),
                 "lingering-2t": ([one(k, 2) for k in range(n)], a.rate),
             }
-            rows = {p: bench.phase(p, url, *offers[p], 1800) for p in PHASES if p in phases}
+            rows = {p: bench.phase(p, url, api.pid, *offers[p], 1800) for p in PHASES if p in phases}
         finally:
             bench.clean()
             if a.logs is not None:
                 a.logs.mkdir(parents=True, exist_ok=True)
                 for log in Path(tmp).glob("*.log"):
                     shutil.copy(log, a.logs / log.name)
-    ceiling = rows["ceiling"]["per_s"]
     print(f"one-photo requests on the dev swarm, offered at {a.rate:g}/s (ceiling: one job of all pairs)")
-    print(f"{'path':<16}{'requests':>9}{'done/s':>9}{'× ceiling':>11}{'× alone':>9}{'p50 s':>8}{'p99 s':>8}")
-    for name, r in rows.items():
-        alone = f"{r['per_s'] / rows['alone']['per_s']:>8.1f}×" if "alone" in rows else f"{'-':>9}"
-        print(f"{name:<16}{r['items']:>9}{r['per_s']:>9.2f}{r['per_s'] / ceiling:>10.2f}×"
-              f"{alone}{r['p50']:>8.1f}{r['p99']:>8.1f}")  # fmt: skip
+    print("\n".join(table(rows)))
+    print("\n" + "\n".join(markdown(rows)) + "\n")
     print("packs' chunk services, time summed over them (created → runner started → models loaded → ended → seen):")
     for name, t in bench.packs.items():
         total = t["start_s"] + t["load_s"] + t["work_s"] + t["seen_s"]
