@@ -82,7 +82,10 @@ class Api:
                 continue
             if removed:
                 self.log.info("api_uploads_swept", tenant=name, removed=len(removed))
-            idempotency.sweep(Area(self.config.data_root, name))  # key records past their 24 h
+            area = Area(self.config.data_root, name)
+            idempotency.sweep(area)  # key records past their 24 h
+            if quota.BOOK.give_back_orphans(self.config, area):
+                self.log.info("api_quota_orphans_given_back", tenant=name)
 
     def link_owner(self, job: str) -> Area:
         """The area of the tenant a signed link's job belongs to: the run folder's ``owner`` once

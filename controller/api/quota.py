@@ -89,6 +89,17 @@ class QuotaBook:
                     return ledger.reserve(tx, nbytes)
             walked = (area.stored_bytes(quota.stored), since, started)
 
+    def give_back_orphans(self, config: Config, area: Area) -> bool:
+        """The slots and bytes of requests killed in flight (an API replica killed mid-upload) given
+        back now, by a recount, rather than at the tenant's next over-quota answer or RECOUNT_SECONDS:
+        the API's minute sweep calls it for each tenant. True when it recounted."""
+        ledger = self.ledger(area)
+        if not ledger.orphaned():
+            return False
+        with ledger.transaction() as tx:
+            ledger.recount(tx, lambda js: still_queued(config, js), self.clock())
+        return True
+
     def _walked(self, ledger: Ledger, area: Area, stop_after: int) -> Counts:
         """The ledger's counts, the area walked first when its walk is due (claimed in the ledger, so
         one replica walks and the others go on with the last figure meanwhile)."""

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from contract.layout import TENANTS
 from controller.job.owners import JOB_ID
-from controller.volume import Volume
+from controller.volume import UnsafePath, Volume
 
 LEDGER_DIR = ".quota"
 RECOUNT_SECONDS = 600.0  # the fast count is recounted at least this often
@@ -194,6 +194,18 @@ class Ledger:
                 counts.jobs = max(counts.jobs - 1, 0)
                 tx.save(counts)
             return True
+
+    def orphaned(self) -> bool:
+        """Whether ``open/`` holds a reservation no live request holds (its request's process was
+        killed): a recount gives its slot and bytes back. False for a tenant with no ledger yet."""
+        try:
+            dir_fd = self.volume.open_dir(f"{self.rel}/open", "read the quota ledger")
+        except (OSError, UnsafePath):
+            return False
+        try:
+            return any(n.startswith(_PENDING) and _held(dir_fd, n) is None for n in os.listdir(dir_fd))
+        finally:
+            os.close(dir_fd)
 
     def recount(self, tx: _Tx, unfinished: Unfinished, now: float, also: Iterable[str] = ()) -> Counts:
         """``jobs`` and ``reserved`` rebuilt from ``open/``: a reservation counts while its request

@@ -146,9 +146,13 @@ class DockerSwarm:
 
     def image_encoders(self, ref: str) -> frozenset[str] | None:
         """The image's ``io.ffswarm.encoders`` label (scripts/build-runner-image.sh), as a set; None when
-        the image has no such label (an image built elsewhere: nothing is checked)."""
+        the image has no such label (an image built elsewhere) or is not on this manager (the GPU nodes
+        pull it, a manager need not hold it): nothing is checked then."""
         with translated(f"image {ref}"):
-            labels = self._client.images.get(ref).attrs.get("Config", {}).get("Labels") or {}
+            try:
+                labels = self._client.images.get(ref).attrs.get("Config", {}).get("Labels") or {}
+            except docker.errors.ImageNotFound:
+                return None
         text = labels.get(ENCODERS_LABEL)
         return None if text is None else frozenset(e for e in str(text).split(",") if e)
 

@@ -511,17 +511,23 @@ def left_in_swarm(services: Iterable[Mapping[str, Any]], containers: Mapping[str
 
 
 def outbox(root: Path) -> dict[str, list[dict[str, Any]]]:
-    """Job → its end deliveries as the outbox on the volume holds them (``runs/<job>/deliveries/``)."""
+    """Job → its end deliveries as the outbox on the volume holds them: ``runs/<job>/deliveries/``,
+    and for a job that never got a run folder (refused, cancelled while queued) its tenant's
+    ``tenants/.jobs/<t>/<job>.deliveries/``."""
+    folders = [(run.name, run / "deliveries") for run in _runs(root)]
+    jobs = root / "tenants" / ".jobs"
+    for tenant in sorted(jobs.iterdir()) if jobs.is_dir() and not jobs.is_symlink() else []:
+        if tenant.is_dir() and not tenant.is_symlink():
+            folders += [(p.name.removesuffix(".deliveries"), p) for p in sorted(tenant.glob("*.deliveries"))]
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for run in _runs(root):
-        folder = run / "deliveries"
+    for job, folder in folders:
         for p in sorted(folder.glob("*.json")) if folder.is_dir() and not folder.is_symlink() else []:
             try:
                 d = json.loads(_read(p) or b"")
             except ValueError:
                 continue
             if isinstance(d, dict) and d.get("type") in END_TYPES:
-                out[run.name].append(d)
+                out[job].append(d)
     return out
 
 

@@ -19,6 +19,12 @@ def test_the_runner_image_lists_its_video_encoders(swarm: DockerSwarm, workspace
     assert encoders is not None and {"libx264", "libx265", "libvpx-vp9"} <= encoders
 
 
+def test_a_runner_image_this_manager_does_not_hold_is_not_checked(swarm: DockerSwarm) -> None:
+    """A manager need not hold the runner image (its GPU nodes pull it): a video job is not refused
+    for it, the encoder check is skipped."""
+    assert swarm.image_encoders("ffswarm/runner@sha256:" + "0" * 64) is None
+
+
 @pytest.mark.parametrize(("codec", "ext", "name"), [("libx265", ".mp4", "hevc"), ("libvpx-vp9", ".webm", "vp9")])
 def test_a_video_is_encoded_with_the_jobs_codec(workspace: Workspace, codec: str, ext: str, name: str) -> None:
     ws = workspace

@@ -137,6 +137,10 @@ def test_two_processes_at_the_edge_get_exactly_the_quota_and_a_killed_ones_slots
     for k in kids:  # killed, not released: the kernel drops their locks, the recount their slots
         k.kill()
         k.join(10)
+    assert book.give_back_orphans(config, area)  # the API's minute sweep, before any new request
+    assert jobs_counted(area) == 0
+    assert not os.listdir(config.data_root / "tenants" / ".quota" / "acme" / "open")
+    assert not book.give_back_orphans(config, area)  # nothing left to give back: no recount
     slot = book.reserve(config, config.tenants["acme"], area)
     assert jobs_counted(area) == 1
     slot.release()

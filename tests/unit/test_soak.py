@@ -305,6 +305,16 @@ def test_each_job_end_delivered_once_by_id_and_a_redelivered_id_is_only_noted(ro
     assert check.notes == ["1 ids redelivered (same id, deduplicated): msg_1"]
 
 
+def test_a_refused_jobs_end_is_found_beside_its_owner_record(root: Path) -> None:
+    folder = root / "tenants" / ".jobs" / "soak-b" / "video-x.deliveries"
+    folder.mkdir(parents=True)
+    (folder / "msg_7.json").write_text(json.dumps({"id": "msg_7", "job": "video-x", "type": "job.finished",
+                                                   "state": "delivered"}))  # fmt: skip
+    got = [{"id": "msg_7", "type": "job.finished", "job": "video-x"}]
+    check = checks.webhooks_once(root, {"video-x": None}, got)
+    assert check.ok, check.problems
+
+
 def test_a_missing_pending_or_extra_webhook_fails(root: Path) -> None:
     delivery(root, "j", "msg_1", state="pending")
     delivery(root, "k", "msg_2")
