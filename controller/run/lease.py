@@ -219,8 +219,8 @@ def _put(path: Path, record: Record, exclusive: bool) -> bool:
     """A fresh temporary file, then link() (``exclusive``: False when a lease exists) or rename() over
     the lease."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    write_new(tmp, record.to_json())
-    try:
+    try:  # a write that fails half-way (a full volume) leaves no temporary file behind either
+        write_new(tmp, record.to_json())
         if not exclusive:
             os.replace(tmp, path)
             return True

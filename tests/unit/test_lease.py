@@ -228,3 +228,19 @@ def test_two_inboxes_taking_over_one_expired_file_one_resumes_it(tmp_path: Path)
     assert lease is not None and lease.owner == winner.owner and lease.starts == 1
     assert winner.count_start(claimed) == 2
     assert sorted(p.name for p in first.running.iterdir()) == sorted([claimed.name, f".{claimed.name}.lease"])
+
+
+@pytest.mark.parametrize("exclusive", [True, False])
+def test_a_lease_write_that_meets_a_full_volume_leaves_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exclusive: bool
+) -> None:
+    path = tmp_path / ".job.yaml.lease"
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(leases.os, "fsync", full)
+    write = leases.create if exclusive else leases.write
+    with pytest.raises(OSError, match="No space left"):
+        write(path, Record(Owner.me(), time.time(), 5.0))
+    assert os.listdir(tmp_path) == []
