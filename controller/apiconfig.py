@@ -22,6 +22,7 @@ from controller.settings.fields import (
     check_keys,
     check_number,
     check_str,
+    parse_size,
     parse_ttl,
     show,
 )
@@ -29,8 +30,6 @@ from controller.storage.area import StorageArea, parse_area
 
 TENANT_NAME = r"[a-z0-9-]{1,40}"  # a folder under tenants/: no dots, so never a hidden name
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_SIZE = re.compile(r"(\d+)\s*([kmgt]?)(i?b)?", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 _LISTEN = re.compile(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(\d{1,5})")
 HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
 KEY_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512")
@@ -111,20 +110,6 @@ class ApiSettings:
     metrics_token_sha256: tuple[str, ...] = ()  # GET /metrics takes one of these tokens; none: /metrics is off
     slow_threads: int = 4  # threads for slow work (globs, uploads, thumbnails, results.zip): controller/api/slow.py
     slow_threads_per_tenant: int = 2  # of those, what one tenant may hold at once (below slow_threads)
-
-
-def parse_size(value: object, f: str) -> int:
-    """``2GiB``, ``512m``, ``10k`` or whole bytes (binary units) → bytes (> 0)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        size = value
-    else:
-        m = _SIZE.fullmatch(value.strip()) if isinstance(value, str) else None
-        if m is None:
-            raise FieldError(f, f"must be a size like 2GiB, 512m or whole bytes, got {show(value)}")
-        size = int(m.group(1)) * _UNITS[m.group(2).lower()]
-    if size <= 0:
-        raise FieldError(f, f"must be a size above zero, got {show(value)}")
-    return size
 
 
 def parse_listen(value: object, f: str = "listen") -> tuple[str, int]:

@@ -196,8 +196,7 @@ class Ledger:
             return True
 
     def orphaned(self) -> bool:
-        """Whether ``open/`` holds a reservation no live request holds (its request's process was
-        killed): a recount gives its slot and bytes back. False for a tenant with no ledger yet."""
+        """Whether ``open/`` holds a reservation whose request's process died (a recount frees it)."""
         try:
             dir_fd = self.volume.open_dir(f"{self.rel}/open", "read the quota ledger")
         except (OSError, UnsafePath):

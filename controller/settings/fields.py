@@ -22,8 +22,9 @@ from controller import yamlio
 
 _DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 _TTL = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
-_MEMORY = re.compile(r"(\d+)([kmgt]?)", re.IGNORECASE)
-_MEMORY_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+_MEMORY = re.compile(r"(\d+)([kmgt]?)", re.IGNORECASE)  # Docker's form: 6g
+_SIZE = re.compile(r"(\d+)\s*([kmgt]?)(i?b)?", re.IGNORECASE)  # the API's limits: 2GiB, 512m
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
 class FieldError(ValueError):
@@ -174,13 +175,24 @@ def _seconds(value: object, field: str, units: re.Pattern[str], hint: str) -> in
 
 def parse_memory(value: object, field: str) -> int:
     """``6g``, ``512m``, ``1024k`` (binary units, as Docker reads them) or whole bytes → bytes (> 0)."""
+    return _bytes(value, field, _MEMORY, "6g, 512m or 1024k, or whole bytes")
+
+
+def parse_size(value: object, field: str) -> int:
+    """``2GiB``, ``512m``, ``10k`` or whole bytes (binary units) → bytes (> 0)."""
+    return _bytes(value, field, _SIZE, "2GiB, 512m or whole bytes")
+
+
+def _bytes(value: object, field: str, form: re.Pattern[str], like: str) -> int:
+    """Whole bytes, or digits and a binary unit as ``form`` reads them (group 1 the number, group 2
+    the unit's letter) → bytes (> 0); else FieldError saying what it should look ``like``."""
     if isinstance(value, int) and not isinstance(value, bool):
         size = value
     else:
-        m = _MEMORY.fullmatch(value) if isinstance(value, str) else None
+        m = form.fullmatch(value.strip()) if isinstance(value, str) else None
         if m is None:
-            raise FieldError(field, f"must be a size like 6g, 512m or 1024k, or whole bytes, got {show(value)}")
-        size = int(m.group(1)) * _MEMORY_UNITS[m.group(2).lower()]
+            raise FieldError(field, f"must be a size like {like}, got {show(value)}")
+        size = int(m.group(1)) * _UNITS[m.group(2).lower()]
     if size <= 0:
         raise FieldError(field, f"must be a size above zero, got {show(value)}")
     return size
