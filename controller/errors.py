@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 
 class FfswarmError(Exception):
     """Base of every error ffswarm reports to a user; ``exit_code`` is what the CLI exits with."""
@@ -60,3 +62,9 @@ class MissingExtra(FfswarmError):
     Swarm that is not there); the message names the extra and the pip command that adds it."""
 
     exit_code = 69
+
+
+def volume_full(e: BaseException) -> bool:
+    """A write refused because the shared volume (or a filesystem quota) is full: a state that passes
+    once space is freed, so the work is tried again later (serve) or the caller told to (the API)."""
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)

@@ -41,12 +41,13 @@ from controller.api.sweep import Staging, every, sweep_uploads
 from controller.api.waiting import preference, until_ended
 from controller.apiconfig import Tenant
 from controller.config import Config
-from controller.errors import FfswarmError
+from controller.errors import FfswarmError, volume_full
 from controller.job import access
 from controller.run import deletion, links
 
 Handler = Callable[[Request], Awaitable[Response]]
 MAX_JSON = 1024**2
+FULL_RETRY_SECONDS = 30  # a request that met a full volume is told to come back after this long
 THREADS = min(32, (os.cpu_count() or 1) + 4)  # asyncio's own default, named: see _threads
 
 
@@ -311,6 +312,10 @@ def _guard(handler: Handler, log_: Any) -> Handler:
         except ApiError as e:
             return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
         except Exception as e:
+            if volume_full(e):  # passes once space is freed: the caller is told to come back
+                log_.warning("api_volume_full", path=request.url.path)
+                body = {"error": {"code": "volume_full", "message": "the shared volume is full; try again later"}}
+                return JSONResponse(body, status_code=503, headers={"Retry-After": str(FULL_RETRY_SECONDS)})
             # The traceback as text, never with local variables (a renderer that shows locals would
             # print the signing key and tokens held by the frames).
             trace = "".join(traceback.format_exception(type(e), e, e.__traceback__))

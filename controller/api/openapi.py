@@ -36,7 +36,7 @@ ERROR_EXAMPLES = {
         "rate_limited",
         "over the tenant's quota.requests_per_second or quota.requests_in_flight; retry after Retry-After seconds",
     ),
-    503: ("busy", "the API is busy; try again"),
+    503: ("busy", "the API is busy, or the shared volume is full (volume_full); try again after Retry-After"),
 }
 ERROR_HEADERS = {
     401: {"WWW-Authenticate": 'Bearer realm="ffswarm"'},

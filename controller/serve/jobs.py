@@ -10,7 +10,6 @@ small ones may be packed together (controller/serve/packing.py, packs.py).
 from __future__ import annotations
 
 import dataclasses
-import errno
 import os
 import threading
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 from contract.layout import RunLayout
 from controller import log
 from controller.config import Config
-from controller.errors import CapacityError, FfswarmError, JobFileError
+from controller.errors import CapacityError, FfswarmError, JobFileError, volume_full
 from controller.job import owners
 from controller.job.paths import relative_text
 from controller.redact import printable
@@ -56,12 +55,6 @@ class Outcome:
 
 
 FULL = "the shared volume is full: the job waits in the inbox and goes on once there is room"
-
-
-def full_volume(e: BaseException) -> bool:
-    """A write refused because the shared volume (or the tenant's filesystem quota) is full: a state
-    that passes when space is freed, so the job is tried again later rather than failed."""
-    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass(frozen=True)
@@ -183,7 +176,7 @@ def _run_job_file(config: Config, path: Path, metrics: Metrics, running: Running
     except FfswarmError as e:
         return Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}")
     except Exception as e:  # one job's failure must not stop the controller or its other jobs
-        if full_volume(e):  # the job waits in the inbox and is continued (resumed) once there is room
+        if volume_full(e):  # the job waits in the inbox and is continued (resumed) once there is room
             log.get(component="serve", file=path.name).warning("job_file_volume_full", error=str(e))
             return Outcome(False, FULL, retry=True)
         # the traceback goes to the controller's log, never into the reason file beside the job
@@ -264,7 +257,7 @@ def run_pack(
     except FfswarmError as e:
         return {n: _shown(config, Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}")) for n in names}
     except Exception as e:
-        if full_volume(e):  # its jobs wait in the inbox; the first one claimed again continues the pack
+        if volume_full(e):  # its jobs wait in the inbox; the first one claimed again continues the pack
             log.get(component="serve", pack=names[0]).warning("pack_volume_full", error=str(e))
             return {n: Outcome(False, FULL, retry=True) for n in names}
         log.get(component="serve", pack=names[0]).exception("pack_internal_error")
