@@ -47,7 +47,7 @@ from controller.run import deletion, links
 
 Handler = Callable[[Request], Awaitable[Response]]
 MAX_JSON = 1024**2
-FULL_RETRY_SECONDS = 30  # a request that met a full volume is told to come back after this long
+VOLUME_FULL = {"error": {"code": "volume_full", "message": "the shared volume is full; try again later"}}  # + 30 s
 THREADS = min(32, (os.cpu_count() or 1) + 4)  # asyncio's own default, named: see _threads
 
 
@@ -314,8 +314,7 @@ def _guard(handler: Handler, log_: Any) -> Handler:
         except Exception as e:
             if volume_full(e):  # passes once space is freed: the caller is told to come back
                 log_.warning("api_volume_full", path=request.url.path)
-                body = {"error": {"code": "volume_full", "message": "the shared volume is full; try again later"}}
-                return JSONResponse(body, status_code=503, headers={"Retry-After": str(FULL_RETRY_SECONDS)})
+                return JSONResponse(VOLUME_FULL, status_code=503, headers={"Retry-After": "30"})
             # The traceback as text, never with local variables (a renderer that shows locals would
             # print the signing key and tokens held by the frames).
             trace = "".join(traceback.format_exception(type(e), e, e.__traceback__))
