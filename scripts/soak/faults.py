@@ -166,7 +166,14 @@ class Faults:
 
     def pause_worker(self, f: Fault) -> tuple[str, str]:
         node = WORKERS[f.pick % len(WORKERS)]
-        sh("docker", "pause", node)
+        for attempt in range(3):  # runc gives up freezing a busy node ("unable to freeze"); it thaws it
+            try:
+                sh("docker", "pause", node)
+                break
+            except RuntimeError:
+                if attempt == 2:
+                    raise
+                self.sleep(2.0)
         try:
             time.sleep(f.duration)
         finally:
