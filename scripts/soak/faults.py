@@ -66,6 +66,7 @@ class Faults:
         self.c, self.stream, self.store, self.sleep = cluster, stream, store, sleep
         self.done: list[Done] = []
         self.lock = threading.Lock()
+        self.paused: set[str] = set()  # workers a pause fault holds now
 
     def inject(self, fault: Fault, t0: float) -> None:
         """Do one fault (in the caller's thread: those that last keep it until they are undone)."""
@@ -165,7 +166,19 @@ class Faults:
         return f"rgw:{self.store.gateway}", f"stopped {f.duration:g}s"
 
     def pause_worker(self, f: Fault) -> tuple[str, str]:
-        node = WORKERS[f.pick % len(WORKERS)]
+        with self.lock:  # faults overlap: a worker paused by an earlier fault is not picked again
+            free = [w for w in WORKERS if w not in self.paused]
+            if not free:
+                return "", "skipped: every worker is paused already"
+            node = free[f.pick % len(free)]
+            self.paused.add(node)
+        try:
+            return self._pause(node, f)
+        finally:
+            with self.lock:
+                self.paused.discard(node)
+
+    def _pause(self, node: str, f: Fault) -> tuple[str, str]:
         for attempt in range(3):  # runc gives up freezing a busy node ("unable to freeze"); it thaws it
             try:
                 sh("docker", "pause", node)
