@@ -61,9 +61,15 @@ class Done:
 
 class Faults:
     def __init__(
-        self, cluster: Cluster, stream: Stream, store: RgwSwitch | None, sleep: Callable[[float], None] = time.sleep
+        self,
+        cluster: Cluster,
+        stream: Stream,
+        store: RgwSwitch | None,
+        sleep: Callable[[float], None] = time.sleep,
+        run: Callable[..., str] = sh,
     ) -> None:
-        self.c, self.stream, self.store, self.sleep = cluster, stream, store, sleep
+        """``sleep``, ``run``: how a fault waits and runs a command on this host (``sh``'s form)."""
+        self.c, self.stream, self.store, self.sleep, self.run = cluster, stream, store, sleep, run
         self.done: list[Done] = []
         self.lock = threading.Lock()
         self.paused: set[str] = set()  # workers a pause fault holds now
@@ -181,16 +187,16 @@ class Faults:
     def _pause(self, node: str, f: Fault) -> tuple[str, str]:
         for attempt in range(3):  # runc gives up freezing a busy node ("unable to freeze"); it thaws it
             try:
-                sh("docker", "pause", node)
+                self.run("docker", "pause", node)
                 break
             except RuntimeError:
                 if attempt == 2:
                     raise
                 self.sleep(2.0)
         try:
-            time.sleep(f.duration)
+            self.sleep(f.duration)
         finally:
-            sh("docker", "unpause", node, check=False)
+            self.run("docker", "unpause", node, check=False)
         return node, f"paused {f.duration:g}s"
 
     def fill_volume(self, f: Fault) -> tuple[str, str]:

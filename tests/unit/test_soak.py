@@ -634,6 +634,41 @@ def test_the_store_fault_stops_radosgw_alone_for_its_duration_then_starts_it_and
     assert not bare.done[0].injected and bare.done[0].note == "skipped: no object store (a soak without --s3)"
 
 
+def test_overlapping_pauses_take_different_workers_and_a_failed_freeze_is_tried_again(tmp_path: Path) -> None:
+    commands: list[tuple[str, ...]] = []
+    refuse_freeze = {"ffswarm-w2"}  # runc's "unable to freeze" once for this node
+    later: list[Fault] = []
+
+    def run(*cmd: str, check: bool = True, timeout: float = 300) -> str:
+        commands.append(cmd)
+        if cmd[1] == "pause" and cmd[2] in refuse_freeze:
+            refuse_freeze.discard(cmd[2])
+            raise RuntimeError("docker pause … failed (1): unable to freeze")
+        return ""
+
+    def sleep(seconds: float) -> None:  # while a pause lasts, the next planned fault comes
+        if seconds == 40.0 and later:
+            faults.inject(later.pop(0), time.monotonic())
+
+    c = deploy.Cluster(tmp_path, tmp_path / "c.yaml", {}, {}, "10.9.0.1", False)
+    faults = Faults(c, Stream(tmp_path, [], {}, None, Record()), None, sleep=sleep, run=run)
+    later += [Fault(20.0, "pause_worker", 0, 40.0), Fault(30.0, "pause_worker", 0, 40.0)]
+    faults.inject(Fault(10.0, "pause_worker", 0, 40.0), time.monotonic())
+    assert commands == [
+        ("docker", "pause", "ffswarm-w1"),
+        ("docker", "pause", "ffswarm-w2"),  # w1 is held: the second pause takes the other worker
+        ("docker", "pause", "ffswarm-w2"),  # its freeze failed once: tried again
+        ("docker", "unpause", "ffswarm-w2"),
+        ("docker", "unpause", "ffswarm-w1"),
+    ]
+    notes = [(d.target, d.injected, d.note) for d in faults.done]
+    assert notes == [
+        ("", False, "skipped: every worker is paused already"),
+        ("ffswarm-w2", True, "paused 40s"),
+        ("ffswarm-w1", True, "paused 40s"),
+    ]
+
+
 def test_the_s3_server_never_listens_on_every_address(tmp_path: Path) -> None:
     for bad in ("0.0.0.0", "10.0.0.1;true", "::"):
         proc = subprocess.run([str(S3_SERVER), "start", "--also", bad], capture_output=True, text=True, timeout=30,
