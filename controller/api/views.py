@@ -89,13 +89,14 @@ def cancel(config: Config, area: Area, job: str) -> dict[str, Any]:
         raise not_found(job)
     rundir = RunDir(config.data_root, job, None, config.controller_ids())
     if rundir.exists():
-        try:  # a retry serve has not claimed yet is withdrawn: the job stays as it had finished
-            os.unlink(DataRootLayout.host(config.data_root).inbox / f"{job}.yaml")
-            return {"job": job, "cancelled": True}
-        except FileNotFoundError:
-            pass
         if status.finished(rundir):
-            raise ApiError(409, "finished", f"job {job!r} already finished: nothing to cancel")
+            try:  # a retry serve has not claimed yet is withdrawn: the job stays as it had finished
+                os.unlink(DataRootLayout.host(config.data_root).inbox / f"{job}.yaml")
+                return {"job": job, "cancelled": True}
+            except FileNotFoundError:
+                raise ApiError(409, "finished", f"job {job!r} already finished: nothing to cancel") from None
+        # running, or started and handed back to wait in the inbox (a full volume, no free slot): its
+        # file stays for serve, which continues the job, sees the flag and ends it cancelled
         control.flag_cancel(rundir)
         return {"job": job, "cancelled": True}
     queued = DataRootLayout.host(config.data_root).inbox / f"{job}.yaml"

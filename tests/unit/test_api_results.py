@@ -128,6 +128,16 @@ def test_cancel_flags_a_running_job_and_takes_a_queued_one_out_of_the_inbox(env:
         assert c.get(f"/v1/jobs/{queued}").json()["phase"] == "cancelled"
 
 
+def test_cancelling_a_started_job_waiting_in_the_inbox_flags_it_and_leaves_its_file_for_serve(env: Env) -> None:
+    rd = finished_run(env, report=False)  # started, then handed back to wait (a full volume, say)
+    results = rd.path / "results" / "c0000.jsonl"
+    results.write_text(results.read_text().splitlines(keepends=True)[0])  # one item done, three to go
+    env.inbox_file(JOB).write_text("name: x\n")
+    with env.client() as c:
+        assert c.post(f"/v1/jobs/{JOB}/cancel").json() == {"job": JOB, "cancelled": True}
+    assert env.inbox_file(JOB).exists() and rd.control().cancel  # serve continues it and ends it cancelled
+
+
 def test_events_stream_progress_then_the_end(env: Env) -> None:
     finished_run(env)
     with env.client() as c, c.stream("GET", f"/v1/jobs/{JOB}/events") as r:
