@@ -39,7 +39,7 @@ from pathlib import Path
 
 from controller import log
 from controller.config import Config
-from controller.errors import FfswarmError
+from controller.errors import FfswarmError, volume_full
 from controller.job import ledger
 from controller.run import giveup, webhooks
 from controller.run.handover import HEARTBEAT_SECONDS, HeartbeatFile, live_owners
@@ -305,26 +305,44 @@ class Server:
 
     def _loop(self) -> None:
         self._tidy_lanes()  # an earlier serve's lanes, before its packs are continued here
-        resumed = self._resume_expired()
-        self.log.info("serving", concurrent_jobs=self.concurrent_jobs, resumed=resumed)
+        resumed: list[int] = []
+        self._room(lambda: resumed.append(self._resume_expired()))
+        self.log.info("serving", concurrent_jobs=self.concurrent_jobs, resumed=sum(resumed))
         beat_due = time.monotonic() + self.heartbeat.interval
         while not self.stop.is_set():
             if time.monotonic() >= beat_due:
                 self._beat()
-                self._resume_expired()
+                self._room(self._resume_expired)
                 self._tidy_lanes()
                 self.retention.tick()
                 beat_due = time.monotonic() + self.heartbeat.interval
             self._active = {k: t for k, t in self._active.items() if t.is_alive()}
-            free = self._launch_packs() if self.packer else self.concurrent_jobs - len(self._active)
-            for path in self.inbox.waiting(time.time(), free) if free > 0 else ():  # a full server lists nothing
-                if free <= 0:
-                    break
-                taken = self.inbox.claim(path)  # None: vanished, taken by another, or refused to failed/
-                if taken is not None:
-                    self.start_job(taken)
-                    free -= 1
+            self._room(self._take_waiting)
             self.stop.wait(min(self.poll, max(beat_due - time.monotonic(), 0.05)))
+
+    def _take_waiting(self) -> None:
+        """Claim and start the oldest waiting files, as many as there is room for."""
+        free = self._launch_packs() if self.packer else self.concurrent_jobs - len(self._active)
+        for path in self.inbox.waiting(time.time(), free) if free > 0 else ():  # a full server lists nothing
+            if free <= 0:
+                break
+            taken = self.inbox.claim(path)  # None: vanished, taken by another, or refused to failed/
+            if taken is not None:
+                self.start_job(taken)
+                free -= 1
+
+    def _room(self, step: Callable[[], object]) -> bool:
+        """``step`` done, or put off because the shared volume is full (a claim's lease, a take-over
+        cannot be written): the files wait where they are and the next round tries again, rather
+        than serve stopping. False when put off."""
+        try:
+            step()
+        except OSError as e:
+            if not volume_full(e):
+                raise
+            self.log.warning("serve_volume_full", error=str(e))
+            return False
+        return True
 
     def _gpus_free_for_packs(self) -> int | None:
         """The swarm's GPUs less those the running packs hold (None: the swarm's size unknown, or no GPU). Jobs

@@ -7,7 +7,10 @@ import errno
 import io
 import json
 import logging
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,8 @@ from controller.config import parse_config
 from controller.run import usecase
 from controller.run.metrics import Metrics
 from controller.serve import jobs
+from controller.serve.daemon import Outcome, Server
+from controller.serve.inbox import Inbox
 
 
 def _job_file(tmp_path: Path) -> Path:
@@ -60,3 +65,42 @@ def test_an_unexpected_error_fails_the_job_and_logs_its_traceback(
     assert logged, out.getvalue()
     assert "Traceback (most recent call last)" in logged[0]["exception"]
     assert "Input/output error" in logged[0]["exception"]
+
+
+def test_serve_keeps_serving_while_a_full_volume_refuses_a_claims_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from controller.run import lease
+
+    job = _job_file(tmp_path)
+    old = time.time() - 60
+    os.utime(job, (old, old))  # settled: ready to be claimed
+    real = lease.create
+    full = threading.Event()
+    full.set()
+
+    def create(path: Path, record: lease.Record) -> bool:
+        if full.is_set():
+            full.clear()  # one refusal: the volume has room again afterwards
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, record)
+
+    monkeypatch.setattr(lease, "create", create)
+    ran: list[str] = []
+
+    def run(config: object, path: Path, metrics: Metrics) -> Outcome:
+        ran.append(path.name)
+        return Outcome(True, None)
+
+    config = parse_config(tmp_path / "ffswarm.yaml", {"data_root": str(tmp_path)})
+    server = Server(config, Inbox(job.parent), Metrics(), poll=0.05, run=run, heartbeat_every=0.2)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not ran and t.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        server.stop.set()
+        t.join(5)
+    assert not full.is_set() and len(ran) == 1 and ran[0].startswith("a.")  # refused once, claimed next round
