@@ -206,12 +206,31 @@ def _packed_again(config: Config, rundir: RunDir, pack: str, metrics: Metrics) -
         if rundir.job in reports:
             return report_outcome(reports[rundir.job])
         done = rundir.report()
+    else:
+        _end_left_pack(config, pack, metrics)
     counts = (done or {}).get("counts") or {}
     if not any(counts.get(k) for k in ("failed", "cancelled", "chunks_failed", "chunks_cancelled")):
         return Outcome(True, None)
     return Outcome(
         False, f"job {rundir.job} ended with failures (in {pack}): see {RunLayout.relative(rundir.job).report}"
     )
+
+
+def _end_left_pack(config: Config, pack: str, metrics: Metrics) -> None:
+    """A job that ended with its pack still unended and unheld (its controller stopped after the job
+    was cancelled): the pack is continued here so it ends too — its services removed, its report
+    written — rather than left for ever. Best effort: the job's own end stands whatever happens."""
+    pack_dir = RunDir(config.data_root, pack)
+    try:
+        if pack_dir.report() is not None or job_lease.holder(pack_dir) is not None:
+            return
+        backend = DockerSwarm(config.docker_host)
+        backend.check_manager()
+        packs.resume(config, backend, pack, [lambda r, j: metrics.sink(r, j.spec.resources.gpus)])
+    except CapacityError:  # another controller has it now (LeaseHeld): it ends it
+        return
+    except (OSError, FfswarmError) as e:
+        log.get(component="serve", pack=pack).warning("pack_not_ended", error=str(e))
 
 
 def run_pack(

@@ -42,7 +42,7 @@ from controller.job.keys import Pack, packed
 from controller.job.plan import AUTO_MAX_CHUNK, ID, Plan, TargetRef, item_id, make_plan
 from controller.job.resolve import Photo, ResolvedJob, Target
 from controller.job.spec import JobSpec
-from controller.run import job_lease, usecase, webhooks
+from controller.run import control, giveup, job_lease, usecase, webhooks
 from controller.run.chunks import ChunkRun
 from controller.run.failures import ChunkState
 from controller.run.fold import Fold
@@ -162,6 +162,7 @@ class PackRun:
         self.log = log.get(job=pack.job, component="pack")
         self.clock = clock
         self._looked = self._beat = -math.inf
+        self._stopping = False  # the pack's own cancel flagged: every one of its jobs had ended
         self.image = ""
         self.plan: Plan | None = None
 
@@ -183,6 +184,12 @@ class PackRun:
                     self.finish(job, cancelled=True)
             except (OSError, ValueError, FfswarmError) as e:
                 self.log.warning("packed_job_not_looked_at", packed=job.rundir.job, error=str(e))
+        if self.jobs and not self._running() and not self._stopping:  # all cancelled: the pack stops now
+            try:
+                control.flag_cancel(self.pack)
+                self._stopping = True
+            except (OSError, FfswarmError) as e:  # looked at again next time
+                self.log.warning("pack_not_cancelled", error=str(e))
         if now - self._beat < job_lease.INTERVAL:
             return
         self._beat = now
@@ -357,5 +364,10 @@ def resume(config: Config, backend: SwarmBackend, pack_id: str, sinks: Sequence[
             continue
         prepared, _ = open_run(config, name)
         jobs[name] = _Job(rundir, prepared.spec, prepared.plan, own_items(entry, prepared.plan, pack_plan))
+    if not jobs:  # every job ended (cancelled) before the pack did: it ends now, nothing run for nobody
+        if pack.report() is None:
+            control.flag_cancel(pack)
+            giveup.give_up(config, pack_id, "every job of the pack had ended", backend)
+        return {}
     runner = PackRun(config, backend, pack, jobs)
     return runner.run(lambda on_round: usecase.resume(config, backend, pack_id, sinks, on_round))

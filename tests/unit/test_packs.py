@@ -153,3 +153,37 @@ def test_a_resumed_pack_ends_each_of_its_jobs_from_the_packs_results(tmp_path: P
     assert job_status(rundir(config, "one"))["outcome"] == "succeeded"
     assert job_status(rundir(config, "two"))["outcome"] == "failed"
     assert packs.resume(config, swarm, pack.job) == {}  # every job ended: nothing left to run
+
+
+def test_a_pack_whose_every_job_is_cancelled_stops_at_once(tmp_path: Path) -> None:
+    config, ms = members(tmp_path)
+    one, two = rundir(config, "one"), rundir(config, "two")
+    swarm = FakeSwarm()
+
+    def cancel_both(_: RunDir, __: Any) -> Any:
+        def on_event(event: str, **fields: Any) -> None:
+            if event == "chunk_running":  # the users cancel both jobs while the pack's chunk runs
+                control.flag_cancel(one)
+                control.flag_cancel(two)
+
+        return on_event
+
+    swarm.on_end["c0000"] = lambda: pytest.fail("the pack's chunk ran to its end for no job")
+    ticks = itertools.count(0.0, 10.0)
+    reports = packs.start(config, swarm, ms, config.data_root / "inbox" / "packs", 1, [cancel_both],
+                          clock=lambda: next(ticks))  # fmt: skip
+    assert reports["one"].counts.cancelled == 1 and reports["two"].counts.cancelled == 1
+    pack = RunDir(config.data_root, str(pack_of(one)))
+    assert (pack.report() or {})["counts"]["chunks_cancelled"] == 1 and swarm.removed  # its service stopped
+
+
+def test_a_pack_left_behind_by_its_ended_jobs_is_ended_when_resumed_and_runs_nothing(tmp_path: Path) -> None:
+    config, ms = members(tmp_path)
+    swarm = FakeSwarm()
+    _, runner = packs.open_pack(config, swarm, ms, config.data_root / "inbox" / "packs", 1)
+    for job in runner.jobs.values():  # both cancelled and ended; then the pack's controller stopped
+        runner.finish(job, cancelled=True)
+    assert packs.resume(config, swarm, runner.pack.job) == {}
+    assert swarm.created == []  # no chunk started for jobs that have ended
+    assert job_status(runner.pack)["outcome"] == "cancelled"
+    assert all((rundir(config, j).report() or {})["counts"]["cancelled"] == 1 for j in ("one", "two"))
