@@ -227,13 +227,20 @@ Links = Callable[[str], "str | None"]  # an s3:// output → its presigned GET l
 
 
 def build_report(
-    plan: Plan, rundir: RunDir, runs: dict[str, ChunkRun], image: str, started: float, links: Links | None = None
+    plan: Plan,
+    rundir: RunDir,
+    runs: dict[str, ChunkRun],
+    image: str,
+    started: float,
+    links: Links | None = None,
+    fold: Fold | None = None,
 ) -> Report:
     """Every path in it is relative to the data root, as the job file names them: items' input and
     output come from the plan, and reasons name files that way (a runner writes them so; a result
     line of an older runner is rewritten here). An s3:// output written gets ``output_url`` from
-    ``links``, signed now; a file output never does."""
-    fold = Fold.read(plan, rundir)
+    ``links``, signed now; a file output never does. ``fold``: the job's results when the caller
+    has just read them (read here otherwise)."""
+    fold = fold if fold is not None and fold.plan is plan else Fold.read(plan, rundir)
     items: dict[str, ItemEntry] = {}
     segments: dict[str, ItemEntry] = {}  # a video's segments are reported as the video
     for chunk in plan.chunks:

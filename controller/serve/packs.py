@@ -43,12 +43,12 @@ from controller.job.plan import AUTO_MAX_CHUNK, ID, Plan, TargetRef, item_id, ma
 from controller.job.resolve import Photo, ResolvedJob, Target
 from controller.job.spec import JobSpec
 from controller.run import job_lease, usecase, webhooks
-from controller.run.chunks import ChunkRun
+from controller.run.chunks import ChunkRun, ended_runs
 from controller.run.failures import ChunkState
 from controller.run.fold import Fold
 from controller.run.jobs import PreparedJob, open_run, owner
 from controller.run.launch import FreshLauncher, Launcher
-from controller.run.packed import own_items, read_members
+from controller.run.packed import PackView, own_items, read_members
 from controller.run.report import Report, build_report
 from controller.run.rundir import Control, RunDir, Stage
 from controller.run.usecase import SinkFactory
@@ -194,23 +194,23 @@ class PackRun:
                 self.log.warning("packed_job_lease_not_renewed", packed=job.rundir.job, error=str(e))
 
     # -- a job's end ---------------------------------------------------------------------------------
-    def finish(self, job: _Job, cancelled: bool = False, chunks: dict[str, ChunkRun] | None = None) -> None:
-        """The one end of a packed job: its chunks as its items ended in the pack (read through it),
-        its report, on_complete, Stage.ENDED, its lease released."""
-        fold = Fold.read(job.plan, job.rundir)
-        runs: dict[str, ChunkRun] = {}
-        for chunk in job.plan.chunks:  # the job's own chunks, each as its items ended in the pack
-            run = runs[chunk.id] = ChunkRun(chunk.id)
-            missing = {i for i in chunk.items if fold.result(i) is None}
-            if not missing:
-                run.state = ChunkState.DONE
-            elif cancelled:
-                run.state = ChunkState.CANCELLED
-            else:
-                run.state, run.reason = ChunkState.FAILED, self._why(job, chunks or {}, missing)
+    def finish(
+        self,
+        job: _Job,
+        cancelled: bool = False,
+        chunks: dict[str, ChunkRun] | None = None,
+        view: PackView | None = None,
+    ) -> None:
+        """The one end of a packed job: its chunks as its items ended in the pack (read through it;
+        ``view``: the pack as read once for all its jobs), its report, on_complete, Stage.ENDED, its
+        lease released."""
+        fold = Fold.read(job.plan, job.rundir, view)
+        own = ((c.id, c.items) for c in job.plan.chunks)  # the job's own chunks, as its items ended in the pack
+        why = lambda missing: self._why(job, chunks or {}, missing)  # noqa: E731
+        runs = ended_runs(own, lambda i: fold.result(i) is not None, cancelled, why)
         job.rundir.enter(Stage.REPORT)
         started = job.lease.started if job.lease else time.time()
-        report = build_report(job.plan, job.rundir, runs, self.image, started)
+        report = build_report(job.plan, job.rundir, runs, self.image, started, fold=fold)
         path = job.rundir.write_report(report.to_dict())
         report = usecase.call_hooks(self.config, job.spec.on_complete, job.rundir, report, path)
         job.rundir.enter(Stage.ENDED)
@@ -257,12 +257,17 @@ class PackRun:
                 if job.lease is not None:
                     job.lease.release()
             raise
-        chunks = _chunk_runs(self.pack)
-        for job in self._running():  # a cancel since the last look ends its job as cancelled too
-            cancelled = report.counts.cancelled > 0 or job.rundir.control().cancel
-            self.finish(job, cancelled=cancelled, chunks=chunks)
-        os.sync()  # the jobs' folders were written without fsyncs (_Job.rundir.durable)
+        self.end_jobs(report.counts.cancelled > 0)
         return {name: job.report for name, job in self.jobs.items() if job.report is not None}
+
+    def end_jobs(self, cancelled: bool) -> None:
+        """Each job still running ended, once the pack's chunks have ended (``cancelled``: the pack
+        was); the pack is read once for all of them."""
+        chunks = _chunk_runs(self.pack)
+        view = PackView(self.pack)
+        for job in self._running():  # a cancel since the last look ends its job as cancelled too
+            self.finish(job, cancelled=cancelled or job.rundir.control().cancel, chunks=chunks, view=view)
+        os.sync()  # the jobs' folders were written without fsyncs (_Job.rundir.durable)
 
 
 def _chunk_runs(pack: RunDir) -> dict[str, ChunkRun]:
