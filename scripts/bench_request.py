@@ -51,6 +51,7 @@ sys.path.insert(0, str(REPO))
 from contract.results import ItemResult, ItemStatus  # noqa: E402
 from controller.api.app import make_app  # noqa: E402
 from controller.config import Config  # noqa: E402
+from controller.folder import sync_filesystem  # noqa: E402
 from controller.run import usecase  # noqa: E402
 from controller.run.jobs import owner  # noqa: E402
 from controller.run.rundir import Control, RunDir  # noqa: E402
@@ -165,7 +166,7 @@ def stage_pack(config: Config, inbox: Inbox, members: list[Member], stages: Stag
             if not rundir.exists():
                 rundir.create(m.job.file.read_bytes(), m.job.plan, {}, Control(m.job.spec.max_concurrent), IMAGE)
             jobs[m.job.job_id] = packs._Job(rundir, m.job.spec, m.job.plan, record[m.job.job_id]["items"])
-        os.sync()
+        sync_filesystem(config.data_root)
     # the runners' work, not timed: every item of the pack committed
     plan = pack.plan()
     now = time.time()

@@ -28,6 +28,7 @@ from contract.layout import AttemptLog, DataRootLayout, RunLayout, parse_attempt
 from contract.manifest import Manifest
 from contract.results import ChunkResults, ItemResult, chunk_results
 from controller.errors import FfswarmError
+from controller.folder import sync_filesystem
 from controller.job.plan import ID, Plan
 from controller.volume import DIR_MODE, SHARED_DIR_MODE, Owner, UnsafePath, Volume
 
@@ -71,7 +72,7 @@ def write_atomic(path: Path, data: bytes, owner: Owner | None = None, durable: b
     """Temp name in the same folder (O_EXCL, in the folder's descriptor), then rename and fsync the
     folder; mode 0640 narrowed by the umask; never through a symlink on any part of ``path`` (an
     absolute path: callers outside a RunDir). `durable=False` skips the fsyncs, for bulk writes that
-    the caller makes durable with one os.sync() (planning 5,000 manifests)."""
+    the caller makes durable with one flush of the filesystem (planning 5,000 manifests)."""
     _SYSTEM.mkdirs(path.parent)
     _SYSTEM.write_atomic(path, data, owner, durable=durable)
 
@@ -247,15 +248,15 @@ class RunDir:
         self._write(self.layout.job_file, job_file)
         self._write(self.layout.job_sha256, hashlib.sha256(job_file).hexdigest().encode() + b"\n")
         # Every manifest on disk before the plan says the run folder is complete: a few are fsynced
-        # one by one; thousands get one os.sync() (which flushes every filesystem of the machine:
-        # cheaper than thousands of fsyncs, dearer than a few).
+        # one by one; thousands get one flush of the volume's filesystem (cheaper than thousands of
+        # fsyncs, dearer than a few).
         bulk = len(manifests) > BULK_MANIFESTS
         for chunk, manifest in manifests.items():
             self._write(self.layout.manifest(chunk), manifest.to_json().encode(), durable=not bulk)
         self.write_control(control)
         self.write_image(image)
         if bulk:
-            os.sync()
+            sync_filesystem(self.data_root)
         self._write(self.layout.plan, plan.to_json().encode())  # last: its presence means "created"
 
     def plan(self) -> Plan:

@@ -37,6 +37,7 @@ from contract.s3 import S3Url
 from controller import log, yamlio
 from controller.config import Config
 from controller.errors import FfswarmError
+from controller.folder import sync_filesystem
 from controller.job.files import parse_job_text
 from controller.job.keys import Pack, packed
 from controller.job.plan import AUTO_MAX_CHUNK, ID, Plan, TargetRef, item_id, make_plan
@@ -210,7 +211,7 @@ class PackRun:
         runs = ended_runs(own, lambda i: fold.result(i) is not None, cancelled, why)
         job.rundir.enter(Stage.REPORT)
         started = job.lease.started if job.lease else time.time()
-        report = build_report(job.plan, job.rundir, runs, self.image, started, fold=fold)
+        report = build_report(job.plan, job.rundir, runs, self.image, started, fold=fold, spec=job.spec)
         path = job.rundir.write_report(report.to_dict())
         report = usecase.call_hooks(self.config, job.spec.on_complete, job.rundir, report, path)
         job.rundir.enter(Stage.ENDED)
@@ -267,7 +268,7 @@ class PackRun:
         view = PackView(self.pack)
         for job in self._running():  # a cancel since the last look ends its job as cancelled too
             self.finish(job, cancelled=cancelled or job.rundir.control().cancel, chunks=chunks, view=view)
-        os.sync()  # the jobs' folders were written without fsyncs (_Job.rundir.durable)
+        sync_filesystem(self.config.data_root)  # the jobs' folders were written without fsyncs (_Job.rundir.durable)
 
 
 def _chunk_runs(pack: RunDir) -> dict[str, ChunkRun]:
@@ -300,14 +301,14 @@ def open_pack(
     jobs: dict[str, _Job] = {}
     for m in members:
         rundir = RunDir(config.data_root, m.job.job_id, owner(config), config.controller_ids())
-        rundir.durable = False  # hundreds at once: one os.sync() below, not six fsyncs each
+        rundir.durable = False  # hundreds at once: one flush of the volume below, not six fsyncs each
         rundir.write_file(rundir.layout.packed, f"{pack_id}\n".encode())  # first: the pack it belongs to
         if m.tenant is not None:
             rundir.write_file(rundir.layout.owner, f"{m.tenant}\n".encode())
         if not rundir.exists():
             rundir.create(m.job.file.read_bytes(), m.job.plan, {}, Control(m.job.spec.max_concurrent), image)
         jobs[m.job.job_id] = _Job(rundir, m.job.spec, m.job.plan, record[m.job.job_id]["items"])
-    os.sync()
+    sync_filesystem(config.data_root)
     return prepared, PackRun(config, backend, pack, jobs, clock)
 
 
