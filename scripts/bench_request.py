@@ -2,12 +2,13 @@
 """The controller's own work per small request, stage by stage, in one process and without a swarm.
 
 What `ffswarm api` and `ffswarm serve` do for each one-photo request (bench_small.py's kind: its own
-source photo and target photo, in a tenant's area) is timed here on a temporary data root:
+source photo and target photo, in a tenant's area) is timed here on a temporary data root, in wall
+time and in the process's CPU time (what a loaded machine changes least):
 
   a  api      the real Starlette app in-process (httpx over ASGI): POST /v1/jobs — auth, quota,
               the job checked inside the area, owner record, inbox file;
-  b  claim    serve's inbox: the listing (amortised per request), claim (checked bytes copied to
-              running/, lease) and the start count;
+  b  claim    serve's inbox: the listing (amortised per request) and the claim (checked bytes
+              copied to running/, its lease counting the start);
   c  prepare  serve's job file: owner record read back, parse + validate + resolve + plan
               (usecase.one_job), run folder looked at, offered to the packer;
   d  pack     what packing does per member job, packs of --pack members: the pack built (divided
@@ -16,8 +17,9 @@ source photo and target photo, in a tenant's area) is timed here on a temporary 
               inbox file to done/.
 
 The runner's work is stood in for by result lines written into the pack's results files (not
-timed). Prints the median ms per request of each stage over --requests requests (and the total), and
-with --profile the top of cProfile's cumulative listing of all stages.
+timed). Prints the median and mean ms per request of each stage over --requests requests, the CPU
+ms per request (and the totals), and with --profile the top of cProfile's cumulative listing of all
+stages.
 
     .venv/bin/python scripts/bench_request.py                  # 200 requests, packs of 50
     .venv/bin/python scripts/bench_request.py --profile 30     # and the 30 hottest functions
@@ -73,16 +75,19 @@ class Stages:
 
     def __init__(self) -> None:
         self.times: dict[str, list[float]] = {}
+        self.cpu: dict[str, float] = {}  # the process's CPU seconds per stage, all requests together
 
     @contextmanager
     def timed(self, stage: str, share: int = 1) -> Iterator[None]:
         """Time the block; ``share``: how many requests it served (each gets an equal part)."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         yield
         self.times.setdefault(stage, []).extend([(time.perf_counter() - t0) / share] * share)
+        self.cpu[stage] = self.cpu.get(stage, 0.0) + time.process_time() - c0
 
-    def add(self, stage: str, seconds: float) -> None:
+    def add(self, stage: str, seconds: float, cpu: float) -> None:
         self.times.setdefault(stage, []).append(seconds)
+        self.cpu[stage] = self.cpu.get(stage, 0.0) + cpu
 
 
 def make_photos(config: Config, n: int) -> None:
@@ -103,9 +108,9 @@ def stage_api(config: Config, n: int, stages: Stages) -> list[str]:
         async with httpx.AsyncClient(transport=transport, base_url="http://api", headers=headers) as http:
             for i in range(n):
                 body = {"name": "req", "source": f"in/s{i}.jpg", "targets": [f"in/t{i}.jpg"], **OPTIONS}
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 r = await http.post("/v1/jobs", json=body)
-                stages.add("a api", time.perf_counter() - t0)
+                stages.add("a api", time.perf_counter() - t0, time.process_time() - c0)
                 if r.status_code != 202:
                     raise SystemExit(f"post {i}: {r.status_code} {r.text[:300]}")
                 jobs.append(r.json()["id"])
@@ -229,13 +234,14 @@ def main() -> None:
         stages = profiled(run, args.profile) if args.profile else run()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{n} one-photo requests, packs of {args.pack}: ms per request (median; mean)")
-    total_med = total_mean = 0.0
+    print(f"{n} one-photo requests, packs of {args.pack}: ms per request (median; mean; CPU)")
+    total_med = total_mean = total_cpu = 0.0
     for stage, values in stages.times.items():
         med, mean = statistics.median(values) * 1000, statistics.fmean(values) * 1000
-        total_med, total_mean = total_med + med, total_mean + mean
-        print(f"  {stage:<18} {med:8.2f}  {mean:8.2f}")
-    print(f"  {'total':<18} {total_med:8.2f}  {total_mean:8.2f}")
+        cpu = stages.cpu.get(stage, 0.0) * 1000 / len(values)
+        total_med, total_mean, total_cpu = total_med + med, total_mean + mean, total_cpu + cpu
+        print(f"  {stage:<18} {med:8.2f}  {mean:8.2f}  {cpu:8.2f}")
+    print(f"  {'total':<18} {total_med:8.2f}  {total_mean:8.2f}  {total_cpu:8.2f}")
 
 
 if __name__ == "__main__":
