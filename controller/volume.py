@@ -87,9 +87,6 @@ def masked(mode: int) -> int:
     return (mode & ~0o777) | (mode & 0o777 & ~umask())
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
 class Volume:
     """One data root. Paths are given relative to it (str or PurePosixPath), or as absolute Paths
     beneath it; either way they are checked lexically (no ``..``) and resolved without links."""
@@ -268,11 +265,11 @@ class Volume:
         rel = self.rel(path)
         parts = rel.split("/") if rel else []
         made: list[str] = []
-        fd, start = self._deepest(parts)
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            if start == len(parts) and enforce:
-                own(fd, owner, want, rel or ".")
-            for n, name in enumerate(parts[start:], start + 1):
+            if not parts and enforce:
+                own(fd, owner, want, ".")
+            for n, name in enumerate(parts, 1):
                 where = "/".join(parts[:n])
                 new = False
                 try:
@@ -296,19 +293,6 @@ class Volume:
         finally:
             os.close(fd)
         return made
-
-    def _deepest(self, parts: list[str]) -> tuple[int, int]:
-        """A descriptor of the folder ``parts`` names, or else of its parent, when it exists (one
-        lookup that follows no link, not a walk: most folders asked for exist already), and how
-        many of ``parts`` it holds; else of the data root and 0."""
-        for n in (len(parts), len(parts) - 1):
-            if n <= 0:
-                break
-            try:
-                return self._open("/".join(parts[:n]), _DIR_FLAGS, 0), n
-            except OSError:  # missing, or a link on the way: the walk makes it or names the link
-                continue
-        return os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), 0
 
     def write_atomic(
         self,
