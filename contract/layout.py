@@ -3,7 +3,9 @@ both of its readers.
 
 ``DataRootLayout`` names the folders ffswarm keeps for itself at the top of the data root (``runs/``,
 ``models/``, ``inbox/``, ``tenants/``: never a job's outputs); ``RunLayout`` the files of one run
-folder.
+folder. A tenant's pack keeps its run folder under ``runs/.tenants/<tenant>/``, which its id names
+(``pack-<tenant>-<8 base32>``, run_rel): a lane of that tenant mounts that folder alone, never
+another tenant's or a CLI job's run folders (docs/operations.md#isolation).
 
 The controller sees the run folder under its host's data root, a runner under the container's
 ``/data``; both build a ``RunLayout`` over their own root and ask it for paths, so a file is never
@@ -50,6 +52,11 @@ from contract.paths import CONTAINER_DATA_ROOT
 P = TypeVar("P", bound=PurePath)
 
 RUNS = "runs"  # under the data root: one folder per job id
+TENANT_RUNS = ".tenants"  # under runs/: a folder per tenant holding its packs' run folders (a dot: never a job id)
+PACK_PREFIX = "pack-"  # `serve`'s packs' ids: no other job's id starts so (controller/run/jobs.py)
+PACK_SUFFIX = 8  # lowercase base32 characters that end a pack's id
+MAX_JOB_ID = 40  # a job's id (the job file's name): its services' names stay within Swarm's 63 characters
+MAX_PACK_TENANT = MAX_JOB_ID - len(PACK_PREFIX) - 1 - PACK_SUFFIX  # a tenant whose packs' ids name it
 MODELS = "models"  # under the data root: one folder per model pack (contract/pack.py)
 INBOX = "inbox"  # under the data root: job files handed to `serve` (controller/serve/daemon.py)
 TENANTS = "tenants"  # under the data root: the API's tenants' areas, and their job records in .jobs/
@@ -80,6 +87,7 @@ LEASE = "lease.json"  # who runs the job now: one controller at a time
 JOINS = "joins.jsonl"
 REPORT = "report.json"
 
+_TENANT_PACK = re.compile(rf"{PACK_PREFIX}(?P<tenant>[a-z0-9-]{{1,{MAX_PACK_TENANT}}})-[a-z2-7]{{{PACK_SUFFIX}}}")
 _ATTEMPT_LOG = re.compile(r"(?P<chunk>[^./][^/]*)\.a(?P<attempt>[0-9]+)\.log")
 _RESULTS = re.compile(r"(?P<chunk>[a-z0-9][a-z0-9-]*)(?:\.a(?P<attempt>[0-9]{1,6}))?\.jsonl")
 
@@ -97,6 +105,33 @@ def attempt_log_name(chunk: str, attempt: int) -> str:
 
 def results_name(chunk: str, attempt: int) -> str:
     return f"{chunk}.a{attempt}.jsonl"
+
+
+def pack_job_id(tenant: str | None, suffix: str) -> str:
+    """A pack's id: ``pack-<suffix>``, a tenant's ``pack-<tenant>-<suffix>`` (``suffix``: PACK_SUFFIX
+    lowercase base32 characters; the tenant's name at most MAX_PACK_TENANT characters, so that the
+    id is a job id), so that its run folder is found from its id alone (run_rel)."""
+    return f"{PACK_PREFIX}{suffix}" if tenant is None else f"{PACK_PREFIX}{tenant}-{suffix}"
+
+
+def pack_tenant(job: str) -> str | None:
+    """The tenant a pack's id names (None: not a tenant's pack), read from its end: the last
+    PACK_SUFFIX characters are the pack's own, everything between ``pack-`` and them the tenant."""
+    m = _TENANT_PACK.fullmatch(job)
+    return None if m is None else m["tenant"]
+
+
+def tenant_runs_rel(tenant: str) -> PurePosixPath:
+    """The folder of a tenant's packs' run folders, relative to the data root: all a lane of that
+    tenant sees of runs/ (docs/operations.md#isolation)."""
+    return PurePosixPath(RUNS, TENANT_RUNS, tenant)
+
+
+def run_rel(job: str) -> PurePosixPath:
+    """A job's run folder relative to the data root: ``runs/<job>``, a tenant's pack's
+    ``runs/.tenants/<tenant>/<job>``."""
+    tenant = pack_tenant(job)
+    return PurePosixPath(RUNS, job) if tenant is None else tenant_runs_rel(tenant) / job
 
 
 def parse_results_name(name: str) -> AttemptLog | None:
@@ -157,12 +192,16 @@ class DataRootLayout(Generic[P]):
 
     def run(self, job: str) -> RunLayout[P]:
         """One job's run folder."""
-        return RunLayout(self.root / RUNS / job)
+        return RunLayout(self.root / run_rel(job))
+
+    def tenant_runs(self) -> P:
+        """The folder of every tenant's folder of pack run folders (``runs/.tenants``)."""
+        return self.root / RUNS / TENANT_RUNS
 
 
 @dataclass(frozen=True)
 class RunLayout(Generic[P]):
-    """The paths of one run folder ``dir`` (``<data root>/runs/<job>``), of the same kind as ``dir``:
+    """The paths of one run folder ``dir`` (``<data root>/`` run_rel), of the same kind as ``dir``:
     host Paths for the controller, container PurePosixPaths for the runner and the manifests."""
 
     dir: P
@@ -170,17 +209,17 @@ class RunLayout(Generic[P]):
     @staticmethod
     def host(data_root: Path, job: str) -> RunLayout[Path]:
         """The controller's view: under this host's data root."""
-        return RunLayout(data_root / RUNS / job)
+        return RunLayout(data_root / run_rel(job))
 
     @staticmethod
     def container(job: str) -> RunLayout[PurePosixPath]:
         """A runner's view, and what manifests and requests name: under ``/data``."""
-        return RunLayout(PurePosixPath(CONTAINER_DATA_ROOT, RUNS, job))
+        return RunLayout(PurePosixPath(CONTAINER_DATA_ROOT) / run_rel(job))
 
     @staticmethod
     def relative(job: str) -> RunLayout[PurePosixPath]:
         """Relative to the data root, as plan.json and reports name files."""
-        return RunLayout(PurePosixPath(RUNS, job))
+        return RunLayout(run_rel(job))
 
     @property
     def job_file(self) -> P:

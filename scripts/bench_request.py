@@ -155,7 +155,7 @@ def stage_pack(config: Config, inbox: Inbox, members: list[Member], stages: Stag
     n = len(members)
     folder = inbox.path / "packs"
     with stages.timed("d1 pack build", share=n):
-        pack_id = packs.new_pack_id()
+        pack_id = packs.new_pack_id(members[0].job.tenant)
         prepared, record = packs.build(config, members, pack_id, folder, 2)
         pack = RunDir(config.data_root, pack_id, owner(config), config.controller_ids())
         pack.create(prepared.file.read_bytes(), prepared.plan, {}, Control(prepared.spec.max_concurrent), IMAGE)

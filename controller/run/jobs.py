@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from contract.identity import IdentityResult
 from contract.identity_table import identity_id
-from contract.layout import RUNS
+from contract.layout import PACK_PREFIX, RunLayout, pack_tenant, tenant_runs_rel
 from contract.s3 import S3Url, StorageAccess, is_s3
 from controller import policy as admission
 from controller.config import Config
@@ -118,6 +118,9 @@ def _prepare_one(
     webhooks = None if tenant is None else config.webhooks(tenant)
     admission.check_job(config.policy, spec, str(file), webhooks)  # nothing is looked at before the policy agrees
     job_id = next_job_id(config.data_root, spec.name, new)
+    if job_id.startswith(PACK_PREFIX):  # its run folder would be taken for a pack's (contract/layout.py)
+        why = f"{spec.name!r} starts with {PACK_PREFIX!r}, which only serve's packs' ids do"
+        raise JobFileError(str(file), "name", why)
     check_same_job(config, job_id, file)
     limit = config.policy.limits.targets
     store = store_for(config, spec, tenant)
@@ -264,10 +267,10 @@ def data_mounts(config: Config, job: PreparedJob) -> tuple[DataMount, ...]:
     outputs = {posixpath.dirname(i.output) for i in job.plan.items if not is_s3(i.output)}
     return tenant_mounts(
         area_rel(job.tenant),
-        f"{RUNS}/{job.job_id}",
+        str(RunLayout.relative(job.job_id).dir),
         f"models/{job.spec.models}",
         outputs,
-        runs=RUNS if job.linger > 0 else "",
+        runs=str(tenant_runs_rel(job.tenant)) if job.linger > 0 else "",
     )
 
 
@@ -346,17 +349,19 @@ def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
     return rundir
 
 
-
-
 def run_tenant(config: Config, job: str) -> str | None:
     """The tenant whose API job ``job``'s run folder is: the ``owner`` `serve` wrote there
     (controller/serve/jobs.py record_owner), when the run folder and that file are the
     controller's own (reached without links; owned by root or the controller, never the runner;
     writable by no one else; the file a regular one with one link) and it names a configured tenant.
     None otherwise: the job is a CLI job (its outputs may not enter ``tenants/``, its runners see the
-    whole data root). ``ffswarm render``, ``resume`` and ``retry`` reopen a job with it."""
+    whole data root). A tenant's pack is that tenant's: its id names it (contract/layout.py).
+    ``ffswarm render``, ``resume`` and ``retry`` reopen a job with it."""
     if not config.tenants or not ID.fullmatch(job):
         return None
+    packed_for = pack_tenant(job)
+    if packed_for is not None:
+        return packed_for if packed_for in config.tenants else None
     trusted = owners.trusted_uids(config.controller_ids()[0], owner(config)[0])
     rundir = RunDir(config.data_root, job)
     raw = rundir.volume.read_trusted(rundir.path, rundir.layout.owner.name, trusted, 64, 0o022)

@@ -218,21 +218,24 @@ class RunDir:
         folders that exist: one a runner made first, or an older run folder, is taken back."""
         ctl = self.controller_owner()
         self.data_root.mkdir(parents=True, exist_ok=True)  # the operator's path (config): trusted
-        self.volume.mkdirs(self.path.parent, ctl, DIR_MODE)  # runs/: made if missing, never taken over
-        self._share_runs(ctl)
+        self.volume.mkdirs(self.path.parent, ctl, DIR_MODE)  # runs/ (a tenant's too): made if missing, never taken over
+        above = [self.path.parent, *self.path.parent.parents]  # runs/, and runs/.tenants/<t>/ for a tenant's pack
+        for folder in reversed(above[: above.index(DataRootLayout.host(self.data_root).runs) + 1]):
+            self._share_runs(ctl, folder)
         for folder in self.layout.controller_folders():
             self._mkdir(folder, ctl, DIR_MODE)
         for folder in self.layout.runner_folders():
             self._mkdir(folder, self.runner_owner(), SHARED_DIR_MODE)
 
-    def _share_runs(self, ctl: Owner | None) -> None:
-        """runs/ made by this controller (or by an earlier step: the output claims under
-        runs/.claims) gets the controller's owner, the runner's group and DIR_MODE, so runners reach
-        their run folders and an API running as ``controller_user`` reads them; one a root controller
-        made as root's is handed to ``controller_user``; a runs/ someone else owns is left as it is."""
+    def _share_runs(self, ctl: Owner | None, folder: Path) -> None:
+        """runs/ (or a tenant's runs/.tenants/<t>/) made by this controller (or by an earlier step:
+        the output claims under runs/.claims) gets the controller's owner, the runner's group and
+        DIR_MODE, so runners reach their run folders and an API running as ``controller_user`` reads
+        them; one a root controller made as root's is handed to ``controller_user``; one someone else
+        owns is left as it is."""
         if ctl is None:
             return
-        fd = self.volume.open_dir(self.path.parent)
+        fd = self.volume.open_dir(folder)
         try:
             st = os.fstat(fd)
             ours = st.st_uid == ctl[0] or (st.st_uid == 0 and os.geteuid() == 0)
@@ -381,6 +384,23 @@ class RunDir:
         if data is not None and not isinstance(data, dict):
             raise RunFileError(f"{self.rel(self.layout.report)}: not a report")
         return data
+
+
+def run_ids(data_root: Path) -> list[str]:
+    """The id of every job with a run folder (made or being made): runs/<job>/, and each tenant's
+    packs' runs/.tenants/<tenant>/<pack>/ — only folders where their id says (contract/layout.py
+    run_rel), never through a link."""
+    top = DataRootLayout.host(data_root)
+    folders = [top.runs] + [top.tenant_runs() / t for t in _names(top.tenant_runs()) if not t.startswith(".")]
+    found = {name for folder in folders for name in _names(folder) if ID.fullmatch(name)}
+    return sorted(n for n in found if top.run(n).dir.is_dir() and not top.run(n).dir.is_symlink())
+
+
+def _names(folder: Path) -> list[str]:
+    try:
+        return [e.name for e in os.scandir(folder) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
 
 
 def next_job_id(data_root: Path, name: str, new: bool) -> str:

@@ -11,24 +11,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from contract.layout import DataRootLayout, RunLayout
+from contract.layout import RunLayout
 from controller.config import Config
 from controller.errors import UsageError
 from controller.run import history
 from controller.run import job_lease as lease
 from controller.run.fold import Fold
-from controller.run.rundir import RunDir, Stage
+from controller.run.rundir import RunDir, Stage, run_ids
 from controller.volume import UnsafePath
 
 OUTCOMES = ("succeeded", "partial", "failed", "cancelled")
 
 
 def collect(config: Config, job: str | None) -> list[dict[str, Any]]:
-    runs = DataRootLayout.host(config.data_root).runs
     if job:
         names = [job]
     else:
-        names = sorted(p.name for p in runs.iterdir() if RunLayout(p).plan.is_file()) if runs.is_dir() else []
+        names = [n for n in run_ids(config.data_root) if RunLayout.host(config.data_root, n).plan.is_file()]
     return [job_status(RunDir(config.data_root, n)) for n in names]
 
 

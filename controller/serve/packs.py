@@ -1,6 +1,7 @@
 """A pack: small jobs run together as one pairs job, each job still its own (controller/serve/packing.py).
 
-The pack is an ordinary job with its own run folder (``runs/pack-<id>/``): a pairs job whose every
+The pack is an ordinary job with its own run folder (``runs/pack-<id>/``, a tenant's pack's
+``runs/.tenants/<tenant>/pack-<tenant>-<id>/``: contract/layout.py run_rel): a pairs job whose every
 target swaps in its own job's person and writes its own job's output, planned, retried and resumed
 like any other; its ``members.json`` says which job each of its items belongs to. A pack runs no
 identity step: each of its chunks embeds the people its own items use, once each, after its models
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.identity_table import identity_id
+from contract.layout import pack_job_id
 from contract.s3 import S3Url
 from controller import log, yamlio
 from controller.config import Config
@@ -64,8 +66,10 @@ OWN_KEYS = frozenset(packed(JobSpec, Pack.OWN))
 LOOK = 1.0  # seconds between PackRun.watch's looks at the jobs' cancel flags
 
 
-def new_pack_id() -> str:
-    return "pack-" + base64.b32encode(os.urandom(5)).decode().lower()
+def new_pack_id(tenant: str | None) -> str:
+    """A fresh pack id; a tenant's names the tenant, so its run folder is under the tenant's own
+    folder of pack run folders (contract/layout.py run_rel)."""
+    return pack_job_id(tenant, base64.b32encode(os.urandom(5)).decode().lower())
 
 
 def build(
@@ -293,7 +297,7 @@ def open_pack(
     clock: Callable[[], float] = time.monotonic,
 ) -> tuple[PreparedJob, PackRun]:
     """A new pack's run folder, its members.json and its jobs' folders, nothing started yet."""
-    pack_id = new_pack_id()
+    pack_id = new_pack_id(members[0].job.tenant)
     prepared, record = build(config, members, pack_id, folder, parallel)
     pack, _ = usecase.open_or_start(config, backend, prepared)
     pack.write_file(pack.layout.members, json.dumps(record).encode())
