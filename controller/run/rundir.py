@@ -386,23 +386,6 @@ class RunDir:
         return data
 
 
-def run_ids(data_root: Path) -> list[str]:
-    """The id of every job with a run folder (made or being made): runs/<job>/, and each tenant's
-    packs' runs/.tenants/<tenant>/<pack>/ — only folders where their id says (contract/layout.py
-    run_rel), never through a link."""
-    top = DataRootLayout.host(data_root)
-    folders = [top.runs] + [top.tenant_runs() / t for t in _names(top.tenant_runs()) if not t.startswith(".")]
-    found = {name for folder in folders for name in _names(folder) if ID.fullmatch(name)}
-    return sorted(n for n in found if top.run(n).dir.is_dir() and not top.run(n).dir.is_symlink())
-
-
-def _names(folder: Path) -> list[str]:
-    try:
-        return [e.name for e in os.scandir(folder) if e.is_dir(follow_symlinks=False)]
-    except OSError:
-        return []
-
-
 def next_job_id(data_root: Path, name: str, new: bool) -> str:
     """Job id = name; with --new the first free name-2, name-3 … when a run of that name exists."""
     runs = DataRootLayout.host(data_root).runs
