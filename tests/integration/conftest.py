@@ -256,6 +256,7 @@ def tenants(workspace: Workspace) -> Iterator[Tenants]:
     for name in (t.a, t.b):
         shutil.rmtree(root / "tenants" / name, ignore_errors=True)
         shutil.rmtree(root / "tenants" / ".jobs" / name, ignore_errors=True)
+        shutil.rmtree(root / "runs" / ".tenants" / name, ignore_errors=True)  # its packs' run folders
 
 
 @pytest.fixture
