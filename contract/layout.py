@@ -3,9 +3,13 @@ both of its readers.
 
 ``DataRootLayout`` names the folders ffswarm keeps for itself at the top of the data root (``runs/``,
 ``models/``, ``inbox/``, ``tenants/``: never a job's outputs); ``RunLayout`` the files of one run
-folder. A tenant's pack keeps its run folder under ``runs/.tenants/<tenant>/``, which its id names
-(``pack-<tenant>-<8 base32>``, run_rel): a lane of that tenant mounts that folder alone, never
-another tenant's or a CLI job's run folders (docs/operations.md#isolation).
+folder. A tenant's pack keeps its run folder under ``runs/.tenants/<key>/``, where ``<key>`` is the
+tenant's key: the first 10 hex digits of the sha256 of its name (tenant_key), whatever the name's
+length. The pack's id carries the same key (``pack-<key>-<8 base32>``), so its folder follows from
+the id alone (run_rel); the tenant itself is recorded in the pack's ``owner`` file. A lane of that
+tenant mounts that folder alone, never another tenant's or a CLI job's run folders
+(docs/operations.md#isolation). An operator finds a tenant's folder with
+``python3 -c 'import hashlib,sys; print(hashlib.sha256(sys.argv[1].encode()).hexdigest()[:10])' acme``.
 
 The controller sees the run folder under its host's data root, a runner under the container's
 ``/data``; both build a ``RunLayout`` over their own root and ask it for paths, so a file is never
@@ -14,7 +18,7 @@ spelled twice. Every file has one writer (docs/architecture.md, "The controller/
 ====================================  ==============================================================
 ``job.yaml``, ``plan.json``           controller, at the first submit
 ``job.sha256``                        controller, at the first submit: the job file's digest
-``owner``                             controller (`serve`), for API jobs: the tenant that owns it
+``owner``                             controller (`serve`), for API jobs and tenants' packs: the tenant
 ``packed``                            controller (`serve`): a packed job's pack (controller/serve/packs.py)
 ``members.json``                      controller (`serve`), in a pack's folder: its jobs and their items
 ``chunks/<chunk>.json``               controller: the chunk manifest (contract/manifest.py)
@@ -42,6 +46,7 @@ Pure: naming only, no file is touched here.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePath, PurePosixPath
@@ -52,11 +57,10 @@ from contract.paths import CONTAINER_DATA_ROOT
 P = TypeVar("P", bound=PurePath)
 
 RUNS = "runs"  # under the data root: one folder per job id
-TENANT_RUNS = ".tenants"  # under runs/: a folder per tenant holding its packs' run folders (a dot: never a job id)
+TENANT_RUNS = ".tenants"  # under runs/: a folder per tenant key holding its packs' run folders (a dot: never a job id)
 PACK_PREFIX = "pack-"  # `serve`'s packs' ids: no other job's id starts so (controller/run/jobs.py)
 PACK_SUFFIX = 8  # lowercase base32 characters that end a pack's id
-MAX_JOB_ID = 40  # a job's id (the job file's name): its services' names stay within Swarm's 63 characters
-MAX_PACK_TENANT = MAX_JOB_ID - len(PACK_PREFIX) - 1 - PACK_SUFFIX  # a tenant whose packs' ids name it
+TENANT_KEY = 10  # hex digits of sha256(tenant name) that stand for the tenant in its packs' ids and folder
 MODELS = "models"  # under the data root: one folder per model pack (contract/pack.py)
 INBOX = "inbox"  # under the data root: job files handed to `serve` (controller/serve/daemon.py)
 TENANTS = "tenants"  # under the data root: the API's tenants' areas, and their job records in .jobs/
@@ -73,7 +77,7 @@ RUNNER_FOLDERS = (RESULTS, LOGS, SEGMENTS, ATTEMPTS, IDENTITY_DIR)  # made with 
 SUBFOLDERS = (*CONTROLLER_FOLDERS, *RUNNER_FOLDERS)
 JOB_FILE = "job.yaml"
 JOB_SHA256 = "job.sha256"  # the sha256 of the job file that started the run (its identity)
-OWNER = "owner"  # API jobs: the tenant's name (controller-owned; CLI jobs have none)
+OWNER = "owner"  # API jobs and a tenant's packs: the tenant's name (controller-owned; CLI jobs have none)
 PACKED = "packed"  # a job run inside a pack: the pack's job id (controller-owned)
 MEMBERS = "members.json"  # a pack: each job it runs, its tenant, and its items' ids in the pack
 PLAN = "plan.json"  # written last: its presence means the run folder is complete
@@ -87,7 +91,7 @@ LEASE = "lease.json"  # who runs the job now: one controller at a time
 JOINS = "joins.jsonl"
 REPORT = "report.json"
 
-_TENANT_PACK = re.compile(rf"{PACK_PREFIX}(?P<tenant>[a-z0-9-]{{1,{MAX_PACK_TENANT}}})-[a-z2-7]{{{PACK_SUFFIX}}}")
+_TENANT_PACK = re.compile(rf"{PACK_PREFIX}(?P<key>[0-9a-f]{{{TENANT_KEY}}})-[a-z2-7]{{{PACK_SUFFIX}}}")
 _ATTEMPT_LOG = re.compile(r"(?P<chunk>[^./][^/]*)\.a(?P<attempt>[0-9]+)\.log")
 _RESULTS = re.compile(r"(?P<chunk>[a-z0-9][a-z0-9-]*)(?:\.a(?P<attempt>[0-9]{1,6}))?\.jsonl")
 
@@ -107,31 +111,46 @@ def results_name(chunk: str, attempt: int) -> str:
     return f"{chunk}.a{attempt}.jsonl"
 
 
+def tenant_key(tenant: str) -> str:
+    """What stands for ``tenant`` in its packs' ids and in the folder of their run folders: the first
+    TENANT_KEY hex digits of the sha256 of its name. Fixed-length, so a pack's id is a job id
+    whatever the tenant's name; the config refuses two tenants with one key
+    (controller/apiconfig.py parse_tenants), so a key names one tenant."""
+    return hashlib.sha256(tenant.encode()).hexdigest()[:TENANT_KEY]
+
+
 def pack_job_id(tenant: str | None, suffix: str) -> str:
-    """A pack's id: ``pack-<suffix>``, a tenant's ``pack-<tenant>-<suffix>`` (``suffix``: PACK_SUFFIX
-    lowercase base32 characters; the tenant's name at most MAX_PACK_TENANT characters, so that the
-    id is a job id), so that its run folder is found from its id alone (run_rel)."""
-    return f"{PACK_PREFIX}{suffix}" if tenant is None else f"{PACK_PREFIX}{tenant}-{suffix}"
+    """A pack's id: ``pack-<suffix>``, a tenant's ``pack-<tenant key>-<suffix>`` (``suffix``:
+    PACK_SUFFIX lowercase base32 characters), so that its run folder is found from its id alone
+    (run_rel)."""
+    return f"{PACK_PREFIX}{suffix}" if tenant is None else f"{PACK_PREFIX}{tenant_key(tenant)}-{suffix}"
 
 
-def pack_tenant(job: str) -> str | None:
-    """The tenant a pack's id names (None: not a tenant's pack), read from its end: the last
-    PACK_SUFFIX characters are the pack's own, everything between ``pack-`` and them the tenant."""
+def pack_tenant_key(job: str) -> str | None:
+    """The tenant key a tenant's pack's id carries (None: not a tenant's pack)."""
     m = _TENANT_PACK.fullmatch(job)
-    return None if m is None else m["tenant"]
+    return None if m is None else m["key"]
+
+
+def may_own(job: str, tenant: str) -> bool:
+    """Whether run folder ``job``'s ``owner`` may name ``tenant``: a tenant's pack only its own
+    tenant, the one whose key its id carries; any other job any tenant (checked elsewhere). An
+    ``owner`` that fails this is never believed."""
+    key = pack_tenant_key(job)
+    return key is None or key == tenant_key(tenant)
 
 
 def tenant_runs_rel(tenant: str) -> PurePosixPath:
-    """The folder of a tenant's packs' run folders, relative to the data root: all a lane of that
-    tenant sees of runs/ (docs/operations.md#isolation)."""
-    return PurePosixPath(RUNS, TENANT_RUNS, tenant)
+    """The folder of a tenant's packs' run folders, relative to the data root (``runs/.tenants/<key>``):
+    all a lane of that tenant sees of runs/ (docs/operations.md#isolation)."""
+    return PurePosixPath(RUNS, TENANT_RUNS, tenant_key(tenant))
 
 
 def run_rel(job: str) -> PurePosixPath:
     """A job's run folder relative to the data root: ``runs/<job>``, a tenant's pack's
-    ``runs/.tenants/<tenant>/<job>``."""
-    tenant = pack_tenant(job)
-    return PurePosixPath(RUNS, job) if tenant is None else tenant_runs_rel(tenant) / job
+    ``runs/.tenants/<tenant key>/<job>``."""
+    key = pack_tenant_key(job)
+    return PurePosixPath(RUNS, job) if key is None else PurePosixPath(RUNS, TENANT_RUNS, key, job)
 
 
 def parse_results_name(name: str) -> AttemptLog | None:

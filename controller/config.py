@@ -16,7 +16,7 @@ from controller.apiconfig import ApiSettings, Tenant, check_tenant_storage, pars
 from controller.errors import ConfigError
 from controller.policy import Policy, Webhooks, parse_policy
 from controller.settings.fields import FieldError, parse_duration
-from controller.settings.packing import PackingSettings, check_pack_tenants, parse_packing
+from controller.settings.packing import PackingSettings, parse_packing
 from controller.settings.webhooks import WebhookSettings, parse_webhook_settings
 from controller.storage.settings import S3Settings, StorageSettings, parse_storage
 from controller.swarm.servicespec import VolumeSpec
@@ -190,7 +190,6 @@ def parse_config(path: Path, data: dict[str, Any]) -> Config:
         policy = parse_policy(data["policy"]) if "policy" in data else Policy()
         api, tenants = parse_api(data.get("api")), parse_tenants(data.get("tenants"))
         packing = parse_packing(data.get("packing"))
-        check_pack_tenants(packing, tenants)
         storage = parse_storage(data.get("storage"))
         delivery = parse_webhook_settings(data.get("webhooks"))
         s3 = storage.s3

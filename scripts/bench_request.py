@@ -55,7 +55,7 @@ from controller.api.app import make_app  # noqa: E402
 from controller.config import Config  # noqa: E402
 from controller.folder import sync_filesystem  # noqa: E402
 from controller.run import usecase  # noqa: E402
-from controller.run.jobs import owner  # noqa: E402
+from controller.run.jobs import owner, write_owner  # noqa: E402
 from controller.run.rundir import Control, RunDir  # noqa: E402
 from controller.serve import jobs as serve_jobs  # noqa: E402
 from controller.serve import packs  # noqa: E402
@@ -167,7 +167,7 @@ def stage_pack(config: Config, inbox: Inbox, members: list[Member], stages: Stag
             rundir.durable = False
             rundir.write_file(rundir.layout.packed, f"{pack_id}\n".encode())
             if m.tenant is not None:
-                rundir.write_file(rundir.layout.owner, f"{m.tenant}\n".encode())
+                write_owner(rundir, m.tenant)
             if not rundir.exists():
                 rundir.create(m.job.file.read_bytes(), m.job.plan, {}, Control(m.job.spec.max_concurrent), IMAGE)
             jobs[m.job.job_id] = packs._Job(rundir, m.job.spec, m.job.plan, record[m.job.job_id]["items"])

@@ -16,8 +16,8 @@ deliveries kept beside it when it never had a run folder, and its entry in the t
   relative to a folder's descriptor: a symlink on the way is never followed (an output behind a
   swapped-in link stays), a symlink where a folder was is removed as the link itself.
 
-A packed job's pack (``runs/pack-…``, a tenant's ``runs/.tenants/<t>/pack-<t>-…``) goes once none of
-its members' run folders remain.
+A packed job's pack (``runs/pack-…``, a tenant's ``runs/.tenants/<key>/pack-<key>-…``) goes once none
+of its members' run folders remain.
 
 The deletion starts by writing ``tenants/.jobs/<t>/<job>.deleting`` and ends by removing it after
 the owner record: a deletion cut short is finished by the next one, even though the job's run folder

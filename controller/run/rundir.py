@@ -219,7 +219,7 @@ class RunDir:
         ctl = self.controller_owner()
         self.data_root.mkdir(parents=True, exist_ok=True)  # the operator's path (config): trusted
         self.volume.mkdirs(self.path.parent, ctl, DIR_MODE)  # runs/ (a tenant's too): made if missing, never taken over
-        above = [self.path.parent, *self.path.parent.parents]  # runs/, and runs/.tenants/<t>/ for a tenant's pack
+        above = [self.path.parent, *self.path.parent.parents]  # runs/, and runs/.tenants/<key>/ for a tenant's pack
         for folder in reversed(above[: above.index(DataRootLayout.host(self.data_root).runs) + 1]):
             self._share_runs(ctl, folder)
         for folder in self.layout.controller_folders():
@@ -228,7 +228,7 @@ class RunDir:
             self._mkdir(folder, self.runner_owner(), SHARED_DIR_MODE)
 
     def _share_runs(self, ctl: Owner | None, folder: Path) -> None:
-        """runs/ (or a tenant's runs/.tenants/<t>/) made by this controller (or by an earlier step:
+        """runs/ (or a tenant's runs/.tenants/<key>/) made by this controller (or by an earlier step:
         the output claims under runs/.claims) gets the controller's owner, the runner's group and
         DIR_MODE, so runners reach their run folders and an API running as ``controller_user`` reads
         them; one a root controller made as root's is handed to ``controller_user``; one someone else

@@ -34,7 +34,7 @@ def collect(config: Config, job: str | None) -> list[dict[str, Any]]:
 
 def run_ids(data_root: Path) -> list[str]:
     """The id of every job with a run folder (made or being made): runs/<job>/, and each tenant's
-    packs' runs/.tenants/<tenant>/<pack>/ — only folders where their id says (contract/layout.py
+    packs' runs/.tenants/<key>/<pack>/ — only folders where their id says (contract/layout.py
     run_rel), never through a link."""
     top = DataRootLayout.host(data_root)
     folders = [top.runs] + [top.tenant_runs() / t for t in _names(top.tenant_runs()) if not t.startswith(".")]

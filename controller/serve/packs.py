@@ -1,17 +1,18 @@
 """A pack: small jobs run together as one pairs job, each job still its own (controller/serve/packing.py).
 
 The pack is an ordinary job with its own run folder (``runs/pack-<id>/``, a tenant's pack's
-``runs/.tenants/<tenant>/pack-<tenant>-<id>/``: contract/layout.py run_rel): a pairs job whose every
-target swaps in its own job's person and writes its own job's output, planned, retried and resumed
-like any other; its ``members.json`` says which job each of its items belongs to. A pack runs no
-identity step: each of its chunks embeds the people its own items use, once each, after its models
-load (a source photo without exactly one face fails that person's items, naming the photo), which
-spares every pack a container start and a model load. Each packed job keeps a run folder of its
-own, created with its own plan and a ``packed`` file naming the pack. Nothing is copied into it
-while the pack runs: everything that reads a job (status, the API's events, report, results.zip)
-reads a packed job's results through its pack (controller/run/packed.py, by the one fold), exactly
-like one that ran alone. When the pack ends, each job gets its own report and on_complete, and
-`serve` moves each job's inbox file to done/ or failed/.
+``runs/.tenants/<key>/pack-<key>-<id>/``, ``<key>`` the tenant's: contract/layout.py run_rel, its
+``owner`` naming the tenant): a pairs job whose every target swaps in its own job's person and
+writes its own job's output, planned, retried and resumed like any other; its ``members.json`` says
+which job each of its items belongs to. A pack runs no identity step: each of its chunks embeds the
+people its own items use, once each, after its models load (a source photo without exactly one face
+fails that person's items, naming the photo), which spares every pack a container start and a model
+load. Each packed job keeps a run folder of its own, created with its own plan and a ``packed`` file
+naming the pack. Nothing is copied into it while the pack runs: everything that reads a job (status,
+the API's events, report, results.zip) reads a packed job's results through its pack
+(controller/run/packed.py, by the one fold), exactly like one that ran alone. When the pack ends,
+each job gets its own report and on_complete, and `serve` moves each job's inbox file to done/ or
+failed/.
 
 At every round of the pack's watch (Policy.on_round) ``PackRun.watch`` looks at its jobs: a
 packed job cancelled while its pack runs ends at once as cancelled (its report says which items
@@ -49,7 +50,7 @@ from controller.run import job_lease, usecase, webhooks
 from controller.run.chunks import ChunkRun, ended_runs
 from controller.run.failures import ChunkState
 from controller.run.fold import Fold
-from controller.run.jobs import PreparedJob, open_run, owner
+from controller.run.jobs import PreparedJob, open_run, owner, write_owner
 from controller.run.launch import FreshLauncher, Launcher
 from controller.run.packed import PackView, own_items, read_members
 from controller.run.report import Report, build_report
@@ -67,8 +68,8 @@ LOOK = 1.0  # seconds between PackRun.watch's looks at the jobs' cancel flags
 
 
 def new_pack_id(tenant: str | None) -> str:
-    """A fresh pack id; a tenant's names the tenant, so its run folder is under the tenant's own
-    folder of pack run folders (contract/layout.py run_rel)."""
+    """A fresh pack id; a tenant's carries the tenant's key, so its run folder is under the tenant's
+    own folder of pack run folders (contract/layout.py run_rel)."""
     return pack_job_id(tenant, base64.b32encode(os.urandom(5)).decode().lower())
 
 
@@ -308,7 +309,7 @@ def open_pack(
         rundir.durable = False  # hundreds at once: one flush of the volume below, not six fsyncs each
         rundir.write_file(rundir.layout.packed, f"{pack_id}\n".encode())  # first: the pack it belongs to
         if m.tenant is not None:
-            rundir.write_file(rundir.layout.owner, f"{m.tenant}\n".encode())
+            write_owner(rundir, m.tenant)
         if not rundir.exists():
             rundir.create(m.job.file.read_bytes(), m.job.plan, {}, Control(m.job.spec.max_concurrent), image)
         jobs[m.job.job_id] = _Job(rundir, m.job.spec, m.job.plan, record[m.job.job_id]["items"])

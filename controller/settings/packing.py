@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from contract.handoff import LINGER_MAX
-from contract.layout import MAX_PACK_TENANT
 from controller.settings.fields import FieldError
 
 MAX_PACK_ITEMS = 1000  # one pack's photos at most (the largest chunk `auto` makes)
@@ -45,20 +44,6 @@ def parse_packing(data: Any) -> PackingSettings:
     if linger is None or not 0 <= linger <= LINGER_MAX:
         raise FieldError("packing.linger", f"must be 0 (off) to {LINGER_MAX:g} seconds (a number, or like 20s)")
     return PackingSettings(max_items, window, max(pack_items, max_items), linger)
-
-
-def check_pack_tenants(packing: PackingSettings, tenants: Iterable[str]) -> None:
-    """With packing on, a tenant's packs' ids name the tenant (``pack-<tenant>-<8 characters>``,
-    a job id: contract/layout.py), which keeps its packs' run folders apart from every other's; so a
-    tenant's name is at most MAX_PACK_TENANT characters long."""
-    if not packing.on:
-        return
-    for name in tenants:
-        if len(name) > MAX_PACK_TENANT:
-            raise FieldError(
-                f"tenants.{name}",
-                f"a name of at most {MAX_PACK_TENANT} characters while packing is on (its packs' ids name it)",
-            )
 
 
 def _seconds(value: Any) -> float | None:

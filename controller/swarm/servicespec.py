@@ -288,7 +288,7 @@ def tenant_mounts(
     ``models`` read-only — never the data root. A lane's runner is handed the tenant's later packs,
     whose run folders and output folders do not exist yet when its service is made: it sees
     ``runs``, the folder that holds every run folder of the tenant's packs and nothing else
-    (``runs/.tenants/<t>``, contract/layout.py), and its whole area writable, instead of those of
+    (``runs/.tenants/<key>``, contract/layout.py), and its whole area writable, instead of those of
     one pack (docs/operations.md#isolation)."""
     inside = [f for f in dict.fromkeys(output_folders) if f != run and not f.startswith(run + "/")]
     for f in inside:

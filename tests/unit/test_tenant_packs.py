@@ -1,12 +1,14 @@
 """A tenant's packs and lanes see only that tenant (docs/operations.md#isolation): a pack of tenant
-acme keeps its run folder under ``runs/.tenants/acme/``, found from its id alone by status, a packed
-job's reads, resume and deletion; a lane of acme mounts acme's area, that folder and the model pack,
-nothing else; no other job's id can take a pack's form. Real files, the in-memory FakeSwarm; the live
-lane service's mounts: tests/integration/test_packing_linger.py."""
+acme keeps its run folder under ``runs/.tenants/<acme's key>/`` (the first 10 hex digits of the
+sha256 of "acme"), found from its id alone by status, a packed job's reads, resume and deletion, and
+names acme in its ``owner``, which resume and metrics believe only for the tenant whose key the id
+carries; a lane of acme mounts acme's area, that folder and the model pack, nothing else; no other
+job's id can take a pack's form; a tenant's name may be as long as any. Real files, the in-memory
+FakeSwarm; the live lane service's mounts: tests/integration/test_packing_linger.py."""
 
 from __future__ import annotations
 
-import dataclasses
+import hashlib
 import json
 import re
 import time
@@ -16,34 +18,50 @@ import pytest
 import yaml
 
 from contract.handoff import Handoff
-from contract.layout import RunLayout, pack_job_id, pack_tenant, run_rel
+from contract.layout import RunLayout, may_own, pack_job_id, pack_tenant_key, run_rel
 from contract.results import ItemResult, ItemStatus
+from controller import apiconfig
 from controller.api import submit
 from controller.api.area import Area
 from controller.api.errors import ApiError
 from controller.config import Config, parse_config
-from controller.errors import ConfigError, JobFileError
+from controller.errors import ConfigError, JobFileError, UsageError
+from controller.job.plan import ID
 from controller.run import deletion, jobs, status, usecase
+from controller.run.metrics import Metrics
 from controller.run.packed import pack_of
 from controller.run.rundir import RunDir
 from controller.serve import packs
 from controller.serve.lanes import ROLE_LANE, Lanes
 from controller.serve.packing import Member
-from controller.settings.packing import check_pack_tenants, parse_packing
 from controller.swarm.servicespec import LABEL_ROLE, DataMount
 from tests.builders import JPEG, make_config
 from tests.fakes import FakeSwarm
 
+
+def key(tenant: str) -> str:
+    """A tenant's key as docs/operations.md#isolation tells an operator to work it out."""
+    return hashlib.sha256(tenant.encode()).hexdigest()[:10]
+
+
 AREA = "tenants/acme"
-RUNS = "runs/.tenants/acme"
+RUNS = f"runs/.tenants/{key('acme')}"
 MODELS = "models/default"
+LONG = "a-tenant-whose-name-is-forty-characters-"  # the longest name a config takes
+
+
+def packing_config(tmp_path: Path, linger: str = "0s", tenant: str = "acme") -> Config:
+    """The test config with packing on and tenants acme (or ``tenant`` in its place) and globex."""
+    config, _ = make_config(tmp_path)
+    data = yaml.safe_load(config.path.read_text())
+    data["tenants"][tenant] = data["tenants"].pop("acme")
+    return parse_config(config.path, {**data, "packing": {"max_items": 5, "linger": linger}})
 
 
 def tenant_members(tmp_path: Path, linger: str = "0s", tenant: str = "acme") -> tuple[Config, list[Member]]:
     """Tenant ``tenant``'s jobs ``one`` (a.jpg) and ``two`` (b.jpg), one photo each, as `serve` has
     them from the inbox: paths under the tenant's area."""
-    config, _ = make_config(tmp_path)
-    config = dataclasses.replace(config, packing=parse_packing({"max_items": 5, "linger": linger}))
+    config = packing_config(tmp_path, linger, tenant)
     area = f"tenants/{tenant}"
     for rel in ("in/a.jpg", "in/b.jpg", "faces/me.jpg"):
         (config.data_root / area / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -76,28 +94,36 @@ def visible(mounts: tuple[DataMount, ...]) -> dict[str, bool]:
     return {m.rel: m.writable for m in mounts}
 
 
-def test_a_packs_id_names_its_tenant_and_so_its_run_folder() -> None:
-    assert run_rel(pack_job_id("acme", "abcdefgh")).as_posix() == "runs/.tenants/acme/pack-acme-abcdefgh"
-    assert run_rel(pack_job_id("big-co", "abcdefgh")).as_posix() == "runs/.tenants/big-co/pack-big-co-abcdefgh"
-    assert pack_tenant("pack-big-co-abcdefgh") == "big-co"  # read from the end: the tenant may hold a -
+def test_a_packs_id_carries_its_tenants_key_and_so_its_run_folder() -> None:
+    acme = pack_job_id("acme", "abcdefgh")
+    assert acme == f"pack-{key('acme')}-abcdefgh" and len(acme) == 24
+    assert run_rel(acme).as_posix() == f"{RUNS}/{acme}"
+    long = pack_job_id(LONG, "abcdefgh")  # any tenant name: the id stays 24 characters, a job id
+    assert len(LONG) == 40 and len(long) == 24 and ID.fullmatch(long)
+    assert run_rel(long).as_posix() == f"runs/.tenants/{key(LONG)}/{long}"
+    assert pack_tenant_key(acme) == key("acme") and pack_tenant_key("pack-abcdefgh") is None
     assert run_rel(pack_job_id(None, "abcdefgh")).as_posix() == "runs/pack-abcdefgh"  # a CLI jobs' pack
-    for job in ("holiday", "pack-abcdefgh", "pack-acme-abc", "pack-acme-abcdefg1", "acme-abcdefgh"):
+    for job in ("holiday", "pack-abcdefgh", "pack-acme-abcdefgh", f"pack-{key('acme')}-abcdefg1", "acme-abcdefgh"):
         assert run_rel(job).as_posix() == f"runs/{job}", job
-    assert RunLayout.container("pack-acme-abcdefgh").dir.as_posix() == "/data/runs/.tenants/acme/pack-acme-abcdefgh"
+    # its owner file is believed for acme alone; any other job's for any tenant (checked elsewhere)
+    assert may_own(acme, "acme") and not may_own(acme, "globex") and not may_own(acme, LONG)
+    assert may_own("holiday", "globex") and may_own("pack-abcdefgh", "acme")
+    assert RunLayout.container(acme).dir.as_posix() == f"/data/{RUNS}/{acme}"
     # a lingering runner is handed the next pack's manifest there, and nothing that leaves runs/
-    manifest = "/data/runs/.tenants/acme/pack-acme-abcdefgh/chunks/c0000.json"
+    manifest = f"/data/{RUNS}/{acme}/chunks/c0000.json"
     assert Handoff(1, manifest).manifest == manifest
     with pytest.raises(ValueError, match="hand-off manifest"):
-        Handoff(1, "/data/runs/.tenants/acme/../pack-acme-abcdefgh/chunks/c0000.json")
+        Handoff(1, f"/data/{RUNS}/../{acme}/chunks/c0000.json")
 
 
 def test_a_tenants_pack_is_made_under_its_tenants_folder_and_status_finds_it(tmp_path: Path) -> None:
     config, ms = tenant_members(tmp_path)
     _, runner = packs.open_pack(config, FakeSwarm(), ms, config.data_root / "inbox" / "packs", 1)
     pack = runner.pack
-    assert re.fullmatch(r"pack-acme-[a-z2-7]{8}", pack.job)
+    assert re.fullmatch(rf"pack-{key('acme')}-[a-z2-7]{{8}}", pack.job)
     assert pack.path == config.data_root / RUNS / pack.job and pack.layout.plan.is_file()
     assert not (config.data_root / "runs" / pack.job).exists()
+    assert pack.layout.owner.read_text() == "acme\n"  # the tenant its id stands for
     manifest = json.loads(pack.layout.manifest("c0000").read_text())
     assert manifest["run_dir"] == f"/data/{RUNS}/{pack.job}"  # the runner's view of the same folder
     one = RunDir(config.data_root, "one")
@@ -120,7 +146,8 @@ def test_a_resumed_tenants_pack_ends_its_jobs_in_services_that_see_only_its_tena
         commit(pack, "i000001", "b", "two")
 
     swarm.on_end["c0000"] = chunk_ends
-    reports = packs.resume(config, swarm, pack.job)
+    metrics = Metrics()
+    reports = packs.resume(config, swarm, pack.job, [lambda r, j: metrics.sink(r, j.spec.resources.gpus)])
     assert reports["one"].counts.ok == 1 and reports["two"].counts.ok == 1
     (service,) = swarm.created
     assert visible(service.data_mounts) == {
@@ -130,6 +157,38 @@ def test_a_resumed_tenants_pack_ends_its_jobs_in_services_that_see_only_its_tena
         f"{RUNS}/{pack.job}": True,
         MODELS: False,
     }
+    # the pack's items are billed to acme, the tenant its owner file names
+    assert metrics.registry.get_sample_value("ffswarm_tenant_items_total", {"tenant": "acme", "status": "ok"}) == 2
+
+
+@pytest.mark.parametrize("written", [b"globex\n", b"initech\n", None])
+def test_a_pack_whose_owner_is_not_its_ids_tenant_is_never_run(tmp_path: Path, written: bytes | None) -> None:
+    """Another configured tenant, one the config lacks, or none: the pack is not taken for globex's,
+    nor for a CLI job's (whose runners see the whole data root); no service is started."""
+    config, ms = tenant_members(tmp_path)
+    swarm = FakeSwarm()
+    _, runner = packs.open_pack(config, swarm, ms, config.data_root / "inbox" / "packs", 1)
+    pack = runner.pack
+    if written is None:
+        pack.layout.owner.unlink()
+    else:
+        pack.write_file(pack.layout.owner, written)  # as the controller writes it: only its content is wrong
+    assert jobs.run_tenant(config, pack.job) is None
+    with pytest.raises(UsageError, match=f"pack {pack.job}: {RUNS}/{pack.job}/owner does not name"):
+        packs.resume(config, swarm, pack.job)
+    assert swarm.created == []
+    metrics = Metrics()  # nor is anything billed to the tenant it names
+    sink = metrics.sink(pack)
+    sink("job_started", pending=1)
+    assert sink.tenant == ""
+
+
+def test_a_tenant_with_a_long_name_gets_packs_too(tmp_path: Path) -> None:
+    config, ms = tenant_members(tmp_path, tenant=LONG)
+    _, runner = packs.open_pack(config, FakeSwarm(), ms, config.data_root / "inbox" / "packs", 1)
+    pack = runner.pack
+    assert len(pack.job) == 24 and pack.path == config.data_root / "runs" / ".tenants" / key(LONG) / pack.job
+    assert jobs.run_tenant(config, pack.job) == LONG
 
 
 def test_deleting_a_tenants_packed_jobs_removes_their_pack_with_the_last_one(tmp_path: Path) -> None:
@@ -202,14 +261,10 @@ def test_an_api_job_whose_id_would_read_as_a_packs_is_refused(tmp_path: Path, na
     assert e.value.status == 422 and "pack" in str(e.value)
 
 
-def test_with_packing_on_a_tenants_name_must_fit_in_its_packs_ids(tmp_path: Path) -> None:
-    packing = parse_packing({"max_items": 5})
-    check_pack_tenants(packing, ["a" * 26])
-    check_pack_tenants(parse_packing(None), ["a" * 40])  # packing off: any tenant name
-    with pytest.raises(ValueError, match="at most 26 characters"):
-        check_pack_tenants(packing, ["acme", "a" * 27])
-    config, _ = make_config(tmp_path)
-    data = yaml.safe_load(config.path.read_text())
-    data["tenants"]["a" * 27] = data["tenants"].pop("acme")
-    with pytest.raises(ConfigError, match="at most 26 characters"):
-        parse_config(config.path, {**data, "packing": {"max_items": 5}})
+def test_two_tenants_with_one_key_refuse_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key names one tenant's packs' folder: two names whose sha256 begin alike (40 bits: a
+    config will not meet it by chance) refuse the config rather than share a lane's view."""
+    packing_config(tmp_path / "long", tenant=LONG)  # any name, packing on
+    monkeypatch.setattr(apiconfig, "tenant_key", lambda name: "0123456789")
+    with pytest.raises(ConfigError, match="tenants.globex: has the same packs' folder key as tenant 'acme'"):
+        packing_config(tmp_path / "two")
