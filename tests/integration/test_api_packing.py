@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from contract.layout import run_rel
+from contract.layout import run_rel, tenant_runs_rel
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, ROLE_RUNNER
 from tests.fixtures import photos
@@ -133,7 +133,8 @@ def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: s
     for pack in packs:  # packs never mix tenants: each holds one tenant's jobs (both tenants posted)
         members = json.loads((ws.root / run_rel(pack) / "members.json").read_text())
         (owner,) = {m["tenant"] for m in members.values()}
-        assert run_rel(pack).parent.as_posix() == f"runs/.tenants/{owner}", pack  # its tenant's folder alone
+        assert run_rel(pack).parent == tenant_runs_rel(owner), pack  # its tenant's folder alone
+        assert (ws.root / run_rel(pack) / "owner").read_text() == f"{owner}\n"  # which names the tenant
         by_tenant.setdefault(owner, set()).add(pack)
     assert sorted(by_tenant) == sorted({tenants.a, tenants.b}), by_tenant
     assert all(len(p) <= 2 for p in by_tenant.values()), by_tenant  # a window's worth, or two

@@ -13,6 +13,7 @@ live one's is kept.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import shutil
@@ -186,8 +187,9 @@ def test_a_tenants_lane_mounts_only_its_area_its_packs_run_folders_and_the_model
 ) -> None:
     """The live lane service of tenant a (docs/operations.md#isolation): its data mounts are exactly
     a's area (writable: its later packs' output folders do not exist yet), a's folder of pack run
-    folders runs/.tenants/<a> (writable: their run folders neither) and the model pack read-only —
-    never runs/, another tenant's area or the data root; and its pack's run folder is inside it."""
+    folders runs/.tenants/<a's key> (writable: their run folders neither; the key worked out as the
+    docs tell an operator) and the model pack read-only — never runs/, another tenant's area or the
+    data root; and its pack's run folder is inside it, its owner file naming a."""
     ws = workspace
     packs: set[str] = set()
     try:
@@ -205,17 +207,19 @@ def test_a_tenants_lane_mounts_only_its_area_its_packs_run_folders_and_the_model
         jobs = _round(tenants, api, swarm, 0, seen)
         packs |= {(ws.root / "runs" / j / "packed").read_text().strip() for j in jobs}
         (pack,) = packs
-        assert (ws.root / "runs" / ".tenants" / tenants.a / pack / "report.json").is_file()
+        key = hashlib.sha256(tenants.a.encode()).hexdigest()[:10]  # docs/operations.md#isolation
+        assert (ws.root / "runs" / ".tenants" / key / pack / "report.json").is_file()
+        assert (ws.root / "runs" / ".tenants" / key / pack / "owner").read_text() == f"{tenants.a}\n"
         assert not (ws.root / "runs" / pack).exists()
         (lane,) = seen["lanes"]
         live = swarm.client.api.inspect_service(lane)["Spec"]["TaskTemplate"]["ContainerSpec"]["Mounts"]
         data = [m for m in live if m["Type"] != "tmpfs"]
         assert {m["Target"]: bool(m.get("ReadOnly")) for m in data} == {
             f"/data/tenants/{tenants.a}": False,
-            f"/data/runs/.tenants/{tenants.a}": False,
+            f"/data/runs/.tenants/{key}": False,
             "/data/models/default": True,
         }, data
-        allowed = [ws.root / "tenants" / tenants.a, ws.root / "runs" / ".tenants" / tenants.a, ws.root / "models"]
+        allowed = [ws.root / "tenants" / tenants.a, ws.root / "runs" / ".tenants" / key, ws.root / "models"]
         for m in data:  # where each comes from on the host: a bind's folder, or an NFS volume's sub-path
             source = m["Source"] if m["Type"] == "bind" else m["VolumeOptions"]["DriverConfig"]["Options"]["device"]
             assert any(source == str(p) or source.startswith(f"{p}/") or source.endswith(
