@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract.errors import ManifestError
+from contract.layout import RUNS, TENANT_RUNS
 from contract.paths import CONTAINER_DATA_ROOT, require_container_path
 
 LINGER_MAX = 600.0  # seconds a runner may wait for its next chunk
@@ -29,7 +30,8 @@ MAX_HANDOFF_BYTES = 4096
 MAX_SEQ = 10**9
 MAX_ATTEMPT = 100_000  # contract/attempt.py's (which imports the manifest, and so this module: not imported)
 _ID = r"[a-z0-9][a-z0-9-]{0,79}"
-_MANIFEST = re.compile(re.escape(CONTAINER_DATA_ROOT) + rf"/runs/{_ID}/chunks/{_ID}\.json")
+_RUN = rf"{RUNS}/(?:{re.escape(TENANT_RUNS)}/{_ID}/)?{_ID}"  # contract/layout.py run_rel
+_MANIFEST = re.compile(re.escape(CONTAINER_DATA_ROOT) + rf"/{_RUN}/chunks/{_ID}\.json")
 
 
 def check_linger(linger: Any, handoff: Any) -> None:

@@ -3,7 +3,13 @@ both of its readers.
 
 ``DataRootLayout`` names the folders ffswarm keeps for itself at the top of the data root (``runs/``,
 ``models/``, ``inbox/``, ``tenants/``: never a job's outputs); ``RunLayout`` the files of one run
-folder.
+folder. A tenant's pack keeps its run folder under ``runs/.tenants/<key>/``, where ``<key>`` is the
+tenant's key: the first 10 hex digits of the sha256 of its name (tenant_key), whatever the name's
+length. The pack's id carries the same key (``pack-<key>-<8 base32>``), so its folder follows from
+the id alone (run_rel); the tenant itself is recorded in the pack's ``owner`` file. A lane of that
+tenant mounts that folder alone, never another tenant's or a CLI job's run folders
+(docs/operations.md#isolation). An operator finds a tenant's folder with
+``python3 -c 'import hashlib,sys; print(hashlib.sha256(sys.argv[1].encode()).hexdigest()[:10])' acme``.
 
 The controller sees the run folder under its host's data root, a runner under the container's
 ``/data``; both build a ``RunLayout`` over their own root and ask it for paths, so a file is never
@@ -12,7 +18,7 @@ spelled twice. Every file has one writer (docs/architecture.md, "The controller/
 ====================================  ==============================================================
 ``job.yaml``, ``plan.json``           controller, at the first submit
 ``job.sha256``                        controller, at the first submit: the job file's digest
-``owner``                             controller (`serve`), for API jobs: the tenant that owns it
+``owner``                             controller (`serve`), for API jobs and tenants' packs: the tenant
 ``packed``                            controller (`serve`): a packed job's pack (controller/serve/packs.py)
 ``members.json``                      controller (`serve`), in a pack's folder: its jobs and their items
 ``chunks/<chunk>.json``               controller: the chunk manifest (contract/manifest.py)
@@ -40,6 +46,7 @@ Pure: naming only, no file is touched here.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePath, PurePosixPath
@@ -50,6 +57,10 @@ from contract.paths import CONTAINER_DATA_ROOT
 P = TypeVar("P", bound=PurePath)
 
 RUNS = "runs"  # under the data root: one folder per job id
+TENANT_RUNS = ".tenants"  # under runs/: a folder per tenant key holding its packs' run folders (a dot: never a job id)
+PACK_PREFIX = "pack-"  # `serve`'s packs' ids: no other job's id starts so (controller/run/jobs.py)
+PACK_SUFFIX = 8  # lowercase base32 characters that end a pack's id
+TENANT_KEY = 10  # hex digits of sha256(tenant name) that stand for the tenant in its packs' ids and folder
 MODELS = "models"  # under the data root: one folder per model pack (contract/pack.py)
 INBOX = "inbox"  # under the data root: job files handed to `serve` (controller/serve/daemon.py)
 TENANTS = "tenants"  # under the data root: the API's tenants' areas, and their job records in .jobs/
@@ -66,7 +77,7 @@ RUNNER_FOLDERS = (RESULTS, LOGS, SEGMENTS, ATTEMPTS, IDENTITY_DIR)  # made with 
 SUBFOLDERS = (*CONTROLLER_FOLDERS, *RUNNER_FOLDERS)
 JOB_FILE = "job.yaml"
 JOB_SHA256 = "job.sha256"  # the sha256 of the job file that started the run (its identity)
-OWNER = "owner"  # API jobs: the tenant's name (controller-owned; CLI jobs have none)
+OWNER = "owner"  # API jobs and a tenant's packs: the tenant's name (controller-owned; CLI jobs have none)
 PACKED = "packed"  # a job run inside a pack: the pack's job id (controller-owned)
 MEMBERS = "members.json"  # a pack: each job it runs, its tenant, and its items' ids in the pack
 PLAN = "plan.json"  # written last: its presence means the run folder is complete
@@ -80,6 +91,7 @@ LEASE = "lease.json"  # who runs the job now: one controller at a time
 JOINS = "joins.jsonl"
 REPORT = "report.json"
 
+_TENANT_PACK = re.compile(rf"{PACK_PREFIX}(?P<key>[0-9a-f]{{{TENANT_KEY}}})-[a-z2-7]{{{PACK_SUFFIX}}}")
 _ATTEMPT_LOG = re.compile(r"(?P<chunk>[^./][^/]*)\.a(?P<attempt>[0-9]+)\.log")
 _RESULTS = re.compile(r"(?P<chunk>[a-z0-9][a-z0-9-]*)(?:\.a(?P<attempt>[0-9]{1,6}))?\.jsonl")
 
@@ -97,6 +109,48 @@ def attempt_log_name(chunk: str, attempt: int) -> str:
 
 def results_name(chunk: str, attempt: int) -> str:
     return f"{chunk}.a{attempt}.jsonl"
+
+
+def tenant_key(tenant: str) -> str:
+    """What stands for ``tenant`` in its packs' ids and in the folder of their run folders: the first
+    TENANT_KEY hex digits of the sha256 of its name. Fixed-length, so a pack's id is a job id
+    whatever the tenant's name; the config refuses two tenants with one key
+    (controller/apiconfig.py parse_tenants), so a key names one tenant."""
+    return hashlib.sha256(tenant.encode()).hexdigest()[:TENANT_KEY]
+
+
+def pack_job_id(tenant: str | None, suffix: str) -> str:
+    """A pack's id: ``pack-<suffix>``, a tenant's ``pack-<tenant key>-<suffix>`` (``suffix``:
+    PACK_SUFFIX lowercase base32 characters), so that its run folder is found from its id alone
+    (run_rel)."""
+    return f"{PACK_PREFIX}{suffix}" if tenant is None else f"{PACK_PREFIX}{tenant_key(tenant)}-{suffix}"
+
+
+def pack_tenant_key(job: str) -> str | None:
+    """The tenant key a tenant's pack's id carries (None: not a tenant's pack)."""
+    m = _TENANT_PACK.fullmatch(job)
+    return None if m is None else m["key"]
+
+
+def may_own(job: str, tenant: str) -> bool:
+    """Whether run folder ``job``'s ``owner`` may name ``tenant``: a tenant's pack only its own
+    tenant, the one whose key its id carries; any other job any tenant (checked elsewhere). An
+    ``owner`` that fails this is never believed."""
+    key = pack_tenant_key(job)
+    return key is None or key == tenant_key(tenant)
+
+
+def tenant_runs_rel(tenant: str) -> PurePosixPath:
+    """The folder of a tenant's packs' run folders, relative to the data root (``runs/.tenants/<key>``):
+    all a lane of that tenant sees of runs/ (docs/operations.md#isolation)."""
+    return PurePosixPath(RUNS, TENANT_RUNS, tenant_key(tenant))
+
+
+def run_rel(job: str) -> PurePosixPath:
+    """A job's run folder relative to the data root: ``runs/<job>``, a tenant's pack's
+    ``runs/.tenants/<tenant key>/<job>``."""
+    key = pack_tenant_key(job)
+    return PurePosixPath(RUNS, job) if key is None else PurePosixPath(RUNS, TENANT_RUNS, key, job)
 
 
 def parse_results_name(name: str) -> AttemptLog | None:
@@ -157,12 +211,16 @@ class DataRootLayout(Generic[P]):
 
     def run(self, job: str) -> RunLayout[P]:
         """One job's run folder."""
-        return RunLayout(self.root / RUNS / job)
+        return RunLayout(self.root / run_rel(job))
+
+    def tenant_runs(self) -> P:
+        """The folder of every tenant's folder of pack run folders (``runs/.tenants``)."""
+        return self.root / RUNS / TENANT_RUNS
 
 
 @dataclass(frozen=True)
 class RunLayout(Generic[P]):
-    """The paths of one run folder ``dir`` (``<data root>/runs/<job>``), of the same kind as ``dir``:
+    """The paths of one run folder ``dir`` (``<data root>/`` run_rel), of the same kind as ``dir``:
     host Paths for the controller, container PurePosixPaths for the runner and the manifests."""
 
     dir: P
@@ -170,17 +228,17 @@ class RunLayout(Generic[P]):
     @staticmethod
     def host(data_root: Path, job: str) -> RunLayout[Path]:
         """The controller's view: under this host's data root."""
-        return RunLayout(data_root / RUNS / job)
+        return RunLayout(data_root / run_rel(job))
 
     @staticmethod
     def container(job: str) -> RunLayout[PurePosixPath]:
         """A runner's view, and what manifests and requests name: under ``/data``."""
-        return RunLayout(PurePosixPath(CONTAINER_DATA_ROOT, RUNS, job))
+        return RunLayout(PurePosixPath(CONTAINER_DATA_ROOT) / run_rel(job))
 
     @staticmethod
     def relative(job: str) -> RunLayout[PurePosixPath]:
         """Relative to the data root, as plan.json and reports name files."""
-        return RunLayout(PurePosixPath(RUNS, job))
+        return RunLayout(run_rel(job))
 
     @property
     def job_file(self) -> P:

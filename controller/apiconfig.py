@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contract.layout import tenant_key
 from controller.policy import Webhooks, parse_webhooks
 from controller.settings.fields import (
     FieldError,
@@ -268,10 +269,15 @@ def parse_tenants(value: object) -> Mapping[str, Tenant]:
     out: dict[str, Tenant] = {}
     seen_keys: dict[str, str] = {}
     seen_subjects: dict[str, str] = {}
+    seen_folders: dict[str, str] = {}  # tenant key → tenant: a key names one tenant's packs (contract/layout.py)
     for name, body in value.items():
         if not isinstance(name, str) or not re.fullmatch(TENANT_NAME, name):
             raise FieldError("tenants", f"tenant name {show(name)} must be 1 to 40 characters of a-z, 0-9 and -")
         f = f"tenants.{name}"
+        if tenant_key(name) in seen_folders:
+            other = seen_folders[tenant_key(name)]
+            raise FieldError(f, f"has the same packs' folder key as tenant {other!r} (runs/.tenants/): rename one")
+        seen_folders[tenant_key(name)] = name
         known = ("api_keys_sha256", "quota", "weight", "s3", "jwt_subjects", "webhooks", "retention")
         data = _mapping(body if body is not None else {}, f, known)
         keys = data.get("api_keys_sha256", [])

@@ -2,22 +2,24 @@
 """The controller's own work per small request, stage by stage, in one process and without a swarm.
 
 What `ffswarm api` and `ffswarm serve` do for each one-photo request (bench_small.py's kind: its own
-source photo and target photo, in a tenant's area) is timed here on a temporary data root:
+source photo and target photo, in a tenant's area) is timed here on a temporary data root, in wall
+time and in the process's CPU time (what a loaded machine changes least):
 
   a  api      the real Starlette app in-process (httpx over ASGI): POST /v1/jobs — auth, quota,
               the job checked inside the area, owner record, inbox file;
-  b  claim    serve's inbox: the listing (amortised per request), claim (checked bytes copied to
-              running/, lease) and the start count;
+  b  claim    serve's inbox: the listing (amortised per request) and the claim (checked bytes
+              copied to running/, its lease counting the start);
   c  prepare  serve's job file: owner record read back, parse + validate + resolve + plan
               (usecase.one_job), run folder looked at, offered to the packer;
   d  pack     what packing does per member job, packs of --pack members: the pack built (divided
               among its members), each job's run folder (packed, owner, job.yaml, plan, control, image),
-              the pack's results copied into each job's folder, each job's report and end, and
-              serve's move of its inbox file to done/.
+              each job's report and end (its results read through the pack), and serve's move of its
+              inbox file to done/.
 
 The runner's work is stood in for by result lines written into the pack's results files (not
-timed). Prints the median ms per request of each stage over --requests requests (and the total), and
-with --profile the top of cProfile's cumulative listing of all stages.
+timed). Prints the median and mean ms per request of each stage over --requests requests, the CPU
+ms per request (and the totals), and with --profile the top of cProfile's cumulative listing of all
+stages.
 
     .venv/bin/python scripts/bench_request.py                  # 200 requests, packs of 50
     .venv/bin/python scripts/bench_request.py --profile 30     # and the 30 hottest functions
@@ -51,8 +53,9 @@ sys.path.insert(0, str(REPO))
 from contract.results import ItemResult, ItemStatus  # noqa: E402
 from controller.api.app import make_app  # noqa: E402
 from controller.config import Config  # noqa: E402
+from controller.folder import sync_filesystem  # noqa: E402
 from controller.run import usecase  # noqa: E402
-from controller.run.jobs import owner  # noqa: E402
+from controller.run.jobs import owner, write_owner  # noqa: E402
 from controller.run.rundir import Control, RunDir  # noqa: E402
 from controller.serve import jobs as serve_jobs  # noqa: E402
 from controller.serve import packs  # noqa: E402
@@ -72,16 +75,19 @@ class Stages:
 
     def __init__(self) -> None:
         self.times: dict[str, list[float]] = {}
+        self.cpu: dict[str, float] = {}  # the process's CPU seconds per stage, all requests together
 
     @contextmanager
     def timed(self, stage: str, share: int = 1) -> Iterator[None]:
         """Time the block; ``share``: how many requests it served (each gets an equal part)."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         yield
         self.times.setdefault(stage, []).extend([(time.perf_counter() - t0) / share] * share)
+        self.cpu[stage] = self.cpu.get(stage, 0.0) + time.process_time() - c0
 
-    def add(self, stage: str, seconds: float) -> None:
+    def add(self, stage: str, seconds: float, cpu: float) -> None:
         self.times.setdefault(stage, []).append(seconds)
+        self.cpu[stage] = self.cpu.get(stage, 0.0) + cpu
 
 
 def make_photos(config: Config, n: int) -> None:
@@ -102,9 +108,9 @@ def stage_api(config: Config, n: int, stages: Stages) -> list[str]:
         async with httpx.AsyncClient(transport=transport, base_url="http://api", headers=headers) as http:
             for i in range(n):
                 body = {"name": "req", "source": f"in/s{i}.jpg", "targets": [f"in/t{i}.jpg"], **OPTIONS}
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 r = await http.post("/v1/jobs", json=body)
-                stages.add("a api", time.perf_counter() - t0)
+                stages.add("a api", time.perf_counter() - t0, time.process_time() - c0)
                 if r.status_code != 202:
                     raise SystemExit(f"post {i}: {r.status_code} {r.text[:300]}")
                 jobs.append(r.json()["id"])
@@ -123,9 +129,8 @@ def stage_claim(inbox: Inbox, n: int, stages: Stages) -> list[Path]:
         waiting = inbox.waiting(time.time())
     for path in waiting:
         with stages.timed("b claim"):
-            got = inbox.claim(path)
+            got = inbox.claim(path, starts=1)  # as serve's loop claims: the lease counts this start
             assert got is not None, path
-            inbox.count_start(got)
         claimed.append(got)
     return claimed
 
@@ -150,7 +155,7 @@ def stage_pack(config: Config, inbox: Inbox, members: list[Member], stages: Stag
     n = len(members)
     folder = inbox.path / "packs"
     with stages.timed("d1 pack build", share=n):
-        pack_id = packs.new_pack_id()
+        pack_id = packs.new_pack_id(members[0].job.tenant)
         prepared, record = packs.build(config, members, pack_id, folder, 2)
         pack = RunDir(config.data_root, pack_id, owner(config), config.controller_ids())
         pack.create(prepared.file.read_bytes(), prepared.plan, {}, Control(prepared.spec.max_concurrent), IMAGE)
@@ -162,11 +167,11 @@ def stage_pack(config: Config, inbox: Inbox, members: list[Member], stages: Stag
             rundir.durable = False
             rundir.write_file(rundir.layout.packed, f"{pack_id}\n".encode())
             if m.tenant is not None:
-                rundir.write_file(rundir.layout.owner, f"{m.tenant}\n".encode())
+                write_owner(rundir, m.tenant)
             if not rundir.exists():
                 rundir.create(m.job.file.read_bytes(), m.job.plan, {}, Control(m.job.spec.max_concurrent), IMAGE)
             jobs[m.job.job_id] = packs._Job(rundir, m.job.spec, m.job.plan, record[m.job.job_id]["items"])
-        os.sync()
+        sync_filesystem(config.data_root)
     # the runners' work, not timed: every item of the pack committed
     plan = pack.plan()
     now = time.time()
@@ -178,23 +183,19 @@ def stage_pack(config: Config, inbox: Inbox, members: list[Member], stages: Stag
         ]
         pack.write_file(pack.layout.results(chunk.id, 1), "".join(lines).encode())
     run = packs.PackRun(config, cast(SwarmBackend, None), pack, jobs)
-    run.image = IMAGE
-    with stages.timed("d3 results copy", share=n):
-        run.tick(plan)
-    with stages.timed("d4 report, end", share=n):
-        for job in jobs.values():
-            run.finish(job, plan, chunks={})
-        os.sync()
+    run.image, run.plan = IMAGE, plan
+    with stages.timed("d3 report, end", share=n):  # each job's results are read through the pack
+        run.end_jobs(cancelled=False)
     for m in members:
         report = jobs[m.job.job_id].report
-        with stages.timed("d5 inbox move"):
+        with stages.timed("d4 inbox move"):
             outcome = serve_jobs._shown(config, serve_jobs.report_outcome(report))
             inbox.finish(m.claimed, outcome.ok, outcome.reason)
         assert outcome.ok, outcome.reason
 
 
 def bench(tmp: Path, n: int, per_pack: int) -> Stages:
-    config, _ = make_config(tmp)
+    config, _ = make_config(tmp, quota={"jobs_queued": n + 1, "requests_per_second": 10_000})  # none refused
     beat(config)
     make_photos(config, n)
     inbox = Inbox(config.data_root / "inbox", config.policy.limits.job_file)
@@ -233,13 +234,14 @@ def main() -> None:
         stages = profiled(run, args.profile) if args.profile else run()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{n} one-photo requests, packs of {args.pack}: ms per request (median; mean)")
-    total_med = total_mean = 0.0
+    print(f"{n} one-photo requests, packs of {args.pack}: ms per request (median; mean; CPU)")
+    total_med = total_mean = total_cpu = 0.0
     for stage, values in stages.times.items():
         med, mean = statistics.median(values) * 1000, statistics.fmean(values) * 1000
-        total_med, total_mean = total_med + med, total_mean + mean
-        print(f"  {stage:<18} {med:8.2f}  {mean:8.2f}")
-    print(f"  {'total':<18} {total_med:8.2f}  {total_mean:8.2f}")
+        cpu = stages.cpu.get(stage, 0.0) * 1000 / len(values)
+        total_med, total_mean, total_cpu = total_med + med, total_mean + mean, total_cpu + cpu
+        print(f"  {stage:<18} {med:8.2f}  {mean:8.2f}  {cpu:8.2f}")
+    print(f"  {'total':<18} {total_med:8.2f}  {total_mean:8.2f}  {total_cpu:8.2f}")
 
 
 if __name__ == "__main__":

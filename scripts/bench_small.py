@@ -55,6 +55,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from contract.layout import run_rel  # noqa: E402
 from scripts.bench_api import free_port  # noqa: E402
 from scripts.proc_cpu import per_request_ms, sample, spent  # noqa: E402
 from tests.fixtures import photos  # noqa: E402
@@ -242,7 +243,7 @@ class Bench:
                 (created if started else seen)[(d["job"], d["chunk"])] = at
         out = {"packs": float(len(packs)), "chunks": 0.0, "start_s": 0.0, "load_s": 0.0, "work_s": 0.0, "seen_s": 0.0}
         for pack in packs:
-            for record in (self.root / "runs" / pack / "attempts").glob("*.json"):
+            for record in (self.root / run_rel(pack) / "attempts").glob("*.json"):
                 r = json.loads(record.read_text())
                 key = (pack, r["chunk"])
                 if key not in created or not r.get("models_loaded_at") or not r.get("finished"):
@@ -261,7 +262,7 @@ class Bench:
         packs = {(self.root / "runs" / j / "packed").read_text().strip() for j in self.jobs
                  if (self.root / "runs" / j / "packed").is_file()}  # fmt: skip
         for job in [*self.jobs, *packs]:
-            shutil.rmtree(self.root / "runs" / job, ignore_errors=True)
+            shutil.rmtree(self.root / run_rel(job), ignore_errors=True)
             (self.root / "inbox" / "packs" / f"{job}.yaml").unlink(missing_ok=True)
             for sub in ("done", "failed"):
                 for p in (self.root / "inbox" / sub).glob(f"{job}.yaml*"):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from contract.layout import PACK_PREFIX
 from contract.s3 import is_s3
 from controller import policy as admission
 from controller import yamlio
@@ -68,6 +69,9 @@ def _name(data: Mapping[str, Any]) -> str:
     name = data.get("name", "job")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ApiError(422, "invalid_job", "must be 1 to 31 characters of a-z, 0-9 and - (the id adds 9)", field="name")
+    if f"{name}-".startswith(PACK_PREFIX):  # the id would read as a pack's (contract/layout.py run_rel)
+        why = f"must not be pack or start with {PACK_PREFIX!r}: those are packs' ids"
+        raise ApiError(422, "invalid_job", why, field="name")
     return name
 
 

@@ -204,6 +204,28 @@ class ChunkRun:
         }
 
 
+def ended_runs(
+    chunks: Iterable[tuple[str, Iterable[str]]],
+    has_result: Callable[[str], bool],
+    cancelled: bool,
+    reason: Callable[[set[str]], str],
+) -> dict[str, ChunkRun]:
+    """The chunks (id, items) of a job ended without its own watch (given up on, or ended with its
+    pack), each as its items ended: done when every item has a result; otherwise cancelled for a
+    cancelled job, else failed for ``reason`` of the items without one."""
+    runs: dict[str, ChunkRun] = {}
+    for cid, items in chunks:
+        run = runs[cid] = ChunkRun(cid)
+        missing = {i for i in items if not has_result(i)}
+        if not missing:
+            run.state = ChunkState.DONE
+        elif cancelled:
+            run.state = ChunkState.CANCELLED
+        else:
+            run.state, run.reason = ChunkState.FAILED, reason(missing)
+    return runs
+
+
 @dataclass(frozen=True)
 class Policy:
     """How a job's chunks are watched and retried (the job's retries and timeout, the config's

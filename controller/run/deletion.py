@@ -16,7 +16,8 @@ deliveries kept beside it when it never had a run folder, and its entry in the t
   relative to a folder's descriptor: a symlink on the way is never followed (an output behind a
   swapped-in link stays), a symlink where a folder was is removed as the link itself.
 
-A packed job's pack (``runs/pack-…``) goes once none of its members' run folders remain.
+A packed job's pack (``runs/pack-…``, a tenant's ``runs/.tenants/<key>/pack-<key>-…``) goes once none
+of its members' run folders remain.
 
 The deletion starts by writing ``tenants/.jobs/<t>/<job>.deleting`` and ends by removing it after
 the owner record: a deletion cut short is finished by the next one, even though the job's run folder
@@ -37,7 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from contract.layout import INBOX, RECORDS, RESERVED, RUNS, TENANTS, RunLayout
+from contract.layout import INBOX, RECORDS, RESERVED, TENANTS, RunLayout
 from controller.config import Config
 from controller.errors import FfswarmError, MissingInputError, UsageError
 from controller.folder import remove_at
@@ -207,7 +208,7 @@ def delete_job(config: Config, job: str, tenant: str | None, outputs: bool = Tru
             _outputs(config, vol, rundir, job, tenant, out)
     if tenant is not None:
         _remove(vol, f"{TENANTS}/{tenant}/uploads/{job}", out)
-    _remove(vol, f"{RUNS}/{job}", out)
+    _remove(vol, str(RunLayout.relative(job).dir), out)
     claims.release(config.data_root, job)
     for folder in ("done", "failed"):
         for name in _inbox(vol, folder, job):
@@ -251,16 +252,17 @@ def _remove(vol: Volume, rel: str, out: Deleted) -> None:
 
 def _remove_pack(config: Config, vol: Volume, pack: str, out: Deleted) -> None:
     """The pack's run folder, once no member's run folder is left."""
-    raw = read_nofollow(config.data_root / RUNS / pack / "members.json", _MEMBERS_LIMIT)
+    raw = read_nofollow(RunLayout.host(config.data_root, pack).members, _MEMBERS_LIMIT)
     try:
         members = json.loads(raw) if raw else None
     except ValueError:
         members = None
     if not isinstance(members, dict):
         return  # cannot tell which jobs it ran: kept
-    if any(isinstance(m, str) and _NAME.fullmatch(m) and _lexists(vol, f"{RUNS}/{m}") for m in members):
+    jobs = (m for m in members if isinstance(m, str) and _NAME.fullmatch(m))
+    if any(_lexists(vol, str(RunLayout.relative(m).dir)) for m in jobs):
         return
-    _remove(vol, f"{RUNS}/{pack}", out)
+    _remove(vol, str(RunLayout.relative(pack).dir), out)
 
 
 def _written(config: Config, rundir: RunDir) -> Iterator[tuple[str, int | None, str | None]]:

@@ -33,11 +33,12 @@ class Fold:
     dropped: Mapping[str, int] = field(default_factory=dict)  # chunk id -> result lines that did not parse
 
     @classmethod
-    def read(cls, plan: Plan, rundir: RunDir) -> Fold:
-        """The job's results; a packed job's read through its pack (controller/run/packed.py)."""
+    def read(cls, plan: Plan, rundir: RunDir, pack: packed.PackView | None = None) -> Fold:
+        """The job's results; a packed job's read through its pack (controller/run/packed.py),
+        ``pack`` when it has already been read for its other jobs."""
         results: dict[str, ItemResult] = {}
         dropped: dict[str, int] = {}
-        through = packed.results(plan, rundir)
+        through = packed.results(plan, rundir, pack)
         for chunk in plan.chunks:
             merged = packed.merged(rundir.chunk_results(chunk.id), through.get(chunk.id, []))
             results.update((i, merged.latest[i]) for i in chunk.items if i in merged.latest)

@@ -13,8 +13,7 @@ from controller import log
 from controller.config import Config
 from controller.errors import CapacityError, FfswarmError
 from controller.run import job_lease as lease
-from controller.run.chunks import ChunkRun
-from controller.run.failures import ChunkState
+from controller.run.chunks import ended_runs
 from controller.run.fold import Fold
 from controller.run.jobs import open_run, owner
 from controller.run.report import Report
@@ -52,15 +51,8 @@ def give_up(config: Config, job_id: str, reason: str, backend: SwarmBackend | No
         plan = rundir.plan()
         fold = Fold.read(plan, rundir)
         cancelled = rundir.control().cancel
-        runs: dict[str, ChunkRun] = {}
-        for chunk in plan.chunks:
-            run = runs[chunk.id] = ChunkRun(chunk.id)
-            if all(fold.result(i) is not None for i in chunk.items):
-                run.state = ChunkState.DONE
-            elif cancelled:
-                run.state = ChunkState.CANCELLED
-            else:
-                run.state, run.reason = ChunkState.FAILED, reason
+        chunks = ((c.id, c.items) for c in plan.chunks)
+        runs = ended_runs(chunks, lambda i: fold.result(i) is not None, cancelled, lambda _: reason)
         report = end(config, job, rundir, plan, runs, rundir.image(), held.started, logger.info, reason)
         logger.warning("job_given_up", reason=reason, **vars(report.counts))
         return report

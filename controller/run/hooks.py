@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from contract.layout import RunLayout
+from contract.layout import RunLayout, may_own
 from controller import log
 from controller import redact as shown
 from controller.apiconfig import ApiSettings
@@ -287,11 +287,11 @@ def new_id() -> str:
 
 
 def job_tenant(data_root: Path, job: str) -> str | None:
-    """The tenant the run folder's ``owner`` names (written by serve: serve.record_owner); None for a
-    CLI job."""
+    """The tenant the run folder's ``owner`` names (controller/run/jobs.py write_owner); None for a
+    CLI job, and for a tenant's pack whose id carries another tenant's key (may_own)."""
     raw = read_nofollow(RunLayout.host(data_root, job).owner, 64)
     tenant = None if raw is None else raw.decode("ascii", "replace").strip()
-    return tenant if tenant is not None and TENANT.fullmatch(tenant) else None
+    return tenant if tenant is not None and TENANT.fullmatch(tenant) and may_own(job, tenant) else None
 
 
 def results_link(data_root: Path, job: str, tenants: Mapping[str, object], api: ApiSettings) -> dict[str, str]:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from contract.identity import IdentityResult
 from contract.identity_table import identity_id
-from contract.layout import RUNS
+from contract.layout import PACK_PREFIX, RunLayout, may_own, pack_tenant_key, tenant_runs_rel
 from contract.s3 import S3Url, StorageAccess, is_s3
 from controller import policy as admission
 from controller.config import Config
@@ -118,6 +118,9 @@ def _prepare_one(
     webhooks = None if tenant is None else config.webhooks(tenant)
     admission.check_job(config.policy, spec, str(file), webhooks)  # nothing is looked at before the policy agrees
     job_id = next_job_id(config.data_root, spec.name, new)
+    if job_id.startswith(PACK_PREFIX):  # its run folder would be taken for a pack's (contract/layout.py)
+        why = f"{spec.name!r} starts with {PACK_PREFIX!r}, which only serve's packs' ids do"
+        raise JobFileError(str(file), "name", why)
     check_same_job(config, job_id, file)
     limit = config.policy.limits.targets
     store = store_for(config, spec, tenant)
@@ -258,16 +261,24 @@ def runner_settings(config: Config, job: PreparedJob, image: str) -> RunnerSetti
 
 def data_mounts(config: Config, job: PreparedJob) -> tuple[DataMount, ...]:
     """What of the data root the job's runners see: a CLI job the whole root, a tenant's job only
-    its area (writable where its outputs go), its run folder and its model pack (tenant_mounts)."""
+    its area (writable where its outputs go), its run folder and its model pack (tenant_mounts). A
+    tenant's pack whose tenant is not known (its ``owner`` not believed: run_tenant) is refused:
+    its runners never see more than one tenant's folders."""
     if job.tenant is None:
+        if pack_tenant_key(job.job_id) is not None:
+            where = RunLayout.relative(job.job_id).owner
+            raise UsageError(
+                f"pack {job.job_id}: {where} does not name the configured tenant whose key the pack's id "
+                "carries, so its runners are not started (docs/operations.md#isolation)"
+            )
         return WHOLE_ROOT
     outputs = {posixpath.dirname(i.output) for i in job.plan.items if not is_s3(i.output)}
     return tenant_mounts(
         area_rel(job.tenant),
-        f"{RUNS}/{job.job_id}",
+        str(RunLayout.relative(job.job_id).dir),
         f"models/{job.spec.models}",
         outputs,
-        runs=RUNS if job.linger > 0 else "",
+        runs=str(tenant_runs_rel(job.tenant)) if job.linger > 0 else "",
     )
 
 
@@ -336,6 +347,8 @@ def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
     if not rundir.exists():
         assert job.resolved is not None
         rundir.make_dirs()
+        if job.tenant is not None and pack_tenant_key(job.job_id) is not None:  # its id carries only a key
+            write_owner(rundir, job.tenant)  # before plan.json: a complete pack's folder names its tenant
         request = identity.request_for(config, job.spec, job.resolved, job.job_id, job.tenant)
         if job.people_in_chunks:  # the request alone: what the job reads (usage's bytes in); no step runs
             rundir.write_file(rundir.layout.identity_request, request.to_json().encode())
@@ -346,22 +359,29 @@ def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
     return rundir
 
 
+def write_owner(rundir: RunDir, tenant: str) -> None:
+    """The run folder's ``owner``: the tenant whose job (or pack) it is (read back by run_tenant)."""
+    if not may_own(rundir.job, tenant):  # a tenant's pack's id carries its tenant's key
+        raise ValueError(f"pack {rundir.job} is not tenant {tenant!r}'s: its id carries another key")
+    rundir.write_file(rundir.layout.owner, f"{tenant}\n".encode())
 
 
 def run_tenant(config: Config, job: str) -> str | None:
-    """The tenant whose API job ``job``'s run folder is: the ``owner`` `serve` wrote there
-    (controller/serve/jobs.py record_owner), when the run folder and that file are the
-    controller's own (reached without links; owned by root or the controller, never the runner;
-    writable by no one else; the file a regular one with one link) and it names a configured tenant.
-    None otherwise: the job is a CLI job (its outputs may not enter ``tenants/``, its runners see the
-    whole data root). ``ffswarm render``, ``resume`` and ``retry`` reopen a job with it."""
+    """The tenant whose API job (or pack) ``job``'s run folder is: the ``owner`` the controller wrote
+    there (write_owner), when the run folder and that file are the controller's own (reached
+    without links; owned by root or the controller, never the runner; writable by no one else; the
+    file a regular one with one link) and it names a configured tenant — for a tenant's pack, the
+    one whose key its id carries (contract/layout.py may_own). None otherwise: the job is a CLI job
+    (its outputs may not enter ``tenants/``, its runners see the whole data root), and a tenant's
+    pack is refused its runners (data_mounts). ``ffswarm render``, ``resume`` and ``retry`` reopen a
+    job with it."""
     if not config.tenants or not ID.fullmatch(job):
         return None
     trusted = owners.trusted_uids(config.controller_ids()[0], owner(config)[0])
     rundir = RunDir(config.data_root, job)
     raw = rundir.volume.read_trusted(rundir.path, rundir.layout.owner.name, trusted, 64, 0o022)
     name = raw.decode("ascii", "replace").strip() if raw else ""
-    return name if owners.TENANT.fullmatch(name) and name in config.tenants else None
+    return name if owners.TENANT.fullmatch(name) and name in config.tenants and may_own(job, name) else None
 
 
 def open_run(config: Config, job_id: str) -> tuple[PreparedJob, RunDir]:

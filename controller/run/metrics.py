@@ -10,12 +10,12 @@ Each Metrics owns its registry (no process-global state), so tests and concurren
 Usage by tenant (what a platform bills by) comes from report.json's ``usage`` (controller/run/usage.py)
 when a job finishes: what the report adds since the report the run started with, so a resumed job's
 earlier runs are not counted twice and the counters' increases add up to the reports. The tenant is
-the run folder's ``owner`` (`serve` writes it before this sink is made); a CLI job's is "".
+the run folder's ``owner`` (`serve` writes it before this sink is made; a tenant's pack's with its
+folder), as webhooks read it (controller/run/hooks.py job_tenant); a CLI job's is "".
 """
 
 from __future__ import annotations
 
-import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,13 +24,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server, write_to_textfile
 
 from controller import log
-from controller.errors import FfswarmError
 from controller.run import usage
 from controller.run.fold import committed
+from controller.run.hooks import job_tenant
 from controller.run.rundir import RunDir
 
 ITEM_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
-TENANT = re.compile(r"[a-z0-9-]{1,40}")  # controller/apiconfig.py TENANT_NAME
 
 
 @dataclass
@@ -160,12 +159,7 @@ class JobSink:
             self._start_usage()
 
     def _start_usage(self) -> None:
-        try:
-            data = self.rundir.read_file(self.rundir.layout.owner, 64)
-        except FfswarmError:  # a link or a fifo where `serve` writes the owner: no tenant
-            data = None
-        name = data.decode("ascii", "replace").strip() if data is not None else ""
-        self.tenant = name if TENANT.fullmatch(name) else ""
+        self.tenant = job_tenant(self.rundir.data_root, self.rundir.job) or ""
         self.before = usage.of_rundir(self.rundir) or usage.zero()
 
     def _count_usage(self) -> None:

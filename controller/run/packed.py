@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from contract.results import ChunkResults, ItemResult, merge_attempts
-from controller.job.plan import ID, Plan
+from controller.job.plan import ID, Plan, PlannedItem
 from controller.run.rundir import RunDir, RunFileError, read_nofollow
 
 MAX_MEMBERS_BYTES = 64 * 1024**2
@@ -44,23 +44,58 @@ def read_members(pack: RunDir) -> dict[str, Any]:
     return data
 
 
-def results(plan: Plan, rundir: RunDir) -> dict[str, list[ItemResult]]:
+class PackView:
+    """A pack's plan, members record and chunks' latest results, each read once however many of its
+    jobs are read through it: a pack's end reports every one of its jobs from one reading of the
+    pack, not one per job. Only for a pack whose chunks have ended (nothing it holds changes)."""
+
+    def __init__(self, pack: RunDir) -> None:
+        self.pack = pack
+        self._plan: Plan | None = None
+        self._items: dict[str, PlannedItem] | None = None
+        self._members: dict[str, Any] | None = None
+        self._latest: dict[str, dict[str, ItemResult]] = {}
+
+    def plan(self) -> Plan:
+        if self._plan is None:
+            self._plan = self.pack.plan()
+        return self._plan
+
+    def items(self) -> dict[str, PlannedItem]:
+        if self._items is None:
+            self._items = {i.id: i for i in self.plan().items}
+        return self._items
+
+    def members(self) -> dict[str, Any]:
+        if self._members is None:
+            self._members = read_members(self.pack)
+        return self._members
+
+    def latest(self, chunk: str) -> dict[str, ItemResult]:
+        if chunk not in self._latest:
+            self._latest[chunk] = self.pack.chunk_results(chunk).latest
+        return self._latest[chunk]
+
+
+def results(plan: Plan, rundir: RunDir, view: PackView | None = None) -> dict[str, list[ItemResult]]:
     """The job's chunk id -> what its pack recorded for that chunk's items, each line under the
     job's own item id and as attempt 0 (older than any run of the job's own). Empty for a job that
-    runs alone, or whose pack's run folder is gone."""
+    runs alone, or whose pack's run folder is gone. ``view``: its pack as already read, when it is
+    the pack the job's folder names."""
     name = pack_of(rundir)
     if name is None:
         return {}
-    pack = RunDir(rundir.data_root, name)
-    if not pack.exists():
-        return {}
-    pack_plan = pack.plan()
-    mine = own_items(read_members(pack).get(rundir.job), plan, pack_plan)
+    if view is None or view.pack.job != name:
+        pack = RunDir(rundir.data_root, name)
+        if not pack.exists():
+            return {}
+        view = PackView(pack)
+    mine = _own(view.members().get(rundir.job), plan, view.items())
     chunk_of = {i: c.id for c in plan.chunks for i in c.items}
     out: dict[str, list[ItemResult]] = defaultdict(list)
-    for chunk in pack_plan.chunks:  # only the pack's chunks that hold items of this job are read
+    for chunk in view.plan().chunks:  # only the pack's chunks that hold items of this job are read
         items = [i for i in chunk.items if i in mine]
-        latest = pack.chunk_results(chunk.id).latest if items else {}
+        latest = view.latest(chunk.id) if items else {}
         for pack_item in items:
             r = latest.get(pack_item)
             if r is not None:
@@ -73,11 +108,14 @@ def own_items(entry: object, plan: Plan, pack_plan: Plan) -> dict[str, str]:
     """Pack item -> the job's item, from the job's entry of members.json: only pairs naming an item
     of the pack and an item of the job that the pack planned as the same work (input and output),
     each item used once."""
+    return _own(entry, plan, {i.id: i for i in pack_plan.items})
+
+
+def _own(entry: object, plan: Plan, theirs: dict[str, PlannedItem]) -> dict[str, str]:
     items = entry.get("items") if isinstance(entry, dict) else None
     if not isinstance(items, dict):
         return {}
     ours = {i.id: i for i in plan.items}
-    theirs = {i.id: i for i in pack_plan.items}
     pairs = [(p, o) for p, o in items.items() if isinstance(o, str) and o in ours and p in theirs]
     used = Counter(o for _, o in pairs)
     return {

@@ -20,6 +20,7 @@ from contract.paths import user_text
 from contract.results import ItemStatus
 from contract.s3 import is_s3
 from controller.job.plan import Plan
+from controller.job.spec import JobSpec
 from controller.run import history, usage
 from controller.run.chunks import ChunkRun
 from controller.run.failures import ChunkState
@@ -227,13 +228,21 @@ Links = Callable[[str], "str | None"]  # an s3:// output → its presigned GET l
 
 
 def build_report(
-    plan: Plan, rundir: RunDir, runs: dict[str, ChunkRun], image: str, started: float, links: Links | None = None
+    plan: Plan,
+    rundir: RunDir,
+    runs: dict[str, ChunkRun],
+    image: str,
+    started: float,
+    links: Links | None = None,
+    fold: Fold | None = None,
+    spec: JobSpec | None = None,
 ) -> Report:
     """Every path in it is relative to the data root, as the job file names them: items' input and
     output come from the plan, and reasons name files that way (a runner writes them so; a result
     line of an older runner is rewritten here). An s3:// output written gets ``output_url`` from
-    ``links``, signed now; a file output never does."""
-    fold = Fold.read(plan, rundir)
+    ``links``, signed now; a file output never does. ``fold``, ``spec``: the job's results and job
+    file as the caller holds them (read from the run folder otherwise)."""
+    fold = fold if fold is not None and fold.plan is plan else Fold.read(plan, rundir)
     items: dict[str, ItemEntry] = {}
     segments: dict[str, ItemEntry] = {}  # a video's segments are reported as the video
     for chunk in plan.chunks:
@@ -278,7 +287,7 @@ def build_report(
         segments=len(segments),
     )
     dropped = dict(fold.dropped) or None  # a runner wrote lines no reader understood: said, not hidden
-    used = usage.measure(fold, rundir, vars(counts))
+    used = usage.measure(fold, rundir, vars(counts), spec)
     return Report(
         plan.job, image, started, time.time(), counts, failures, ordered, chunks, dropped_lines=dropped, usage=used
     )

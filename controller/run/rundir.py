@@ -28,6 +28,7 @@ from contract.layout import AttemptLog, DataRootLayout, RunLayout, parse_attempt
 from contract.manifest import Manifest
 from contract.results import ChunkResults, ItemResult, chunk_results
 from controller.errors import FfswarmError
+from controller.folder import sync_filesystem
 from controller.job.plan import ID, Plan
 from controller.volume import DIR_MODE, SHARED_DIR_MODE, Owner, UnsafePath, Volume
 
@@ -71,7 +72,7 @@ def write_atomic(path: Path, data: bytes, owner: Owner | None = None, durable: b
     """Temp name in the same folder (O_EXCL, in the folder's descriptor), then rename and fsync the
     folder; mode 0640 narrowed by the umask; never through a symlink on any part of ``path`` (an
     absolute path: callers outside a RunDir). `durable=False` skips the fsyncs, for bulk writes that
-    the caller makes durable with one os.sync() (planning 5,000 manifests)."""
+    the caller makes durable with one flush of the filesystem (planning 5,000 manifests)."""
     _SYSTEM.mkdirs(path.parent)
     _SYSTEM.write_atomic(path, data, owner, durable=durable)
 
@@ -217,21 +218,24 @@ class RunDir:
         folders that exist: one a runner made first, or an older run folder, is taken back."""
         ctl = self.controller_owner()
         self.data_root.mkdir(parents=True, exist_ok=True)  # the operator's path (config): trusted
-        self.volume.mkdirs(self.path.parent, ctl, DIR_MODE)  # runs/: made if missing, never taken over
-        self._share_runs(ctl)
+        self.volume.mkdirs(self.path.parent, ctl, DIR_MODE)  # runs/ (a tenant's too): made if missing, never taken over
+        above = [self.path.parent, *self.path.parent.parents]  # runs/, and runs/.tenants/<key>/ for a tenant's pack
+        for folder in reversed(above[: above.index(DataRootLayout.host(self.data_root).runs) + 1]):
+            self._share_runs(ctl, folder)
         for folder in self.layout.controller_folders():
             self._mkdir(folder, ctl, DIR_MODE)
         for folder in self.layout.runner_folders():
             self._mkdir(folder, self.runner_owner(), SHARED_DIR_MODE)
 
-    def _share_runs(self, ctl: Owner | None) -> None:
-        """runs/ made by this controller (or by an earlier step: the output claims under
-        runs/.claims) gets the controller's owner, the runner's group and DIR_MODE, so runners reach
-        their run folders and an API running as ``controller_user`` reads them; one a root controller
-        made as root's is handed to ``controller_user``; a runs/ someone else owns is left as it is."""
+    def _share_runs(self, ctl: Owner | None, folder: Path) -> None:
+        """runs/ (or a tenant's runs/.tenants/<key>/) made by this controller (or by an earlier step:
+        the output claims under runs/.claims) gets the controller's owner, the runner's group and
+        DIR_MODE, so runners reach their run folders and an API running as ``controller_user`` reads
+        them; one a root controller made as root's is handed to ``controller_user``; one someone else
+        owns is left as it is."""
         if ctl is None:
             return
-        fd = self.volume.open_dir(self.path.parent)
+        fd = self.volume.open_dir(folder)
         try:
             st = os.fstat(fd)
             ours = st.st_uid == ctl[0] or (st.st_uid == 0 and os.geteuid() == 0)
@@ -247,15 +251,15 @@ class RunDir:
         self._write(self.layout.job_file, job_file)
         self._write(self.layout.job_sha256, hashlib.sha256(job_file).hexdigest().encode() + b"\n")
         # Every manifest on disk before the plan says the run folder is complete: a few are fsynced
-        # one by one; thousands get one os.sync() (which flushes every filesystem of the machine:
-        # cheaper than thousands of fsyncs, dearer than a few).
+        # one by one; thousands get one flush of the volume's filesystem (cheaper than thousands of
+        # fsyncs, dearer than a few).
         bulk = len(manifests) > BULK_MANIFESTS
         for chunk, manifest in manifests.items():
             self._write(self.layout.manifest(chunk), manifest.to_json().encode(), durable=not bulk)
         self.write_control(control)
         self.write_image(image)
         if bulk:
-            os.sync()
+            sync_filesystem(self.data_root)
         self._write(self.layout.plan, plan.to_json().encode())  # last: its presence means "created"
 
     def plan(self) -> Plan:

@@ -14,6 +14,7 @@ from typing import Any
 from contract.layout import DataRootLayout, RunLayout
 from controller.config import Config
 from controller.errors import UsageError
+from controller.job.plan import ID
 from controller.run import history
 from controller.run import job_lease as lease
 from controller.run.fold import Fold
@@ -24,12 +25,28 @@ OUTCOMES = ("succeeded", "partial", "failed", "cancelled")
 
 
 def collect(config: Config, job: str | None) -> list[dict[str, Any]]:
-    runs = DataRootLayout.host(config.data_root).runs
     if job:
         names = [job]
     else:
-        names = sorted(p.name for p in runs.iterdir() if RunLayout(p).plan.is_file()) if runs.is_dir() else []
+        names = [n for n in run_ids(config.data_root) if RunLayout.host(config.data_root, n).plan.is_file()]
     return [job_status(RunDir(config.data_root, n)) for n in names]
+
+
+def run_ids(data_root: Path) -> list[str]:
+    """The id of every job with a run folder (made or being made): runs/<job>/, and each tenant's
+    packs' runs/.tenants/<key>/<pack>/ — only folders where their id says (contract/layout.py
+    run_rel), never through a link."""
+    top = DataRootLayout.host(data_root)
+    folders = [top.runs] + [top.tenant_runs() / t for t in _names(top.tenant_runs()) if not t.startswith(".")]
+    found = {name for folder in folders for name in _names(folder) if ID.fullmatch(name)}
+    return sorted(n for n in found if top.run(n).dir.is_dir() and not top.run(n).dir.is_symlink())
+
+
+def _names(folder: Path) -> list[str]:
+    try:
+        return [e.name for e in os.scandir(folder) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
 
 
 def job_status(rundir: RunDir, ending: bool = False) -> dict[str, Any]:

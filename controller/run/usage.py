@@ -163,9 +163,10 @@ def bytes_in_out(fold: Fold, rundir: RunDir) -> tuple[int, int]:
     return sum(_size(vol, rel) for rel in sorted(read)), out
 
 
-def measure(fold: Fold, rundir: RunDir, counts: Mapping[str, int]) -> dict[str, Any]:
-    """The ``usage`` object of report.json; ``counts``: the report's item counts."""
-    gpus, cap = job_resources(rundir)
+def measure(fold: Fold, rundir: RunDir, counts: Mapping[str, int], spec: JobSpec | None = None) -> dict[str, Any]:
+    """The ``usage`` object of report.json; ``counts``: the report's item counts; ``spec``: the
+    job's, when the caller holds it (else read from the run folder's job file)."""
+    gpus, cap = job_resources(rundir) if spec is None else (spec.resources.gpus, spec.timeout + STOP_GRACE)
     seconds, untimed = gpu_time(rundir, cap)
     runner = sum(seconds.values())
     bytes_in, bytes_out = bytes_in_out(fold, rundir)

@@ -222,7 +222,7 @@ def end(
     measured (its chunks did not run to their end)."""
     rundir.enter(Stage.REPORT)
     links = jobs_links(config, job.tenant)  # signed with the job's own credentials
-    report = build_report(plan, rundir, runs, image, started, links)
+    report = build_report(plan, rundir, runs, image, started, links, spec=job.spec)
     if reason is None:
         report = _record_timing(config, job, rundir, plan, report, log.get(job=job.job_id))
     else:

@@ -140,8 +140,10 @@ class Server:
         self.swarm: Callable[[], SwarmBackend | None] = functools.partial(DockerSwarm, config.docker_host)
         self.log = log.get(component="serve", inbox=str(inbox.path))
 
-    def start_job(self, claimed: Path) -> None:
-        starts = self.inbox.count_start(claimed)
+    def start_job(self, claimed: Path, starts: int | None = None) -> None:
+        """Run a claimed file in its own thread; ``starts``: already counted in its lease (a file
+        this controller has just claimed), else counted now."""
+        starts = self.inbox.count_start(claimed) if starts is None else starts
         if starts > MAX_STARTS:
             reason = (
                 f"the controller stopped {starts - 1} times while running this file (crashed or was "
@@ -326,9 +328,9 @@ class Server:
         for path in self.inbox.waiting(time.time(), free) if free > 0 else ():  # a full server lists nothing
             if free <= 0:
                 break
-            taken = self.inbox.claim(path)  # None: vanished, taken by another, or refused to failed/
+            taken = self.inbox.claim(path, starts=1)  # None: vanished, taken by another, or refused to failed/
             if taken is not None:
-                self.start_job(taken)
+                self.start_job(taken, starts=1)
                 free -= 1
 
     def _room(self, step: Callable[[], object]) -> bool:

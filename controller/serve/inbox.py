@@ -130,10 +130,12 @@ class Inbox:
         oldest = sorted(ready) if limit is None else heapq.nsmallest(limit, ready)
         return [self.path / name for _, name in oldest]
 
-    def claim(self, path: Path) -> Path | None:
+    def claim(self, path: Path, starts: int = 0) -> Path | None:
         """``running/<name>.<uuid>.yaml`` holding the checked bytes of ``path``, with this
         controller's lease; None when the file vanished or another controller took it. An entry that
-        is not a regular file, or is too big, is moved to failed/ with its reason (and None)."""
+        is not a regular file, or is too big, is moved to failed/ with its reason (and None).
+        ``starts``: the starts its lease records from the outset (1: this claim is the file's first
+        start, counted without a second write of the lease)."""
         try:
             raw, st = self._read(path)
         except FileNotFoundError:
@@ -145,7 +147,7 @@ class Inbox:
             return None
         stem, suffix = os.path.splitext(path.name)
         claimed = self.running / f"{stem}.{uuid.uuid4().hex}{suffix}"
-        if not leases.create(self.lease_file(claimed), self._fresh(0)):
+        if not leases.create(self.lease_file(claimed), self._fresh(starts)):
             return None
         try:
             write_new(claimed, raw)

@@ -25,6 +25,7 @@ from controller.job import owners
 from controller.job.paths import relative_text
 from controller.redact import printable
 from controller.run import job_lease, usecase
+from controller.run.jobs import write_owner
 from controller.run.metrics import Metrics
 from controller.run.packed import pack_of
 from controller.run.report import Report, summary
@@ -110,7 +111,7 @@ def record_owner(tenant: str) -> SinkFactory:
     """Writes ``owner`` into the job's run folder (the controller's file) as soon as it exists."""
 
     def make(rundir: RunDir, job: object) -> Callable[..., None]:
-        rundir.write_file(rundir.layout.owner, f"{tenant}\n".encode())
+        write_owner(rundir, tenant)
         return lambda event, **fields: None
 
     return make

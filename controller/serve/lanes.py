@@ -6,7 +6,9 @@ chunk, keeps its models loaded and waits up to ``linger`` seconds for the next p
 (runner_image/linger.py). The next such pack is handed to it through the lane's hand-off file
 (contract/handoff.py) — in the run folder of the pack that started the lane, ``chunks/`` (only the
 controller writes there) — instead of starting a service of its own. Lanes are bound to their pack
-key, which includes the tenant: no lane ever runs two tenants' photos.
+key, which includes the tenant: no lane ever runs two tenants' photos, and a tenant's lane mounts
+only that tenant's folder of pack run folders (``runs/.tenants/<key>``, controller/run/jobs.py
+data_mounts), where every later pack of its tenant has its run folder.
 
 `serve` hands the pack's use case a `LaneLauncher` (the launcher seam, controller/run/launch.py); the
 pack's supervisor starts the chunk's attempt through it and watches it like any attempt, by its

@@ -1,16 +1,18 @@
 """A pack: small jobs run together as one pairs job, each job still its own (controller/serve/packing.py).
 
-The pack is an ordinary job with its own run folder (``runs/pack-<id>/``): a pairs job whose every
-target swaps in its own job's person and writes its own job's output, planned, retried and resumed
-like any other; its ``members.json`` says which job each of its items belongs to. A pack runs no
-identity step: each of its chunks embeds the people its own items use, once each, after its models
-load (a source photo without exactly one face fails that person's items, naming the photo), which
-spares every pack a container start and a model load. Each packed job keeps a run folder of its
-own, created with its own plan and a ``packed`` file naming the pack. Nothing is copied into it
-while the pack runs: everything that reads a job (status, the API's events, report, results.zip)
-reads a packed job's results through its pack (controller/run/packed.py, by the one fold), exactly
-like one that ran alone. When the pack ends, each job gets its own report and on_complete, and
-`serve` moves each job's inbox file to done/ or failed/.
+The pack is an ordinary job with its own run folder (``runs/pack-<id>/``, a tenant's pack's
+``runs/.tenants/<key>/pack-<key>-<id>/``, ``<key>`` the tenant's: contract/layout.py run_rel, its
+``owner`` naming the tenant): a pairs job whose every target swaps in its own job's person and
+writes its own job's output, planned, retried and resumed like any other; its ``members.json`` says
+which job each of its items belongs to. A pack runs no identity step: each of its chunks embeds the
+people its own items use, once each, after its models load (a source photo without exactly one face
+fails that person's items, naming the photo), which spares every pack a container start and a model
+load. Each packed job keeps a run folder of its own, created with its own plan and a ``packed`` file
+naming the pack. Nothing is copied into it while the pack runs: everything that reads a job (status,
+the API's events, report, results.zip) reads a packed job's results through its pack
+(controller/run/packed.py, by the one fold), exactly like one that ran alone. When the pack ends,
+each job gets its own report and on_complete, and `serve` moves each job's inbox file to done/ or
+failed/.
 
 At every round of the pack's watch (Policy.on_round) ``PackRun.watch`` looks at its jobs: a
 packed job cancelled while its pack runs ends at once as cancelled (its report says which items
@@ -33,22 +35,24 @@ from pathlib import Path
 from typing import Any
 
 from contract.identity_table import identity_id
+from contract.layout import pack_job_id
 from contract.s3 import S3Url
 from controller import log, yamlio
 from controller.config import Config
 from controller.errors import FfswarmError
+from controller.folder import sync_filesystem
 from controller.job.files import parse_job_text
 from controller.job.keys import Pack, packed
 from controller.job.plan import AUTO_MAX_CHUNK, ID, Plan, TargetRef, item_id, make_plan
 from controller.job.resolve import Photo, ResolvedJob, Target
 from controller.job.spec import JobSpec
 from controller.run import control, giveup, job_lease, usecase, webhooks
-from controller.run.chunks import ChunkRun
+from controller.run.chunks import ChunkRun, ended_runs
 from controller.run.failures import ChunkState
 from controller.run.fold import Fold
-from controller.run.jobs import PreparedJob, open_run, owner
+from controller.run.jobs import PreparedJob, open_run, owner, write_owner
 from controller.run.launch import FreshLauncher, Launcher
-from controller.run.packed import own_items, read_members
+from controller.run.packed import PackView, own_items, read_members
 from controller.run.report import Report, build_report
 from controller.run.rundir import Control, RunDir, Stage
 from controller.run.usecase import SinkFactory
@@ -63,8 +67,10 @@ OWN_KEYS = frozenset(packed(JobSpec, Pack.OWN))
 LOOK = 1.0  # seconds between PackRun.watch's looks at the jobs' cancel flags
 
 
-def new_pack_id() -> str:
-    return "pack-" + base64.b32encode(os.urandom(5)).decode().lower()
+def new_pack_id(tenant: str | None) -> str:
+    """A fresh pack id; a tenant's carries the tenant's key, so its run folder is under the tenant's
+    own folder of pack run folders (contract/layout.py run_rel)."""
+    return pack_job_id(tenant, base64.b32encode(os.urandom(5)).decode().lower())
 
 
 def build(
@@ -201,23 +207,23 @@ class PackRun:
                 self.log.warning("packed_job_lease_not_renewed", packed=job.rundir.job, error=str(e))
 
     # -- a job's end ---------------------------------------------------------------------------------
-    def finish(self, job: _Job, cancelled: bool = False, chunks: dict[str, ChunkRun] | None = None) -> None:
-        """The one end of a packed job: its chunks as its items ended in the pack (read through it),
-        its report, on_complete, Stage.ENDED, its lease released."""
-        fold = Fold.read(job.plan, job.rundir)
-        runs: dict[str, ChunkRun] = {}
-        for chunk in job.plan.chunks:  # the job's own chunks, each as its items ended in the pack
-            run = runs[chunk.id] = ChunkRun(chunk.id)
-            missing = {i for i in chunk.items if fold.result(i) is None}
-            if not missing:
-                run.state = ChunkState.DONE
-            elif cancelled:
-                run.state = ChunkState.CANCELLED
-            else:
-                run.state, run.reason = ChunkState.FAILED, self._why(job, chunks or {}, missing)
+    def finish(
+        self,
+        job: _Job,
+        cancelled: bool = False,
+        chunks: dict[str, ChunkRun] | None = None,
+        view: PackView | None = None,
+    ) -> None:
+        """The one end of a packed job: its chunks as its items ended in the pack (read through it;
+        ``view``: the pack as read once for all its jobs), its report, on_complete, Stage.ENDED, its
+        lease released."""
+        fold = Fold.read(job.plan, job.rundir, view)
+        own = ((c.id, c.items) for c in job.plan.chunks)  # the job's own chunks, as its items ended in the pack
+        why = lambda missing: self._why(job, chunks or {}, missing)  # noqa: E731
+        runs = ended_runs(own, lambda i: fold.result(i) is not None, cancelled, why)
         job.rundir.enter(Stage.REPORT)
         started = job.lease.started if job.lease else time.time()
-        report = build_report(job.plan, job.rundir, runs, self.image, started)
+        report = build_report(job.plan, job.rundir, runs, self.image, started, fold=fold, spec=job.spec)
         path = job.rundir.write_report(report.to_dict())
         report = usecase.call_hooks(self.config, job.spec.on_complete, job.rundir, report, path)
         job.rundir.enter(Stage.ENDED)
@@ -264,12 +270,17 @@ class PackRun:
                 if job.lease is not None:
                     job.lease.release()
             raise
-        chunks = _chunk_runs(self.pack)
-        for job in self._running():  # a cancel since the last look ends its job as cancelled too
-            cancelled = report.counts.cancelled > 0 or job.rundir.control().cancel
-            self.finish(job, cancelled=cancelled, chunks=chunks)
-        os.sync()  # the jobs' folders were written without fsyncs (_Job.rundir.durable)
+        self.end_jobs(report.counts.cancelled > 0)
         return {name: job.report for name, job in self.jobs.items() if job.report is not None}
+
+    def end_jobs(self, cancelled: bool) -> None:
+        """Each job still running ended, once the pack's chunks have ended (``cancelled``: the pack
+        was); the pack is read once for all of them."""
+        chunks = _chunk_runs(self.pack)
+        view = PackView(self.pack)
+        for job in self._running():  # a cancel since the last look ends its job as cancelled too
+            self.finish(job, cancelled=cancelled or job.rundir.control().cancel, chunks=chunks, view=view)
+        sync_filesystem(self.config.data_root)  # the jobs' folders were written without fsyncs (_Job.rundir.durable)
 
 
 def _chunk_runs(pack: RunDir) -> dict[str, ChunkRun]:
@@ -294,7 +305,7 @@ def open_pack(
     clock: Callable[[], float] = time.monotonic,
 ) -> tuple[PreparedJob, PackRun]:
     """A new pack's run folder, its members.json and its jobs' folders, nothing started yet."""
-    pack_id = new_pack_id()
+    pack_id = new_pack_id(members[0].job.tenant)
     prepared, record = build(config, members, pack_id, folder, parallel)
     pack, _ = usecase.open_or_start(config, backend, prepared)
     pack.write_file(pack.layout.members, json.dumps(record).encode())
@@ -302,14 +313,14 @@ def open_pack(
     jobs: dict[str, _Job] = {}
     for m in members:
         rundir = RunDir(config.data_root, m.job.job_id, owner(config), config.controller_ids())
-        rundir.durable = False  # hundreds at once: one os.sync() below, not six fsyncs each
+        rundir.durable = False  # hundreds at once: one flush of the volume below, not six fsyncs each
         rundir.write_file(rundir.layout.packed, f"{pack_id}\n".encode())  # first: the pack it belongs to
         if m.tenant is not None:
-            rundir.write_file(rundir.layout.owner, f"{m.tenant}\n".encode())
+            write_owner(rundir, m.tenant)
         if not rundir.exists():
             rundir.create(m.job.file.read_bytes(), m.job.plan, {}, Control(m.job.spec.max_concurrent), image)
         jobs[m.job.job_id] = _Job(rundir, m.job.spec, m.job.plan, record[m.job.job_id]["items"])
-    os.sync()
+    sync_filesystem(config.data_root)
     return prepared, PackRun(config, backend, pack, jobs, clock)
 
 

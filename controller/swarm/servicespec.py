@@ -285,14 +285,18 @@ def tenant_mounts(
 ) -> tuple[DataMount, ...]:
     """What a tenant's runner sees of the data root: its ``area`` read-only, the folders its outputs
     go to (each under the area) writable, its own ``run`` folder writable, and the model pack
-    ``models`` read-only — never the data root. A lane's runner (``runs``: the runs folder) is
-    handed other packs of the same tenant later, so it sees every run folder and its whole area
-    writable instead of those of one pack (docs/operations.md#isolation)."""
+    ``models`` read-only — never the data root. A lane's runner is handed the tenant's later packs,
+    whose run folders and output folders do not exist yet when its service is made: it sees
+    ``runs``, the folder that holds every run folder of the tenant's packs and nothing else
+    (``runs/.tenants/<key>``, contract/layout.py), and its whole area writable, instead of those of
+    one pack (docs/operations.md#isolation)."""
     inside = [f for f in dict.fromkeys(output_folders) if f != run and not f.startswith(run + "/")]
     for f in inside:
         if f != area and not f.startswith(area + "/"):
             raise ValueError(f"a tenant's output folder {f!r} is outside its area {area!r}")
     if runs:
+        if not run.startswith(runs + "/"):
+            raise ValueError(f"a lane's run folder {run!r} is outside its tenant's folder of runs {runs!r}")
         return (DataMount(area, writable=True), DataMount(runs, writable=True), DataMount(models))
     outputs = sorted(f for f in inside if not any(f.startswith(g + "/") for g in inside if g != f))
     if len(outputs) > MAX_OUTPUT_MOUNTS:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from contract.layout import TENANT_RUNS, run_rel
 from contract.paths import CONTAINER_DATA_ROOT
 from contract.results import ItemResult, ItemStatus, parse_results
 from contract.s3 import META_JOB, S3Url, is_s3
@@ -115,9 +116,15 @@ def load(root: Path, name: str, s3: Any = None) -> bytes | None:
 
 
 def _runs(root: Path) -> Iterator[Path]:
-    runs = root / "runs"
-    if runs.is_dir() and not runs.is_symlink():
-        for p in sorted(runs.iterdir()):
+    """Every run folder: runs/<job>/, and each tenant's packs' runs/.tenants/<key>/<pack>/."""
+    yield from _folders(root / "runs")
+    for tenant in _folders(root / "runs" / TENANT_RUNS):
+        yield from _folders(tenant)
+
+
+def _folders(top: Path) -> Iterator[Path]:
+    if top.is_dir() and not top.is_symlink():
+        for p in sorted(top.iterdir()):
             if p.is_dir() and not p.is_symlink() and not p.name.startswith("."):
                 yield p
 
@@ -160,21 +167,21 @@ def job_results(root: Path, job: str) -> dict[str, ItemResult]:
     """A job's items as ``latest`` reads them; a packed job's (its run folder names its pack in
     ``packed``) from its pack's results, under the pack items that the pack's ``members.json`` gives
     this job."""
-    run = root / "runs" / job
+    run = root / run_rel(job)
     out = latest(run)
     raw = _read(run / "packed")
     pack = raw.decode("ascii", "replace").strip() if raw else ""
     if not re.fullmatch(r"pack-[a-z0-9-]{1,80}", pack):
         return out
     try:
-        members = json.loads(_read(root / "runs" / pack / "members.json") or b"{}")
+        members = json.loads(_read(root / run_rel(pack) / "members.json") or b"{}")
     except ValueError:
         return out
     entry = members.get(job) if isinstance(members, dict) else None
     items = entry.get("items") if isinstance(entry, dict) else None
     if not isinstance(items, dict):
         return out
-    for pack_item, r in latest(root / "runs" / pack).items():
+    for pack_item, r in latest(root / run_rel(pack)).items():
         own = items.get(pack_item)
         if isinstance(own, str):
             out.setdefault(own, r)

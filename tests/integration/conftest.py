@@ -30,6 +30,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from contract.layout import tenant_runs_rel
 from controller.config import Config, load_config
 from controller.run.handover import serving
 from controller.swarm.docker import DockerSwarm
@@ -256,6 +257,7 @@ def tenants(workspace: Workspace) -> Iterator[Tenants]:
     for name in (t.a, t.b):
         shutil.rmtree(root / "tenants" / name, ignore_errors=True)
         shutil.rmtree(root / "tenants" / ".jobs" / name, ignore_errors=True)
+        shutil.rmtree(root / tenant_runs_rel(name), ignore_errors=True)  # its packs' run folders
 
 
 @pytest.fixture

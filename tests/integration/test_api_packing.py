@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from contract.layout import run_rel, tenant_runs_rel
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, ROLE_RUNNER
 from tests.fixtures import photos
@@ -77,7 +78,7 @@ def remove_packs(swarm: DockerSwarm, root: Path, packs: set[str], labels: tuple[
         for c in swarm.client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={label}"}):
             remove_container(c)
     for pack in packs:
-        shutil.rmtree(root / "runs" / pack, ignore_errors=True)
+        shutil.rmtree(root / run_rel(pack), ignore_errors=True)
         (root / "inbox" / "packs" / f"{pack}.yaml").unlink(missing_ok=True)
 
 
@@ -130,8 +131,10 @@ def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: s
     assert 1 <= len(seen) <= 4, f"{len(seen)} chunk services: {sorted(seen)}"
     by_tenant: dict[str, set[str]] = {}
     for pack in packs:  # packs never mix tenants: each holds one tenant's jobs (both tenants posted)
-        members = json.loads((ws.root / "runs" / pack / "members.json").read_text())
+        members = json.loads((ws.root / run_rel(pack) / "members.json").read_text())
         (owner,) = {m["tenant"] for m in members.values()}
+        assert run_rel(pack).parent == tenant_runs_rel(owner), pack  # its tenant's folder alone
+        assert (ws.root / run_rel(pack) / "owner").read_text() == f"{owner}\n"  # which names the tenant
         by_tenant.setdefault(owner, set()).add(pack)
     assert sorted(by_tenant) == sorted({tenants.a, tenants.b}), by_tenant
     assert all(len(p) <= 2 for p in by_tenant.values()), by_tenant  # a window's worth, or two

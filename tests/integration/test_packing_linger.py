@@ -13,6 +13,7 @@ live one's is kept.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import shutil
@@ -23,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from contract.layout import run_rel
 from controller.run.handover import live_owners
 from controller.serve.lanes import ROLE_LANE, remove_left
 from controller.swarm.docker import DockerSwarm
@@ -134,9 +136,9 @@ def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: s
     assert len({pack_of(j) for j in first}) == 1 and len({pack_of(j) for j in second}) == 1, packs
     assert len(seen["lanes"]) == 1, seen  # the second pack ran in the first pack's service …
     assert not seen["runners"], seen  # … and neither started a chunk service of its own
-    record = json.loads((ws.root / "runs" / pack_of(second[0]) / "attempts" / "c0000.a1.json").read_text())
+    record = json.loads((ws.root / run_rel(pack_of(second[0])) / "attempts" / "c0000.a1.json").read_text())
     assert record["exit"] == "ITEMS_FAILED" and record["cold_start_s"] < 1.0, record  # its models were loaded
-    assert not (ws.root / "runs" / pack_of(second[0]) / "attempts" / "c0000.a2.json").exists()  # run once
+    assert not (ws.root / run_rel(pack_of(second[0])) / "attempts" / "c0000.a2.json").exists()  # run once
 
     (lane,) = seen["lanes"]
     containers = swarm.client.containers.list(filters={"label": f"com.docker.swarm.service.name={lane}"})
@@ -146,7 +148,7 @@ def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: s
     third = _round(tenants, api, swarm, 2, seen)
     packs |= {pack_of(j) for j in third}
     assert seen["runners"], seen  # the dead lane was not trusted: the pack ran its chunk as always
-    assert Path(ws.root / "runs" / pack_of(third[0]) / "report.json").is_file()
+    assert Path(ws.root / run_rel(pack_of(third[0])) / "report.json").is_file()
 
     # a lane whose serve is alive is left to it; one no live serve owns (it stopped, or died) is removed
     fourth = _round(tenants, api, swarm, 3, seen)  # a fresh lane, waiting now
@@ -158,7 +160,7 @@ def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: s
     fifth = _round(tenants, api, swarm, 4, seen, tenant=tenants.b)
     packs |= {pack_of(j) for j in fifth}
     (other,) = {pack_of(j) for j in fifth}
-    members = json.loads((ws.root / "runs" / other / "members.json").read_text())
+    members = json.loads((ws.root / run_rel(other) / "members.json").read_text())
     assert {m["tenant"] for m in members.values()} == {tenants.b}, members
     new = (seen["lanes"] | seen["runners"]) - before
     assert new and all(other in name for name in new), (new, before)
@@ -166,12 +168,61 @@ def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: s
     processes = {
         json.loads(r.read_text()).get("process")
         for p in own
-        for r in (ws.root / "runs" / p / "attempts").glob("*.json")
+        for r in (ws.root / run_rel(p) / "attempts").glob("*.json")
     }
-    theirs = [json.loads(r.read_text()) for r in (ws.root / "runs" / other / "attempts").glob("*.json")]
+    theirs = [json.loads(r.read_text()) for r in (ws.root / run_rel(other) / "attempts").glob("*.json")]
     assert None not in processes and len(processes) >= 2, processes  # the killed lane's and the later ones
     assert theirs and all(r["process"] not in processes for r in theirs), (theirs, processes)
 
     waiting = _services(swarm, ROLE_LANE, "lane-pack-")
     assert waiting and remove_left(swarm, live_owners(ws.root / "inbox")) == 0
     assert remove_left(swarm, set()) == len(waiting) and not _services(swarm, ROLE_LANE, "lane-pack-")
+
+
+def test_a_tenants_lane_mounts_only_its_area_its_packs_run_folders_and_the_models(
+    workspace: Workspace,
+    tenants: Tenants,
+    api: Api,
+    swarm: DockerSwarm,
+) -> None:
+    """The live lane service of tenant a (docs/operations.md#isolation): its data mounts are exactly
+    a's area (writable: its later packs' output folders do not exist yet), a's folder of pack run
+    folders runs/.tenants/<a's key> (writable: their run folders neither; the key worked out as the
+    docs tell an operator) and the model pack read-only — never runs/, another tenant's area or the
+    data root; and its pack's run folder is inside it, its owner file naming a."""
+    ws = workspace
+    packs: set[str] = set()
+    try:
+        faces = photos.face_photos(ws.dir / "faces", 4 + ROUND)
+        with api.client(tenants.keys[tenants.a]) as c:  # the tenant's area, made by the API
+            assert c.get("/v1/jobs").status_code == 200
+        area = ws.root / "tenants" / tenants.a / "in"
+        area.mkdir(exist_ok=True)
+        for i, f in enumerate(faces[:4]):
+            shutil.copy(f, area / f"src{i}.jpg")
+        for k, f in enumerate(faces[4:]):
+            shutil.copy(f, area / f"t0{k}.jpg")
+        chown_tree(area, ws.config.runner_uid_gid())
+        seen: dict[str, set[str]] = {"lanes": set(), "runners": set()}
+        jobs = _round(tenants, api, swarm, 0, seen)
+        packs |= {(ws.root / "runs" / j / "packed").read_text().strip() for j in jobs}
+        (pack,) = packs
+        key = hashlib.sha256(tenants.a.encode()).hexdigest()[:10]  # docs/operations.md#isolation
+        assert (ws.root / "runs" / ".tenants" / key / pack / "report.json").is_file()
+        assert (ws.root / "runs" / ".tenants" / key / pack / "owner").read_text() == f"{tenants.a}\n"
+        assert not (ws.root / "runs" / pack).exists()
+        (lane,) = seen["lanes"]
+        live = swarm.client.api.inspect_service(lane)["Spec"]["TaskTemplate"]["ContainerSpec"]["Mounts"]
+        data = [m for m in live if m["Type"] != "tmpfs"]
+        assert {m["Target"]: bool(m.get("ReadOnly")) for m in data} == {
+            f"/data/tenants/{tenants.a}": False,
+            f"/data/runs/.tenants/{key}": False,
+            "/data/models/default": True,
+        }, data
+        allowed = [ws.root / "tenants" / tenants.a, ws.root / "runs" / ".tenants" / key, ws.root / "models"]
+        for m in data:  # where each comes from on the host: a bind's folder, or an NFS volume's sub-path
+            source = m["Source"] if m["Type"] == "bind" else m["VolumeOptions"]["DriverConfig"]["Options"]["device"]
+            assert any(source == str(p) or source.startswith(f"{p}/") or source.endswith(
+                "/" + str(p.relative_to(ws.root))) for p in allowed), m  # fmt: skip
+    finally:
+        remove_packs(swarm, ws.root, packs, tuple(f"lane-{p}-c0000" for p in packs))

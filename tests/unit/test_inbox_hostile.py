@@ -249,3 +249,22 @@ def test_serve_never_writes_a_traceback_into_a_reason(tmp_path: Path) -> None:
         mp.undo()
     assert outcome.reason is not None and "RuntimeError" in outcome.reason
     assert "Traceback" not in outcome.reason and "BEGIN" not in outcome.reason
+
+
+def test_serves_claim_counts_its_start_in_the_lease_it_creates_and_a_take_over_counts_the_next(
+    tmp_path: Path,
+) -> None:
+    mine = _inbox(tmp_path, interval=0.2)
+    job = mine.path / "a.yaml"
+    job.write_text("name: a\n")
+    _old(job)
+    claimed = mine.claim(job, starts=1)  # as serve's loop claims
+    assert claimed is not None and not job.exists() and claimed.read_text() == "name: a\n"
+    lease = mine.lease(claimed)
+    assert lease is not None and lease.starts == 1 and lease.owner.id == mine.owner.id
+    # its controller stops: its lease goes stale; the next controller's take-over is the second start
+    far = Owner("other-host", 4242, "boot", "ns", "x" * 32)
+    mine.lease_file(claimed).write_bytes(Record(far, time.time() - 1.0, 0.2, lease.starts).to_json())
+    other = Inbox(mine.path, interval=0.2)
+    assert other.expired(time.time()) == [claimed]
+    assert other.count_start(claimed) == 2

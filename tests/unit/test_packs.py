@@ -18,7 +18,7 @@ from contract.results import ItemResult, ItemStatus
 from controller.config import Config
 from controller.run import control, job_lease
 from controller.run.fold import Fold
-from controller.run.packed import pack_of
+from controller.run.packed import PackView, pack_of
 from controller.run.rundir import RunDir, RunFileError
 from controller.run.status import job_status
 from controller.serve import packs
@@ -187,3 +187,31 @@ def test_a_pack_left_behind_by_its_ended_jobs_is_ended_when_resumed_and_runs_not
     assert swarm.created == []  # no chunk started for jobs that have ended
     assert job_status(runner.pack)["outcome"] == "cancelled"
     assert all((rundir(config, j).report() or {})["counts"]["cancelled"] == 1 for j in ("one", "two"))
+
+
+def test_a_job_read_with_another_packs_view_still_sees_its_own_packs_results(tmp_path: Path) -> None:
+    config, ms = members(tmp_path)
+    folder = config.data_root / "inbox" / "packs"
+    _, first = packs.open_pack(config, FakeSwarm(), ms[:1], folder, 1)  # job one alone in a pack
+    _, second = packs.open_pack(config, FakeSwarm(), ms[1:], folder, 1)  # job two in another
+    for runner, photo, job in ((first, "a", "one"), (second, "b", "two")):
+        runner.pack.layout.results_dir.mkdir(parents=True, exist_ok=True)
+        commit(runner.pack, "i000000", photo, job)  # each pack's only item
+    two = rundir(config, "two")
+    r = Fold.read(two.plan(), two, PackView(first.pack)).result("i000000")  # the view is job one's pack
+    assert r is not None and r.output == "/data/out/two/b.jpg"
+
+
+def test_a_packs_end_reports_every_job_from_one_reading_of_the_pack(tmp_path: Path) -> None:
+    config, ms = members(tmp_path)
+    _, runner = packs.open_pack(config, FakeSwarm(), ms, config.data_root / "inbox" / "packs", 1)
+    runner.pack.layout.results_dir.mkdir(parents=True, exist_ok=True)
+    commit(runner.pack, "i000000", "a", "one")  # job two's item has no result: its chunk failed in the pack
+    runner.plan, runner.image = runner.pack.plan(), runner.pack.image()
+    runner.end_jobs(cancelled=False)
+    one, two = runner.jobs["one"].report, runner.jobs["two"].report
+    assert one is not None and one.counts.ok == 1 and one.counts.failed == 0
+    assert two is not None and two.counts.failed == 1 and two.counts.chunks_failed == 1
+    assert two.failures[0].reason == f"chunk c0000 failed: no result recorded in pack {runner.pack.job}"
+    assert job_status(rundir(config, "one"))["outcome"] == "succeeded"
+    assert job_status(rundir(config, "two"))["outcome"] == "failed"
