@@ -36,7 +36,7 @@ from controller.api.listing import Query, list_page
 from controller.api.metrics import ApiMetrics
 from controller.api.openapi import document
 from controller.api.routing import check_documented, framework_error, table_routes
-from controller.api.slow import SlowWork
+from controller.api.slow import Lent, SlowWork
 from controller.api.sweep import Staging, every, sweep_uploads
 from controller.api.waiting import preference, until_ended
 from controller.apiconfig import Tenant
@@ -142,8 +142,8 @@ class Api:
                 data = json.loads(body)
             except ValueError:
                 raise ApiError(400, "bad_request", "the body is not JSON") from None
-            lane = self.slow.lane(tenant.name)  # globs resolved there, the hand-over among the quick steps
-            job, text = await lane.run(submit.checked_json, self.config, area, data, self.objects)
+            lane = self.slow.lane(tenant.name)  # globs resolved in a worker, the hand-over among the quick steps
+            job, text = await lane.run_apart(submit.checked_json_apart, self.config, area, data)
             accepted = await asyncio.to_thread(submit.accept_json, self.config, area, job, text, slot)
         else:
             budget = await asyncio.to_thread(submit.request_budget, self.config, tenant, area)
@@ -162,8 +162,10 @@ class Api:
                 if "name" in opts:  # the id carries the name the caller chose
                     job = await asyncio.to_thread(submit.fresh_id, area, submit._name(opts))
                 await asyncio.to_thread(slot.bind, job)  # before the inbox: the job's end finds its slot
+                limits = submit.zip_limits(self.config)  # archives unpacked in a worker, through the folder held open
+                unpacked = await lane.run_apart(submit.unpack_targets, Lent(up.folder.fd), up.files, limits, budget)
                 accepted = await lane.run(
-                    submit.submit_upload, self.config, area, job, up, opts, staging, budget, self.objects
+                    submit.submit_upload, self.config, area, job, up, unpacked, opts, staging, self.objects
                 )
                 await asyncio.to_thread(slot.commit)  # its reserved bytes given back: submit_upload counted them
         base = f"/v1/jobs/{accepted.job}"
@@ -373,13 +375,14 @@ def make_app(config: Config) -> Starlette:
 
 def _threads(inner: Callable[[Any], contextlib.AbstractAsyncContextManager[None]], slow: SlowWork) -> Any:
     """The lifespan ``inner`` with THREADS worker threads for the quick blocking work of requests
-    (slow work has its own pool, ``slow``, closed at the end). More threads let more requests share
+    (slow work has its own pools, ``slow``, started here and closed at the end). More threads let more requests share
     one flush (commit.py), but on a small machine they also stretch the slowest answers
     (benchmarks/RESULTS.md, B-api); asyncio's default size is kept, in one place."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(THREADS, thread_name_prefix="api"))
+        slow.start()
         try:
             async with inner(app):
                 yield

@@ -13,10 +13,11 @@ file, so the job is never unowned.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -30,12 +31,14 @@ from controller.api.area import Area, new_job_id
 from controller.api.errors import ApiError
 from controller.api.objects import Objects
 from controller.api.quota import RETRY_AFTER
+from controller.api.slow import Lent
 from controller.api.sweep import Staging
 from controller.api.unzip import Unpacked, ZipLimits, unpack
-from controller.api.uploads import Budget, Upload, too_large
+from controller.api.uploads import Budget, Part, Upload, too_large
 from controller.apiconfig import Tenant
 from controller.config import Config
 from controller.errors import FfswarmError, JobFileError
+from controller.folder import Folder
 from controller.job import remote
 from controller.job.files import JobFileErrors, parse_job
 from controller.job.keys import path_keys
@@ -45,6 +48,7 @@ from controller.job.resolve import resolve_job
 from controller.job.spec import JobSpec, Pair
 from controller.run import handover
 from controller.storage.errors import StorageTemporaryError
+from controller.storage.settings import S3Settings
 
 if TYPE_CHECKING:
     from controller.storage.s3 import S3Store
@@ -201,6 +205,17 @@ def checked_json(config: Config, area: Area, data: object, objects: Objects | No
     return job, validate(config, area, fields, job, objects)
 
 
+def checked_json_apart(config: Config, area: Area, data: object) -> tuple[str, str]:
+    """``checked_json`` as a slow worker process runs it (controller/api/slow.py ``run_apart``): the
+    store reached through that process's own clients."""
+    return checked_json(config, area, data, _worker_objects(config.storage.s3))
+
+
+@functools.cache
+def _worker_objects(settings: S3Settings | None) -> Objects:
+    return Objects(settings)
+
+
 def accept_json(config: Config, area: Area, job: str, text: str, slot: quota.Reservation) -> Accepted:
     """The checked job handed over in its reserved ``slot``: durable when this returns."""
     slot.bind(job)  # before the inbox: the job's end (which may come at once) finds its slot
@@ -238,44 +253,65 @@ def request_budget(config: Config, tenant: Tenant, area: Area, book: quota.Quota
     return Budget(max(cap, 0), why)
 
 
+def unpack_targets(lent: Lent, files: list[Part], limits: ZipLimits, budget: Budget) -> Targets:
+    """The uploaded ``files`` (staged in the lent staging folder) with every archive among the
+    targets unpacked beside it and then removed, each checked against ``limits`` (``total_bytes``
+    for all archives together) and its bytes charged to ``budget``. Plain data in and out: a slow
+    worker process runs it (controller/api/slow.py ``run_apart``)."""
+    if not any(p.field == "source" for p in files):
+        raise ApiError(422, "invalid_job", "at least one source photo is required", field="source")
+    if not any(p.field == "targets" for p in files):
+        raise ApiError(422, "invalid_job", "at least one target file is required", field="targets")
+    out = Targets(budget)
+    with Folder(lent.fd, "the upload") as staged, staged.sub("targets") as folder:
+        for p in files:
+            if p.field != "targets":
+                continue
+            if p.kind != "zip":
+                out.files.append(p.name)
+                continue
+            got: Unpacked = unpack(folder, p.name, p.name, limits, budget)
+            limits = replace(limits, total_bytes=limits.total_bytes - got.total)  # per request
+            out.notes += got.skipped
+            out.files += got.files
+            folder.remove(p.name)
+            budget.release(p.size)
+    return out
+
+
+@dataclass
+class Targets:
+    """What ``unpack_targets`` left: the targets' files (relative to ``targets/``), notes for people
+    (entries skipped), and the request's budget with the unpacked bytes charged."""
+
+    budget: Budget
+    files: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def zip_limits(config: Config) -> ZipLimits:
+    api = config.api
+    return ZipLimits(api.max_zip_entries, api.max_zip_bytes, api.max_zip_ratio, api.max_zip_depth,
+                     api.max_zip_name_bytes, api.max_zip_path_bytes)  # fmt: skip
+
+
 def submit_upload(
     config: Config,
     area: Area,
     job: str,
     up: Upload,
+    unpacked: Targets,
     data: dict[str, Any],
     staging: Staging,
-    budget: Budget,
     objects: Objects | None = None,
 ) -> Accepted:
-    """Uploaded files (staged in ``staging``) unpacked, checked against the budget by the bytes
-    actually written, moved into ``uploads/<job>/``, then validated and handed over. Whatever
-    fails, nothing of the job stays in the area."""
+    """Uploaded files (staged in ``staging``, archives unpacked by ``unpack_targets``) checked
+    against the budget by the bytes actually written, moved into ``uploads/<job>/``, then validated
+    and handed over. Whatever fails, nothing of the job stays in the area."""
     placed = False
+    budget, files, notes = unpacked.budget, unpacked.files, unpacked.notes
+    sources = [p for p in up.files if p.field == "source"]
     try:
-        sources = [p for p in up.files if p.field == "source"]
-        if not sources:
-            raise ApiError(422, "invalid_job", "at least one source photo is required", field="source")
-        if not any(p.field == "targets" for p in up.files):
-            raise ApiError(422, "invalid_job", "at least one target file is required", field="targets")
-        notes: list[str] = []
-        api = config.api
-        limits = ZipLimits(api.max_zip_entries, api.max_zip_bytes, api.max_zip_ratio, api.max_zip_depth,
-                           api.max_zip_name_bytes, api.max_zip_path_bytes)  # fmt: skip
-        files: list[str] = []
-        with up.folder.sub("targets") as folder:
-            for p in up.files:
-                if p.field != "targets":
-                    continue
-                if p.kind != "zip":
-                    files.append(p.name)
-                    continue
-                got: Unpacked = unpack(folder, p.name, p.name, limits, budget)
-                limits = replace(limits, total_bytes=limits.total_bytes - got.total)  # per request
-                notes += got.skipped
-                files += got.files
-                folder.remove(p.name)
-                budget.release(p.size)
         written = up.folder.file_bytes()
         if written > budget.cap:  # what is on the volume, whatever was counted on the way
             raise too_large(budget, f"the upload ({written} bytes once unpacked)")
