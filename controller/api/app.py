@@ -142,8 +142,7 @@ class Api:
                 data = json.loads(body)
             except ValueError:
                 raise ApiError(400, "bad_request", "the body is not JSON") from None
-            lane = self.slow.lane(tenant.name)  # globs resolved in a worker, the hand-over among the quick steps
-            job, text = await lane.run_apart(submit.checked_json_apart, self.config, area, data)
+            job, text = await self.slow.lane(tenant.name).run_apart(submit.checked_json_apart, self.config, area, data)
             accepted = await asyncio.to_thread(submit.accept_json, self.config, area, job, text, slot)
         else:
             budget = await asyncio.to_thread(submit.request_budget, self.config, tenant, area)
@@ -162,10 +161,9 @@ class Api:
                 if "name" in opts:  # the id carries the name the caller chose
                     job = await asyncio.to_thread(submit.fresh_id, area, submit._name(opts))
                 await asyncio.to_thread(slot.bind, job)  # before the inbox: the job's end finds its slot
-                limits = submit.zip_limits(self.config)  # archives unpacked in a worker, through the folder held open
-                unpacked = await lane.run_apart(submit.unpack_targets, Lent(up.folder.fd), up.files, limits, budget)
+                got = await lane.run_apart(submit.unpack_targets, self.config, Lent(up.folder.fd), up.files, budget)
                 accepted = await lane.run(
-                    submit.submit_upload, self.config, area, job, up, unpacked, opts, staging, self.objects
+                    submit.submit_upload, self.config, area, job, up, got, opts, staging, self.objects
                 )
                 await asyncio.to_thread(slot.commit)  # its reserved bytes given back: submit_upload counted them
         base = f"/v1/jobs/{accepted.job}"
@@ -374,10 +372,9 @@ def make_app(config: Config) -> Starlette:
 
 
 def _threads(inner: Callable[[Any], contextlib.AbstractAsyncContextManager[None]], slow: SlowWork) -> Any:
-    """The lifespan ``inner`` with THREADS worker threads for the quick blocking work of requests
-    (slow work has its own pools, ``slow``, started here and closed at the end). More threads let more requests share
-    one flush (commit.py), but on a small machine they also stretch the slowest answers
-    (benchmarks/RESULTS.md, B-api); asyncio's default size is kept, in one place."""
+    """The lifespan ``inner`` with the slow pools (``slow``) started and THREADS threads for the quick
+    blocking work of requests. More threads let more requests share one flush (commit.py), but on a
+    small machine stretch the slowest answers (benchmarks/RESULTS.md, B-api): asyncio's default size."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:

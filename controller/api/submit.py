@@ -253,11 +253,14 @@ def request_budget(config: Config, tenant: Tenant, area: Area, book: quota.Quota
     return Budget(max(cap, 0), why)
 
 
-def unpack_targets(lent: Lent, files: list[Part], limits: ZipLimits, budget: Budget) -> Targets:
+def unpack_targets(config: Config, lent: Lent, files: list[Part], budget: Budget) -> Targets:
     """The uploaded ``files`` (staged in the lent staging folder) with every archive among the
-    targets unpacked beside it and then removed, each checked against ``limits`` (``total_bytes``
-    for all archives together) and its bytes charged to ``budget``. Plain data in and out: a slow
-    worker process runs it (controller/api/slow.py ``run_apart``)."""
+    targets unpacked beside it and then removed, each checked against the ``api.max_zip_*`` limits
+    (``max_zip_bytes`` for all archives together) and its bytes charged to ``budget``. Plain data in
+    and out: a slow worker process runs it (controller/api/slow.py ``run_apart``)."""
+    api = config.api
+    limits = ZipLimits(api.max_zip_entries, api.max_zip_bytes, api.max_zip_ratio, api.max_zip_depth,
+                       api.max_zip_name_bytes, api.max_zip_path_bytes)  # fmt: skip
     if not any(p.field == "source" for p in files):
         raise ApiError(422, "invalid_job", "at least one source photo is required", field="source")
     if not any(p.field == "targets" for p in files):
@@ -287,12 +290,6 @@ class Targets:
     budget: Budget
     files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-
-def zip_limits(config: Config) -> ZipLimits:
-    api = config.api
-    return ZipLimits(api.max_zip_entries, api.max_zip_bytes, api.max_zip_ratio, api.max_zip_depth,
-                     api.max_zip_name_bytes, api.max_zip_path_bytes)  # fmt: skip
 
 
 def submit_upload(

@@ -19,7 +19,6 @@ import yaml
 from controller.api import submit
 from controller.api.errors import ApiError
 from controller.api.slow import NICE, Lane, Lent, SlowWork
-from controller.api.unzip import ZipLimits
 from controller.api.uploads import Budget, Part
 from controller.config import parse_config
 from controller.errors import ConfigError
@@ -237,6 +236,7 @@ def _bad_crc_zip() -> bytes:
 
 
 def test_a_refusal_raised_in_a_worker_reaches_the_caller_as_the_same_400(started: SlowWork, tmp_path: Path) -> None:
+    config, _ = make_config(tmp_path)
     files = [Part("source", "me.jpg", "me.jpg", kind="image"), Part("targets", "p.zip", "p.zip", kind="zip")]
 
     def staged(name: str) -> int:  # an upload's staging folder holding the damaged archive, opened
@@ -249,13 +249,13 @@ def test_a_refusal_raised_in_a_worker_reaches_the_caller_as_the_same_400(started
             step()
         return e.value
 
-    here = refusal(lambda: submit.unpack_targets(Lent(staged("here")), files, ZipLimits(), Budget(10**6, "cap")))
+    here = refusal(lambda: submit.unpack_targets(config, Lent(staged("here")), files, Budget(10**6, "cap")))
     fd = staged("apart")
     try:
         lane = started.lane("acme")
         apart = refusal(
             lambda: in_loop(
-                lambda: lane.run_apart(submit.unpack_targets, Lent(fd), files, ZipLimits(), Budget(10**6, "cap"))
+                lambda: lane.run_apart(submit.unpack_targets, config, Lent(fd), files, Budget(10**6, "cap"))
             )
         )
     finally:
