@@ -142,7 +142,11 @@ class Api:
                 data = json.loads(body)
             except ValueError:
                 raise ApiError(400, "bad_request", "the body is not JSON") from None
-            job, text = await self.slow.lane(tenant.name).run_apart(submit.checked_json_apart, self.config, area, data)
+            lane = self.slow.lane(tenant.name)
+            if submit.walks(data):  # globs walked, a store listed, a pairs file read: in a worker process
+                job, text = await lane.run_apart(submit.checked_json_apart, self.config, area, data)
+            else:  # a few named files checked: cheaper on a thread than the hop to a worker
+                job, text = await lane.run(submit.checked_json, self.config, area, data, self.objects)
             accepted = await asyncio.to_thread(submit.accept_json, self.config, area, job, text, slot)
         else:
             budget = await asyncio.to_thread(submit.request_budget, self.config, tenant, area)

@@ -205,6 +205,20 @@ def checked_json(config: Config, area: Area, data: object, objects: Objects | No
     return job, validate(config, area, fields, job, objects)
 
 
+_MAGIC = re.compile(r"[*?[]")  # a glob's pattern characters (controller/job/paths.py safe_glob)
+
+
+def walks(data: object) -> bool:
+    """Whether checking a JSON submit may walk folders or read much: a glob or an ``s3://`` listing
+    among its targets, or a ``pairs_file``. Only those are worth a worker process; checking a few
+    named files costs less than the hop to one."""
+    if not isinstance(data, dict):
+        return False
+    targets = data.get("targets")
+    named = [targets] if isinstance(targets, str) else targets if isinstance(targets, list) else []
+    return "pairs_file" in data or any(isinstance(t, str) and (_MAGIC.search(t) or is_s3(t)) for t in named)
+
+
 def checked_json_apart(config: Config, area: Area, data: object) -> tuple[str, str]:
     """``checked_json`` as a slow worker process runs it (controller/api/slow.py ``run_apart``): the
     store reached through that process's own clients."""

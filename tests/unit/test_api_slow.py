@@ -275,3 +275,19 @@ def test_a_worker_that_dies_mid_step_is_a_503_to_try_again_and_the_next_step_run
     died, pid = in_loop(body)
     assert (died.status, died.code, died.headers) == (503, "busy", {"Retry-After": "1"})
     assert pid != os.getpid()
+
+
+@pytest.mark.parametrize(
+    ("data", "walks"),
+    [
+        ({"source": "in/face.jpg", "targets": ["in/a.jpg", "in/b.jpg"]}, False),
+        ({"source": "in/face.jpg", "targets": "in/a.jpg"}, False),
+        ({"source": "in/face.jpg", "targets": ["in/a.jpg", "in/**/*.jpg"]}, True),
+        ({"source": "in/face.jpg", "targets": "in/shoot-[12].jpg"}, True),
+        ({"source": "in/face.jpg", "targets": ["s3://bucket/acme/in/"]}, True),
+        ({"source": "in/face.jpg", "pairs_file": "in/pairs.csv"}, True),
+        (["not", "an", "object"], False),
+    ],
+)
+def test_only_json_submits_that_walk_folders_or_list_a_store_go_to_a_worker_process(data: object, walks: bool) -> None:
+    assert submit.walks(data) is walks
