@@ -16,7 +16,7 @@ from controller.errors import FfswarmError, JobFileError, MissingInputError
 from controller.job import claims, fence, owners, pairs, remote
 from controller.job.files import raise_all
 from controller.job.locations import within
-from controller.job.paths import Resolver, resolve_inside
+from controller.job.paths import Resolver
 from controller.job.spec import (
     DISTINCT_PLACEHOLDERS,
     IMAGE_EXTENSIONS,
@@ -107,10 +107,12 @@ def resolve_job(
         identities, matches = _resolve_pairs(spec, root, file, resolver, area, max_pairs, store)
         sources = tuple(dict.fromkeys(p for photos in identities for p in photos))
     else:
-        sources = tuple(_source(root, store, s, item_field("source", i, n), file) for i, s in enumerate(spec.source))
+        sources = tuple(
+            _source(resolver, store, s, item_field("source", i, n), file) for i, s in enumerate(spec.source)
+        )
     reference = None  # unused, so not looked for, unless faces: reference
     if spec.faces is FaceSelection.REFERENCE and spec.reference is not None:
-        reference = _existing(root, spec.reference, "reference", file)
+        reference = _existing(resolver, spec.reference, "reference", file)
     for i, source in enumerate(sources[:n]):
         if isinstance(source, S3Url):
             continue
@@ -245,7 +247,7 @@ def _photo(
         seen[rel] = remote.head(store, rel, f, file, prefix)
     if rel not in seen:
         try:
-            path = _existing(root, rel, f, file)
+            path = _existing(resolver, rel, f, file)
         except MissingInputError:
             raise MissingInputError(f"{file}: {f}: {prefix}{rel!r} does not exist under {root}") from None
         except JobFileError as e:
@@ -281,20 +283,20 @@ def _pair_target(
     return real, kind
 
 
-def _source(root: Path, store: S3Store | None, rel: str, f: str, file: str) -> Photo:
+def _source(resolver: Resolver, store: S3Store | None, rel: str, f: str, file: str) -> Photo:
     if is_s3(rel):
         assert store is not None  # remote.check_allowed
         return remote.head(store, rel, f, file)
-    return _existing(root, rel, f, file)
+    return _existing(resolver, rel, f, file)
 
 
-def _existing(root: Path, rel: str, f: str, file: str) -> Path:
+def _existing(resolver: Resolver, rel: str, f: str, file: str) -> Path:
     try:
-        path = resolve_inside(root, rel, what=f)
+        path = resolver.inside(rel, what=f, listed=False)  # one photo: looked at alone, its folder not read
     except ValueError as e:
         raise JobFileError(file, f, str(e)) from None
     if not path.exists():
-        raise MissingInputError(f"{file}: {f}: {rel!r} does not exist under {root}")
+        raise MissingInputError(f"{file}: {f}: {rel!r} does not exist under {resolver.root}")
     if not path.is_file():
         raise JobFileError(file, f, f"{rel!r} is a folder, not a photo")
     return path
