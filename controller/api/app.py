@@ -62,10 +62,17 @@ class Api:
         self.fairness = Fairness()  # each tenant's request rate and requests in flight (controller/api/fairness.py)
         self.slow = SlowWork(config.api.slow_threads, config.api.slow_threads_per_tenant)  # controller/api/slow.py
         self.log = log.get(component="api")
+        self.runner_ids = access.parse_ids(config.runner_uid_gid())
+        self._areas: dict[tuple[str, object], Area] = {}  # names only: what the disk holds is looked at anew
 
     def area(self, tenant: Tenant) -> Area:
-        area = Area(self.config.data_root, tenant.name, tenant.s3)
-        area.ensure(access.parse_ids(self.config.runner_uid_gid()))
+        """The tenant's area, its folders checked on every call (made when missing; a link or a file
+        where one should be is refused), whatever was seen before."""
+        key = (tenant.name, tenant.s3)
+        area = self._areas.get(key)
+        if area is None:
+            area = self._areas[key] = Area(self.config.data_root, tenant.name, tenant.s3)
+        area.ensure(self.runner_ids)
         return area
 
     def tenant(self, request: Request) -> Tenant:

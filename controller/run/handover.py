@@ -167,7 +167,14 @@ def _read_capped(path: Path) -> str | None:
     return data.decode("utf-8", errors="replace")
 
 
+FileKey = tuple[int, int, int, int]  # inode, size, mtime and ctime (ns): a file's content unchanged while the same
+_READ: dict[str, dict[str, tuple[FileKey, Heartbeat | None]]] = {}  # folder → name → (key, what it held)
+
+
 def _heartbeat_files(inbox: Path) -> list[tuple[Path, Heartbeat | None]]:
+    """Every heartbeat file of the inbox and what it says (None: not a heartbeat). A file is read
+    again only when its inode, size or times changed since this process last read it (a beat renames
+    a new file into place), so asking on every request costs a listing and an lstat per file."""
     folder = inbox / HEARTBEAT_DIR
     if folder.is_symlink() or not folder.is_dir():
         return []
@@ -176,11 +183,26 @@ def _heartbeat_files(inbox: Path) -> list[tuple[Path, Heartbeat | None]]:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError:
         return []
+    seen = _READ.get(str(folder), {})
+    now: dict[str, tuple[FileKey, Heartbeat | None]] = {}
     for e in entries:
         if e.name.startswith(".") or not e.name.endswith(".json") or e.is_symlink():
             continue
-        text = _read_capped(Path(e.path))
-        out.append((Path(e.path), Heartbeat.from_json(text) if text is not None else None))
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            out.append((Path(e.path), None))
+            continue
+        key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        known = seen.get(e.name)
+        if known is not None and known[0] == key:
+            hb = known[1]
+        else:  # read after the lstat: a file replaced in between is read again next time (its key differs)
+            text = _read_capped(Path(e.path))
+            hb = Heartbeat.from_json(text) if text is not None else None
+        now[e.name] = (key, hb)
+        out.append((Path(e.path), hb))
+    _READ[str(folder)] = now
     return out
 
 

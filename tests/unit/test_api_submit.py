@@ -184,3 +184,23 @@ def test_the_openapi_document_is_served(env: Env) -> None:
         doc = c.get("/openapi.json").json()
     assert doc["openapi"].startswith("3.") and "/v1/jobs/{job}/results.zip" in doc["paths"]
     assert yaml.safe_dump(doc)  # plain data
+
+
+def test_an_area_swapped_for_a_link_after_it_was_used_is_refused_and_nothing_goes_through_it(env: Env) -> None:
+    area = env.area()
+    body = {"name": "selfie", "source": "in/me.jpg", "targets": ["in/me.jpg"]}
+    with env.client() as c:
+        c.get("/v1/jobs")
+        (area / "in").mkdir()
+        (area / "in" / "me.jpg").write_bytes(JPEG)
+        first = c.post("/v1/jobs", json=body)
+        assert first.status_code == 202, first.text
+        elsewhere = env.root.parent / "elsewhere"
+        area.rename(elsewhere)  # the same photos, now outside the data root, behind a link
+        area.symlink_to(elsewhere)
+        before = sorted(p.relative_to(elsewhere).as_posix() for p in elsewhere.rglob("*"))
+        r = c.post("/v1/jobs", json=body)
+        assert r.status_code >= 500 and r.status_code != 202
+        assert str(env.root) not in r.text and "Traceback" not in r.text
+        assert sorted(p.relative_to(elsewhere).as_posix() for p in elsewhere.rglob("*")) == before
+        assert [p.name for p in (env.root / "inbox").glob("*.yaml")] == [f"{first.json()['id']}.yaml"]
