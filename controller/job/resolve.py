@@ -3,6 +3,7 @@ outputs fenced (controller/job/fence.py: reserved areas, inputs, existing files,
 
 from __future__ import annotations
 
+import glob
 import os
 import string
 from dataclasses import dataclass
@@ -99,7 +100,7 @@ def resolve_job(
     remote.check_allowed(spec, file, store=store, tenant=tenant)
     root = Path(os.path.abspath(data_root))
     area = owners.area_rel(tenant) if tenant is not None else None
-    resolver = Resolver(root, listings=True)  # one folder read per folder, not 2 stats per path
+    resolver = Resolver(root, listings=_many_paths(spec))  # many: one read per folder, not 2 stats per path
     identities: tuple[tuple[Photo, ...], ...] = ()
     matches: list[Match] = []
     n = len(spec.source)  # 0 for pairs: their photos are checked pair by pair
@@ -281,6 +282,18 @@ def _pair_target(
     except JobFileError as e:
         raise JobFileError(file, f, prefix + e.reason) from None
     return real, kind
+
+
+FEW = 32  # paths a job may name and still have each looked at alone rather than its folder read
+
+
+def _many_paths(spec: JobSpec) -> bool:
+    """Whether the job may name enough paths that reading each folder once is cheaper than an lstat
+    and a stat per path: a glob, a pairs file, or more than FEW targets or pairs. A few named files
+    are looked at alone, so a one-photo job costs the same in a folder of ten photos or of 100,000."""
+    if spec.pairs_file is not None or len(spec.pairs) > FEW or len(spec.targets) > FEW:
+        return True
+    return any(not is_s3(t) and glob.has_magic(t) for t in spec.targets)
 
 
 def _source(resolver: Resolver, store: S3Store | None, rel: str, f: str, file: str) -> Photo:
