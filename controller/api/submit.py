@@ -135,12 +135,18 @@ def validate(config: Config, area: Area, data: dict[str, Any], job: str, objects
         raise ApiError(503, "storage_unavailable", e.reason, headers={"Retry-After": RETRY_AFTER}) from None
     except FfswarmError as e:  # a missing input or pack: the CLI's words, paths as the tenant knows them
         raise ApiError(422, "invalid_job", tenant_text(str(e), area)) from None
-    root_data = {k: (_to_root(v, area.rel) if k in _PATH_KEYS else v) for k, v in data.items()}
-    text = yamlio.dump(root_data, sort_keys=False, allow_unicode=True)
+    text = yamlio.dump(rebased(data, area.rel), sort_keys=False, allow_unicode=True)
     if len(text.encode()) > config.policy.limits.job_file:
         raise ApiError(422, "invalid_job", f"the job file would be over {config.policy.limits.job_file} bytes")
-    parse_job(root_data, f"inbox/{job}.yaml")  # what serve will read back (the dump of JSON data loads as it)
     return text
+
+
+def rebased(data: dict[str, Any], area: str) -> dict[str, Any]:
+    """The job's fields with every path as the data root names it (``tenants/<t>/…``): what serve
+    reads back from the inbox file (the dump of JSON data loads as it). Not parsed again: a job
+    valid in its area stays valid with its paths behind the area's folder (no check a prefix can
+    fail: no ``..``, no leading ``/``, the same file names and placeholders)."""
+    return {k: (_to_root(v, area) if k in _PATH_KEYS else v) for k, v in data.items()}
 
 
 def hand_over(config: Config, area: Area, job: str, text: str, uploads: bool) -> None:

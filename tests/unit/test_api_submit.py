@@ -11,7 +11,8 @@ import jwt
 import pytest
 import yaml
 
-from controller.job.files import parse_job_text
+from controller.api.submit import rebased
+from controller.job.files import parse_job, parse_job_text
 from tests.builders import JPEG, JWT_SECRET, MP4, PNG, Env, api_env, leftovers, zip_bytes
 
 
@@ -204,3 +205,31 @@ def test_an_area_swapped_for_a_link_after_it_was_used_is_refused_and_nothing_goe
         assert str(env.root) not in r.text and "Traceback" not in r.text
         assert sorted(p.relative_to(elsewhere).as_posix() for p in elsewhere.rglob("*")) == before
         assert [p.name for p in (env.root / "inbox").glob("*.yaml")] == [f"{first.json()['id']}.yaml"]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"source": "in/me.jpg", "targets": ["in/p1.jpg"], "output": "out/{job}/{stem}{ext}"},
+        {"source": ["a b/ä.jpg", "x/./y.png"], "targets": "**/*.jpg", "output": "{dir}/{index}-{name}"},
+        {"source": "s3://bucket/t/me.jpg", "targets": ["s3://bucket/t/in/*.jpg"], "output": "s3://bucket/t/o/{stem}{ext}"},
+        {"source": "in/me.jpg", "targets": ["in/c.mp4"], "output": "out/{stem}.mp4", "faces": "reference",
+         "reference": "in/ref.jpg"},
+        {"pairs": [{"source": ["in/a.jpg"], "target": "in/b.jpg", "output": "o/{stem}{ext}"}, {"source": "in/c.jpg",
+         "target": "in/d.jpg"}], "output": "o/{index}{ext}"},
+        {"pairs_file": "lists/pairs.csv"},
+    ],
+)  # fmt: skip
+def test_a_job_valid_in_its_area_is_valid_as_its_inbox_file_names_it(fields: dict[str, object]) -> None:
+    """The API checks a job with the area as its root and does not check it again with its paths
+    rebased for the inbox file: rebasing must never make a valid job invalid, nor leave a path
+    outside the area."""
+    data = {"name": "party-abcdefgh", **fields}
+    inside = parse_job(data, "job")
+    root = parse_job(yaml.safe_load(yaml.safe_dump(rebased(data, "tenants/acme"))), "inbox/party-abcdefgh.yaml")
+    for spec in (inside, root):
+        assert spec.name == "party-abcdefgh"
+    names = [*root.source, *root.targets, root.output, root.reference, root.pairs_file]
+    names += [p for pair in root.pairs for p in (*pair.source, pair.target, pair.output)]
+    for name in (n for n in names if n):
+        assert name.startswith(("tenants/acme/", "s3://")), name
