@@ -233,3 +233,24 @@ def test_a_job_valid_in_its_area_is_valid_as_its_inbox_file_names_it(fields: dic
     names += [p for pair in root.pairs for p in (*pair.source, pair.target, pair.output)]
     for name in (n for n in names if n):
         assert name.startswith(("tenants/acme/", "s3://")), name
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["runs/party-abcdefgh/", "inbox/party-abcdefgh.yaml", "inbox/party-abcdefgh.yml",
+     "inbox/running/party-abcdefgh.yaml", "tenants/.jobs/globex/party-abcdefgh.json", "runs/party-abcdefgh"],
+)  # fmt: skip
+def test_an_id_in_use_anywhere_on_the_volume_is_never_given_again(tmp_path: Path, where: str) -> None:
+    from controller.api.area import Area
+
+    area = Area(tmp_path, "acme")
+    assert not area.id_taken("party-abcdefgh")
+    place = tmp_path / where
+    place.parent.mkdir(parents=True, exist_ok=True)
+    if where.endswith("/"):
+        place.mkdir()
+    elif where.startswith("runs/"):
+        place.symlink_to(tmp_path / "gone")  # a dangling link holds the name too
+    else:
+        place.write_text("x")
+    assert area.id_taken("party-abcdefgh") and not area.id_taken("party-bcdefghi")
