@@ -43,7 +43,7 @@ from controller.apiconfig import Tenant
 from controller.config import Config
 from controller.errors import FfswarmError, volume_full
 from controller.job import access
-from controller.run import deletion, links
+from controller.run import links
 
 Handler = Callable[[Request], Awaitable[Response]]
 MAX_JSON = 1024**2
@@ -213,7 +213,7 @@ class Api:
     async def delete_job(self, request: Request) -> Response:
         """A finished job's files, outputs and records removed (controller/run/deletion.py); 204."""
         area = await asyncio.to_thread(self.area, self.tenant(request))
-        await asyncio.to_thread(delete_finished, self.config, area, request.path_params["job"])
+        await asyncio.to_thread(views.delete, self.config, area, request.path_params["job"])
         return Response(status_code=204)
 
     async def post_job_once(self, request: Request) -> Response:
@@ -287,19 +287,6 @@ class Api:
             body: dict[str, Any] = {"ready": False} if caller is None else {"ready": False, "reasons": reasons}
             return JSONResponse(body, status_code=503)
         return JSONResponse({"ready": True})
-
-
-def delete_finished(config: Config, area: Area, job: str) -> None:
-    """The caller's finished job deleted; 404 for any other job, 409 ``not_finished`` while it is
-    queued or running."""
-    if area.owns(job) is None:
-        raise not_found(job)
-    try:
-        deletion.delete_job(config, job, area.tenant)
-    except deletion.NoSuchJob:
-        raise not_found(job) from None
-    except deletion.NotFinished as e:
-        raise ApiError(409, "not_finished", str(e)) from None
 
 
 def _link_keys(config: Config) -> links.SigningKeys | None:

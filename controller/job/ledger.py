@@ -93,7 +93,7 @@ class Counts:
         if not isinstance(d, dict):
             return None
         out = cls()
-        for name, default in _DEFAULTS:
+        for name, default in ((f.name, f.default) for f in fields(cls)):
             v = d.get(name)
             if isinstance(default, int) and not isinstance(default, bool):
                 if type(v) is not int or v < 0:
@@ -104,9 +104,6 @@ class Counts:
                     return None
                 setattr(out, name, float(v))
         return out
-
-
-_DEFAULTS = tuple((f.name, f.default) for f in fields(Counts))  # (field, default): what parse checks against
 
 
 class OverQuota(Exception):

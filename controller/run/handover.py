@@ -26,6 +26,7 @@ from pathlib import Path
 from controller.errors import CapacityError, UsageError
 from controller.job.files import parse_job_text
 from controller.run.jobs import PreparedJob
+from controller.volume import write_all
 
 HEARTBEAT_DIR = ".heartbeat"
 HEARTBEAT_SECONDS = 5.0  # how often `serve` rewrites its heartbeat
@@ -253,8 +254,12 @@ def place(inbox: Path, name: str, text: str) -> Path:
     final = inbox / name
     tmp = inbox / f".{name}.{os.getpid()}.tmp"
     try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.chmod(0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            write_all(fd, text.encode("utf-8"))
+            os.fchmod(fd, 0o644)  # submitters of any uid read it, whatever the umask
+        finally:
+            os.close(fd)
         try:
             os.link(tmp, final)
         except FileExistsError:
