@@ -422,8 +422,8 @@ def read_all(fd: int, limit: int, rel: str) -> bytes:
 def own(fd: int, owner: Owner | None, mode: int | None, rel: str) -> None:
     """fchown (only what differs; a non-root controller may only change the group to one of its
     own), then fchmod (after: a chown may clear the set-group-id bit)."""
-    st = os.fstat(fd)
     if owner is not None:
+        st = os.fstat(fd)
         uid = owner[0] if owner[0] not in (-1, st.st_uid) else -1
         gid = owner[1] if owner[1] not in (-1, st.st_gid) else -1
         if uid != -1 or gid != -1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 import string
 from dataclasses import dataclass
 from pathlib import Path
@@ -308,9 +309,11 @@ def _existing(resolver: Resolver, rel: str, f: str, file: str) -> Path:
         path = resolver.inside(rel, what=f, listed=False)  # one photo: looked at alone, its folder not read
     except ValueError as e:
         raise JobFileError(file, f, str(e)) from None
-    if not path.exists():
-        raise MissingInputError(f"{file}: {f}: {rel!r} does not exist under {resolver.root}")
-    if not path.is_file():
+    try:
+        mode = os.stat(path).st_mode  # one stat answers both: there, and a file
+    except (FileNotFoundError, NotADirectoryError):
+        raise MissingInputError(f"{file}: {f}: {rel!r} does not exist under {resolver.root}") from None
+    if not stat.S_ISREG(mode):
         raise JobFileError(file, f, f"{rel!r} is a folder, not a photo")
     return path
 

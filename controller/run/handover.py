@@ -177,32 +177,36 @@ def _heartbeat_files(inbox: Path) -> list[tuple[Path, Heartbeat | None]]:
     again only when its inode, size or times changed since this process last read it (a beat renames
     a new file into place), so asking on every request costs a listing and an lstat per file."""
     folder = inbox / HEARTBEAT_DIR
-    if folder.is_symlink() or not folder.is_dir():
-        return []
-    out: list[tuple[Path, Heartbeat | None]] = []
-    try:
-        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    try:  # the folder itself never through a link
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return []
-    seen = _READ.get(str(folder), {})
-    now: dict[str, tuple[FileKey, Heartbeat | None]] = {}
-    for e in entries:
-        if e.name.startswith(".") or not e.name.endswith(".json") or e.is_symlink():
-            continue
-        try:
-            st = e.stat(follow_symlinks=False)
-        except OSError:
-            out.append((Path(e.path), None))
-            continue
-        key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        known = seen.get(e.name)
-        if known is not None and known[0] == key:
-            hb = known[1]
-        else:  # read after the lstat: a file replaced in between is read again next time (its key differs)
-            text = _read_capped(Path(e.path))
-            hb = Heartbeat.from_json(text) if text is not None else None
-        now[e.name] = (key, hb)
-        out.append((Path(e.path), hb))
+    try:
+        names = sorted(e.name for e in os.scandir(fd) if not e.is_symlink())
+        seen = _READ.get(str(folder), {})
+        now: dict[str, tuple[FileKey, Heartbeat | None]] = {}
+        out: list[tuple[Path, Heartbeat | None]] = []
+        for name in names:
+            if name.startswith(".") or not name.endswith(".json"):
+                continue
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                out.append((folder / name, None))
+                continue
+            key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            known = seen.get(name)
+            if known is not None and known[0] == key:
+                hb = known[1]
+            else:  # read after the lstat: a file replaced in between is read again next time (its key differs)
+                text = _read_capped(folder / name)
+                hb = Heartbeat.from_json(text) if text is not None else None
+            now[name] = (key, hb)
+            out.append((folder / name, hb))
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
     _READ[str(folder)] = now
     return out
 
