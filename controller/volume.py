@@ -96,13 +96,25 @@ class Volume:
 
     def rel(self, path: str | PurePosixPath | Path) -> str:
         """The path relative to the data root, as errors name it; refused if it leads out."""
+        text = os.fspath(path)
+        base = str(self.root)
+        if not text.startswith("/"):  # relative: the same parts Path would see, without making one
+            return self._parts(text)
+        if base != "/" and text.startswith(base + "/") and not text.startswith("//"):
+            return self._parts(text[len(base) + 1 :])
+        if text == base:
+            return ""
         p = Path(path)
         if p.is_absolute():
             try:
                 p = p.relative_to(self.root)
             except ValueError:
                 raise UnsafePath(f"{p.name}: not beneath the data root") from None
-        parts = [x for x in p.as_posix().split("/") if x not in ("", ".")]
+        return self._parts(p.as_posix())
+
+    @staticmethod
+    def _parts(rel: str) -> str:
+        parts = [x for x in rel.split("/") if x not in ("", ".")]
         if ".." in parts:
             raise UnsafePath(f"{'/'.join(parts)}: leads out of the data root")
         return "/".join(parts)
@@ -410,8 +422,8 @@ def read_all(fd: int, limit: int, rel: str) -> bytes:
 def own(fd: int, owner: Owner | None, mode: int | None, rel: str) -> None:
     """fchown (only what differs; a non-root controller may only change the group to one of its
     own), then fchmod (after: a chown may clear the set-group-id bit)."""
-    st = os.fstat(fd)
     if owner is not None:
+        st = os.fstat(fd)
         uid = owner[0] if owner[0] not in (-1, st.st_uid) else -1
         gid = owner[1] if owner[1] not in (-1, st.st_gid) else -1
         if uid != -1 or gid != -1:

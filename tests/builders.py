@@ -126,7 +126,8 @@ def serve_api(config: Config) -> Iterator[str]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(make_app(config), log_level="warning", lifespan="off"))
+    # lifespan on, as served: the app starts and stops its slow worker processes (controller/api/slow.py)
+    server = uvicorn.Server(uvicorn.Config(make_app(config), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.time() + 10

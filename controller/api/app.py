@@ -36,14 +36,14 @@ from controller.api.listing import Query, list_page
 from controller.api.metrics import ApiMetrics
 from controller.api.openapi import document
 from controller.api.routing import check_documented, framework_error, table_routes
-from controller.api.slow import SlowWork
+from controller.api.slow import Lent, SlowWork
 from controller.api.sweep import Staging, every, sweep_uploads
 from controller.api.waiting import preference, until_ended
 from controller.apiconfig import Tenant
 from controller.config import Config
 from controller.errors import FfswarmError, volume_full
 from controller.job import access
-from controller.run import deletion, links
+from controller.run import links
 
 Handler = Callable[[Request], Awaitable[Response]]
 MAX_JSON = 1024**2
@@ -62,10 +62,17 @@ class Api:
         self.fairness = Fairness()  # each tenant's request rate and requests in flight (controller/api/fairness.py)
         self.slow = SlowWork(config.api.slow_threads, config.api.slow_threads_per_tenant)  # controller/api/slow.py
         self.log = log.get(component="api")
+        self.runner_ids = access.parse_ids(config.runner_uid_gid())
+        self._areas: dict[tuple[str, object], Area] = {}  # names only: what the disk holds is looked at anew
 
     def area(self, tenant: Tenant) -> Area:
-        area = Area(self.config.data_root, tenant.name, tenant.s3)
-        area.ensure(access.parse_ids(self.config.runner_uid_gid()))
+        """The tenant's area, its folders checked on every call (made when missing; a link or a file
+        where one should be is refused), whatever was seen before."""
+        key = (tenant.name, tenant.s3)
+        area = self._areas.get(key)
+        if area is None:
+            area = self._areas[key] = Area(self.config.data_root, tenant.name, tenant.s3)
+        area.ensure(self.runner_ids)
         return area
 
     def tenant(self, request: Request) -> Tenant:
@@ -142,8 +149,11 @@ class Api:
                 data = json.loads(body)
             except ValueError:
                 raise ApiError(400, "bad_request", "the body is not JSON") from None
-            lane = self.slow.lane(tenant.name)  # globs resolved there, the hand-over among the quick steps
-            job, text = await lane.run(submit.checked_json, self.config, area, data, self.objects)
+            lane = self.slow.lane(tenant.name)
+            if submit.walks(data):  # globs walked, a store listed, a pairs file read: in a worker process
+                job, text = await lane.run_apart(submit.checked_json_apart, self.config, area, data)
+            else:  # a few named files checked: cheaper on a thread than the hop to a worker
+                job, text = await lane.run(submit.checked_json, self.config, area, data, self.objects)
             accepted = await asyncio.to_thread(submit.accept_json, self.config, area, job, text, slot)
         else:
             budget = await asyncio.to_thread(submit.request_budget, self.config, tenant, area)
@@ -162,8 +172,9 @@ class Api:
                 if "name" in opts:  # the id carries the name the caller chose
                     job = await asyncio.to_thread(submit.fresh_id, area, submit._name(opts))
                 await asyncio.to_thread(slot.bind, job)  # before the inbox: the job's end finds its slot
+                got = await lane.run_apart(submit.unpack_targets, self.config, Lent(up.folder.fd), up.files, budget)
                 accepted = await lane.run(
-                    submit.submit_upload, self.config, area, job, up, opts, staging, budget, self.objects
+                    submit.submit_upload, self.config, area, job, up, got, opts, staging, self.objects
                 )
                 await asyncio.to_thread(slot.commit)  # its reserved bytes given back: submit_upload counted them
         base = f"/v1/jobs/{accepted.job}"
@@ -202,7 +213,7 @@ class Api:
     async def delete_job(self, request: Request) -> Response:
         """A finished job's files, outputs and records removed (controller/run/deletion.py); 204."""
         area = await asyncio.to_thread(self.area, self.tenant(request))
-        await asyncio.to_thread(delete_finished, self.config, area, request.path_params["job"])
+        await asyncio.to_thread(views.delete, self.config, area, request.path_params["job"])
         return Response(status_code=204)
 
     async def post_job_once(self, request: Request) -> Response:
@@ -276,19 +287,6 @@ class Api:
             body: dict[str, Any] = {"ready": False} if caller is None else {"ready": False, "reasons": reasons}
             return JSONResponse(body, status_code=503)
         return JSONResponse({"ready": True})
-
-
-def delete_finished(config: Config, area: Area, job: str) -> None:
-    """The caller's finished job deleted; 404 for any other job, 409 ``not_finished`` while it is
-    queued or running."""
-    if area.owns(job) is None:
-        raise not_found(job)
-    try:
-        deletion.delete_job(config, job, area.tenant)
-    except deletion.NoSuchJob:
-        raise not_found(job) from None
-    except deletion.NotFinished as e:
-        raise ApiError(409, "not_finished", str(e)) from None
 
 
 def _link_keys(config: Config) -> links.SigningKeys | None:
@@ -372,14 +370,14 @@ def make_app(config: Config) -> Starlette:
 
 
 def _threads(inner: Callable[[Any], contextlib.AbstractAsyncContextManager[None]], slow: SlowWork) -> Any:
-    """The lifespan ``inner`` with THREADS worker threads for the quick blocking work of requests
-    (slow work has its own pool, ``slow``, closed at the end). More threads let more requests share
-    one flush (commit.py), but on a small machine they also stretch the slowest answers
-    (benchmarks/RESULTS.md, B-api); asyncio's default size is kept, in one place."""
+    """The lifespan ``inner`` with the slow pools (``slow``) started and THREADS threads for the quick
+    blocking work of requests. More threads let more requests share one flush (commit.py), but on a
+    small machine stretch the slowest answers (benchmarks/RESULTS.md, B-api): asyncio's default size."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(THREADS, thread_name_prefix="api"))
+        slow.start()
         try:
             async with inner(app):
                 yield

@@ -64,6 +64,7 @@ class Area:
         top = DataRootLayout.host(data_root)
         self.path = top.tenants / tenant
         self.records = top.records / tenant
+        self._taken = (str(top.runs), str(top.inbox), str(top.records))  # where a job id may be in use
         self.volume = Volume(data_root)
         self.index = JobIndex(self.volume, tenant)
 
@@ -99,18 +100,15 @@ class Area:
         return path.relative_to(self.path).as_posix()
 
     def id_taken(self, job: str) -> bool:
-        top = DataRootLayout.host(self.root)
-        inbox = top.inbox
-        names = [top.run(job).dir]
-        names += [inbox / f"{job}{s}" for s in (".yaml", ".yml")] + [inbox / "running" / f"{job}.yaml"]
+        runs, inbox, recs = self._taken
+        names = [f"{runs}/{job}", f"{inbox}/{job}.yaml", f"{inbox}/{job}.yml", f"{inbox}/running/{job}.yaml"]
         if any(os.path.lexists(p) for p in names):
             return True
-        recs = top.records
         try:
             tenants = [e.name for e in os.scandir(recs) if e.is_dir(follow_symlinks=False)]
         except OSError:
             tenants = []
-        return any(os.path.lexists(recs / t / f"{job}.json") for t in tenants)
+        return any(os.path.lexists(f"{recs}/{t}/{job}.json") for t in tenants)
 
     def write_record(self, job: str, uploads: bool, sha256: str | None = None, durable: bool = True) -> JobRecord:
         """``sha256``: of the job file about to be handed to the inbox (serve checks it);

@@ -36,6 +36,11 @@ class ApiError(Exception):
         self.headers = dict(headers or {})
         self.errors = by_field(errors) or ({field: message} if field is not None else {})
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled whole, so a refusal raised in a slow worker process reaches the caller unchanged."""
+        fields = {"field": self.field, "file": self.file, "headers": self.headers, "errors": list(self.errors.items())}
+        return (_rebuilt, (self.status, self.code, self.message, fields))
+
     def body(self) -> dict[str, Any]:
         err: dict[str, Any] = {"code": self.code, "message": self.message}
         if self.field is not None:
@@ -45,6 +50,10 @@ class ApiError(Exception):
         if self.errors:
             err["errors"] = [{"field": f, "message": m} for f, m in self.errors.items()]
         return {"error": err}
+
+
+def _rebuilt(status: int, code: str, message: str, fields: dict[str, Any]) -> ApiError:
+    return ApiError(status, code, message, **fields)
 
 
 def by_field(errors: Iterable[tuple[str, str]]) -> dict[str, str]:

@@ -18,7 +18,7 @@ sniffed first bytes, so a hostile file on the volume cannot run as a page of thi
 from __future__ import annotations
 
 import asyncio
-import threading
+import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
@@ -30,7 +30,7 @@ from starlette.routing import Route
 from controller.api import items, thumbs
 from controller.api.area import Area
 from controller.api.errors import ApiError, not_found
-from controller.api.slow import Lane, SlowWork
+from controller.api.slow import Lane, Lent, SlowWork
 from controller.apiconfig import Tenant
 from controller.config import Config
 
@@ -92,7 +92,7 @@ class Page:
     def __init__(self, api: ApiLike) -> None:
         self.api = api
         self.files = {name: (STATIC / name).read_bytes() for name in FILES}
-        self.decoding = threading.BoundedSemaphore(THUMBS_AT_ONCE)
+        self.decoding = asyncio.Semaphore(THUMBS_AT_ONCE)
 
     async def index(self, request: Request) -> Response:
         return self._static("index.html")
@@ -149,7 +149,8 @@ class Page:
         if size is None:
             return self._whole(opened, shown, lane)
         try:
-            data = await lane.run(self._thumbnail, opened, kind, size)
+            async with self.decoding:  # decoded in a worker, through the file held open
+                data = await lane.run_apart(thumbnail, Lent(opened.fd), kind, size)
         except thumbs.NoThumbnail as e:
             raise ApiError(422, "no_thumbnail", f"{shown}: {e}", file=shown) from None
         finally:
@@ -164,13 +165,19 @@ class Page:
         media = opened.media_type or "application/octet-stream"
         return StreamingResponse(lane.pieces(opened.pieces()), media_type=media, headers=headers)
 
-    def _thumbnail(self, opened: items.Opened, kind: str, size: int) -> bytes:
+
+def thumbnail(lent: Lent, kind: str, size: int) -> bytes:
+    """The thumbnail of the lent open file (``kind``: what its first bytes are), as a slow worker
+    process makes it (controller/api/slow.py ``run_apart``)."""
+    opened = items.Opened(lent.fd, os.fstat(lent.fd).st_size, None)
+    try:
         if kind != "image":
             raise thumbs.NoThumbnail("videos have no thumbnail")
         if opened.size > thumbs.MAX_BYTES:
             raise thumbs.NoThumbnail(f"the file is larger than {thumbs.MAX_BYTES // 1024**2} MiB")
-        with self.decoding:
-            return thumbs.thumbnail(opened.read(thumbs.MAX_BYTES + 1), size)
+        return thumbs.thumbnail(opened.read(thumbs.MAX_BYTES + 1), size)
+    finally:
+        opened.close()
 
 
 def routes(api: ApiLike, guard: Callable[[Handler], Handler]) -> list[Route]:

@@ -13,10 +13,11 @@ file, so the job is never unowned.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -31,12 +32,14 @@ from controller.api.area import Area, new_job_id
 from controller.api.errors import ApiError
 from controller.api.objects import Objects
 from controller.api.quota import RETRY_AFTER
+from controller.api.slow import Lent
 from controller.api.sweep import Staging
 from controller.api.unzip import Unpacked, ZipLimits, unpack
-from controller.api.uploads import Budget, Upload, too_large
+from controller.api.uploads import Budget, Part, Upload, too_large
 from controller.apiconfig import Tenant
 from controller.config import Config
 from controller.errors import FfswarmError, JobFileError
+from controller.folder import Folder
 from controller.job import remote
 from controller.job.files import JobFileErrors, parse_job
 from controller.job.keys import path_keys
@@ -46,6 +49,7 @@ from controller.job.resolve import resolve_job
 from controller.job.spec import JobSpec, Pair
 from controller.run import handover
 from controller.storage.errors import StorageTemporaryError
+from controller.storage.settings import S3Settings
 
 if TYPE_CHECKING:
     from controller.storage.s3 import S3Store
@@ -135,12 +139,18 @@ def validate(config: Config, area: Area, data: dict[str, Any], job: str, objects
         raise ApiError(503, "storage_unavailable", e.reason, headers={"Retry-After": RETRY_AFTER}) from None
     except FfswarmError as e:  # a missing input or pack: the CLI's words, paths as the tenant knows them
         raise ApiError(422, "invalid_job", tenant_text(str(e), area)) from None
-    root_data = {k: (_to_root(v, area.rel) if k in _PATH_KEYS else v) for k, v in data.items()}
-    text = yamlio.dump(root_data, sort_keys=False, allow_unicode=True)
+    text = yamlio.dump(rebased(data, area.rel), sort_keys=False, allow_unicode=True)
     if len(text.encode()) > config.policy.limits.job_file:
         raise ApiError(422, "invalid_job", f"the job file would be over {config.policy.limits.job_file} bytes")
-    parse_job(root_data, f"inbox/{job}.yaml")  # what serve will read back (the dump of JSON data loads as it)
     return text
+
+
+def rebased(data: dict[str, Any], area: str) -> dict[str, Any]:
+    """The job's fields with every path as the data root names it (``tenants/<t>/…``): what serve
+    reads back from the inbox file (the dump of JSON data loads as it). Not parsed again: a job
+    valid in its area stays valid with its paths behind the area's folder (no check a prefix can
+    fail: no ``..``, no leading ``/``, the same file names and placeholders)."""
+    return {k: (_to_root(v, area) if k in _PATH_KEYS else v) for k, v in data.items()}
 
 
 def hand_over(config: Config, area: Area, job: str, text: str, uploads: bool) -> None:
@@ -205,6 +215,31 @@ def checked_json(config: Config, area: Area, data: object, objects: Objects | No
     return job, validate(config, area, fields, job, objects)
 
 
+_MAGIC = re.compile(r"[*?[]")  # a glob's pattern characters (controller/job/paths.py safe_glob)
+
+
+def walks(data: object) -> bool:
+    """Whether checking a JSON submit may walk folders or read much: a glob or an ``s3://`` listing
+    among its targets, or a ``pairs_file``. Only those are worth a worker process; checking a few
+    named files costs less than the hop to one."""
+    if not isinstance(data, dict):
+        return False
+    targets = data.get("targets")
+    named = [targets] if isinstance(targets, str) else targets if isinstance(targets, list) else []
+    return "pairs_file" in data or any(isinstance(t, str) and (_MAGIC.search(t) or is_s3(t)) for t in named)
+
+
+def checked_json_apart(config: Config, area: Area, data: object) -> tuple[str, str]:
+    """``checked_json`` as a slow worker process runs it (controller/api/slow.py ``run_apart``): the
+    store reached through that process's own clients."""
+    return checked_json(config, area, data, _worker_objects(config.storage.s3))
+
+
+@functools.cache
+def _worker_objects(settings: S3Settings | None) -> Objects:
+    return Objects(settings)
+
+
 def accept_json(config: Config, area: Area, job: str, text: str, slot: quota.Reservation) -> Accepted:
     """The checked job handed over in its reserved ``slot``: durable when this returns."""
     slot.bind(job)  # before the inbox: the job's end (which may come at once) finds its slot
@@ -242,44 +277,62 @@ def request_budget(config: Config, tenant: Tenant, area: Area, book: quota.Quota
     return Budget(max(cap, 0), why)
 
 
+def unpack_targets(config: Config, lent: Lent, files: list[Part], budget: Budget) -> Targets:
+    """The uploaded ``files`` (staged in the lent staging folder) with every archive among the
+    targets unpacked beside it and then removed, each checked against the ``api.max_zip_*`` limits
+    (``max_zip_bytes`` for all archives together) and its bytes charged to ``budget``. Plain data in
+    and out: a slow worker process runs it (controller/api/slow.py ``run_apart``)."""
+    api = config.api
+    limits = ZipLimits(api.max_zip_entries, api.max_zip_bytes, api.max_zip_ratio, api.max_zip_depth,
+                       api.max_zip_name_bytes, api.max_zip_path_bytes)  # fmt: skip
+    if not any(p.field == "source" for p in files):
+        raise ApiError(422, "invalid_job", "at least one source photo is required", field="source")
+    if not any(p.field == "targets" for p in files):
+        raise ApiError(422, "invalid_job", "at least one target file is required", field="targets")
+    out = Targets(budget)
+    with Folder(lent.fd, "the upload") as staged, staged.sub("targets") as folder:
+        for p in files:
+            if p.field != "targets":
+                continue
+            if p.kind != "zip":
+                out.files.append(p.name)
+                continue
+            got: Unpacked = unpack(folder, p.name, p.name, limits, budget)
+            limits = replace(limits, total_bytes=limits.total_bytes - got.total)  # per request
+            out.notes += got.skipped
+            out.files += got.files
+            folder.remove(p.name)
+            budget.release(p.size)
+    return out
+
+
+@dataclass
+class Targets:
+    """What ``unpack_targets`` left: the targets' files (relative to ``targets/``), notes for people
+    (entries skipped), and the request's budget with the unpacked bytes charged."""
+
+    budget: Budget
+    files: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
 def submit_upload(
     config: Config,
     area: Area,
     job: str,
     up: Upload,
+    unpacked: Targets,
     data: dict[str, Any],
     staging: Staging,
-    budget: Budget,
     objects: Objects | None = None,
 ) -> Accepted:
-    """Uploaded files (staged in ``staging``) unpacked, checked against the budget by the bytes
-    actually written, moved into ``uploads/<job>/``, then validated and handed over. Whatever
-    fails, nothing of the job stays in the area."""
+    """Uploaded files (staged in ``staging``, archives unpacked by ``unpack_targets``) checked
+    against the budget by the bytes actually written, moved into ``uploads/<job>/``, then validated
+    and handed over. Whatever fails, nothing of the job stays in the area."""
     placed = False
+    budget, files, notes = unpacked.budget, unpacked.files, unpacked.notes
+    sources = [p for p in up.files if p.field == "source"]
     try:
-        sources = [p for p in up.files if p.field == "source"]
-        if not sources:
-            raise ApiError(422, "invalid_job", "at least one source photo is required", field="source")
-        if not any(p.field == "targets" for p in up.files):
-            raise ApiError(422, "invalid_job", "at least one target file is required", field="targets")
-        notes: list[str] = []
-        api = config.api
-        limits = ZipLimits(api.max_zip_entries, api.max_zip_bytes, api.max_zip_ratio, api.max_zip_depth,
-                           api.max_zip_name_bytes, api.max_zip_path_bytes)  # fmt: skip
-        files: list[str] = []
-        with up.folder.sub("targets") as folder:
-            for p in up.files:
-                if p.field != "targets":
-                    continue
-                if p.kind != "zip":
-                    files.append(p.name)
-                    continue
-                got: Unpacked = unpack(folder, p.name, p.name, limits, budget)
-                limits = replace(limits, total_bytes=limits.total_bytes - got.total)  # per request
-                notes += got.skipped
-                files += got.files
-                folder.remove(p.name)
-                budget.release(p.size)
         written = up.folder.file_bytes()
         if written > budget.cap:  # what is on the volume, whatever was counted on the way
             raise too_large(budget, f"the upload ({written} bytes once unpacked)")

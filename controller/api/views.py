@@ -19,7 +19,7 @@ from controller.api.errors import ApiError, not_found
 from controller.config import Config
 from controller.errors import FfswarmError
 from controller.job.ledger import Ledger
-from controller.run import control, handover, status, usage, webhooks
+from controller.run import control, deletion, handover, status, usage, webhooks
 from controller.run.rundir import RunDir, read_nofollow
 
 MAX_REASON = 4096
@@ -171,3 +171,16 @@ def readiness(config: Config, signing_key: bytes | None) -> list[str]:
     if not handover.serving(DataRootLayout.host(config.data_root).inbox):
         reasons.append("no controller is serving the inbox (no live `ffswarm serve` heartbeat)")
     return reasons
+
+
+def delete(config: Config, area: Area, job: str) -> None:
+    """The caller's finished job deleted; 404 for any other job, 409 ``not_finished`` while it is
+    queued or running."""
+    if area.owns(job) is None:
+        raise not_found(job)
+    try:
+        deletion.delete_job(config, job, area.tenant)
+    except deletion.NoSuchJob:
+        raise not_found(job) from None
+    except deletion.NotFinished as e:
+        raise ApiError(409, "not_finished", str(e)) from None

@@ -12,6 +12,7 @@ Schema (controller/job/schema.py), the key table in docs/job-file.md, the manife
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import Field, dataclass, field, fields, is_dataclass
 from enum import StrEnum
@@ -76,8 +77,10 @@ def keys(kind: type[Any]) -> Iterator[tuple[Field[Any], About]]:
         yield f, about_of(f)
 
 
+@functools.cache
 def key_names(kind: type[Any]) -> tuple[str, ...]:
-    """The keys a mapping of ``kind`` may hold (the file's keys are the field names)."""
+    """The keys a mapping of ``kind`` may hold (the file's keys are the field names); a class's keys
+    never change while it runs, so they are worked out once per class."""
     return tuple(f.name for f, _ in keys(kind))
 
 

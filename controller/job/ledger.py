@@ -41,7 +41,7 @@ import os
 import secrets
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from contract.layout import TENANTS
@@ -80,7 +80,7 @@ class Counts:
         return self.walked + self.accepted + self.reserved
 
     def to_json(self) -> bytes:
-        d = {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in asdict(self).items()}
+        d = {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in vars(self).items()}
         return json.dumps(d).encode()
 
     @classmethod
@@ -93,7 +93,7 @@ class Counts:
         if not isinstance(d, dict):
             return None
         out = cls()
-        for name, default in asdict(out).items():
+        for name, default in ((f.name, f.default) for f in fields(cls)):
             v = d.get(name)
             if isinstance(default, int) and not isinstance(default, bool):
                 if type(v) is not int or v < 0:

@@ -12,6 +12,7 @@ import fnmatch
 import glob
 import os
 import posixpath
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -102,13 +103,15 @@ class Resolver:
         """``safe_glob`` as real host path strings."""
         return _glob(self, pattern)
 
-    def inside(self, rel: str, *, what: str) -> Path:
-        return Path(self.inside_str(rel, what=what))
+    def inside(self, rel: str, *, what: str, listed: bool = True) -> Path:
+        return Path(self.inside_str(rel, what=what, listed=listed))
 
-    def inside_str(self, rel: str, *, what: str) -> str:
+    def inside_str(self, rel: str, *, what: str, listed: bool = True) -> str:
         """The real (symlink-free) host path of ``rel`` under the root, or ValueError if it leaves it.
 
-        The path need not exist. The root itself counts as inside.
+        The path need not exist. The root itself counts as inside. ``listed=False``: the name is
+        looked at alone (an lstat), never by reading its folder, whatever the resolver keeps (a few
+        paths in what may be a big folder).
         """
         _check_form(rel, what=what)
         folder, _, name = rel.rpartition("/")
@@ -119,7 +122,7 @@ class Resolver:
             if real_folder is None:
                 real_folder = self._folders[folder] = self._lexically_inside(folder, rel)
             full = f"{real_folder}/{name}" if real_folder != "/" else f"/{name}"
-            kind = self._kind(real_folder, name)
+            kind = self._kind(real_folder, name) if listed else None
             if kind == "link" or (kind is None and os.path.islink(full)):
                 full = os.path.realpath(full)
             real = full
@@ -132,7 +135,25 @@ class Resolver:
         by its spelling (``..``) whatever the disk holds."""
         if not _is_within(os.path.normpath(os.path.join(self.root_abs, part)), self.root_abs):
             raise ValueError(f"{rel!r} escapes the data root {self.root}")
-        return os.path.realpath(os.path.join(self.root_abs, part))
+        return self._realpath(part)
+
+    def _realpath(self, part: str) -> str:
+        """``os.path.realpath`` of ``part`` under the root, looking only at ``part``'s own components
+        (the root's real path is known): the same answer, without an lstat per folder above the root.
+        Any link, ``.`` or ``..`` on the way: os.path.realpath of the whole path, as before."""
+        names = part.split("/")
+        if any(n in ("", ".", "..") for n in names):
+            return os.path.realpath(os.path.join(self.root_abs, part))
+        real = self.root_real.rstrip(os.sep)
+        for name in names:
+            real = f"{real}/{name}"
+            try:
+                link = stat.S_ISLNK(os.lstat(real).st_mode)
+            except OSError:  # missing (or unreadable): realpath keeps such a name as written
+                link = False
+            if link:
+                return os.path.realpath(os.path.join(self.root_abs, part))
+        return real
 
     def relative(self, host_path: Path | str) -> str:
         """Normalised posix path of ``host_path`` relative to the root ("." for the root itself)."""

@@ -26,6 +26,7 @@ from pathlib import Path
 from controller.errors import CapacityError, UsageError
 from controller.job.files import parse_job_text
 from controller.run.jobs import PreparedJob
+from controller.volume import write_all
 
 HEARTBEAT_DIR = ".heartbeat"
 HEARTBEAT_SECONDS = 5.0  # how often `serve` rewrites its heartbeat
@@ -167,20 +168,46 @@ def _read_capped(path: Path) -> str | None:
     return data.decode("utf-8", errors="replace")
 
 
+FileKey = tuple[int, int, int, int]  # inode, size, mtime and ctime (ns): a file's content unchanged while the same
+_READ: dict[str, dict[str, tuple[FileKey, Heartbeat | None]]] = {}  # folder → name → (key, what it held)
+
+
 def _heartbeat_files(inbox: Path) -> list[tuple[Path, Heartbeat | None]]:
+    """Every heartbeat file of the inbox and what it says (None: not a heartbeat). A file is read
+    again only when its inode, size or times changed since this process last read it (a beat renames
+    a new file into place), so asking on every request costs a listing and an lstat per file."""
     folder = inbox / HEARTBEAT_DIR
-    if folder.is_symlink() or not folder.is_dir():
-        return []
-    out: list[tuple[Path, Heartbeat | None]] = []
-    try:
-        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    try:  # the folder itself never through a link
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return []
-    for e in entries:
-        if e.name.startswith(".") or not e.name.endswith(".json") or e.is_symlink():
-            continue
-        text = _read_capped(Path(e.path))
-        out.append((Path(e.path), Heartbeat.from_json(text) if text is not None else None))
+    try:
+        names = sorted(e.name for e in os.scandir(fd) if not e.is_symlink())
+        seen = _READ.get(str(folder), {})
+        now: dict[str, tuple[FileKey, Heartbeat | None]] = {}
+        out: list[tuple[Path, Heartbeat | None]] = []
+        for name in names:
+            if name.startswith(".") or not name.endswith(".json"):
+                continue
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                out.append((folder / name, None))
+                continue
+            key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            known = seen.get(name)
+            if known is not None and known[0] == key:
+                hb = known[1]
+            else:  # read after the lstat: a file replaced in between is read again next time (its key differs)
+                text = _read_capped(folder / name)
+                hb = Heartbeat.from_json(text) if text is not None else None
+            now[name] = (key, hb)
+            out.append((folder / name, hb))
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    _READ[str(folder)] = now
     return out
 
 
@@ -231,8 +258,12 @@ def place(inbox: Path, name: str, text: str) -> Path:
     final = inbox / name
     tmp = inbox / f".{name}.{os.getpid()}.tmp"
     try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.chmod(0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            write_all(fd, text.encode("utf-8"))
+            os.fchmod(fd, 0o644)  # submitters of any uid read it, whatever the umask
+        finally:
+            os.close(fd)
         try:
             os.link(tmp, final)
         except FileExistsError:

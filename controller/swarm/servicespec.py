@@ -13,6 +13,7 @@ import posixpath
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from contract.layout import RunLayout
 from contract.manifest import ENV_ATTEMPT, ENV_MANIFEST
@@ -75,6 +76,10 @@ class VolumeSpec:
             raise ValueError(f"bind volume needs an absolute host path, got {host_dir!r}")
         return cls(MappingProxyType({"type": "none", "o": "bind", "device": host_dir}))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as plain data (a config travels to the API's worker processes: controller/api/slow.py)."""
+        return (_volume_spec, (dict(self.driver_options), self.driver, self.target))
+
     @property
     def is_bind(self) -> bool:
         return self.driver_options.get("o") == "bind"
@@ -88,6 +93,10 @@ class VolumeSpec:
         """The same volume narrowed to the folder ``rel`` under the root: NFS mounts the export's
         sub-path (engine 20.10 has no volume sub-path of its own), a bind binds the sub-folder."""
         return VolumeSpec(MappingProxyType({**self.driver_options, "device": self.device_of(rel)}), self.driver)
+
+
+def _volume_spec(options: dict[str, str], driver: str, target: str) -> VolumeSpec:
+    return VolumeSpec(MappingProxyType(options), driver, target)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ steps wait in its own queue. First the pool on its own, then through the real AP
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,11 +17,13 @@ import pytest
 import yaml
 
 from controller.api import submit
-from controller.api.slow import Lane, SlowWork
+from controller.api.errors import ApiError
+from controller.api.slow import NICE, Lane, Lent, SlowWork
+from controller.api.uploads import Budget, Part
 from controller.config import parse_config
 from controller.errors import ConfigError
-from controller.job import resolve
-from tests.builders import JPEG, Env, api_env, make_config
+from tests.builders import JPEG, Env, api_env, make_config, zip_bytes
+from tests.unit import slow_steps
 from tests.unit.test_api_group_commit import until
 
 
@@ -157,15 +160,8 @@ def env(tmp_path: Path) -> Iterator[Env]:
 def test_one_tenants_blocked_glob_submits_leave_another_tenants_reads_and_submits_answered(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    blocked = Blocker()
-    real = resolve.resolve_job
-
-    def blocked_resolve(spec: Any, base: Path, *args: Any, **kwargs: Any) -> Any:
-        if base.name == "acme":
-            blocked()
-        return real(spec, base, *args, **kwargs)
-
-    monkeypatch.setattr(submit, "resolve_job", blocked_resolve)  # as the API's submit finds it
+    # acme's glob checks wait, in the slow workers, on a gate this test holds shut
+    monkeypatch.setattr(submit, "checked_json_apart", slow_steps.held_checked_json)  # sent by name
     lanes: dict[str, Lane] = {}
     make_lane = SlowWork.lane
 
@@ -186,19 +182,112 @@ def test_one_tenants_blocked_glob_submits_leave_another_tenants_reads_and_submit
         with env.client(tenant) as c:
             return c.post("/v1/jobs", json=job)
 
-    with ThreadPoolExecutor(FLOOD) as clients:
-        flood = [clients.submit(post, "acme") for _ in range(FLOOD)]
-        # all of acme's submits in: two on its share of the slow pool, the other ten waiting without a thread
-        until(lambda: "acme" in lanes and lanes["acme"].waiting == FLOOD - 2, "acme's submits to be in flight")
-        assert blocked.inside == 2
-        with env.client("globex") as c:
-            r = c.get("/v1/jobs")
-            assert r.status_code == 200 and r.json()["jobs"] == []
-            accepted = c.post("/v1/jobs", json=job)  # its own glob gets a slow thread acme does not hold
-            assert accepted.status_code == 202
-            assert c.get(f"/v1/jobs/{accepted.json()['id']}").status_code == 200
-        assert blocked.inside == 2 and blocked.began == 2
-        blocked.gate.set()
-        answers = [f.result(timeout=30) for f in flood]
+    gate = slow_steps.gate(env.root)
+    try:
+        with ThreadPoolExecutor(FLOOD) as clients:
+            flood = [clients.submit(post, "acme") for _ in range(FLOOD)]
+            # all of acme's submits in: two on its share of the slow pool, the other ten waiting without a worker
+            until(lambda: "acme" in lanes and lanes["acme"].waiting == FLOOD - 2, "acme's submits to be in flight")
+            until(lambda: slow_steps.began(env.root) == 2, "acme's two glob checks to reach the gate")
+            assert lanes["acme"].running == 2
+            with env.client("globex") as c:
+                r = c.get("/v1/jobs")
+                assert r.status_code == 200 and r.json()["jobs"] == []
+                accepted = c.post("/v1/jobs", json=job)  # its own glob gets a slow worker acme does not hold
+                assert accepted.status_code == 202
+                assert c.get(f"/v1/jobs/{accepted.json()['id']}").status_code == 200
+            assert lanes["acme"].running == 2 and slow_steps.began(env.root) == 2
+            os.close(gate)
+            gate = -1
+            answers = [f.result(timeout=30) for f in flood]
+    finally:
+        if gate >= 0:
+            os.close(gate)
     assert [a.status_code for a in answers] == [202] * FLOOD
-    assert blocked.peak == 2 and blocked.began == FLOOD
+    assert slow_steps.began(env.root) == FLOOD
+
+
+# --- steps in worker processes ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def started() -> Iterator[SlowWork]:
+    """A slow pool with its worker processes, as the app's start makes it."""
+    slow = SlowWork(threads=2, per_tenant=1)
+    slow.start()
+    yield slow
+    slow.close()
+
+
+def test_a_step_sent_apart_runs_in_another_process_that_yields_the_cpu_to_the_api(started: SlowWork) -> None:
+    async def body() -> tuple[int, int]:
+        lane = started.lane("acme")
+        return await lane.run_apart(os.getpid), await lane.run_apart(os.nice, 0)
+
+    pid, niceness = in_loop(body)
+    assert pid != os.getpid()
+    assert niceness == min(19, os.nice(0) + NICE)
+
+
+def _bad_crc_zip() -> bytes:
+    data = zip_bytes({"ok.jpg": JPEG, "a.jpg": JPEG})
+    at = data.index(b"a.jpg") + len("a.jpg") + 100  # a byte of a.jpg's content (stored)
+    return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
+
+
+def test_a_refusal_raised_in_a_worker_reaches_the_caller_as_the_same_400(started: SlowWork, tmp_path: Path) -> None:
+    config, _ = make_config(tmp_path)
+    files = [Part("source", "me.jpg", "me.jpg", kind="image"), Part("targets", "p.zip", "p.zip", kind="zip")]
+
+    def staged(name: str) -> int:  # an upload's staging folder holding the damaged archive, opened
+        (tmp_path / name / "targets").mkdir(parents=True)
+        (tmp_path / name / "targets" / "p.zip").write_bytes(_bad_crc_zip())
+        return os.open(tmp_path / name, os.O_RDONLY | os.O_DIRECTORY)
+
+    def refusal(step: Callable[[], Any]) -> ApiError:
+        with pytest.raises(ApiError) as e:
+            step()
+        return e.value
+
+    here = refusal(lambda: submit.unpack_targets(config, Lent(staged("here")), files, Budget(10**6, "cap")))
+    fd = staged("apart")
+    try:
+        lane = started.lane("acme")
+        apart = refusal(
+            lambda: in_loop(
+                lambda: lane.run_apart(submit.unpack_targets, config, Lent(fd), files, Budget(10**6, "cap"))
+            )
+        )
+    finally:
+        os.close(fd)
+    assert (apart.status, apart.body(), apart.headers) == (here.status, here.body(), here.headers)
+    message = "p.zip: entry 'a.jpg' is damaged (its CRC-32 does not match)"
+    assert apart.body() == {"error": {"code": "bad_zip", "message": message, "file": "p.zip"}}
+
+
+def test_a_worker_that_dies_mid_step_is_a_503_to_try_again_and_the_next_step_runs(started: SlowWork) -> None:
+    async def body() -> tuple[ApiError, int]:
+        lane = started.lane("acme")
+        with pytest.raises(ApiError) as e:
+            await lane.run_apart(os._exit, 1)  # as a worker killed for memory
+        return e.value, await lane.run_apart(os.getpid)
+
+    died, pid = in_loop(body)
+    assert (died.status, died.code, died.headers) == (503, "busy", {"Retry-After": "1"})
+    assert pid != os.getpid()
+
+
+@pytest.mark.parametrize(
+    ("data", "walks"),
+    [
+        ({"source": "in/face.jpg", "targets": ["in/a.jpg", "in/b.jpg"]}, False),
+        ({"source": "in/face.jpg", "targets": "in/a.jpg"}, False),
+        ({"source": "in/face.jpg", "targets": ["in/a.jpg", "in/**/*.jpg"]}, True),
+        ({"source": "in/face.jpg", "targets": "in/shoot-[12].jpg"}, True),
+        ({"source": "in/face.jpg", "targets": ["s3://bucket/acme/in/"]}, True),
+        ({"source": "in/face.jpg", "pairs_file": "in/pairs.csv"}, True),
+        (["not", "an", "object"], False),
+    ],
+)
+def test_only_json_submits_that_walk_folders_or_list_a_store_go_to_a_worker_process(data: object, walks: bool) -> None:
+    assert submit.walks(data) is walks

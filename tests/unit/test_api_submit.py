@@ -11,7 +11,8 @@ import jwt
 import pytest
 import yaml
 
-from controller.job.files import parse_job_text
+from controller.api.submit import rebased
+from controller.job.files import parse_job, parse_job_text
 from tests.builders import JPEG, JWT_SECRET, MP4, PNG, Env, api_env, leftovers, zip_bytes
 
 
@@ -184,3 +185,72 @@ def test_the_openapi_document_is_served(env: Env) -> None:
         doc = c.get("/openapi.json").json()
     assert doc["openapi"].startswith("3.") and "/v1/jobs/{job}/results.zip" in doc["paths"]
     assert yaml.safe_dump(doc)  # plain data
+
+
+def test_an_area_swapped_for_a_link_after_it_was_used_is_refused_and_nothing_goes_through_it(env: Env) -> None:
+    area = env.area()
+    body = {"name": "selfie", "source": "in/me.jpg", "targets": ["in/me.jpg"]}
+    with env.client() as c:
+        c.get("/v1/jobs")
+        (area / "in").mkdir()
+        (area / "in" / "me.jpg").write_bytes(JPEG)
+        first = c.post("/v1/jobs", json=body)
+        assert first.status_code == 202, first.text
+        elsewhere = env.root.parent / "elsewhere"
+        area.rename(elsewhere)  # the same photos, now outside the data root, behind a link
+        area.symlink_to(elsewhere)
+        before = sorted(p.relative_to(elsewhere).as_posix() for p in elsewhere.rglob("*"))
+        r = c.post("/v1/jobs", json=body)
+        assert r.status_code >= 500 and r.status_code != 202
+        assert str(env.root) not in r.text and "Traceback" not in r.text
+        assert sorted(p.relative_to(elsewhere).as_posix() for p in elsewhere.rglob("*")) == before
+        assert [p.name for p in (env.root / "inbox").glob("*.yaml")] == [f"{first.json()['id']}.yaml"]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"source": "in/me.jpg", "targets": ["in/p1.jpg"], "output": "out/{job}/{stem}{ext}"},
+        {"source": ["a b/ä.jpg", "x/./y.png"], "targets": "**/*.jpg", "output": "{dir}/{index}-{name}"},
+        {"source": "s3://bucket/t/me.jpg", "targets": ["s3://bucket/t/in/*.jpg"], "output": "s3://bucket/t/o/{stem}{ext}"},
+        {"source": "in/me.jpg", "targets": ["in/c.mp4"], "output": "out/{stem}.mp4", "faces": "reference",
+         "reference": "in/ref.jpg"},
+        {"pairs": [{"source": ["in/a.jpg"], "target": "in/b.jpg", "output": "o/{stem}{ext}"}, {"source": "in/c.jpg",
+         "target": "in/d.jpg"}], "output": "o/{index}{ext}"},
+        {"pairs_file": "lists/pairs.csv"},
+    ],
+)  # fmt: skip
+def test_a_job_valid_in_its_area_is_valid_as_its_inbox_file_names_it(fields: dict[str, object]) -> None:
+    """The API checks a job with the area as its root and does not check it again with its paths
+    rebased for the inbox file: rebasing must never make a valid job invalid, nor leave a path
+    outside the area."""
+    data = {"name": "party-abcdefgh", **fields}
+    inside = parse_job(data, "job")
+    root = parse_job(yaml.safe_load(yaml.safe_dump(rebased(data, "tenants/acme"))), "inbox/party-abcdefgh.yaml")
+    for spec in (inside, root):
+        assert spec.name == "party-abcdefgh"
+    names = [*root.source, *root.targets, root.output, root.reference, root.pairs_file]
+    names += [p for pair in root.pairs for p in (*pair.source, pair.target, pair.output)]
+    for name in (n for n in names if n):
+        assert name.startswith(("tenants/acme/", "s3://")), name
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["runs/party-abcdefgh/", "inbox/party-abcdefgh.yaml", "inbox/party-abcdefgh.yml",
+     "inbox/running/party-abcdefgh.yaml", "tenants/.jobs/globex/party-abcdefgh.json", "runs/party-abcdefgh"],
+)  # fmt: skip
+def test_an_id_in_use_anywhere_on_the_volume_is_never_given_again(tmp_path: Path, where: str) -> None:
+    from controller.api.area import Area
+
+    area = Area(tmp_path, "acme")
+    assert not area.id_taken("party-abcdefgh")
+    place = tmp_path / where
+    place.parent.mkdir(parents=True, exist_ok=True)
+    if where.endswith("/"):
+        place.mkdir()
+    elif where.startswith("runs/"):
+        place.symlink_to(tmp_path / "gone")  # a dangling link holds the name too
+    else:
+        place.write_text("x")
+    assert area.id_taken("party-abcdefgh") and not area.id_taken("party-bcdefghi")

@@ -64,6 +64,18 @@ def test_a_heartbeat_is_alive_for_three_beats_and_at_least_fifteen_seconds(tmp_p
     assert serving(tmp_path / "slow", now=1059.0) and not serving(tmp_path / "slow", now=1061.0)
 
 
+def test_each_beat_is_seen_by_the_next_question_and_a_removed_heartbeat_is_gone(tmp_path: Path) -> None:
+    """Asked on every request, the heartbeats are read again whenever a beat rewrote them."""
+    inbox = tmp_path / "inbox"
+    hb = served(inbox, now=1000.0)
+    assert serving(inbox, now=1014.0) and not serving(inbox, now=2014.0)
+    for beat in (2000.0, 3000.0):
+        hb.beat(running=1, now=beat)
+        assert [h.updated for h in serving(inbox, now=beat + 14)] == [beat]
+    hb.remove()
+    assert serving(inbox, now=3014.0) == []
+
+
 def test_the_heartbeat_is_removed_on_a_clean_stop_and_stale_ones_are_cleared(tmp_path: Path) -> None:
     config, root = data_root(tmp_path)
     inbox = Inbox(root / "inbox")

@@ -307,6 +307,32 @@ def test_the_join_reads_no_segment_through_a_link_and_deletes_only_the_link(tmp_
     assert snapshot(outside) == before
 
 
+@pytest.mark.parametrize(
+    ("given", "rel"),
+    [
+        ("a/b.json", "a/b.json"),
+        ("./a//b/./c", "a/b/c"),
+        ("", ""),
+        ("{root}", ""),
+        ("{root}/a/b.json", "a/b.json"),
+        ("{root}//a/./b", "a/b"),
+        ("{root}/", ""),
+    ],
+)
+def test_volume_names_a_path_relative_to_its_root(tmp_path: Path, given: str, rel: str) -> None:
+    vol = Volume(tmp_path / "root")
+    text = given.format(root=tmp_path / "root")
+    assert vol.rel(text) == rel
+    assert vol.rel(Path(text)) == rel
+
+
+def test_volume_refuses_an_absolute_path_beside_its_root(tmp_path: Path) -> None:
+    vol = Volume(tmp_path / "root")
+    for bad in (f"{tmp_path}/rooted/a", f"{tmp_path}/root/../x", "a/../../x"):
+        with pytest.raises(UnsafePath):
+            vol.rel(bad)
+
+
 def test_volume_paths_cannot_leave_the_root(tmp_path: Path) -> None:
     root, outside, before = world(tmp_path)
     vol = Volume(root)

@@ -567,6 +567,25 @@ def test_resolve_design_example(root: Path, tmp_path: Path) -> None:
     assert all(t.input.is_absolute() and t.output.is_absolute() for t in r.targets)
 
 
+def test_a_one_photo_job_is_checked_without_reading_its_folder_and_a_glob_reads_it(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-photo request costs the same beside ten photos or 100,000: its few named files are
+    looked at alone; a glob reads each folder once. Either way the same files, checked the same."""
+    from controller.job import paths
+
+    listed: list[str] = []
+    real_listing = paths._listing
+    monkeypatch.setattr(paths, "_listing", lambda folder: listed.append(folder) or real_listing(folder))
+    real = root.resolve()
+    named = resolve_job(parse_job(job(targets=["crowd/a.jpg"], output="out/{stem}{ext}"), FILE), root, FILE)
+    assert [t.input for t in named.targets] == [real / "crowd/a.jpg"] and listed == []
+    globbed = resolve_job(parse_job(job(targets=["crowd/a.*"], output="out/{stem}{ext}"), FILE), root, FILE)
+    assert [t.input for t in globbed.targets] == [real / "crowd/a.jpg"] and str(real / "crowd") in listed
+    os.symlink(root.parent / "outside" / "secret.jpg", root / "crowd" / "evil.jpg")
+    assert "through a symlink" in resolved_refusal(root, targets=["crowd/evil.jpg"], output="out/{stem}{ext}").reason
+
+
 def test_resolve_reference(root: Path) -> None:
     spec = parse_job(job(faces="reference", reference="faces/ref.jpg"), FILE)
     assert resolve_job(spec, root, FILE).reference == root.resolve() / "faces/ref.jpg"

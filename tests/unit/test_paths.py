@@ -104,6 +104,22 @@ def test_resolve_inside_refuses_dotdot_after_a_symlink(root: Path) -> None:
         resolve_inside(root, "link/../secret.jpg", what="source")
 
 
+def test_a_folder_swapped_for_a_link_below_the_root_is_seen_by_the_next_resolver(root: Path) -> None:
+    """A folder two levels down that becomes a link leading out after one check is refused by the next
+    check: each resolver looks at the disk anew (none keeps a folder's real path between jobs)."""
+    assert Resolver(root).inside_str("crowd/sub/c.jpg", what="source") == str(root.resolve() / "crowd/sub/c.jpg")
+    (root / "crowd" / "sub" / "c.jpg").unlink()
+    (root / "crowd" / "sub").rmdir()
+    os.symlink(root.parent / "outside", root / "crowd" / "sub")
+    for listed in (True, False):
+        with pytest.raises(ValueError, match="through a symlink"):
+            Resolver(root, listings=True).inside_str("crowd/sub/secret.jpg", what="source", listed=listed)
+
+
+def test_missing_folders_resolve_as_written(root: Path) -> None:
+    assert Resolver(root).inside_str("out/job-1/a.jpg", what="output") == str(root.resolve() / "out/job-1/a.jpg")
+
+
 def test_resolve_inside_follows_symlinks_that_stay_inside(root: Path) -> None:
     os.symlink(root / "crowd", root / "alias")
     assert resolve_inside(root, "alias/a.jpg", what="source") == (root / "crowd" / "a.jpg").resolve()
