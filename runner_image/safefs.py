@@ -270,6 +270,8 @@ class Writer:
                 nonlocal committed
                 os.fsync(fd)
                 digest = _digest_fd(fd)
+                if not replace and _exists(name, dfd):  # journaled only if it can commit: see _exists
+                    raise ItemError(EXISTS)
                 if before is not None:
                     before(digest)
                 if replace:
@@ -306,6 +308,18 @@ class Writer:
             while view:
                 view = view[os.write(tmp.fd, view) :]
             return tmp.commit()
+
+
+def _exists(name: str, dfd: int) -> bool:
+    """Whether something is at ``name`` already (another attempt of this chunk running at once that
+    committed it first, or another writer): then the item fails before its commit journal names the
+    output, so the journal never vouches for a file this attempt did not write. The link still
+    refuses a file that appears after this look."""
+    try:
+        os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _digest_fd(fd: int) -> Digest:

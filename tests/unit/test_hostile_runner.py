@@ -213,6 +213,28 @@ def test_an_output_renamed_by_a_killed_attempt_before_its_result_line_is_still_t
     assert r.reason == f"{OUT}: {EXISTS}"
 
 
+def test_an_output_committed_meanwhile_by_another_attempt_fails_the_item_without_a_journal_entry(data: Path) -> None:
+    """Two attempts of one chunk at once (a drained node's runner still finishing): the one that
+    finds the output committed when it comes to commit neither replaces it nor journals it."""
+    from runner_image import safefs
+
+    manifest = write_manifest(data, ["astronaut.jpg"])
+    real = safefs._digest_fd
+
+    def other_attempt_first(fd: int) -> safefs.Digest:
+        (data / OUT).write_bytes(b"the other attempt's commit")
+        return real(fd)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(safefs, "_digest_fd", other_attempt_first)
+        assert run_within(data, manifest) == 3
+    (r,) = results(data)
+    assert (r.status, r.reason) == (ItemStatus.ERROR, f"{OUT}: {EXISTS}")
+    assert (data / OUT).read_bytes() == b"the other attempt's commit"
+    journals = list(data.rglob("*.commits"))
+    assert journals and all(j.read_text() == "" for j in journals)
+
+
 def test_a_file_where_an_output_folder_should_be_is_named(data: Path) -> None:
     (data / "out").write_bytes(b"a file, not a folder")
     assert run_within(data, write_manifest(data, ["astronaut.jpg"], overwrite=True)) == 3
