@@ -49,7 +49,7 @@ def test_no_token_a_bad_key_a_bad_or_expired_jwt_and_a_wrong_algorithm_are_401(e
     assert env.client("globex").get("/v1/jobs").json() == {"jobs": [], "next_cursor": None}
 
 
-def test_a_json_job_is_accepted_fast_and_its_inbox_file_is_a_valid_job_file(env: Env) -> None:
+def test_a_json_job_is_accepted_and_its_inbox_file_is_a_valid_job_file(env: Env) -> None:
     area = env.area()
     with env.client() as c:
         c.get("/v1/jobs")  # the area is made on first use
@@ -57,13 +57,11 @@ def test_a_json_job_is_accepted_fast_and_its_inbox_file_is_a_valid_job_file(env:
         (area / "faces" / "me.jpg").write_bytes(JPEG)
         (area / "crowd").mkdir()
         (area / "crowd" / "a.jpg").write_bytes(JPEG)
-        started = time.monotonic()
         r = c.post("/v1/jobs", json={"name": "party", "source": "faces/me.jpg", "targets": ["crowd/*.jpg"],
                                      "resources": {"gpus": 0}})  # fmt: skip
-        took = time.monotonic() - started
     assert r.status_code == 202, r.text
     job = r.json()["id"]
-    assert took < 1.0 and job.startswith("party-") and len(job) == len("party-") + 8
+    assert job.startswith("party-") and len(job) == len("party-") + 8
     assert r.json() == {"id": job, "status_url": f"/v1/jobs/{job}", "events_url": f"/v1/jobs/{job}/events"}
     text = env.inbox_file(job).read_text()
     spec = parse_job_text(text, "inbox")
