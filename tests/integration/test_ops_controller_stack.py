@@ -134,19 +134,6 @@ def test_controller_stack_runs_inbox_jobs(
              "except urllib.error.HTTPError as e:\n print(e.code, e.read().decode())")  # fmt: skip
     code, out = healthy[0].exec_run(["/opt/ffswarm/bin/python", "-c", probe])
     assert code == 0 and out.decode().startswith("401 ") and '"unauthorized"' in out.decode(), out
-    # A glob is resolved in a slow worker process of the API (read-only root, no capabilities): the
-    # tenant gets the API's own refusal, and the worker runs at a lower CPU priority (nice 10).
-    glob = ("import json, os, urllib.request, urllib.error\n"
-            "job = json.dumps({'source': 'in/me.jpg', 'targets': ['in/*.jpg']}).encode()\n"
-            "h = {'Authorization': 'Bearer acme-key', 'Content-Type': 'application/json'}\n"
-            "try:\n urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:8080/v1/jobs', job, h))\n"
-            "except urllib.error.HTTPError as e:\n print(e.code, e.read().decode())\n"
-            "stats = [open(f'/proc/{p}/stat').read() for p in os.listdir('/proc') if p.isdigit()]\n"
-            "print('nice', sorted({int(s.rsplit(')', 1)[1].split()[16]) for s in stats}))")  # fmt: skip
-    code, out = healthy[0].exec_run(["/opt/ffswarm/bin/python", "-c", glob])
-    answer, niceness = out.decode().strip().rsplit("\n", 1)
-    assert code == 0 and answer.startswith("422 ") and '"invalid_job"' in answer, out
-    assert niceness.startswith("nice ") and 10 in json.loads(niceness[5:]), out
     inspect = subprocess.run(["docker", "service", "inspect", f"{stack}_api"], env=DOCKER_ENV, capture_output=True,
                              text=True, timeout=30)  # fmt: skip
     spec = json.loads(inspect.stdout)[0]["Spec"]
