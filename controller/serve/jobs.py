@@ -198,10 +198,8 @@ def _packed_again(config: Config, rundir: RunDir, pack: str, metrics: Metrics) -
     if done is None:
         if job_lease.holder(RunDir(config.data_root, pack)) is not None:  # another thread or controller has it
             return Outcome(False, f"its pack {pack} is being continued", retry=True, delay=SLOT_WAIT_SECONDS)
-        backend = DockerSwarm(config.docker_host)
-        backend.check_manager()
         try:
-            reports = packs.resume(config, backend, pack, [lambda r, j: metrics.sink(r, j.spec.resources.gpus)])
+            reports = _resume_pack(config, pack, metrics)
         except job_lease.LeaseHeld:  # taken meanwhile by another of its jobs' files: it ends them all
             return Outcome(False, f"its pack {pack} is being continued", retry=True, delay=SLOT_WAIT_SECONDS)
         if rundir.job in reports:
@@ -223,15 +221,19 @@ def _end_left_pack(config: Config, pack: str, metrics: Metrics) -> None:
     written — rather than left for ever. Best effort: the job's own end stands whatever happens."""
     pack_dir = RunDir(config.data_root, pack)
     try:
-        if pack_dir.report() is not None or job_lease.holder(pack_dir) is not None:
-            return
-        backend = DockerSwarm(config.docker_host)
-        backend.check_manager()
-        packs.resume(config, backend, pack, [lambda r, j: metrics.sink(r, j.spec.resources.gpus)])
+        if pack_dir.report() is None and job_lease.holder(pack_dir) is None:
+            _resume_pack(config, pack, metrics)
     except CapacityError:  # another controller has it now (LeaseHeld): it ends it
         return
     except (OSError, FfswarmError) as e:
         log.get(component="serve", pack=pack).warning("pack_not_ended", error=str(e))
+
+
+def _resume_pack(config: Config, pack: str, metrics: Metrics) -> dict[str, Report]:
+    """The pack continued (or ended, when its jobs all have) by this controller: each job's report."""
+    backend = DockerSwarm(config.docker_host)
+    backend.check_manager()
+    return packs.resume(config, backend, pack, [lambda r, j: metrics.sink(r, j.spec.resources.gpus)])
 
 
 def run_pack(
