@@ -114,14 +114,25 @@ def faulted(plan: Plan, stream: Stream, faults: Faults | None, replicas: Callabl
 
 
 def wait_quiet(c: deploy.Cluster, timeout: float) -> None:
-    """Until no webhook delivery is pending and no job service or lane is left (or ``timeout``)."""
+    """Until no webhook delivery is pending and no job service, lane or job container is left on any
+    node (or ``timeout``). A removed service's containers go after the service itself: each worker's
+    agent removes them when the manager's next assignment reaches it, which after a restarted or
+    paused engine takes tens of seconds, so the containers are waited for too, and what is still
+    there at the end is a leftover."""
     deadline = time.monotonic() + timeout
-    mgr = docker.DockerClient(base_url=c.apis[deploy.NODES[0]], timeout=60)
+    t0 = time.monotonic()
+    gone: float | None = None
     while time.monotonic() < deadline:
         queue = c.data_root / "runs" / ".outbox"
         pending = list(queue.iterdir()) if queue.is_dir() else []
-        services = [s for s in mgr.api.services() if "io.ffswarm.job" in (s["Spec"].get("Labels") or {})]
-        if not pending and not services:
+        services, containers = swarm_lists(c)
+        ours = [s for s in services if "io.ffswarm.job" in (s["Spec"].get("Labels") or {})]
+        if not ours and gone is None:
+            gone = time.monotonic()
+        held = [x for found in containers.values() for x in found if "io.ffswarm.job" in (x.get("Labels") or {})]
+        if not pending and not ours and not held:
+            after = "" if gone is None else f", the last containers {time.monotonic() - gone:.0f} s after the services"
+            log(f"quiet after {time.monotonic() - t0:.0f} s{after}")
             return
         time.sleep(5)
 
