@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A real S3 server for the tests: Ceph RADOS Gateway from Debian's own packages, as plain processes
-# (one monitor, one memstore OSD, one radosgw; no manager, pool size 1), state under build/rgw/.
+# (one monitor, one memstore OSD, one radosgw; no manager, pool size 1), state under build/rgw/
+# (or /var/lib/ffswarm-rgw/, below).
 #   scripts/s3-server.sh start [--also ADDR]…   install when absent (root), bring it up, make the test
 #                                 user; idempotent. --also: one more address of this host to listen on
 #                                 (kept for later starts while the host has it); never 0.0.0.0
@@ -19,6 +20,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE=${FFSWARM_RGW_STATE:-$PWD/build/rgw}
+# The daemons run as `ceph`, which must walk to the state: a checkout under a folder others cannot
+# enter (`mktemp -d` makes 0700 ones) keeps it in /var/lib/ffswarm-rgw/<hash of the checkout> instead.
+walkable() { local d=$1; while [ "$d" != / ]; do (( 0$(stat -c %a "$d") & 1 )) || return 1; d=$(dirname "$d"); done; }
+if [ -z "${FFSWARM_RGW_STATE:-}" ] && [ "$(id -u)" = 0 ] && ! walkable "$PWD"; then
+  STATE=/var/lib/ffswarm-rgw/$(printf %s "$PWD" | sha256sum | cut -c1-12)
+fi
 PORT=${FFSWARM_RGW_PORT:-7480}
 MON_PORT=${FFSWARM_RGW_MON_PORT:-3300}
 FSID=6f2f7c1e-5e21-4c1a-9b3e-0ff5a2a11a01
