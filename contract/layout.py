@@ -26,7 +26,8 @@ spelled twice. Every file has one writer (docs/architecture.md, "The controller/
 ``image.json``                        controller, once: the image every attempt runs
 ``identity-request.json``             controller (contract/identity.py)
 ``identity/identity.json``            controller ("pending"), then the identity step
-``results/<chunk>.a<n>.jsonl``        controller creates it empty; attempt n's runner appends
+``results/<chunk>.a<n>.jsonl``        controller creates it empty; attempt n's runner appends (once it
+                                      is there, attempt n−1's runner takes no more items)
 ``results/<chunk>.a<n>.commits``      attempt n's runner: each output just before its rename
 ``logs/<chunk>.a<n>.log``             runner (or the controller, from the service's logs)
 ``logs/identity.log``                 the identity step

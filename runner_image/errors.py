@@ -35,6 +35,12 @@ class Temporary(RunnerError):
     exit_code = RunnerExit.TEMPORARY
 
 
+class Superseded(Temporary):
+    """A later attempt of this chunk has started: the controller gave this one up (its node was lost
+    or paused, its lane dropped) while it still ran. It takes no new item; the items in flight end and
+    are recorded, and it exits so that two attempts do not go on working one chunk side by side."""
+
+
 class ItemError(Exception):
     """One target failed for its own reasons; the message is the result line's ``reason``."""
 

@@ -32,7 +32,7 @@ from contract.results import ItemResult, ItemStatus
 from contract.s3 import is_s3
 
 from . import faces, media, processors, safefs, selector, video
-from .errors import ItemError, Temporary
+from .errors import ItemError, Superseded, Temporary
 from .genderage import GenderAge
 from .objects import Objects
 from .processors import Processor
@@ -245,16 +245,27 @@ def process_one(engine: Engine, item: Item) -> ItemResult:
     return _ItemRun(engine, item).run()
 
 
-def run_items(engine: Engine, items: Iterable[Item], inflight: int, on_result: Callable[[ItemResult], None]) -> None:
-    """Process ``items`` with up to ``inflight`` at once; ``on_result`` runs on this thread."""
+def run_items(
+    engine: Engine,
+    items: Iterable[Item],
+    inflight: int,
+    on_result: Callable[[ItemResult], None],
+    superseded: Callable[[], str | None] = lambda: None,
+) -> None:
+    """Process ``items`` with up to ``inflight`` at once; ``on_result`` runs on this thread. Before
+    each item is taken, ``superseded`` says why no more may be (a later attempt of the chunk has
+    started): then the items in flight end and are recorded, and Superseded is raised."""
     pending = list(items)
     if inflight <= 1 or len(pending) == 1:
         for item in pending:
+            if (why := superseded()) is not None:
+                raise Superseded(why)
             on_result(process_one(engine, item))
         return
     queue = iter(pending)
     pool = cf.ThreadPoolExecutor(max_workers=inflight, thread_name_prefix="item")
     running: set[cf.Future[ItemResult]] = set()
+    stopped: str | None = None
     try:
         for item in queue:
             running.add(pool.submit(process_one, engine, item))
@@ -264,8 +275,11 @@ def run_items(engine: Engine, items: Iterable[Item], inflight: int, on_result: C
             done, running = cf.wait(running, return_when=cf.FIRST_COMPLETED)
             for future in done:
                 on_result(future.result())  # re-raises a chunk-level error (or Terminated)
-                nxt = next(queue, None)
+                stopped = stopped or superseded()
+                nxt = None if stopped is not None else next(queue, None)
                 if nxt is not None:
                     running.add(pool.submit(process_one, engine, nxt))
+        if stopped is not None and next(queue, None) is not None:
+            raise Superseded(stopped)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

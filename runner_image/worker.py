@@ -232,8 +232,17 @@ def _run_pending(
             seconds=round(result.finished - result.started, 4),
         )
 
+    later = inv.root.path(str(manifest.layout.results(manifest.chunk, inv.attempt + 1)))
+
+    def superseded() -> str | None:
+        """The controller makes each attempt's results file before its service: once the next
+        attempt's is there, this one was given up."""
+        if not os.path.lexists(later):
+            return None
+        return f"attempt {inv.attempt + 1} of chunk {manifest.chunk} has started: this attempt takes no more items"
+
     with journal:
-        pipeline.run_items(engine, pending, inflight(loaded.provider, loaded.threads), record)
+        pipeline.run_items(engine, pending, inflight(loaded.provider, loaded.threads), record, superseded)
     return failed
 
 

@@ -91,3 +91,27 @@ def test_a_fully_cached_attempt_records_its_ending_without_models(data: Path) ->
 def test_a_manifest_that_cannot_be_read_leaves_no_record(data: Path) -> None:
     assert run(data, "/data/runs/job1/chunks/c0404.json") == 66
     assert not (data / "runs" / JOB / "attempts").exists()
+
+
+def test_an_attempt_given_up_for_a_later_one_takes_no_more_items(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller gave attempt 1 up while it still ran (its node was paused, its lane dropped) and
+    made attempt 2's results file: attempt 1's runner ends the items in hand, records them, takes no
+    other and exits 75 saying why, so two attempts do not go on working one chunk side by side."""
+    real = pipeline.process_one
+
+    def then_attempt_2_starts(engine: Any, item: Any) -> Any:
+        result = real(engine, item)
+        (data / "runs" / JOB / "results" / "c0001.a2.jsonl").touch()
+        return result
+
+    monkeypatch.setattr(pipeline, "process_one", then_attempt_2_starts)
+    names = ["astronaut.jpg", "face_00.jpg", "face_02.jpg", "face_03.jpg", "no_face.jpg", "broken.jpg"]
+    assert run(data, write_manifest(data, names)) == 75
+    record = record_of(data)
+    assert record.exit == "TEMPORARY"
+    assert record.reason == "attempt 2 of chunk c0001 has started: this attempt takes no more items"
+    lines = (data / "runs" / JOB / "results" / "c0001.a1.jsonl").read_text().splitlines()
+    written = sorted(p.name for p in (data / "out").iterdir())
+    assert 1 <= len(lines) < len(names)  # the items in flight when it saw attempt 2, no more
+    assert len(written) == record.items_done == len(lines)  # each output it wrote is recorded
+    assert temp_files(data) == []
