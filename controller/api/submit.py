@@ -44,6 +44,7 @@ from controller.job import remote
 from controller.job.files import JobFileErrors, parse_job
 from controller.job.keys import path_keys
 from controller.job.locations import under
+from controller.job.owners import OUTPUTS
 from controller.job.pack_checks import check_pack
 from controller.job.resolve import resolve_job
 from controller.job.spec import JobSpec, Pair
@@ -177,7 +178,7 @@ def hand_over(config: Config, area: Area, job: str, text: str, uploads: bool) ->
 def default_output(area: Area, data: Mapping[str, Any], job: str) -> str:
     """``out/<job>/{stem}{ext}`` in the tenant's area; in its part of the store (``<s3 area>out/<job>/…``)
     when every target it names is an object there (``targets``, or every inline pair's ``target``)."""
-    rel = f"out/{job}/{{stem}}{{ext}}"
+    rel = f"{OUTPUTS}/{job}/{{stem}}{{ext}}"
     targets = data.get("targets", [])
     targets = [targets] if isinstance(targets, str) else targets
     pairs = data.get("pairs")
@@ -351,7 +352,7 @@ def submit_upload(
             "source": [f"{rel}/source/{p.name}" for p in sources],
             "targets": targets,
         }
-        fields.setdefault("output", f"out/{job}/{template}")
+        fields.setdefault("output", f"{OUTPUTS}/{job}/{template}")
         text = validate(config, area, fields, job, objects)
         staging.confirm()
         hand_over(config, area, job, text, uploads=True)

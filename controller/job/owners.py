@@ -38,9 +38,18 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
+OUTPUTS = "out"  # in a tenant's area: where its API jobs' outputs go by default (out/<job>/)
+
+
 def area_rel(tenant: str) -> str:
     """A tenant's area as the data root names it."""
     return f"{TENANTS}/{tenant}"
+
+
+def outputs_rel(tenant: str) -> str:
+    """A tenant's folder of outputs (``<area>/out``) as the data root names it: its API jobs' default
+    outputs go there, and it is the one folder of the area a lane of the tenant may write."""
+    return f"{area_rel(tenant)}/{OUTPUTS}"
 
 
 @dataclass(frozen=True)

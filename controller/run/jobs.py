@@ -26,7 +26,7 @@ from controller.errors import FfswarmError, JobFileError, MissingInputError, Usa
 from controller.job import access, claims, owners, remote, video
 from controller.job.files import parse_job_text, raise_all, read_jobs
 from controller.job.keys import manifest_values
-from controller.job.owners import area_rel
+from controller.job.owners import area_rel, outputs_rel
 from controller.job.pack_checks import check_pack
 from controller.job.plan import AUTO_MAX_CHUNK, ID, ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
 from controller.job.resolve import ResolvedJob, resolve_job
@@ -56,7 +56,8 @@ class PreparedJob:
     # No identity step: each chunk's runner embeds the people its own items use (a pack: its members'
     # people are few per chunk, and the step's container would cost the pack seconds; controller/serve/packs.py)
     people_in_chunks: bool = False
-    linger: float = 0.0  # a pack's: its chunk services may wait this long for the next pack (controller/serve/lanes.py)
+    # a pack that may run in a lane (controller/serve/lanes.py lane_allowed): how long its runner waits for more
+    linger: float = 0.0
     tenant: str | None = None  # an API job's (or a pack's) tenant: its runners see only its area
     # Its stores honour conditions on CompleteMultipartUpload: conditional commits may go up in parts
     commit_in_parts: bool = False
@@ -261,9 +262,11 @@ def runner_settings(config: Config, job: PreparedJob, image: str) -> RunnerSetti
 
 def data_mounts(config: Config, job: PreparedJob) -> tuple[DataMount, ...]:
     """What of the data root the job's runners see: a CLI job the whole root, a tenant's job only
-    its area (writable where its outputs go), its run folder and its model pack (tenant_mounts). A
-    tenant's pack whose tenant is not known (its ``owner`` not believed: run_tenant) is refused:
-    its runners never see more than one tenant's folders."""
+    its area (writable where its outputs go), its run folder and its model pack (tenant_mounts); a
+    tenant's pack that may run in a lane (``linger``) its area's ``out/`` writable and its tenant's
+    folder of packs' run folders in place of its own. A tenant's pack whose tenant is not known
+    (its ``owner`` not believed: run_tenant) is refused: its runners never see more than one
+    tenant's folders."""
     if job.tenant is None:
         if pack_tenant_key(job.job_id) is not None:
             where = RunLayout.relative(job.job_id).owner
@@ -273,12 +276,13 @@ def data_mounts(config: Config, job: PreparedJob) -> tuple[DataMount, ...]:
             )
         return WHOLE_ROOT
     outputs = {posixpath.dirname(i.output) for i in job.plan.items if not is_s3(i.output)}
+    lane = job.linger > 0  # its chunk may run in a lane (controller/serve/lanes.py lane_allowed)
     return tenant_mounts(
         area_rel(job.tenant),
         str(RunLayout.relative(job.job_id).dir),
         f"models/{job.spec.models}",
-        outputs,
-        runs=str(tenant_runs_rel(job.tenant)) if job.linger > 0 else "",
+        outputs | {outputs_rel(job.tenant)} if lane else outputs,  # a lane's later packs write under out/
+        runs=str(tenant_runs_rel(job.tenant)) if lane else "",
     )
 
 

@@ -6,9 +6,12 @@ chunk, keeps its models loaded and waits up to ``linger`` seconds for the next p
 (runner_image/linger.py). The next such pack is handed to it through the lane's hand-off file
 (contract/handoff.py) — in the run folder of the pack that started the lane, ``chunks/`` (only the
 controller writes there) — instead of starting a service of its own. Lanes are bound to their pack
-key, which includes the tenant: no lane ever runs two tenants' photos, and a tenant's lane mounts
-only that tenant's folder of pack run folders (``runs/.tenants/<key>``, controller/run/jobs.py
-data_mounts), where every later pack of its tenant has its run folder.
+key, which includes the tenant: no lane ever runs two tenants' photos. A tenant's lane mounts its
+tenant's area read-only but for ``<area>/out`` (writable), the tenant's folder of pack run folders
+(``runs/.tenants/<key>``, where every later pack of its tenant has its run folder; writable) and the
+model pack read-only (controller/run/jobs.py data_mounts); so only a pack whose outputs are all
+under ``<area>/out/`` goes to a lane, as lane_allowed decides: any other runs in a service of its
+own that mounts exactly its folders.
 
 `serve` hands the pack's use case a `LaneLauncher` (the launcher seam, controller/run/launch.py); the
 pack's supervisor starts the chunk's attempt through it and watches it like any attempt, by its
@@ -33,8 +36,11 @@ from typing import Protocol
 
 from contract.handoff import Handoff
 from contract.layout import RunLayout
+from contract.s3 import is_s3
 from controller import log
 from controller.errors import EngineUnavailable, FfswarmError
+from controller.job.owners import outputs_rel
+from controller.job.plan import Plan
 from controller.run.launch import Launched, Launcher
 from controller.run.rundir import RunDir
 from controller.swarm.backend import SwarmBackend
@@ -244,6 +250,21 @@ class LaneLauncher:
             self.lanes.give_back(lane)
         else:
             self.lanes.drop(lane)
+
+
+def lane_allowed(plan: Plan, tenant: str | None) -> bool:
+    """Whether a pack's chunk may run in a lane: the one place that decides (controller/serve/packs.py
+    build; its ``linger`` then says so to the launcher, the mounts and the manifests). A lane runs a
+    one-chunk pack, then the later packs of its tenant and kind it is handed, whose output folders are
+    unknown when its service is made; so of a tenant's area it mounts only ``<area>/out`` writable
+    (controller/run/jobs.py data_mounts), and a tenant's pack that writes anywhere else in its area
+    (a job file may name any folder there) never goes to a lane: it runs in a service of its own that
+    mounts exactly its folders. ``s3://`` outputs need no mount. A CLI jobs' pack's lane mounts the
+    data root, as its runners do."""
+    if len(plan.chunks) != 1:
+        return False
+    out = "" if tenant is None else outputs_rel(tenant) + "/"
+    return all(is_s3(i.output) or i.output.startswith(out) for i in plan.items)
 
 
 def remove_left(swarm: LaneSwarm, live: set[str]) -> int:

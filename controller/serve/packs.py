@@ -43,6 +43,7 @@ from controller.errors import FfswarmError
 from controller.folder import sync_filesystem
 from controller.job.files import parse_job_text
 from controller.job.keys import Pack, packed
+from controller.job.owners import outputs_rel
 from controller.job.plan import AUTO_MAX_CHUNK, ID, Plan, TargetRef, item_id, make_plan
 from controller.job.resolve import Photo, ResolvedJob, Target
 from controller.job.spec import JobSpec
@@ -56,7 +57,7 @@ from controller.run.packed import PackView, own_items, read_members
 from controller.run.report import Report, build_report
 from controller.run.rundir import Control, RunDir, Stage
 from controller.run.usecase import SinkFactory
-from controller.serve.lanes import LaneLauncher, Lanes
+from controller.serve.lanes import LaneLauncher, Lanes, lane_allowed
 from controller.serve.packing import Member, pack_key
 from controller.serve.shares import Share
 from controller.swarm.backend import SwarmBackend
@@ -121,12 +122,15 @@ def build(
     sources = tuple(dict.fromkeys(p for person in identities for p in person))
     resolved = ResolvedJob(sources=sources, reference=None, targets=tuple(targets), identities=tuple(identities))
     plan = make_plan(pack_id, refs, "auto", parallel, AUTO_MAX_CHUNK)
-    folders = tuple(sorted({f for m in members for f in m.job.folders}))
-    linger = config.packing.linger
     tenants = {m.job.tenant for m in members}
     if len(tenants) != 1:  # packing.pack_key keys on the tenant: never reached
         raise ValueError(f"a pack holds one tenant's jobs, got {sorted(map(str, tenants))}")
     tenant = tenants.pop()
+    lane = config.packing.linger > 0 and lane_allowed(plan, tenant)
+    linger = config.packing.linger if lane else 0.0  # its runner waits for the next pack only in a lane
+    # a tenant's lane mounts <area>/out writable: made (for the runner, never through a link) if absent
+    out = {outputs_rel(tenant)} if lane and tenant is not None else set()
+    folders = tuple(sorted({f for m in members for f in m.job.folders} | out))
     prepared = PreparedJob(
         file, spec, resolved, plan, pack_id, folders, people_in_chunks=True, linger=linger, tenant=tenant
     )
@@ -348,7 +352,7 @@ def start(
         timeout, schedule = float(prepared.spec.timeout), float(config.schedule_timeout)
         return LaneLauncher(lanes, key, rundir, settings, FreshLauncher(swarm, settings), timeout, schedule)
 
-    launch = in_lanes if lanes is not None and len(prepared.plan.chunks) == 1 else None
+    launch = in_lanes if lanes is not None and prepared.linger > 0 else None  # build: lane_allowed
 
     def run_pack(on_round: Callable[[], None]) -> Report:
         try:

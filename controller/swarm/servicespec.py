@@ -297,20 +297,21 @@ def tenant_mounts(
     ``models`` read-only — never the data root. A lane's runner is handed the tenant's later packs,
     whose run folders and output folders do not exist yet when its service is made: it sees
     ``runs``, the folder that holds every run folder of the tenant's packs and nothing else
-    (``runs/.tenants/<key>``, contract/layout.py), and its whole area writable, instead of those of
-    one pack (docs/operations.md#isolation)."""
+    (``runs/.tenants/<key>``, contract/layout.py), in place of ``run``, and its caller gives as
+    output folders the one folder every pack it may be handed writes under (``<area>/out``: only
+    such packs go to a lane, controller/serve/lanes.py lane_allowed), so the rest of its area stays
+    read-only (docs/operations.md#isolation)."""
+    if runs and not run.startswith(runs + "/"):
+        raise ValueError(f"a lane's run folder {run!r} is outside its tenant's folder of runs {runs!r}")
     inside = [f for f in dict.fromkeys(output_folders) if f != run and not f.startswith(run + "/")]
     for f in inside:
         if f != area and not f.startswith(area + "/"):
             raise ValueError(f"a tenant's output folder {f!r} is outside its area {area!r}")
-    if runs:
-        if not run.startswith(runs + "/"):
-            raise ValueError(f"a lane's run folder {run!r} is outside its tenant's folder of runs {runs!r}")
-        return (DataMount(area, writable=True), DataMount(runs, writable=True), DataMount(models))
     outputs = sorted(f for f in inside if not any(f.startswith(g + "/") for g in inside if g != f))
     if len(outputs) > MAX_OUTPUT_MOUNTS:
         outputs = [posixpath.commonpath(outputs)]
+    own = DataMount(runs or run, writable=True)
     if area in outputs:
-        return (DataMount(area, writable=True), DataMount(run, writable=True), DataMount(models))
+        return (DataMount(area, writable=True), own, DataMount(models))
     writable = tuple(DataMount(f, writable=True) for f in outputs)
-    return (DataMount(area), *writable, DataMount(run, writable=True), DataMount(models))
+    return (DataMount(area), *writable, own, DataMount(models))

@@ -186,10 +186,11 @@ def test_a_tenants_lane_mounts_only_its_area_its_packs_run_folders_and_the_model
     swarm: DockerSwarm,
 ) -> None:
     """The live lane service of tenant a (docs/operations.md#isolation): its data mounts are exactly
-    a's area (writable: its later packs' output folders do not exist yet), a's folder of pack run
-    folders runs/.tenants/<a's key> (writable: their run folders neither; the key worked out as the
-    docs tell an operator) and the model pack read-only — never runs/, another tenant's area or the
-    data root; and its pack's run folder is inside it, its owner file naming a."""
+    a's area read-only, a's out/ writable (where the API puts its jobs' outputs: its later packs'
+    output folders do not exist yet), a's folder of pack run folders runs/.tenants/<a's key>
+    (writable: their run folders neither; the key worked out as the docs tell an operator) and the
+    model pack read-only — never runs/, another tenant's area or the data root; and its pack's run
+    folder is inside it, its owner file naming a."""
     ws = workspace
     packs: set[str] = set()
     try:
@@ -215,7 +216,8 @@ def test_a_tenants_lane_mounts_only_its_area_its_packs_run_folders_and_the_model
         live = swarm.client.api.inspect_service(lane)["Spec"]["TaskTemplate"]["ContainerSpec"]["Mounts"]
         data = [m for m in live if m["Type"] != "tmpfs"]
         assert {m["Target"]: bool(m.get("ReadOnly")) for m in data} == {
-            f"/data/tenants/{tenants.a}": False,
+            f"/data/tenants/{tenants.a}": True,
+            f"/data/tenants/{tenants.a}/out": False,
             f"/data/runs/.tenants/{key}": False,
             "/data/models/default": True,
         }, data

@@ -63,9 +63,9 @@ def test_an_output_folder_outside_the_area_is_refused() -> None:
         tenant_mounts(AREA, RUN, MODELS, ["out"])
 
 
-def test_a_lane_sees_its_tenants_area_and_the_run_folders_but_no_other_area() -> None:
-    mounts = tenant_mounts(AREA, RUN, MODELS, ["tenants/acme/out/x"], runs="runs")
-    assert visible(mounts) == {AREA: True, "runs": True, MODELS: False}
+def test_a_lane_writes_only_its_tenants_out_folder_and_sees_its_tenants_runs_in_place_of_one_run_folder() -> None:
+    mounts = tenant_mounts(AREA, f"runs/x/{RUN}", MODELS, ["tenants/acme/out/x", "tenants/acme/out"], runs="runs/x")
+    assert visible(mounts) == {AREA: False, "tenants/acme/out": True, "runs/x": True, MODELS: False}
 
 
 @pytest.mark.parametrize("rel", ["/etc", "a/../b", "a//b", ".", "a/./b"])

@@ -2,21 +2,26 @@
 acme keeps its run folder under ``runs/.tenants/<acme's key>/`` (the first 10 hex digits of the
 sha256 of "acme"), found from its id alone by status, a packed job's reads, resume and deletion, and
 names acme in its ``owner``, which resume and metrics believe only for the tenant whose key the id
-carries; a lane of acme mounts acme's area, that folder and the model pack, nothing else; no other
-job's id can take a pack's form; a tenant's name may be as long as any. Real files, the in-memory
-FakeSwarm; the live lane service's mounts: tests/integration/test_packing_linger.py."""
+carries; a lane of acme mounts acme's area read-only but for its ``out/`` folder, that folder of
+runs and the model pack, nothing else, so a pack of acme that writes elsewhere in its area never
+goes to a lane; no other job's id can take a pack's form; a tenant's name may be as long as any.
+Real files, the in-memory FakeSwarm (a fake runner writes only where its service mounts a folder
+writable); the live lane service's mounts: tests/integration/test_packing_linger.py."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import re
+import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
+from contract.attempt import AttemptRecord
 from contract.handoff import Handoff
 from contract.layout import RunLayout, may_own, pack_job_id, pack_tenant_key, run_rel
 from contract.results import ItemResult, ItemStatus
@@ -25,16 +30,17 @@ from controller.api import submit
 from controller.api.area import Area
 from controller.api.errors import ApiError
 from controller.config import Config, parse_config
-from controller.errors import ConfigError, JobFileError, UsageError
-from controller.job.plan import ID
+from controller.errors import ConfigError, JobFileError, MissingInputError, UsageError
+from controller.job.plan import ID, Plan, TargetRef, make_plan
 from controller.run import deletion, jobs, status, usecase
 from controller.run.metrics import Metrics
 from controller.run.packed import pack_of
+from controller.run.report import Report
 from controller.run.rundir import RunDir
 from controller.serve import packs
-from controller.serve.lanes import ROLE_LANE, Lanes
-from controller.serve.packing import Member
-from controller.swarm.servicespec import LABEL_ROLE, DataMount
+from controller.serve.lanes import ROLE_LANE, Lanes, lane_allowed
+from controller.serve.packing import Member, pack_key
+from controller.swarm.servicespec import LABEL_ATTEMPT, LABEL_ROLE, ROLE_RUNNER, DataMount, ServiceSpec
 from tests.builders import JPEG, make_config
 from tests.fakes import FakeSwarm
 
@@ -58,20 +64,22 @@ def packing_config(tmp_path: Path, linger: str = "0s", tenant: str = "acme") -> 
     return parse_config(config.path, {**data, "packing": {"max_items": 5, "linger": linger}})
 
 
-def tenant_members(tmp_path: Path, linger: str = "0s", tenant: str = "acme") -> tuple[Config, list[Member]]:
+def tenant_members(
+    tmp_path: Path, linger: str = "0s", tenant: str = "acme", outputs: tuple[str, str] = ("out/one", "out/two")
+) -> tuple[Config, list[Member]]:
     """Tenant ``tenant``'s jobs ``one`` (a.jpg) and ``two`` (b.jpg), one photo each, as `serve` has
-    them from the inbox: paths under the tenant's area."""
+    them from the inbox: paths under the tenant's area, each job's output in its folder of ``outputs``."""
     config = packing_config(tmp_path, linger, tenant)
     area = f"tenants/{tenant}"
     for rel in ("in/a.jpg", "in/b.jpg", "faces/me.jpg"):
         (config.data_root / area / rel).parent.mkdir(parents=True, exist_ok=True)
         (config.data_root / area / rel).write_bytes(JPEG)
     out = []
-    for name, photo in (("one", "a"), ("two", "b")):
+    for (name, photo), folder in zip((("one", "a"), ("two", "b")), outputs, strict=True):
         path = config.data_root / "inbox" / f"{name}.yaml"
         path.write_text(
             f"name: {name}\nproviders: [cpu]\nsource: {area}/faces/me.jpg\ntargets: ['{area}/in/{photo}.jpg']\n"
-            f"output: '{area}/out/{name}/{{name}}'\n"
+            f"output: '{area}/{folder}/{{name}}'\n"
         )
         job = usecase.one_job(config, path, tenant=tenant)
         out.append(Member(path, job, tenant))
@@ -208,7 +216,7 @@ def test_deleting_a_tenants_packed_jobs_removes_their_pack_with_the_last_one(tmp
     assert status.collect(config, None) == []
 
 
-def test_a_tenants_lane_mounts_its_area_its_packs_runs_and_the_models_and_nothing_else(tmp_path: Path) -> None:
+def test_a_tenants_lane_mounts_its_out_folder_its_packs_runs_and_the_models_and_nothing_else(tmp_path: Path) -> None:
     config, ms = tenant_members(tmp_path, linger="20s")
     prepared, _ = packs.build(config, ms, packs.new_pack_id("acme"), config.data_root / "inbox" / "packs", 1)
     rundir = RunDir(config.data_root, prepared.job_id)
@@ -219,7 +227,8 @@ def test_a_tenants_lane_mounts_its_area_its_packs_runs_and_the_models_and_nothin
     lane = lanes.open("acme/kind", rundir, settings, "c0000", 1)
     (spec,) = swarm.created
     assert spec.labels[LABEL_ROLE] == ROLE_LANE
-    assert visible(spec.data_mounts) == {AREA: True, RUNS: True, MODELS: False}  # never runs/ nor the root
+    # its area read-only but out/, where every pack it may be handed writes; never runs/ nor the root
+    assert visible(spec.data_mounts) == {AREA: False, f"{AREA}/out": True, RUNS: True, MODELS: False}
     # the tenant's next pack is in what the lane sees; another tenant's and a CLI job's are not
     later = packs.new_pack_id("acme")
     assert RunLayout.relative(later).dir.is_relative_to(RUNS)
@@ -268,3 +277,121 @@ def test_two_tenants_with_one_key_refuse_the_config(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(apiconfig, "tenant_key", lambda name: "0123456789")
     with pytest.raises(ConfigError, match="tenants.globex: has the same packs' folder key as tenant 'acme'"):
         packing_config(tmp_path / "two")
+
+
+def may_write(spec: ServiceSpec, rel: str) -> bool:
+    """Whether a runner of ``spec`` may write ``rel`` (relative to the data root): the deepest folder it
+    mounts that holds ``rel`` is mounted writable; a path under no mount is not there at all."""
+    holding = [m for m in spec.data_mounts if m.rel == "" or rel.startswith(m.rel + "/")]
+    return bool(holding) and max(holding, key=lambda m: len(m.rel)).writable
+
+
+def fake_runner(config: Config, swarm: FakeSwarm) -> Callable[[], None]:
+    """What the pack's runner does at its chunk's end, allowed only what its service mounts writable:
+    each output written (or the item failed: EROFS), its results and its attempt record (a lane's
+    attempt ends by that record) written in the pack's run folder."""
+
+    def chunk_ends() -> None:
+        spec = swarm.created[-1]
+        pack = RunDir(config.data_root, str(pack_of(RunDir(config.data_root, "one"))))
+        attempt, now = int(spec.labels[LABEL_ATTEMPT]), time.time()
+        lines = []
+        for item in pack.plan().items:
+            done = may_write(spec, item.output)
+            if done:
+                (config.data_root / item.output).write_bytes(b"swapped")
+            status, output = (ItemStatus.OK, f"/data/{item.output}") if done else (ItemStatus.ERROR, None)
+            lines.append(ItemResult(item.id, status, attempt, f"/data/{item.input}", output, "EROFS" * (not done),
+                                    started=now, finished=now).to_line())  # fmt: skip
+        results = pack.layout.results("c0000", attempt)
+        if not may_write(spec, results.relative_to(config.data_root).as_posix()):
+            return  # no result recorded: the pack's items fail
+        results.parent.mkdir(parents=True, exist_ok=True)
+        results.write_text("".join(lines))
+        record = AttemptRecord(pack.job, "c0000", attempt, now, exit="OK", finished=now)
+        pack.layout.attempt_record("c0000", attempt).write_text(record.to_json())
+
+    return chunk_ends
+
+
+def run_pack(config: Config, ms: list[Member]) -> tuple[FakeSwarm, Lanes, RunDir, dict[str, Report]]:
+    """The tenant's pack started by `serve` with lanes (packing.linger), run to its end by the fake runner."""
+    swarm = FakeSwarm()
+    swarm.on_end["c0000"] = fake_runner(config, swarm)
+    lanes = Lanes(lambda: swarm, 20.0, owner="serve-1")
+    reports = packs.start(config, swarm, ms, config.data_root / "inbox" / "packs", 1, lanes=lanes)
+    return swarm, lanes, RunDir(config.data_root, str(pack_of(RunDir(config.data_root, "one")))), reports
+
+
+def test_a_tenants_pack_writing_under_its_out_folder_runs_in_a_lane_and_its_outputs_land(tmp_path: Path) -> None:
+    config, ms = tenant_members(tmp_path, linger="20s")
+    swarm, lanes, pack, reports = run_pack(config, ms)
+    assert reports["one"].counts.ok == 1 and reports["two"].counts.ok == 1
+    (spec,) = swarm.created
+    assert spec.labels[LABEL_ROLE] == ROLE_LANE
+    assert visible(spec.data_mounts) == {AREA: False, f"{AREA}/out": True, RUNS: True, MODELS: False}
+    assert (config.data_root / AREA / "out/one/a.jpg").read_bytes() == b"swapped"
+    assert (config.data_root / AREA / "out/two/b.jpg").read_bytes() == b"swapped"
+    key = pack_key(ms[0].job, config.packing, config.image)
+    assert key is not None and lanes.take(key, 600) is not None  # kept for the tenant's next pack
+
+
+def test_a_tenants_pack_writing_elsewhere_in_its_area_never_goes_to_a_lane_and_its_outputs_land(
+    tmp_path: Path,
+) -> None:
+    """One job's output outside out/ (a job file may name any folder of the area): the whole pack
+    runs in a service of its own, mounting exactly its output folders; its runner does not linger."""
+    config, ms = tenant_members(tmp_path, linger="20s", outputs=("out/one", "done/two"))
+    swarm, lanes, pack, reports = run_pack(config, ms)
+    assert reports["one"].counts.ok == 1 and reports["two"].counts.ok == 1
+    (spec,) = swarm.created
+    assert spec.labels[LABEL_ROLE] == ROLE_RUNNER and lanes.drain() == []  # no lane opened, none waiting
+    assert visible(spec.data_mounts) == {
+        AREA: False,
+        f"{AREA}/done/two": True,
+        f"{AREA}/out/one": True,
+        f"{RUNS}/{pack.job}": True,
+        MODELS: False,
+    }
+    assert (config.data_root / AREA / "out/one/a.jpg").read_bytes() == b"swapped"
+    assert (config.data_root / AREA / "done/two/b.jpg").read_bytes() == b"swapped"
+    manifest = json.loads(pack.layout.manifest("c0000").read_text())
+    assert manifest.get("linger", 0) == 0 and manifest.get("handoff") is None
+
+
+def test_only_outputs_on_the_volume_outside_out_keep_a_tenants_pack_from_a_lane() -> None:
+    def plan(*outputs: str) -> Plan:
+        refs = [TargetRef(f"{AREA}/in/{k}.jpg", out, "photo") for k, out in enumerate(outputs)]
+        return make_plan("pack-abcdefgh", refs, "auto", 1)
+
+    assert lane_allowed(plan(f"{AREA}/out/one/0.jpg", "s3://bucket/acme/elsewhere/1.jpg"), "acme")  # no mount
+    assert not lane_allowed(plan(f"{AREA}/out/one/0.jpg", f"{AREA}/done/1.jpg"), "acme")
+    assert not lane_allowed(plan(f"{AREA}/outside/0.jpg"), "acme")  # out/ the folder, not a name's start
+    assert lane_allowed(plan("anywhere/0.jpg"), None)  # a CLI jobs' pack: its lane mounts the data root
+
+
+def test_a_pack_of_two_chunks_never_goes_to_a_lane(tmp_path: Path) -> None:
+    config, ms = tenant_members(tmp_path, linger="20s")
+    prepared, _ = packs.build(config, ms, packs.new_pack_id("acme"), config.data_root / "inbox" / "packs", 2)
+    assert len(prepared.plan.chunks) == 2 and prepared.linger == 0
+    assert RUNS not in visible(jobs.data_mounts(config, prepared))
+
+
+def test_a_lanes_out_folder_is_made_for_the_runner_like_its_other_folders_and_never_through_a_link(
+    tmp_path: Path,
+) -> None:
+    config, ms = tenant_members(tmp_path, linger="20s")
+    out = config.data_root / AREA / "out"
+    assert not out.exists()
+    packs.open_pack(config, FakeSwarm(), ms, config.data_root / "inbox" / "packs", 1)
+    made, job = out.lstat(), (out / "one").lstat()
+    assert stat.S_ISDIR(made.st_mode) and (made.st_uid, made.st_gid) == jobs.owner(config)
+    assert stat.S_IMODE(made.st_mode) == stat.S_IMODE(job.st_mode)  # as out/<job> is made
+    # a runner swapped out/ for a link since the jobs were checked: refused, nothing made through it
+    config, ms = tenant_members(tmp_path / "again", linger="20s")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (config.data_root / AREA / "out").symlink_to(elsewhere)
+    with pytest.raises(MissingInputError, match="symlink"):
+        packs.open_pack(config, FakeSwarm(), ms, config.data_root / "inbox" / "packs", 1)
+    assert list(elsewhere.iterdir()) == []
