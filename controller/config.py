@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from controller import yamlio
+from controller import log, yamlio
 from controller.apiconfig import ApiSettings, Tenant, check_tenant_storage, parse_api, parse_tenants
 from controller.errors import ConfigError
 from controller.policy import Policy, Webhooks, parse_policy
@@ -96,11 +96,37 @@ class Config:
         area = found.s3 if found is not None else None
         return None if area is None else self.storage.s3.for_area(area)
 
+    def tenants_on_cluster_keys(self) -> tuple[str, ...]:
+        """Tenants whose area is the plain ``tenants.<t>.s3: s3://…``: their runners mount storage.s3's
+        secret, keys that reach beyond their area (other tenants' objects too). Such configs still run;
+        ``ffswarm doctor`` warns, and serve and api log it once at start (warn_cluster_keys)."""
+        if self.storage.s3 is None:
+            return ()
+        return tuple(n for n, t in self.tenants.items() if t.s3 is not None and t.s3.credentials_secret is None)
+
     def controller_ids(self) -> tuple[int, int]:
         """Who owns what the controller keeps in a run folder (job.yaml, plan.json, chunks/, state …):
         ``controller_user``, else the uid:gid ffswarm runs as. Never the runner's: a runner must not be
         able to change what the controller acts on (docs/operations.md#controller-user)."""
         return self.controller_user or (os.geteuid(), os.getegid())
+
+
+def cluster_keys_fix(tenants: Iterable[str]) -> str:
+    """How each of ``tenants`` gets keys of its own (docs/storage.md#tenant-keys)."""
+    keys = ", ".join(f"tenants.{t}.s3.credentials_secret" for t in tenants)
+    return (
+        f"give each tenant keys of its own: {keys} (tenants.<t>.s3: {{area: s3://BUCKET/PREFIX/, "
+        "credentials_secret: NAME}, docker secret create NAME FILE; docs/storage.md#tenant-keys)"
+    )
+
+
+def warn_cluster_keys(config: Config, component: str) -> None:
+    """One warning, as serve or api starts, naming the tenants whose runners get the cluster's keys."""
+    tenants = config.tenants_on_cluster_keys()
+    if tenants:
+        log.get(component=component).warning(
+            "tenant_s3_cluster_keys", tenants=list(tenants), fix=cluster_keys_fix(tenants)
+        )
 
 
 def _ids(path: Path, data: dict[str, Any], key: str) -> tuple[int, int] | None:

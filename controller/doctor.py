@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controller.config import Config
+from controller.config import Config, cluster_keys_fix
 from controller.errors import FfswarmError
 from controller.run import stores
 from controller.run.oneshot import run_oneshot
@@ -51,14 +51,21 @@ print("FFSWARM-DOCTOR " + json.dumps(out), flush=True)
 
 @dataclass(frozen=True)
 class Check:
+    """One answer. A ``warning`` passes (jobs run, doctor exits 0) but names a risk and its fix."""
+
     name: str
     ok: bool
     detail: str
     fix: str = ""
+    warning: bool = False
+
+    def __post_init__(self) -> None:
+        if self.warning and not self.ok:
+            raise ValueError("a warning is a check that passes; a failing check is a failure")
 
     def line(self) -> str:
-        head = f"[{'ok' if self.ok else 'FAIL'}] {self.name}: {self.detail}"
-        return head if self.ok else f"{head}\n       fix: {self.fix}"
+        head = f"[{'FAIL' if not self.ok else 'warn' if self.warning else 'ok'}] {self.name}: {self.detail}"
+        return f"{head}\n       fix: {self.fix}" if not self.ok or self.warning else head
 
 
 def _ok(name: str, detail: str) -> Check:
@@ -225,6 +232,21 @@ def check_policy(config: Config) -> Check:
     return _ok("policy", head.removeprefix("policy: ") + "".join(f"\n       {line}" for line in rest))
 
 
+def check_tenant_keys(config: Config) -> Check | None:
+    """Tenants whose S3 area is the plain URL: their runners get the cluster's storage.s3 keys, which
+    reach beyond the area. Allowed (configs written before tenant keys keep working), so a warning;
+    None when no tenant has an area."""
+    areas = {name: t.s3 for name, t in config.tenants.items() if t.s3 is not None}
+    if config.storage.s3 is None or not areas:
+        return None
+    shared = config.tenants_on_cluster_keys()
+    if not shared:
+        return _ok("tenant-keys", f"every tenant's S3 area has keys of its own ({', '.join(areas)})")
+    who = ", ".join(f"{name} ({areas[name]})" for name in shared)
+    detail = f"the runners of tenant(s) {who} get storage.s3's keys, which reach beyond their areas"
+    return Check("tenant-keys", True, detail, cluster_keys_fix(shared), warning=True)
+
+
 def run_checks(
     config: Config, pack: str = "default", say: Callable[[Check], None] = lambda c: None, store: str | None = None
 ) -> list[Check]:
@@ -237,6 +259,9 @@ def run_checks(
         say(c)
 
     add(check_policy(config))
+    tenant_keys = check_tenant_keys(config)
+    if tenant_keys is not None:
+        add(tenant_keys)
     if store is not None:
         add(check_store(config, store))
     try:

@@ -40,7 +40,7 @@ from controller.api.slow import Lent, SlowWork
 from controller.api.sweep import Staging, every, sweep_uploads
 from controller.api.waiting import preference, until_ended
 from controller.apiconfig import Tenant
-from controller.config import Config
+from controller.config import Config, warn_cluster_keys
 from controller.errors import FfswarmError, volume_full
 from controller.job import access
 from controller.run import links
@@ -389,6 +389,7 @@ def _threads(inner: Callable[[Any], contextlib.AbstractAsyncContextManager[None]
 
 def serve(config: Config, host: str, port: int, workers: int = 1) -> None:
     """Run the API on uvicorn until interrupted, in ``workers`` processes (controller/api/workers.py)."""
+    warn_cluster_keys(config, "api")  # once, before the app is built and its workers forked
     if workers > 1:
         api_workers.run(lambda: make_app(config), host, port, workers)
         return

@@ -325,10 +325,11 @@ def node_data(n: NodeInfo) -> dict[str, Any]:
 @output_option
 @click.pass_context
 def doctor(ctx: click.Context, models: str, store: str | None, output: str) -> None:
-    """Check the cluster can run jobs; each failing check names its fix. Exit 0 only when all pass.
+    """Check the cluster can run jobs; each failing check names its fix, and so does a warning (a
+    check that passes but names a risk). Exit 0 only when all pass.
 
-    With -o json|yaml: {"ok": bool, "checks": [{"name", "ok", "detail", "fix"}]} once all have run
-    (the exit code as without)."""
+    With -o json|yaml: {"ok": bool, "checks": [{"name", "ok", "detail", "fix", "warning"}]} once all
+    have run (the exit code as without)."""
     say = (lambda c: click.echo(c.line())) if output == "text" else (lambda c: None)
     checks = run_checks(context.config(ctx), models, say=say, store=store)
     failed: list[Check] = [c for c in checks if not c.ok]
@@ -337,4 +338,5 @@ def doctor(ctx: click.Context, models: str, store: str | None, output: str) -> N
     if failed:
         raise CapacityError(f"{len(failed)} check(s) failed: {', '.join(c.name for c in failed)}")
     if output == "text":
-        click.echo("all checks passed")
+        warned = [c.name for c in checks if c.warning]
+        click.echo("all checks passed" + (f"; warning(s): {', '.join(warned)}" if warned else ""))

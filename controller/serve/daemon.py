@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from controller import log
-from controller.config import Config
+from controller.config import Config, warn_cluster_keys
 from controller.errors import FfswarmError, volume_full
 from controller.job import ledger
 from controller.run import giveup, webhooks
@@ -272,6 +272,7 @@ class Server:
                 self.log.warning("lease_not_renewed", file=name, error=e.strerror or type(e).__name__)
 
     def serve_forever(self) -> None:
+        warn_cluster_keys(self.config, "serve")
         self.inbox.ensure()
         self.heartbeat.clear_stale()
         self._beat()

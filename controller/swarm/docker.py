@@ -175,17 +175,13 @@ class DockerSwarm:
         self._networks.add(key)
 
     def create_service(self, spec: ServiceSpec) -> str:
-        mounts = [_data_mount(spec.volume, m) for m in spec.data_mounts]
-        mounts += [
-            dt.Mount(target=path, source=None, type="tmpfs", tmpfs_size=size) for path, size in spec.tmpfs.items()
-        ]
         container = dt.ContainerSpec(
             secrets=self.secret_references(spec) or None,
             image=spec.image,
             command=list(spec.command),
             env=dict(spec.env),
             labels=dict(spec.labels),
-            mounts=mounts,
+            mounts=service_mounts(spec),
             user=spec.user,
             read_only=spec.read_only,
             cap_drop=list(spec.cap_drop),
@@ -356,6 +352,14 @@ def node_info(raw: Mapping[str, Any]) -> NodeInfo:
         labels=dict(spec.get("Labels") or {}),
         generic_resources=resources,
     )
+
+
+def service_mounts(spec: ServiceSpec) -> list[dt.Mount]:
+    """docker-py's mounts for the spec's container: its folders of the data root, then its tmpfs."""
+    mounts = [_data_mount(spec.volume, m) for m in spec.data_mounts]
+    return mounts + [
+        dt.Mount(target=path, source=None, type="tmpfs", tmpfs_size=size) for path, size in spec.tmpfs.items()
+    ]
 
 
 def _data_mount(volume: VolumeSpec, mount: DataMount) -> dt.Mount:

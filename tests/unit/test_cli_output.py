@@ -153,7 +153,7 @@ def test_doctor_as_data_lists_every_check_and_keeps_its_exit_code(cfg: Path) -> 
     assert found["ok"] is False and [c["name"] for c in found["checks"]][-1] == "swarm"
     swarm = found["checks"][-1]
     assert swarm["ok"] is False and swarm["fix"] == "start dockerd; docker swarm init"
-    assert set(swarm) == {"name", "ok", "detail", "fix"}
+    assert set(swarm) == {"name", "ok", "detail", "fix", "warning"} and swarm["warning"] is False
 
 
 def test_following_a_job_as_json_prints_status_objects_alone_on_stdout(cfg: Path, tmp_path: Path) -> None:
