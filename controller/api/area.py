@@ -1,8 +1,10 @@
 """A tenant's place on the shared volume, and the API's record of whose job is whose.
 
 - ``tenants/<t>/`` is the tenant's area: its job paths are relative to it, its uploads land in
-  ``uploads/<job>/`` and its default outputs in ``out/<job>/``. The API creates it, owned by the
-  runner's uid:gid (runners read the inputs and write the outputs there).
+  ``uploads/<job>/`` and its default outputs in ``out/<job>/``. The API creates it as its own
+  (0755: runners read the inputs below it), and ``uploads/`` too; only the folders outputs go to
+  are the runner's, made by `serve` (controller/job/access.py). So a runner, even one that sees the
+  whole data root (a CLI job's), cannot rename ``uploads/`` or rewrite another job's inputs.
 - ``tenants/.jobs/<t>/<job>.json`` is the owner record (controller/job/owners.py), written by the
   API (never by a runner: the folders are the API's, 0755) before the job file reaches the inbox,
   with the sha256 of that job file. A job is the caller's only if the caller's own folder holds its
@@ -17,6 +19,7 @@ Everything read back from here is treated as hostile: no links followed, sizes c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import stat
@@ -26,6 +29,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from contract.layout import TENANTS, DataRootLayout, RunLayout
+from controller import log
+from controller.job import access
 from controller.job.index import JobIndex
 from controller.job.owners import JOB_ID, MAX_RECORD, TENANT, JobRecord
 from controller.run.rundir import read_nofollow, write_atomic
@@ -33,6 +38,8 @@ from controller.storage.area import StorageArea
 from controller.volume import Volume
 
 __all__ = ["JOB_ID", "Area", "JobRecord", "new_job_id", "run_owner"]
+
+_log = log.get(component="api")
 
 
 def new_job_id(name: str) -> str:
@@ -67,30 +74,41 @@ class Area:
         self._taken = (str(top.runs), str(top.inbox), str(top.records))  # where a job id may be in use
         self.volume = Volume(data_root)
         self.index = JobIndex(self.volume, tenant)
+        self._runners_said = False  # whether the log said once that the area's top is the runner's
 
     def ensure(self, runner: tuple[int, int] | None) -> None:
-        """Create the area (owned by the runner when this process may chown) and the record folder."""
-        for folder, owner in (
-            (DataRootLayout.host(self.root).tenants, None),
-            (self.path, runner),
-            (DataRootLayout.host(self.root).records, None),
-            (self.records, None),
-        ):
-            try:
-                st = os.lstat(folder)  # there already on every request but the first: no mkdir tried
-            except FileNotFoundError:
-                try:
-                    os.mkdir(folder, 0o755)
-                    if owner is not None and os.geteuid() == 0:
-                        os.chown(folder, *owner)
-                except FileExistsError:
-                    pass
-                st = os.lstat(folder)
-            if not stat.S_ISDIR(st.st_mode):  # a link or a file where the area should be: never followed
-                raise OSError(f"{self.root_rel(folder)} is not a folder")
-            if owner is None and (st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022):
-                # records in a folder others may write would not count for serve (controller/job/owners.py)
-                raise OSError(f"{self.root_rel(folder)} is not the controller's (owner or mode)")
+        """Create the area and the record folders, all the API's own. The area's top is never the
+        runner's (access.own_area): one an older ffswarm gave the runner (``runner``: its uid:gid)
+        is taken back when the API runs as root, else left as it is and logged once."""
+        top = DataRootLayout.host(self.root)
+        self._own_folder(top.tenants)
+        found = access.own_area(self.root, self.rel, runner)
+        if found is access.AreaTop.TAKEN_BACK:
+            _log.info("api_area_taken_back", tenant=self.tenant, area=self.rel)
+        elif found is access.AreaTop.RUNNERS and not self._runners_said:  # looked at on each request, said once
+            self._runners_said = True
+            _log.warning(
+                "api_area_runners",
+                tenant=self.tenant,
+                area=self.rel,
+                why="the runner's uid owns the area's top and only root may take it back: chown it to the API's user",
+            )
+        for folder in (top.records, self.records):
+            self._own_folder(folder)
+
+    def _own_folder(self, folder: Path) -> None:
+        """A folder of the API's records, made if missing; refused unless the API's and writable by no one else."""
+        try:
+            st = os.lstat(folder)  # there already on every request but the first: no mkdir tried
+        except FileNotFoundError:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, 0o755)
+            st = os.lstat(folder)
+        if not stat.S_ISDIR(st.st_mode):  # a link or a file where the folder should be: never followed
+            raise OSError(f"{self.root_rel(folder)} is not a folder")
+        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            # records in a folder others may write would not count for serve (controller/job/owners.py)
+            raise OSError(f"{self.root_rel(folder)} is not the controller's (owner or mode)")
 
     def root_rel(self, path: Path) -> str:
         return path.relative_to(self.root).as_posix()

@@ -13,11 +13,13 @@ NFS turns flock into POSIX locks, which belong to a PROCESS: a second descriptor
 would get the lock too, and closing it would drop the owner's. So a process never opens the lock
 files of its own live uploads (``_LIVE``, process-wide on purpose: the lock is the process's).
 
-The uploads folder is in the tenant's area, which runners may write: it is reached from the data root
-one O_NOFOLLOW component at a time (controller/volume.py), every entry is looked at without following
-links, and removals go through the folder's descriptor (shutil.rmtree with ``dir_fd``, which never
-follows a link). A folder with no lock file at all was left by an API older than this scheme; it is
-removed once it is an hour old (an older replica may still be receiving it during a rolling update).
+The uploads folder is in the tenant's area, whose top an older ffswarm gave the runner's uid (an API
+not running as root cannot take it back: controller/job/access.py own_area): it is reached from
+the data root one O_NOFOLLOW component at a time (controller/volume.py), every entry is looked at
+without following links, and removals go through the folder's descriptor (shutil.rmtree with
+``dir_fd``, which never follows a link). A folder with no lock file at all was left by an API older
+than this scheme; it is removed once it is an hour old (an older replica may still be receiving it
+during a rolling update).
 """
 
 from __future__ import annotations
@@ -65,8 +67,9 @@ class Staging:
     """``with Staging(data_root, tenant, id) as folder:`` a new, empty staging folder, held (locked)
     by this process until the block ends; at the end whatever is left of it is removed, then the lock.
 
-    The uploads folder sits in the tenant's area, whose top the runner's uid owns: a runner may swap
-    ``uploads`` for a link at any moment. So the uploads folder is opened once (no link anywhere on
+    The uploads folder sits in the tenant's area, whose top is the API's, but one an older ffswarm
+    made is the runner's until a root API takes it back: a runner may then swap ``uploads`` for a
+    link at any moment. So the uploads folder is opened once (no link anywhere on
     its path) and everything after goes through descriptors: the staging folder is ``staged`` (a
     ``Folder``), ``place`` renames it into place in the folder held open, and then checks that the
     path still leads there; else the job's folder is removed and the upload refused (409)."""

@@ -7,6 +7,10 @@ dry runs) judges the job's paths with the runner's ids — each distinct folder 
 by one lstat — and refuses a job the runner could not do, naming every path with its owner, mode and
 the fix; nothing is created then. `jobs.start_run` creates the output folders that do not exist yet,
 owned by the runner, and the video join makes its output folder the same way (make_folders).
+
+A tenant's area (``tenants/<t>/``) is the other way round: its top is the controller's (own_area),
+only the folders outputs go to below it are the runner's. A runner that can write the data root
+(a CLI job's sees all of it) could otherwise rename ``uploads/`` or another job's inputs there.
 """
 
 from __future__ import annotations
@@ -17,19 +21,23 @@ import posixpath
 import shlex
 import stat
 from collections.abc import Iterable
+from enum import Enum
 from pathlib import Path
 
+from contract.layout import TENANTS
 from contract.s3 import is_s3
 from controller.config import Config
 from controller.errors import MissingInputError
+from controller.job.owners import TENANT
 from controller.job.plan import Plan
 from controller.job.resolve import ResolvedJob
-from controller.volume import UnsafePath, Volume
+from controller.volume import UnsafePath, Volume, own
 
 Ids = tuple[int, int]
 R, W, X = 4, 2, 1
 MAX_LISTED = 10
 OUTPUT_DIR_MODE = 0o755  # the user's area: readable as their other folders are
+AREA_MODE = 0o755  # a tenant's area's top: the controller's; runners only pass through it to their files
 
 
 def parse_ids(text: str) -> Ids:
@@ -184,18 +192,75 @@ def check_plan(config: Config, plan: Plan, chunks: Iterable[str], file: str) -> 
     return check(config, dict.fromkeys(i.input for i in items if not is_s3(i.input)), outputs, file)
 
 
+class AreaTop(Enum):
+    """Whose a tenant's area's top is once own_area looked at it."""
+
+    OURS = "ours"  # this process's (made now, or so already): the runner cannot write there
+    TAKEN_BACK = "taken back"  # it was the runner's uid's (an older ffswarm made it so), now this process's
+    RUNNERS = "runner's"  # the runner's uid's still: only root may take it back
+
+
+def area_of(folder: str) -> str | None:
+    """The tenant's area (``tenants/<t>``) that ``folder`` (relative to the data root) is in or is."""
+    parts = folder.split("/")
+    return "/".join(parts[:2]) if len(parts) >= 2 and parts[0] == TENANTS and TENANT.fullmatch(parts[1]) else None
+
+
+def own_area(root: Path, area: str, runner: Ids | None) -> AreaTop:
+    """Make a tenant's ``area`` (``tenants/<t>``, relative to ``root``) if missing, as this process's
+    folder, mode 0755 whatever the umask (runners read their inputs below it), never the runner's:
+    only the folders its outputs go to are. An area the runner's uid owns (an older ffswarm made it
+    so) is taken back (fchown, fchmod through a descriptor opened without following a link) when this
+    process runs as root; else it is left as it is and RUNNERS says so. The API calls this on every
+    request and serve before it makes output folders in an area, so both leave the area alike.
+    UnsafePath for a link or a file where the area should be: never followed."""
+
+    def runners(st: os.stat_result) -> bool:
+        return runner is not None and st.st_uid == runner[0] != os.geteuid()
+
+    try:
+        st = os.lstat(root / area)  # there already on every request but the first: nothing opened then
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        raise UnsafePath(f"{area} is not a folder (never followed)")
+    if st is not None and not runners(st):
+        return AreaTop.OURS
+    volume = Volume(root)
+    if st is None:
+        volume.mkdirs(TENANTS, None, 0o755)  # runners pass through it (a CLI job's, to outputs it names)
+        volume.mkdirs(area, None, AREA_MODE, exact=True)  # made by another process meanwhile: left as it is
+    fd = volume.open_dir(area, "owning the tenant's area")
+    try:
+        if not runners(os.fstat(fd)):
+            return AreaTop.OURS
+        if os.geteuid() != 0:
+            return AreaTop.RUNNERS
+        own(fd, (os.geteuid(), os.getegid()), AREA_MODE, area)
+        return AreaTop.TAKEN_BACK
+    finally:
+        os.close(fd)
+
+
 def make_folders(root: Path, folders: Iterable[str], owner: Ids | None) -> list[str]:
     """Create each folder (relative to `root`, parents included) through controller/volume.py: one
     component at a time, never through a symlink, so a component swapped for a link since the check
     is refused, never followed out of the root. What is made here is handed to `owner` (the runner)
-    when the controller runs as root. Returns the folders it made, parents first (remove_folders
-    undoes them)."""
+    when the controller runs as root, but a tenant's area itself, which own_area makes (or takes
+    back) as the controller's first: so a tenant's ``out/`` made here is the runner's (a lane makes
+    ``out/<job>/`` in it) while the area's top is not. Returns the folders it made, parents first
+    (remove_folders undoes them); never the area, which stays the tenant's."""
     volume = Volume(root)
     chown = owner if owner is not None and os.geteuid() == 0 else None
     made_here: list[str] = []
+    areas: set[str] = set()
     for folder in sorted(set(folders)):
         if ".." in folder.split("/"):
             raise MissingInputError(f"{folder}: output folder leads out of the data root")
+        area = area_of(folder)
+        if area is not None and area not in areas:
+            areas.add(area)
+            own_area(root, area, owner)
         try:
             made_here += volume.mkdirs(folder, chown, OUTPUT_DIR_MODE)
         except UnsafePath as e:

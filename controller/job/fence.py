@@ -9,7 +9,8 @@ Alice's originals). Refused here, before anything runs, each with exit 65 naming
   the packs, the inbox, and tenants' areas), also when a symlinked folder leads there;
 - for a tenant's job (an API job with an owner record: controller/job/owners.py), any input or
   output outside that tenant's area ``tenants/<tenant>/``: never another tenant's, never the rest
-  of the data root;
+  of the data root; nor an output at the area's top or under its ``uploads/``, which are the API's
+  (only the folders outputs go to are the runner's: controller/job/access.py own_area);
 - an output that is one of the job's inputs (any item's, the source photos, the reference);
 - a new run whose outputs already exist, unless the job says ``overwrite: true``;
 - an output another live job claims (controller/job/claims.py).
@@ -17,12 +18,14 @@ Alice's originals). Refused here, before anything runs, each with exit 65 naming
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Callable, Sequence
 
 from contract.layout import RESERVED
 from controller.errors import JobFileError
 
 SHOWN = 3  # existing outputs named in a refusal
+UPLOADS = "uploads"  # in a tenant's area: the API's folder of uploaded inputs (controller/api/sweep.py)
 
 
 def inside(rel: str, area: str) -> bool:
@@ -31,10 +34,25 @@ def inside(rel: str, area: str) -> bool:
 
 def check_area(out_rel: str, target_rel: str, file: str, area: str | None = None) -> None:
     """``out_rel`` (the real path, relative to the data root) is outside the reserved areas; for a
-    tenant's job (``area``: ``tenants/<tenant>``), inside that tenant's area."""
+    tenant's job (``area``: ``tenants/<tenant>``), inside that tenant's area, in a folder of it
+    other than ``uploads/``: the area's top and its uploads are the API's, never the runner's."""
     if area is not None:
         if not inside(out_rel, area):
             raise JobFileError(file, "output", f"for {target_rel!r}: {out_rel} is outside the tenant's area {area}/")
+        if posixpath.dirname(out_rel) == area:
+            raise JobFileError(
+                file,
+                "output",
+                f"for {target_rel!r}: {out_rel} would be at the top of the tenant's area, which is the API's: "
+                "outputs go into a folder of it (out/<job>/ by default)",
+            )
+        if inside(out_rel, f"{area}/{UPLOADS}"):
+            raise JobFileError(
+                file,
+                "output",
+                f"for {target_rel!r}: {out_rel} would be under {UPLOADS}/, the API's folder of uploaded files: "
+                "outputs go into another folder (out/<job>/ by default)",
+            )
         return
     top = out_rel.split("/", 1)[0]
     if top in RESERVED or out_rel in (".", ""):

@@ -2,9 +2,10 @@
 
 ``tenants/.jobs/<tenant>/<job>.json`` says that ``<job>`` is ``<tenant>``'s, and carries the sha256
 of the job file the API put in the inbox. The record and the folders above it are the controller's
-(the API runs as the controller): a runner, whose uid owns the data root and the tenants' areas,
-can write neither, so it cannot make a job of its own (or a CLI user's) count as a tenant's, which
-would let it write into that tenant's area. A job counts as a tenant's only when
+(the API runs as the controller): a runner, whose uid owns the data root and the output folders in
+the tenants' areas (never an area's top: controller/job/access.py own_area), can write neither, so
+it cannot make a job of its own (or a CLI user's) count as a tenant's, which would let it write
+into that tenant's area. A job counts as a tenant's only when
 
 - every folder from ``tenants/`` down is a real folder (never a link), owned by a trusted uid (root
   or the controller's, never the runner's) and writable by no one else;

@@ -5,6 +5,7 @@ Tests run as root (they chown); as another user they are skipped."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,27 @@ def test_every_missing_level_is_made_for_the_runner_and_nothing_above(tmp_path: 
     start_run(config, prepared, IMAGE)
     assert [owner(root / "hidden" / p) for p in ("a", "a/b", "a/b/c")] == [RUNNER] * 3
     assert owner(root / "hidden") == (0, 0)
+
+
+def test_in_a_tenants_area_out_is_made_for_the_runner_but_never_the_area_itself(tmp_path: Path) -> None:
+    """What serve makes for an API job's default outputs (``out/<job>/``), or for a lane (``out/``)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    area = root / "tenants" / "acme"
+    made = access.make_folders(root, ["tenants/acme/out/j1"], RUNNER)
+    assert made == ["tenants/acme/out", "tenants/acme/out/j1"]
+    assert owner(area / "out") == owner(area / "out" / "j1") == RUNNER  # a lane makes out/<job>/ in out/
+    assert owner(area) == (os.geteuid(), os.getegid()) and stat.S_IMODE(area.stat().st_mode) == 0o755
+    access.remove_folders(root, made)  # a refused job: its folders go, the tenant's area stays
+    assert area.is_dir() and not (area / "out").exists()
+
+    older = root / "tenants" / "globex"  # made the runner's by an older ffswarm
+    older.mkdir()
+    os.chown(older, *RUNNER)
+    older.chmod(0o777)
+    access.make_folders(root, ["tenants/globex/out/j2"], RUNNER)
+    assert owner(older) == (os.geteuid(), os.getegid()) and stat.S_IMODE(older.stat().st_mode) == 0o755
+    assert owner(older / "out" / "j2") == RUNNER
 
 
 def test_an_existing_output_folder_the_runner_cannot_write_refuses_the_job(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
-"""A runner owns the top of its tenant's area, so it can swap ``uploads`` for a link (or another
-folder) while an upload arrives. Through the real API on loopback: the API writes nothing through
-the link, answers 409 ``unsafe_area`` with no traceback, keeps nothing of the upload, and a later
-upload into the restored folder is accepted."""
+"""A runner that owns the top of its tenant's area (an older ffswarm made it so, and an API not
+running as root cannot take it back) can swap ``uploads`` for a link (or another folder) while an
+upload arrives. Through the real API on loopback: the API writes nothing through the link, answers
+409 ``unsafe_area`` with no traceback, keeps nothing of the upload, and a later upload into the
+restored folder is accepted."""
 
 from __future__ import annotations
 

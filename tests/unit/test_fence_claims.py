@@ -176,6 +176,13 @@ def test_a_tenants_job_writes_into_its_own_area_and_nowhere_else(tmp_path: Path)
         with pytest.raises(JobFileError) as e:
             resolve_job(_tenant_spec(output), root, "job.yaml", tenant="acme")
         assert e.value.field == "output" and "outside the tenant's area tenants/acme/" in e.value.reason, output
+    for output, said in (
+        ("tenants/acme/{stem}-swapped{ext}", "at the top of"),
+        ("tenants/acme/uploads/j/{name}", "under uploads/"),
+    ):
+        with pytest.raises(JobFileError) as e:  # the area's top and its uploads are the API's, never the runner's
+            resolve_job(_tenant_spec(output), root, "job.yaml", tenant="acme")
+        assert e.value.field == "output" and said in e.value.reason and "the API's" in e.value.reason, output
     (root / "tenants" / "acme" / "away").symlink_to(root / "tenants" / "globex" / "in")  # a link in its area
     with pytest.raises(JobFileError) as e:
         resolve_job(_tenant_spec("tenants/acme/away/{name}"), root, "job.yaml", tenant="acme")
