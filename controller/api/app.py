@@ -156,18 +156,14 @@ class Api:
                 job, text = await lane.run(submit.checked_json, self.config, area, data, self.objects)
             accepted = await asyncio.to_thread(submit.accept_json, self.config, area, job, text, slot)
         else:
-            budget = await asyncio.to_thread(submit.request_budget, self.config, tenant, area)
-            declared = request.headers.get("content-length", "")
-            if declared.isdigit():  # the bytes it says it brings, held against other requests while it runs
-                await asyncio.to_thread(quota.reserve_bytes, slot, tenant, min(int(declared), budget.cap))
+            declared = request.headers.get("content-length")  # held at once; every byte beyond as it comes
+            budget = await asyncio.to_thread(submit.request_budget, self.config, tenant, area, slot, declared)
             name = "job"
             job = await asyncio.to_thread(submit.fresh_id, area, name)
             staging = Staging(self.config.data_root, tenant.name, job)
             with staging:  # locked until it is moved or gone
                 lane = self.slow.lane(tenant.name)  # the body written, unpacked and checked there
-                up = await uploads.receive(
-                    ctype, request.headers.get("content-length"), request.stream(), staging.staged, budget, lane
-                )
+                up = await uploads.receive(ctype, declared, request.stream(), staging.staged, budget, lane)
                 opts = submit.options(up.job)
                 if "name" in opts:  # the id carries the name the caller chose
                     job = await asyncio.to_thread(submit.fresh_id, area, submit._name(opts))

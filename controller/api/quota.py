@@ -14,7 +14,9 @@ out. The first time (no ledger yet), the ledger is built from the tenant's recor
 
 Stored bytes: the area is walked at most every STORED_SECONDS (by whichever request finds the walk
 due, across replicas), and the bytes accepted since, plus those reserved by requests in flight, are
-added from the ledger.
+added from the ledger. An upload reserves every byte it will leave in the area before writing it,
+through its ``Claim`` (its declared body at once, an unpacked archive as it goes), so concurrent
+uploads of a tenant — in any thread, process or replica — never pass ``quota.stored`` together.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from pathlib import Path
 from contract.layout import RunLayout
 from controller.api.area import JOB_ID, Area
 from controller.api.errors import ApiError
+from controller.api.slow import Lent
 from controller.apiconfig import Tenant
 from controller.config import Config
-from controller.job.ledger import RECOUNT_SECONDS, STORED_SECONDS, Counts, Ledger, OverQuota, Reservation
+from controller.job.ledger import RECOUNT_SECONDS, STORED_SECONDS, Counts, Ledger, OverQuota
+from controller.job.reservation import Reservation
 from controller.serve.inbox import JOB_SUFFIXES, original_name
 
-__all__ = ["BOOK", "RECOUNT_SECONDS", "STORED_SECONDS", "QuotaBook", "Reservation", "check_quota", "reserve"]
+__all__ = ["BOOK", "RECOUNT_SECONDS", "STORED_SECONDS", "Claim", "QuotaBook", "Reservation", "check_quota", "reserve"]
 
 RETRY_AFTER = "30"
 
@@ -244,6 +248,29 @@ def reserve_bytes(res: Reservation, tenant: Tenant, n: int) -> None:
 def release_bytes(res: Reservation, n: int, kept: int = 0) -> None:
     """``n`` reserved bytes given back; ``kept`` of them are now in the area."""
     res.release_bytes(n, kept)
+
+
+@dataclass
+class Claim:
+    """A request's reservation as the steps that write its bytes add to them: a thread of the API
+    (the body as it arrives) or a slow worker process (archives as they unpack), which receives the
+    reservation's descriptor lent (controller/api/slow.py) and closes its copy when done.
+    ``limit``: the tenant's ``quota.stored``."""
+
+    root: Path
+    tenant: str
+    limit: int
+    lent: Lent
+
+    def hold(self, need: int, ahead: int = 0) -> int:
+        """``need`` more bytes taken in the tenant's ledger, and up to ``ahead`` more as far as they
+        fit: the bytes taken. OverQuota when ``need`` would take the tenant past ``limit``."""
+        return Ledger(self.root, self.tenant).hold(self.lent.fd, need, ahead, self.limit)
+
+
+def claim(res: Reservation, tenant: Tenant, area: Area) -> Claim:
+    """The request's reservation ``res``, to add the bytes it writes to."""
+    return Claim(area.root, tenant.name, tenant.quota.stored, Lent(res.fd))
 
 
 def check_quota(config: Config, tenant: Tenant, area: Area, book: QuotaBook = BOOK) -> None:

@@ -264,10 +264,21 @@ def options(raw: bytes | None) -> dict[str, Any]:
     return data
 
 
-def request_budget(config: Config, tenant: Tenant, area: Area, book: quota.QuotaBook = quota.BOOK) -> Budget:
+def request_budget(
+    config: Config,
+    tenant: Tenant,
+    area: Area,
+    slot: quota.Reservation | None = None,
+    declared: str | None = None,
+    book: quota.QuotaBook = quota.BOOK,
+) -> Budget:
     """The bytes one upload request may leave in the area, its files and every archive's unpacked
     bytes together: the least of ``api.max_request_bytes``, the tenant's ``quota.upload`` and what is
-    left of its ``quota.stored``. The one place the budget is decided."""
+    left of its ``quota.stored``. The one place the budget is decided.
+
+    With the request's ``slot``, every byte charged to the budget is held in the tenant's ledger
+    before it is written; the body's ``declared`` length (its Content-Length, up to the cap) is held
+    at once, 429 when the area has no room for it."""
     left = tenant.quota.stored - book.stored(area, tenant.quota.stored)
     limits = [
         (config.api.max_request_bytes, "api.max_request_bytes"),
@@ -275,14 +286,30 @@ def request_budget(config: Config, tenant: Tenant, area: Area, book: quota.Quota
         (left, "what is left of this tenant's stored quota"),
     ]
     cap, why = min(limits, key=lambda x: x[0])
-    return Budget(max(cap, 0), why)
+    budget = Budget(max(cap, 0), why)
+    if slot is not None:
+        budget.claim = quota.claim(slot, tenant, area)
+        held = min(int(declared), budget.cap) if declared is not None and declared.isdigit() else 0
+        if held:  # held against other requests while it runs
+            quota.reserve_bytes(slot, tenant, held)
+            budget.held = held
+    return budget
 
 
 def unpack_targets(config: Config, lent: Lent, files: list[Part], budget: Budget) -> Targets:
     """The uploaded ``files`` (staged in the lent staging folder) with every archive among the
     targets unpacked beside it and then removed, each checked against the ``api.max_zip_*`` limits
-    (``max_zip_bytes`` for all archives together) and its bytes charged to ``budget``. Plain data in
-    and out: a slow worker process runs it (controller/api/slow.py ``run_apart``)."""
+    (``max_zip_bytes`` for all archives together) and its bytes charged to ``budget`` (and held
+    through its claim). Plain data in and out: a slow worker process runs it (controller/api/slow.py
+    ``run_apart``), and closes what was lent to it (the folder, the claim's reservation)."""
+    try:
+        with Folder(lent.fd, "the upload") as staged:
+            return _unpack_targets(config, staged, files, budget)
+    finally:
+        budget.let_go()
+
+
+def _unpack_targets(config: Config, staged: Folder, files: list[Part], budget: Budget) -> Targets:
     api = config.api
     limits = ZipLimits(api.max_zip_entries, api.max_zip_bytes, api.max_zip_ratio, api.max_zip_depth,
                        api.max_zip_name_bytes, api.max_zip_path_bytes)  # fmt: skip
@@ -291,7 +318,7 @@ def unpack_targets(config: Config, lent: Lent, files: list[Part], budget: Budget
     if not any(p.field == "targets" for p in files):
         raise ApiError(422, "invalid_job", "at least one target file is required", field="targets")
     out = Targets(budget)
-    with Folder(lent.fd, "the upload") as staged, staged.sub("targets") as folder:
+    with staged.sub("targets") as folder:
         for p in files:
             if p.field != "targets":
                 continue
@@ -310,7 +337,7 @@ def unpack_targets(config: Config, lent: Lent, files: list[Part], budget: Budget
 @dataclass
 class Targets:
     """What ``unpack_targets`` left: the targets' files (relative to ``targets/``), notes for people
-    (entries skipped), and the request's budget with the unpacked bytes charged."""
+    (entries skipped), and the request's budget with the unpacked bytes charged and held."""
 
     budget: Budget
     files: list[str] = field(default_factory=list)
@@ -334,9 +361,12 @@ def submit_upload(
     budget, files, notes = unpacked.budget, unpacked.files, unpacked.notes
     sources = [p for p in up.files if p.field == "source"]
     try:
-        written = up.folder.file_bytes()
-        if written > budget.cap:  # what is on the volume, whatever was counted on the way
+        written = up.folder.file_bytes()  # what is on the volume, whatever was counted on the way
+        if written > budget.cap:
             raise too_large(budget, f"the upload ({written} bytes once unpacked)")
+        if written > budget.held:  # more than the ledger let it write: never within the tenant's quota
+            why = f"the upload ({written} bytes once unpacked) passed the {budget.held} bytes reserved for it"
+            raise ApiError(413, "too_large", f"{why} in this tenant's stored quota")
         staging.place(job)
         placed = True
         rel = f"uploads/{job}"

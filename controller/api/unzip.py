@@ -9,9 +9,11 @@ while reading (a bad CRC, a corrupt or truncated stream). An archive over the en
 entries unpack to more than ``ratio`` times their packed size — each entry, and the whole archive
 against its size — is refused as well, by what its headers declare and again by the bytes actually
 decompressed (a header that lies gains nothing). Every unpacked byte is charged to the request's
-budget before it is written (413 naming the archive when it would pass it). Entries that are not
-photos or videos (by their first bytes) are skipped and listed as notes. Folders are recreated below
-the destination through descriptors (controller/folder.py); nothing is written outside it.
+budget before it is written (413 naming the archive when it would pass it); what the archive
+declares is held in the tenant's quota ledger before its first entry is written, and any byte
+beyond that as it comes. Entries that are not photos or videos (by their first bytes) are skipped
+and listed as notes. Folders are recreated below the destination through descriptors
+(controller/folder.py); nothing is written outside it.
 """
 
 from __future__ import annotations
@@ -136,8 +138,10 @@ def _plan(
         raise _whole(archive, f"declares over {limits.total_bytes} unpacked bytes (api.max_zip_bytes)")
     if declared > size * limits.ratio:
         raise _whole(archive, f"unpacks more than {limits.ratio} times its size")
+    what = f"archive {archive!r} (it declares {declared} unpacked bytes)"
     if declared > budget.left:
-        raise too_large(budget, f"archive {archive!r} (it declares {declared} unpacked bytes)", archive)
+        raise too_large(budget, what, archive)
+    budget.hold(budget.used + declared, what, archive)  # in the tenant's ledger at once, not entry by entry
     return plan
 
 

@@ -3,13 +3,15 @@
 Each request has one byte ``Budget`` (controller/api/submit.py ``request_budget``): every file's
 bytes, and later every archive's unpacked bytes, are charged to it before they are written, and the
 file or archive that would pass it is refused (413, naming it); the request's body beyond its files
-(multipart framing, the job part) may add at most ``FRAMING`` bytes. On refusal the staging folder
-is emptied: nothing half-made stays; a process killed mid-upload leaves its folder unlocked, and the
-next sweep of any API replica removes it (controller/api/sweep.py). Everything is written through
-the staging folder's descriptor (controller/folder.py), never by a path a runner could
-swap for a link. Each file part is sniffed by its first bytes (never by name alone): a
-photo, a video or a ZIP, else 415. File names are reduced to one safe component; the extension
-follows what the content is.
+(multipart framing, the job part) may add at most ``FRAMING`` bytes. The cap is decided when the
+request begins; what other requests of the tenant reserve meanwhile is seen by its quota ledger,
+which holds every charged byte (the budget's ``claim``) before it is written, or refuses it (413).
+On refusal the staging folder is emptied: nothing half-made stays; a process killed mid-upload
+leaves its folder unlocked, and the next sweep of any API replica removes it
+(controller/api/sweep.py). Everything is written through the staging folder's descriptor
+(controller/folder.py), never by a path a runner could swap for a link. Each file part is sniffed
+by its first bytes (never by name alone): a photo, a video or a ZIP, else 415. File names are
+reduced to one safe component; the extension follows what the content is.
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from controller.api.errors import ApiError
+from controller.api.quota import Claim
 from controller.api.slow import Lane
 from controller.folder import Folder
+from controller.job.ledger import OverQuota
 from controller.volume import write_all
 
 MAX_JOB_PART = 1024**2
 MAX_PARTS = 10_000
+RECEIVE_AHEAD = 1024**2  # a body of no declared length reserves this much ahead of its bytes, as it fits
 FRAMING = MAX_JOB_PART + 4 * 1024**2  # body bytes that are not file content: the job part, part headers
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 IMAGE_EXT = {"jpeg": ".jpg", "png": ".png", "webp": ".webp", "bmp": ".bmp", "tiff": ".tif"}
@@ -75,21 +80,55 @@ def safe_name(raw: str, fmt: str, kind: str) -> str:
 @dataclass
 class Budget:
     """The bytes one request may leave on the volume, and those it has so far (``used``). ``why``
-    names the limit that sets ``cap``, for the 413."""
+    names the limit that sets ``cap``, for the 413.
+
+    ``claim``: the request's reservation in the tenant's quota ledger. The bytes it holds for the
+    request (``held``) are taken there before they are written, checked against ``quota.stored``
+    with everything the area holds and other requests have reserved at that moment — the cap alone
+    was decided before they reserved anything. Without a claim, ``held`` is the most ever used."""
 
     cap: int
     why: str
     used: int = 0
+    held: int = 0
+    claim: Claim | None = field(default=None, repr=False, compare=False)
 
     @property
     def left(self) -> int:
         return self.cap - self.used
 
-    def charge(self, n: int, what: str, file: str) -> None:
-        """``n`` more bytes of ``what`` (a file or an archive's entry), before they are written."""
+    def charge(self, n: int, what: str, file: str, ahead: int = 0) -> None:
+        """``n`` more bytes of ``what`` (a file or an archive's entry), before they are written;
+        ``ahead``: how many more to reserve at once when the ledger is asked (as they fit)."""
         if self.used + n > self.cap:
             raise too_large(self, what, file)
+        self.hold(self.used + n, what, file, ahead)
         self.used += n
+
+    def hold(self, upto: int, what: str, file: str | None, ahead: int = 0) -> None:
+        """At least ``upto`` bytes held for the request (a ledger transaction only when that is more
+        than it holds); 413 naming ``what`` when the tenant's stored quota has no room for them."""
+        if upto <= self.held:
+            return
+        if self.claim is None:
+            self.held = upto
+            return
+        try:
+            self.held += self.claim.hold(upto - self.held, max(min(ahead, self.cap - upto), 0))
+        except OverQuota:
+            raise ApiError(
+                413, "too_large",
+                f"{what} would pass what is left of this tenant's stored quota (quota.stored, {self.claim.limit} "
+                "bytes, less what its area holds and its other requests are writing)",
+                file=file,
+            ) from None  # fmt: skip
+
+    def let_go(self) -> None:
+        """The claim's lent descriptor closed (a worker process's copy) and the claim dropped: the
+        budget goes back to the API as numbers."""
+        if self.claim is not None:
+            self.claim.lent.close()
+            self.claim = None
 
     def release(self, n: int) -> None:
         """Bytes removed again (an archive, once unpacked)."""
@@ -183,7 +222,7 @@ class _Receiver:
             return
         part = self.part
         assert part is not None and self.fd >= 0
-        self.budget.charge(len(chunk), f"{part.field} file {part.shown!r}", part.shown)
+        self.budget.charge(len(chunk), f"{part.field} file {part.shown!r}", part.shown, RECEIVE_AHEAD)
         if len(part.head) < 16:
             part.head += chunk[: 16 - len(part.head)]
         part.size += len(chunk)

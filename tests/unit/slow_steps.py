@@ -1,6 +1,7 @@
-"""A slow step that a test holds shut from outside the worker process that runs it: the API's glob
-check (controller/api/submit.py ``checked_json_apart``) waiting, for tenant acme only, on a lock the
-test holds. Top-level, so the API can send it to its slow workers by name (controller/api/slow.py)."""
+"""Slow steps that a test holds shut from outside the worker process that runs them: the API's glob
+check (controller/api/submit.py ``checked_json_apart``, for tenant acme only) and an upload's
+unpacking (``unpack_targets``) waiting on a lock the test holds. Top-level, so the API can send them
+to its slow workers by name (controller/api/slow.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 
 from controller.api import submit
 from controller.api.area import Area
+from controller.api.slow import Lent
+from controller.api.uploads import Budget, Part
 from controller.config import Config
 
 GATE = "gate"  # in the data root: the test holds it locked; a held step waits for a shared lock on it
@@ -39,3 +42,17 @@ def held_checked_json(config: Config, area: Area, data: object) -> tuple[str, st
         finally:
             os.close(gate_fd)
     return submit.checked_json_apart(config, area, data)
+
+
+def held_unpack_targets(config: Config, lent: Lent, files: list[Part], budget: Budget) -> submit.Targets:
+    """An upload's unpacking (controller/api/submit.py ``unpack_targets``) held at the gate first,
+    so that several uploads have all been received before any of them unpacks."""
+    fd = os.open(config.data_root / BEGAN, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.write(fd, b".")
+    os.close(fd)
+    gate_fd = os.open(config.data_root / GATE, os.O_RDONLY)
+    try:
+        fcntl.flock(gate_fd, fcntl.LOCK_SH)  # until the test opens the gate
+    finally:
+        os.close(gate_fd)
+    return submit.unpack_targets(config, lent, files, budget)

@@ -1,19 +1,26 @@
 """Per-tenant fairness (controller/api/fairness.py): a tenant's request rate and requests in flight,
 refused with 429, Retry-After and the RateLimit headers before the body is read, without touching
-another tenant; the buckets on an injected clock, then through the real API."""
+another tenant; the buckets on an injected clock, then through the real API (requests held open
+in flight by a glob check waiting on a gate the test holds)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
+from controller.api import submit
 from controller.api.errors import ApiError
 from controller.api.fairness import Fairness
 from controller.apiconfig import Quota, Tenant
 from controller.errors import ConfigError
-from tests.builders import Env, beat, make_config, serve_api
+from tests.builders import JPEG, Env, api_env, beat, make_config, serve_api
+from tests.unit import slow_steps
+from tests.unit.test_api_group_commit import until
 
 
 def tenant(name: str = "acme", rps: float = 2.0, in_flight: int = 16) -> Tenant:
@@ -99,3 +106,55 @@ def test_the_limits_default_to_50_a_second_and_16_at_once(tmp_path: Path) -> Non
     config, _ = make_config(tmp_path)
     q = config.tenants["acme"].quota
     assert (q.requests_per_second, q.requests_in_flight) == (50.0, 16)
+
+
+IN_FLIGHT = 2
+
+
+@pytest.fixture
+def busy(tmp_path: Path) -> Iterator[Env]:
+    """acme and globex may each have IN_FLIGHT requests in flight (and a rate that never refuses)."""
+    yield from api_env(tmp_path, quota={"requests_per_second": 1000, "requests_in_flight": IN_FLIGHT})
+
+
+def test_a_tenants_requests_past_its_in_flight_cap_get_429_until_one_finishes_and_others_are_served(
+    busy: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # acme's glob checks wait, in the slow workers, on a gate this test holds shut
+    monkeypatch.setattr(submit, "checked_json_apart", slow_steps.held_checked_json)  # sent by name
+    for tenant in ("acme", "globex"):
+        with busy.client(tenant) as c:
+            assert c.get("/v1/jobs").status_code == 200  # the area is made on first use
+        (busy.area(tenant) / "crowd").mkdir()
+        (busy.area(tenant) / "crowd" / "0.jpg").write_bytes(JPEG)
+    job = {"source": "crowd/0.jpg", "targets": ["crowd/*.jpg"]}
+
+    def post() -> httpx.Response:
+        with busy.client() as c:
+            return c.post("/v1/jobs", json=job)
+
+    gate = slow_steps.gate(busy.root)
+    try:
+        with ThreadPoolExecutor(IN_FLIGHT) as clients:
+            held = [clients.submit(post) for _ in range(IN_FLIGHT)]
+            until(lambda: slow_steps.began(busy.root) == IN_FLIGHT, "acme's submits to be held")
+            with busy.client() as c:
+                r = c.get("/v1/jobs")
+            assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limited", r.text
+            assert "quota.requests_in_flight" in r.json()["error"]["message"]
+            assert r.headers["Retry-After"] == "1"
+            assert r.headers["RateLimit-Limit"] == "1000"  # the rate is not what refused it
+            assert int(r.headers["RateLimit-Remaining"]) > 0 and int(r.headers["RateLimit-Reset"]) >= 0
+            with busy.client("globex") as c:
+                assert c.get("/v1/jobs").status_code == 200
+                assert c.post("/v1/jobs", json=job).status_code == 202  # its glob is not held
+            os.close(gate)
+            gate = -1
+            assert held[0].result(timeout=30).status_code == 202  # one finished: the next passes
+            with busy.client() as c:
+                again = c.get("/v1/jobs")
+            assert again.status_code == 200 and again.headers["RateLimit-Limit"] == "1000"
+    finally:
+        if gate >= 0:
+            os.close(gate)
+    assert [h.result(timeout=30).status_code for h in held] == [202] * IN_FLIGHT

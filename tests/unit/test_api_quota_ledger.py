@@ -1,7 +1,8 @@
 """The per-tenant quota ledger (controller/job/ledger.py, controller/api/quota.py): job slots taken
 atomically by threads, processes and the real API at the quota's edge, given back when a job ends
-(`serve`) or a request is refused, counts that survive a restart, drift healed by the recount, and a
-submit whose cost does not grow with the tenant's queued jobs."""
+(`serve`) or a request is refused, counts that survive a restart, drift healed by the recount, bytes
+held for a request from a worker process, and a submit whose cost does not grow with the tenant's
+queued jobs."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,9 @@ import pytest
 
 from controller.api.area import Area
 from controller.api.errors import ApiError
-from controller.api.quota import QuotaBook, reserve_bytes
+from controller.api.quota import Claim, QuotaBook, claim, reserve_bytes
 from controller.config import Config, load_config
-from controller.job.ledger import Ledger
+from controller.job.ledger import Ledger, OverQuota
 from controller.run.metrics import Metrics
 from controller.serve.daemon import Outcome, Server
 from controller.serve.inbox import Inbox
@@ -304,3 +305,34 @@ def test_a_refused_submit_gives_its_slot_back(tmp_path: Path) -> None:
             assert ok.status_code == 202, ok.text
             assert c.post("/v1/jobs", json={"source": "me.jpg", "targets": ["me.jpg"]}).status_code == 429
     assert jobs_counted(Area(config.data_root, "acme")) == 1
+
+
+def _hold_in_child(claim: Claim, n: int) -> int:
+    """What a slow worker does with a request's lent reservation: bytes held, its copy closed."""
+    try:
+        return claim.hold(n)
+    finally:
+        claim.lent.close()
+
+
+def test_bytes_a_worker_process_holds_for_a_request_survive_a_recount_and_go_back_with_the_request(
+    setup: tuple[Config, Area],
+) -> None:
+    config, area = setup
+    tenant = config.tenants["acme"]
+    book = QuotaBook()
+    slot = book.reserve(config, tenant, area, nbytes=1000)
+    ctx = multiprocessing.get_context("forkserver")
+    with ProcessPoolExecutor(1, ctx) as worker:  # the reservation's descriptor lent, as to a slow worker
+        assert worker.submit(_hold_in_child, claim(slot, tenant, area), 600_000).result(timeout=60) == 600_000
+        with pytest.raises(OverQuota):  # 1 MiB is the quota: 601,000 held, 500,000 more do not fit
+            worker.submit(_hold_in_child, claim(slot, tenant, area), 500_000).result(timeout=60)
+    ledger = Ledger(area.root, area.tenant)
+    with ledger.transaction() as tx:  # a recount keeps what the live request holds
+        assert ledger.recount(tx, lambda jobs: jobs, 0.0).reserved == 601_000
+    with pytest.raises(ApiError) as e:  # another request sees them
+        book.reserve(config, tenant, area, nbytes=500_000)
+    assert e.value.status == 429
+    slot.release()
+    counts = ledger.read()
+    assert counts is not None and (counts.reserved, counts.jobs) == (0, 0)
