@@ -146,6 +146,15 @@ def _existing_claims(data_root: Path) -> set[str]:
     return found
 
 
+class Claimed(JobFileError):
+    """A job's output another live job claims: ``holder``, that job (serve looks whether it is a pack
+    cut while being made, whose claims would otherwise refuse its own jobs for ever)."""
+
+    def __init__(self, file: str, rels: list[str], holder: str) -> None:
+        super().__init__(file, "output", refusal(rels, holder))
+        self.holder = holder
+
+
 def refusal(rels: list[str], holder: str) -> str:
     shown = ", ".join(rels[:SHOWN]) + (f" and {len(rels) - SHOWN} more" if len(rels) > SHOWN else "")
     return (
@@ -203,7 +212,7 @@ def _claim_one(
             if holder == job:
                 return False
             if holder is not None and live(data_root, holder, _mtime(vol, path)):
-                raise JobFileError(file, "output", refusal([rel], holder)) from None
+                raise Claimed(file, [rel], holder) from None
             _take_aside(vol, path, holder)
             continue
         try:

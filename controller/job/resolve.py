@@ -173,7 +173,7 @@ def resolve_job(
             fence.check_overwrite(files, lambda r: resolver.isfile(written_real[r]), file)
         taken = claims.conflict(root, job, outputs)
         if taken is not None:
-            raise JobFileError(file, "output", claims.refusal(*taken))
+            raise claims.Claimed(file, *taken)
     return ResolvedJob(sources=sources, reference=reference, targets=tuple(targets), identities=identities)
 
 

@@ -22,6 +22,7 @@ from controller import log
 from controller.config import Config
 from controller.errors import CapacityError, FfswarmError, JobFileError, volume_full
 from controller.job import owners
+from controller.job.claims import Claimed
 from controller.job.paths import relative_text
 from controller.redact import printable
 from controller.run import job_lease, usecase
@@ -31,7 +32,7 @@ from controller.run.packed import pack_of
 from controller.run.report import Report, summary
 from controller.run.rundir import RunDir, read_nofollow
 from controller.run.usecase import SinkFactory
-from controller.serve import packs
+from controller.serve import packs, unmade
 from controller.serve.inbox import original_name
 from controller.serve.lanes import Lanes
 from controller.serve.packing import Member, Packer
@@ -156,7 +157,7 @@ def _run_job_file(config: Config, path: Path, metrics: Metrics, running: Running
         # a bad file is refused before Docker is asked; a tenant's job is resolved inside its area
         job = usecase.one_job(config, path) if tenant is None else usecase.one_job(config, path, tenant=tenant)
         rundir = RunDir(config.data_root, job.job_id)
-        pack = pack_of(rundir) if rundir.exists() else None
+        pack = pack_of(rundir)  # also in a half-made folder: its pack may have been cut while made
         if pack is not None and RunDir(config.data_root, pack).exists():
             return _packed_again(config, rundir, pack, metrics)
         if running.packer is not None and not rundir.exists() and running.packer.offer(Member(path, job, tenant)):
@@ -174,6 +175,10 @@ def _run_job_file(config: Config, path: Path, metrics: Metrics, running: Running
         report = usecase.run(config, backend, job, sinks, share=share)
     except CapacityError as e:
         return Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}", retry=True)
+    except Claimed as e:  # its outputs' claims may be a half-made pack's, made for this very job
+        if (again := _half_made(config, e.holder)) is not None:
+            return again
+        return Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}")
     except FfswarmError as e:
         return Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}")
     except Exception as e:  # one job's failure must not stop the controller or its other jobs
@@ -195,6 +200,8 @@ def _packed_again(config: Config, rundir: RunDir, pack: str, metrics: Metrics) -
     """A packed job's file claimed again (its controller stopped): the job ended with its pack, or
     the pack is continued here (its other jobs end with it; their files find their reports)."""
     done = rundir.report()
+    if done is None and (again := _half_made(config, pack)) is not None:
+        return again
     if done is None:
         if job_lease.holder(RunDir(config.data_root, pack)) is not None:  # another thread or controller has it
             return Outcome(False, f"its pack {pack} is being continued", retry=True, delay=SLOT_WAIT_SECONDS)
@@ -213,6 +220,19 @@ def _packed_again(config: Config, rundir: RunDir, pack: str, metrics: Metrics) -
     return Outcome(
         False, f"job {rundir.job} ended with failures (in {pack}): see {RunLayout.relative(rundir.job).report}"
     )
+
+
+def _half_made(config: Config, pack: str) -> Outcome | None:
+    """A job's pack (or the holder of its outputs' claims) half made (controller/serve/unmade.py):
+    unmade when it was cut, so the job's file, tried again, runs without it; looked at again later
+    while it may still be being made. None for any other pack."""
+    found = unmade.state(config, pack)
+    if found == unmade.CUT:
+        unmade.unmake(config, pack, DockerSwarm(config.docker_host))
+        return Outcome(False, f"its pack {pack}: {unmade.REASON}", retry=True)
+    if found == unmade.MAKING:
+        return Outcome(False, f"its pack {pack} is being made", retry=True, delay=SLOT_WAIT_SECONDS)
+    return None
 
 
 def _end_left_pack(config: Config, pack: str, metrics: Metrics) -> None:

@@ -1,0 +1,87 @@
+"""A pack whose `serve` was killed while it made the pack (controller/serve/unmade.py): its jobs'
+files, claimed again, run without it — none is refused for its own outputs or fails on a half-made
+folder, as the soak saw (every member of such a pack ended failed)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from controller.job.claims import conflict
+from controller.run import usecase
+from controller.run.metrics import Metrics
+from controller.run.packed import pack_of
+from controller.run.rundir import RunDir
+from controller.run.status import job_status
+from controller.serve import jobs, packs, unmade
+from tests.fakes import FakeSwarm
+from tests.unit.test_packs import members, rundir
+
+
+class Killed(BaseException):
+    """`serve` SIGKILLed: nothing after this point of the pack's making ran."""
+
+
+def cut_pack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> tuple[object, list, RunDir]:
+    """Jobs ``one`` and ``two`` packed; `serve` killed at job two's ``where`` ("packed": before its
+    folder was begun, "create": after its ``packed`` file, before the rest of its folder)."""
+    config, ms = members(tmp_path)
+    real_write, real_create = RunDir.write_file, RunDir.create
+
+    def write_file(self: RunDir, path: Path, data: bytes) -> None:
+        if where == "packed" and self.job == "two" and path == self.layout.packed:
+            raise Killed()
+        real_write(self, path, data)
+
+    def create(self: RunDir, *args: object) -> None:
+        if where == "create" and self.job == "two":
+            raise Killed()
+        real_create(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(RunDir, "write_file", write_file)
+    monkeypatch.setattr(RunDir, "create", create)
+    with pytest.raises(Killed):
+        packs.open_pack(config, FakeSwarm(), ms, config.data_root / "inbox" / "packs", 1)
+    monkeypatch.undo()
+    monkeypatch.setattr(jobs, "DockerSwarm", lambda _host: FakeSwarm())
+    pack = RunDir(config.data_root, str(pack_of(rundir(config, "one"))))
+    return config, ms, pack
+
+
+def age(pack: RunDir, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(pack.layout.members, (then, then))
+
+
+@pytest.mark.parametrize("where", ["create", "packed"])
+def test_a_pack_cut_while_made_frees_its_jobs_which_run_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    config, ms, pack = cut_pack(tmp_path, monkeypatch, where)
+    two = ms[1].job
+    assert unmade.state(config, pack.job) == unmade.MAKING  # young: it may still be being made
+    first = jobs.run_job_file(config, two.file, Metrics())
+    assert first.retry and not first.ok and "is being made" in (first.reason or "")
+    assert pack.report() is None  # a pack being made is never touched
+
+    age(pack, unmade.CUT_AFTER + 1)  # `serve` restarted, job two's file claimed again a minute on
+    assert unmade.state(config, pack.job) == unmade.CUT
+    again = jobs.run_job_file(config, two.file, Metrics())
+    assert again.retry and not again.ok, again  # not refused: tried again, now without the pack
+    assert "cut while it was being made" in (again.reason or "")
+    assert job_status(pack)["outcome"] == "cancelled"  # the pack ended, having run nothing
+    assert pack_of(rundir(config, "one")) is None and pack_of(rundir(config, "two")) is None
+    assert conflict(config.data_root, "two", ["out/two/b.jpg"]) is None  # its claims released
+    usecase.one_job(config, two.file)  # planned afresh: no output of its own refused as claimed
+    assert rundir(config, "one").exists()  # job one's complete folder runs as a job of its own
+    assert unmade.state(config, pack.job) is None
+
+
+def test_a_whole_pack_is_never_unmade(tmp_path: Path) -> None:
+    config, ms = members(tmp_path)
+    _, runner = packs.open_pack(config, FakeSwarm(), ms, config.data_root / "inbox" / "packs", 1)
+    age(runner.pack, unmade.CUT_AFTER + 1)
+    assert unmade.state(config, runner.pack.job) is None  # every member made: resumed, not unmade
