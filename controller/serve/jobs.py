@@ -26,11 +26,11 @@ from controller.job.claims import Claimed
 from controller.job.paths import relative_text
 from controller.redact import printable
 from controller.run import job_lease, usecase
-from controller.run.jobs import write_owner
+from controller.run.jobs import open_run, owner, write_owner
 from controller.run.metrics import Metrics
 from controller.run.packed import pack_of
 from controller.run.report import Report, summary
-from controller.run.rundir import RunDir, read_nofollow
+from controller.run.rundir import RunDir, Stage, read_nofollow
 from controller.run.usecase import SinkFactory
 from controller.serve import packs, unmade
 from controller.serve.inbox import original_name
@@ -213,6 +213,8 @@ def _packed_again(config: Config, rundir: RunDir, pack: str, metrics: Metrics) -
             return report_outcome(reports[rundir.job])
         done = rundir.report()
     else:
+        if (rundir.state() or {}).get("stage") != Stage.ENDED:  # its end was cut after its report
+            _end_again(config, rundir.job, done)
         _end_left_pack(config, pack, metrics)
     counts = (done or {}).get("counts") or {}
     if not any(counts.get(k) for k in ("failed", "cancelled", "chunks_failed", "chunks_cancelled")):
@@ -220,6 +222,17 @@ def _packed_again(config: Config, rundir: RunDir, pack: str, metrics: Metrics) -
     return Outcome(
         False, f"job {rundir.job} ended with failures (in {pack}): see {RunLayout.relative(rundir.job).report}"
     )
+
+
+def _end_again(config: Config, job: str, done: dict[str, object]) -> None:
+    """A packed job whose report was written but whose end stopped there (a full volume or a kill
+    before Stage.ENDED): its on_complete again (a webhook keeps its id: delivered once), then
+    ENDED and its lease let go — so its status no longer reads ``stopped`` for ever."""
+    rundir = RunDir(config.data_root, job, owner(config), config.controller_ids())
+    prepared, _ = open_run(config, job)
+    with job_lease.held(rundir):
+        usecase.call_hooks(config, prepared.spec.on_complete, rundir, Report.from_dict(done), rundir.layout.report)
+        rundir.enter(Stage.ENDED)
 
 
 def _half_made(config: Config, pack: str) -> Outcome | None:

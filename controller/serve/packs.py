@@ -269,12 +269,12 @@ class PackRun:
             webhooks.started(self.config, job.rundir, job.spec.on_complete, try_now=False)  # serve's deliverer sends it
         try:
             report = start(self.watch)
+            self.end_jobs(report.counts.cancelled > 0)
         except BaseException:  # the jobs are let go of: whoever gives up on them (or continues them) may take them
             for job in self._running():
                 if job.lease is not None:
                     job.lease.release()
             raise
-        self.end_jobs(report.counts.cancelled > 0)
         return {name: job.report for name, job in self.jobs.items() if job.report is not None}
 
     def end_jobs(self, cancelled: bool) -> None:

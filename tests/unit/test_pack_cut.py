@@ -1,9 +1,11 @@
-"""A pack whose `serve` was killed while it made the pack (controller/serve/unmade.py): its jobs'
-files, claimed again, run without it — none is refused for its own outputs or fails on a half-made
-folder, as the soak saw (every member of such a pack ended failed)."""
+"""Packs cut by a fault, as the soak found them: a pack whose `serve` was killed while it made the
+pack (controller/serve/unmade.py) — its jobs' files, claimed again, run without it, none refused for
+its own outputs or failed on a half-made folder — and a packed job whose end stopped after its
+report (a full volume) — ended when its file comes again, not left ``stopped``."""
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from pathlib import Path
@@ -14,11 +16,11 @@ from controller.job.claims import conflict
 from controller.run import usecase
 from controller.run.metrics import Metrics
 from controller.run.packed import pack_of
-from controller.run.rundir import RunDir
+from controller.run.rundir import RunDir, Stage
 from controller.run.status import job_status
 from controller.serve import jobs, packs, unmade
 from tests.fakes import FakeSwarm
-from tests.unit.test_packs import members, rundir
+from tests.unit.test_packs import commit, members, rundir
 
 
 class Killed(BaseException):
@@ -85,3 +87,33 @@ def test_a_whole_pack_is_never_unmade(tmp_path: Path) -> None:
     _, runner = packs.open_pack(config, FakeSwarm(), ms, config.data_root / "inbox" / "packs", 1)
     age(runner.pack, unmade.CUT_AFTER + 1)
     assert unmade.state(config, runner.pack.job) is None  # every member made: resumed, not unmade
+
+
+def test_a_packed_job_whose_end_stopped_after_its_report_ends_when_its_file_comes_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The volume filled up as the pack ended its job ``one``: its report was written, then ENOSPC
+    before it was marked ended. Its file, claimed again, ends it (the soak saw it stay ``stopped``)."""
+    config, ms = members(tmp_path)
+    swarm = FakeSwarm()
+    _, runner = packs.open_pack(config, swarm, ms, config.data_root / "inbox" / "packs", 1)
+    pack = runner.pack
+    swarm.on_end["c0000"] = lambda: (commit(pack, "i000000", "a", "one"), commit(pack, "i000001", "b", "two"))
+    real_enter = RunDir.enter
+
+    def enter(self: RunDir, stage: Stage) -> None:
+        if self.job == "one" and stage == Stage.ENDED:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_enter(self, stage)
+
+    monkeypatch.setattr(RunDir, "enter", enter)
+    with pytest.raises(OSError):
+        packs.resume(config, swarm, pack.job)
+    monkeypatch.undo()
+    one = rundir(config, "one")
+    assert one.report() is not None and job_status(one)["phase"] != "finished"  # the soak found it "stopped"
+    monkeypatch.setattr(jobs, "DockerSwarm", lambda _host: swarm)
+    outcome = jobs.run_job_file(config, ms[0].job.file, Metrics())
+    assert outcome.ok, outcome
+    assert job_status(one)["phase"] == "finished" and job_status(one)["outcome"] == "succeeded"
+    assert (one.state() or {}).get("stage") == Stage.ENDED
