@@ -26,6 +26,7 @@ from controller.run.rundir import RunDir
 __all__ = ["INTERVAL", "Lease", "LeaseHeld", "Record", "held", "holder", "read", "rfc3339"]
 
 INTERVAL = 5.0  # seconds between heartbeats
+TAKE_WAIT = 10.0  # seconds acquire() waits for another controller's take-over to show before "try again"
 
 
 class LeaseHeld(CapacityError):
@@ -73,7 +74,9 @@ class Lease:
 
     def acquire(self) -> None:
         """Take the lease, or raise LeaseHeld naming who holds it."""
-        for _ in range(3):  # each round: another controller created or took the lease meanwhile
+        deadline = time.monotonic() + TAKE_WAIT
+        pause = 0.005
+        while True:  # each round: another controller created, took or is taking the lease meanwhile
             if leases.create(self.path, self._record()):
                 return
             now = self.clock()
@@ -84,7 +87,10 @@ class Lease:
                 raise LeaseHeld(self.rundir.job, current)
             if leases.take_over(self.path, current, self._record(), now):  # expired or unreadable
                 return
-        raise CapacityError(f"job {self.rundir.job}: its lease could not be taken; try again")
+            if time.monotonic() >= deadline:
+                raise CapacityError(f"job {self.rundir.job}: its lease could not be taken; try again")
+            time.sleep(pause)  # another taker is between its mark and its write: its lease shows next round
+            pause = min(pause * 2, 0.25)
 
     def renew(self) -> bool:
         """A new heartbeat; False (and no write) once another controller holds the lease."""

@@ -244,3 +244,28 @@ def test_a_lease_write_that_meets_a_full_volume_leaves_no_temporary_file(
     with pytest.raises(OSError, match="No space left"):
         write(path, Record(Owner.me(), time.time(), 5.0))
     assert os.listdir(tmp_path) == []
+
+
+def test_a_controller_meeting_a_take_over_in_progress_waits_and_names_its_winner(tmp_path: Path) -> None:
+    """Another controller has marked the expired lease and not yet written its own (a slow volume, a
+    busy machine): this one waits to see the winner instead of failing with "try again"."""
+    rd = run_folder(tmp_path)
+    seen = _expired(rd.layout.lease)
+    key = hashlib.sha256(seen.to_json()).hexdigest()[:32]
+    marker = rd.layout.lease.with_name(f".{rd.layout.lease.name}.takeover.{key}")
+    os.link(rd.layout.lease, marker)  # the other taker's mark, made just now
+    winner = _far(7)
+
+    def finish() -> None:
+        time.sleep(0.3)
+        leases.write(rd.layout.lease, Record(winner, time.time(), 5.0, 0, time.time()))
+        marker.unlink()
+
+    t = threading.Thread(target=finish)
+    t.start()
+    try:
+        with pytest.raises(job_lease.LeaseHeld) as held:
+            job_lease.Lease(rd).acquire()
+    finally:
+        t.join()
+    assert held.value.holder.owner == winner
