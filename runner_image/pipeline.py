@@ -55,6 +55,10 @@ class Engine:
     provider: str
     writer: safefs.Writer | None = None  # names temporary files (the worker gives the chunk's)
     journal: Callable[[Intent], None] | None = None  # told each output just before its rename
+    # Why this attempt may commit nothing more (a later attempt of the chunk has started), or None:
+    # asked just before each commit, so an attempt given up while an item was in flight (its node
+    # paused, then back) does not commit what the later attempt commits too.
+    superseded: Callable[[], str | None] = lambda: None
     # A version 2 manifest (job-file ``pairs``): each person's processors, bound to their identity,
     # and why a person has none (no face in a source photo …): their items fail with that reason.
     people: Mapping[str, tuple[Processor, ...]] = field(default_factory=dict)
@@ -147,11 +151,15 @@ class _ItemRun:
         if item.kind == "video":  # a segment of a video target: the same steps on every frame
             steps = video.FrameSteps(eng.detector, self._select, chain, self.timed, self.add)
             if not is_s3(item.input):
-                status, output, count, digest = video.process_segment(item, eng.root, steps, eng.outputs())
+                status, output, count, digest = video.process_segment(
+                    item, eng.root, steps, eng.outputs(), before=self._fence
+                )
                 return Outcome(status, output, count, digest)
             self.current = "fetch"  # a failure names the input
             with self._store().seekable(item.input) as copy:
-                status, output, count, digest = video.process_segment(item, eng.root, steps, eng.outputs(), copy)
+                status, output, count, digest = video.process_segment(
+                    item, eng.root, steps, eng.outputs(), copy, self._fence
+                )
             return Outcome(status, output, count, digest)
         ext = media.check_output_format(item.output)
         with eng.root.fd() as root_fd:
@@ -204,12 +212,22 @@ class _ItemRun:
             return self._store().commit(item.output, data, item.id, eng.attempt, overwrite, journal)
         return eng.outputs().write(root_fd, item.output, data, overwrite, journal)
 
-    def _journal(self, status: ItemStatus, count: int) -> Callable[[safefs.Digest], None] | None:
-        """What the commit tells the engine's journal just before the rename (None: no journal)."""
+    def _journal(self, status: ItemStatus, count: int) -> Callable[[safefs.Digest], None]:
+        """What the commit does just before the rename or PUT: the fence, then the engine's journal."""
         journal, item = self.engine.journal, self.item
-        if journal is None:
-            return None
-        return lambda d: journal(Intent(item.id, item.output, status, count, d.size, d.sha256))
+
+        def before(d: safefs.Digest) -> None:
+            self._fence(d)
+            if journal is not None:
+                journal(Intent(item.id, item.output, status, count, d.size, d.sha256))
+
+        return before
+
+    def _fence(self, _: safefs.Digest | None = None) -> None:
+        """Superseded (the item unrecorded, its temporary output removed) once a later attempt of
+        the chunk has started: that attempt commits the item."""
+        if (why := self.engine.superseded()) is not None:
+            raise Superseded(why)
 
     def _select(self, image: np.ndarray, found: list[faces.Face]) -> list[faces.Face]:
         """The job's faces and selector (selector.py), for a photo and for each frame of a video."""
@@ -254,7 +272,8 @@ def run_items(
 ) -> None:
     """Process ``items`` with up to ``inflight`` at once; ``on_result`` runs on this thread. Before
     each item is taken, ``superseded`` says why no more may be (a later attempt of the chunk has
-    started): then the items in flight end and are recorded, and Superseded is raised."""
+    started; the engine's fence asks the same before each commit): then the items in flight end,
+    those that committed are recorded (the others commit nothing), and Superseded is raised."""
     pending = list(items)
     if inflight <= 1 or len(pending) == 1:
         for item in pending:
@@ -266,6 +285,7 @@ def run_items(
     pool = cf.ThreadPoolExecutor(max_workers=inflight, thread_name_prefix="item")
     running: set[cf.Future[ItemResult]] = set()
     stopped: str | None = None
+    fenced: str | None = None  # an item in flight that committed nothing
     try:
         for item in queue:
             running.add(pool.submit(process_one, engine, item))
@@ -274,12 +294,15 @@ def run_items(
         while running:
             done, running = cf.wait(running, return_when=cf.FIRST_COMPLETED)
             for future in done:
-                on_result(future.result())  # re-raises a chunk-level error (or Terminated)
+                try:
+                    on_result(future.result())  # re-raises a chunk-level error (or Terminated)
+                except Superseded as e:  # its commit was fenced off; the others in flight still end
+                    stopped = fenced = stopped or str(e)
                 stopped = stopped or superseded()
                 nxt = None if stopped is not None else next(queue, None)
                 if nxt is not None:
                     running.add(pool.submit(process_one, engine, nxt))
-        if stopped is not None and next(queue, None) is not None:
+        if fenced is not None or (stopped is not None and next(queue, None) is not None):
             raise Superseded(stopped)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

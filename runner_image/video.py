@@ -58,11 +58,17 @@ class FrameSteps:
 
 
 def process_segment(
-    item: Item, root: DataRoot, steps: FrameSteps, writer: safefs.Writer | None = None, copy: Path | None = None
+    item: Item,
+    root: DataRoot,
+    steps: FrameSteps,
+    writer: safefs.Writer | None = None,
+    copy: Path | None = None,
+    before: Callable[[safefs.Digest], None] | None = None,
 ) -> tuple[ItemStatus, str | None, int, safefs.Digest]:
     """Swap faces in the item's frame range; returns (status, output, faces swapped in total, what
     was committed). A segment belongs to the job's own run folder, so it replaces what is there.
-    ``copy``: the input as a file on the tmpfs (an s3:// video, objects.py), read instead of the volume."""
+    ``copy``: the input as a file on the tmpfs (an s3:// video, objects.py), read instead of the volume.
+    ``before``: told the digest just before the rename (the engine's fence), as safefs.Writer.temp."""
     seg = item.segment
     if seg is None:
         raise ItemError("video item without a segment")
@@ -70,7 +76,7 @@ def process_segment(
     with root.fd() as rfd:
         src = os.open(copy, safefs.INPUT_FLAGS) if copy is not None else safefs.open_input(rfd, item.input)[0]
         try:
-            with writer.temp(rfd, item.output, replace=True) as tmp:
+            with writer.temp(rfd, item.output, replace=True, before=before) as tmp:
                 src_path = f"/proc/self/fd/{src}"
                 names = {tmp.path: user_path(item.output), src_path: user_path(item.input)}  # in ffmpeg's words
                 scale = processors.scale(steps.processors)  # a frame enhancer's: every frame that much larger

@@ -200,6 +200,15 @@ def _run_pending(
         vector = source_identity(inv.root, manifest, loaded, logger, store)
         chain = tuple(processors.build(manifest, loaded, vector))
     journal = ResultsLog(inv.root.path(str(manifest.layout.commits(manifest.chunk, inv.attempt))))
+    later = inv.root.path(str(manifest.layout.results(manifest.chunk, inv.attempt + 1)))
+
+    def superseded() -> str | None:
+        """The controller makes each attempt's results file before its service: once the next
+        attempt's is there, this one was given up."""
+        if not os.path.lexists(later):
+            return None
+        return f"attempt {inv.attempt + 1} of chunk {manifest.chunk} has started: this attempt commits no more"
+
     engine = pipeline.Engine(
         root=inv.root,
         manifest=manifest,
@@ -215,6 +224,7 @@ def _run_pending(
         journal=lambda intent: journal.append_line(intent.to_line()),
         objects=store,
         genderage=loaded.genderage,
+        superseded=superseded,
     )
     failed = 0
 
@@ -231,15 +241,6 @@ def _run_pending(
             reason=result.reason,
             seconds=round(result.finished - result.started, 4),
         )
-
-    later = inv.root.path(str(manifest.layout.results(manifest.chunk, inv.attempt + 1)))
-
-    def superseded() -> str | None:
-        """The controller makes each attempt's results file before its service: once the next
-        attempt's is there, this one was given up."""
-        if not os.path.lexists(later):
-            return None
-        return f"attempt {inv.attempt + 1} of chunk {manifest.chunk} has started: this attempt takes no more items"
 
     with journal:
         pipeline.run_items(engine, pending, inflight(loaded.provider, loaded.threads), record, superseded)

@@ -3,6 +3,7 @@ stand-in pack: once its models are loaded, and again at the end with the exit ki
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -109,9 +110,41 @@ def test_an_attempt_given_up_for_a_later_one_takes_no_more_items(data: Path, mon
     assert run(data, write_manifest(data, names)) == 75
     record = record_of(data)
     assert record.exit == "TEMPORARY"
-    assert record.reason == "attempt 2 of chunk c0001 has started: this attempt takes no more items"
+    assert record.reason == "attempt 2 of chunk c0001 has started: this attempt commits no more"
     lines = (data / "runs" / JOB / "results" / "c0001.a1.jsonl").read_text().splitlines()
     written = sorted(p.name for p in (data / "out").iterdir())
     assert 1 <= len(lines) < len(names)  # the items in flight when it saw attempt 2, no more
     assert len(written) == record.items_done == len(lines)  # each output it wrote is recorded
     assert temp_files(data) == []
+
+
+def test_an_attempt_given_up_with_items_in_flight_commits_none_of_them(
+    data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempt 1's node was paused mid-item and the controller started attempt 2; when attempt 1 comes
+    back, the items it holds are encoded but not committed: attempt 2 commits each of them, once."""
+    real = pipeline.media.encode_output
+    a2 = data / "runs" / JOB / "results" / "c0001.a2.jsonl"
+
+    def attempt_2_starts_meanwhile(*args: Any, **kw: Any) -> Any:
+        out = real(*args, **kw)
+        a2.touch()
+        return out
+
+    names = ["astronaut.jpg", "face_00.jpg", "face_02.jpg"]
+    manifest = write_manifest(data, names)
+    with monkeypatch.context() as m:
+        m.setattr(pipeline.media, "encode_output", attempt_2_starts_meanwhile)
+        assert run(data, manifest) == 75
+    assert record_of(data).reason == "attempt 2 of chunk c0001 has started: this attempt commits no more"
+    results = data / "runs" / JOB / "results"
+    assert not (results / "c0001.a1.jsonl").read_text()  # nothing recorded …
+    assert not (data / "out").exists() or not list((data / "out").iterdir())  # … nor written
+    journal = results / "c0001.a1.commits"
+    assert not journal.exists() or not journal.read_text()  # … nor journaled
+    assert temp_files(data) == []
+    a2.unlink()
+    assert run(data, manifest, attempt=2) == 0
+    lines = [json.loads(x) for x in (results / "c0001.a2.jsonl").read_text().splitlines()]
+    assert sorted(x["status"] for x in lines) == ["ok"] * 3 and not any(x.get("cached") for x in lines)
+    assert len(list((data / "out").iterdir())) == 3

@@ -20,7 +20,7 @@ from controller.job.plan import TargetRef
 from controller.job.resolve import resolve_job
 from controller.policy import Limits
 from runner_image import video as rvideo
-from runner_image.errors import ItemError
+from runner_image.errors import ItemError, Superseded
 from runner_image.volume import DataRoot
 from tests.unit.test_video import STEPS, make_clip
 
@@ -176,3 +176,21 @@ def test_the_probe_reports_the_format_it_refuses(tmp_path: Path) -> None:
         with pytest.raises(video.ProbeError, match="not a video format ffswarm reads"):
             video.parse_probe(json.dumps({**probe, "format": {"format_name": name}}))
     assert video.parse_probe(json.dumps({**probe, "format": {"format_name": "avi"}})).demuxer == "avi"
+
+
+def test_a_segment_fenced_off_at_its_commit_leaves_no_file(tmp_path: Path) -> None:
+    """The engine's fence (a later attempt of the chunk has started) refuses the segment's rename: the
+    encoded segment is neither committed nor left as a temporary file; without the fence it commits."""
+    make_clip(tmp_path / "in" / "v.mkv", seconds=1)
+    ref = refs(tmp_path)["v.mkv"]
+    item = Item("i0-s0000", "/data/in/v.mkv", "/data/runs/j/segments/s.mp4", kind="video", segment=ref.segments[0])
+
+    def fence(_: object) -> None:
+        raise Superseded("attempt 2 of chunk c0001 has started: this attempt commits no more")
+
+    with pytest.raises(Superseded):
+        rvideo.process_segment(item, DataRoot(tmp_path), STEPS, before=fence)
+    assert list((tmp_path / "runs" / "j" / "segments").iterdir()) == []
+    seen: list[int] = []
+    _, out, _, digest = rvideo.process_segment(item, DataRoot(tmp_path), STEPS, before=lambda d: seen.append(d.size))
+    assert seen == [digest.size] and [p.name for p in (tmp_path / "runs" / "j" / "segments").iterdir()] == ["s.mp4"]
