@@ -85,7 +85,8 @@ def setup(
                 structlog.processors.JSONRenderer(),
             ],
             wrapper_class=structlog.make_filtering_bound_logger(level),
-            logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+            # sys.stderr as it is at each call: a stream swapped since setup (and closed) is never written
+            logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),
             cache_logger_on_first_use=False,
         )
         return None

@@ -72,7 +72,7 @@ class Api:
         area = self._areas.get(key)
         if area is None:
             area = self._areas[key] = Area(self.config.data_root, tenant.name, tenant.s3)
-        area.ensure(self.runner_ids)
+        area.ensure(self.runner_ids, self.config.controller_ids())
         return area
 
     def tenant(self, request: Request) -> Tenant:

@@ -76,22 +76,24 @@ class Area:
         self.index = JobIndex(self.volume, tenant)
         self._runners_said = False  # whether the log said once that the area's top is the runner's
 
-    def ensure(self, runner: tuple[int, int] | None) -> None:
+    def ensure(self, runner: tuple[int, int] | None, keeper: tuple[int, int] | None = None) -> None:
         """Create the area and the record folders, all the API's own. The area's top is never the
         runner's (access.own_area): one an older ffswarm gave the runner (``runner``: its uid:gid)
-        is taken back when the API runs as root, else left as it is and logged once."""
+        or a root `serve` made as root's is handed to ``keeper`` (controller_user: the API's own ids)
+        when the API runs as root, else left as it is and logged once."""
         top = DataRootLayout.host(self.root)
         self._own_folder(top.tenants)
-        found = access.own_area(self.root, self.rel, runner)
+        found = access.own_area(self.root, self.rel, runner, keeper)
         if found is access.AreaTop.TAKEN_BACK:
             _log.info("api_area_taken_back", tenant=self.tenant, area=self.rel)
-        elif found is access.AreaTop.RUNNERS and not self._runners_said:  # looked at on each request, said once
+        elif found in (access.AreaTop.RUNNERS, access.AreaTop.ROOTS) and not self._runners_said:  # said once
             self._runners_said = True
             _log.warning(
-                "api_area_runners",
+                "api_area_runners" if found is access.AreaTop.RUNNERS else "api_area_roots",
                 tenant=self.tenant,
                 area=self.rel,
-                why="the runner's uid owns the area's top and only root may take it back: chown it to the API's user",
+                why=f"the {found.value} uid owns the area's top and only root may hand it over: "
+                f"chown it to the API's user ({os.geteuid()}:{os.getegid()})",
             )
         for folder in (top.records, self.records):
             self._own_folder(folder)

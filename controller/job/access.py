@@ -198,6 +198,7 @@ class AreaTop(Enum):
     OURS = "ours"  # this process's (made now, or so already): the runner cannot write there
     TAKEN_BACK = "taken back"  # it was the runner's uid's (an older ffswarm made it so), now this process's
     RUNNERS = "runner's"  # the runner's uid's still: only root may take it back
+    ROOTS = "root's"  # made by a root serve for a non-root keeper (the API cannot add uploads/): root hands it over
 
 
 def area_of(folder: str) -> str | None:
@@ -206,17 +207,27 @@ def area_of(folder: str) -> str | None:
     return "/".join(parts[:2]) if len(parts) >= 2 and parts[0] == TENANTS and TENANT.fullmatch(parts[1]) else None
 
 
-def own_area(root: Path, area: str, runner: Ids | None) -> AreaTop:
-    """Make a tenant's ``area`` (``tenants/<t>``, relative to ``root``) if missing, as this process's
-    folder, mode 0755 whatever the umask (runners read their inputs below it), never the runner's:
-    only the folders its outputs go to are. An area the runner's uid owns (an older ffswarm made it
-    so) is taken back (fchown, fchmod through a descriptor opened without following a link) when this
-    process runs as root; else it is left as it is and RUNNERS says so. The API calls this on every
-    request and serve before it makes output folders in an area, so both leave the area alike.
-    UnsafePath for a link or a file where the area should be: never followed."""
+def own_area(root: Path, area: str, runner: Ids | None, keeper: Ids | None = None) -> AreaTop:
+    """Make a tenant's ``area`` (``tenants/<t>``, relative to ``root``) if missing, as ``keeper``'s
+    folder (the controller's ids, Config.controller_ids(): the API runs as them, so it can add
+    ``uploads/``; default this process's), mode 0755 whatever the umask (runners read their inputs
+    below it), never the runner's: only the folders its outputs go to are. An area someone else owns
+    (the runner's uid, as an older ffswarm made it; root, as a root `serve` made it before it knew
+    the keeper) is handed to the keeper (fchown, fchmod through a descriptor opened without following
+    a link) when this process runs as root; else it is left as it is and RUNNERS or ROOTS says so.
+    The API calls this on every request and serve before it makes output folders in an area, so both
+    leave the area alike. UnsafePath for a link or a file where the area should be: never followed."""
+    me = (os.geteuid(), os.getegid())
+    keeper = keeper or me
 
-    def runners(st: os.stat_result) -> bool:
-        return runner is not None and st.st_uid == runner[0] != os.geteuid()
+    def state(st: os.stat_result) -> AreaTop:
+        if st.st_uid == keeper[0] or st.st_uid == me[0] != 0:
+            return AreaTop.OURS
+        if runner is not None and st.st_uid == runner[0]:
+            return AreaTop.RUNNERS
+        if st.st_uid == 0:
+            return AreaTop.ROOTS
+        return AreaTop.OURS  # another non-root user's (an api given its own --api-user): left to it
 
     try:
         st = os.lstat(root / area)  # there already on every request but the first: nothing opened then
@@ -224,25 +235,27 @@ def own_area(root: Path, area: str, runner: Ids | None) -> AreaTop:
         st = None
     if st is not None and not stat.S_ISDIR(st.st_mode):
         raise UnsafePath(f"{area} is not a folder (never followed)")
-    if st is not None and not runners(st):
+    if st is not None and state(st) is AreaTop.OURS:
         return AreaTop.OURS
     volume = Volume(root)
+    give = keeper if me[0] == 0 and keeper != me else None
     if st is None:
-        volume.mkdirs(TENANTS, None, 0o755)  # runners pass through it (a CLI job's, to outputs it names)
-        volume.mkdirs(area, None, AREA_MODE, exact=True)  # made by another process meanwhile: left as it is
+        volume.mkdirs(TENANTS, give, 0o755)  # runners pass through it (a CLI job's, to outputs it names)
+        volume.mkdirs(area, give, AREA_MODE, exact=True)  # made by another process meanwhile: left as it is
     fd = volume.open_dir(area, "owning the tenant's area")
     try:
-        if not runners(os.fstat(fd)):
+        found = state(os.fstat(fd))
+        if found is AreaTop.OURS:
             return AreaTop.OURS
-        if os.geteuid() != 0:
-            return AreaTop.RUNNERS
-        own(fd, (os.geteuid(), os.getegid()), AREA_MODE, area)
+        if me[0] != 0:
+            return found
+        own(fd, keeper, AREA_MODE, area)
         return AreaTop.TAKEN_BACK
     finally:
         os.close(fd)
 
 
-def make_folders(root: Path, folders: Iterable[str], owner: Ids | None) -> list[str]:
+def make_folders(root: Path, folders: Iterable[str], owner: Ids | None, keeper: Ids | None = None) -> list[str]:
     """Create each folder (relative to `root`, parents included) through controller/volume.py: one
     component at a time, never through a symlink, so a component swapped for a link since the check
     is refused, never followed out of the root. What is made here is handed to `owner` (the runner)
@@ -260,7 +273,7 @@ def make_folders(root: Path, folders: Iterable[str], owner: Ids | None) -> list[
         area = area_of(folder)
         if area is not None and area not in areas:
             areas.add(area)
-            own_area(root, area, owner)
+            own_area(root, area, owner, keeper)
         try:
             made_here += volume.mkdirs(folder, chown, OUTPUT_DIR_MODE)
         except UnsafePath as e:

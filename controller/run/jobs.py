@@ -333,7 +333,7 @@ def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
     """The job's run folder (created unless it exists). Its identity is still pending: supervise()
     runs the identity step beside the first chunks (ensure_identity() for callers that don't).
     The job's missing output folders are made first, owned by the runner (checked in prepare)."""
-    made = access.make_folders(config.data_root, job.folders, owner(config))
+    made = access.make_folders(config.data_root, job.folders, owner(config), config.controller_ids())
     if job.resolved is not None:  # its outputs claimed cluster-wide (controller/job/claims.py)
         try:
             claims.claim(

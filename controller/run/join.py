@@ -222,7 +222,7 @@ def join_video(
                         ffmpeg_join.into(f.fileno())
                         got = store.commit_file(S3Url.parse(video.output), f, plan.job, video.id, 1, spec.overwrite)
                 return result(status, video.output, sha=(got.size, got.sha256))
-            access.make_folders(root, [posixpath.dirname(video.output)], rundir.owner)  # the runner's, as at submit
+            access.make_folders(root, [posixpath.dirname(video.output)], rundir.owner, rundir.controller_owner())
             ffmpeg_join.onto(volume, rundir.runner_owner())
     except (JoinError, MissingInputError, ObjectExists, ObjectChanged, ObjectMissing, ObjectTooLarge) as e:
         return result(ItemStatus.ERROR, None, f"{video.output}: {e}")

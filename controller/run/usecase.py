@@ -122,7 +122,12 @@ def resume(
         on_event = fan_out([make(rundir, job) for make in sinks])
         _uncancel(rundir, on_event)
         todo = Fold.read(job.plan, rundir).pending_chunks()
-        access.make_folders(config.data_root, access.check_plan(config, job.plan, todo, str(job.file)), owner(config))
+        access.make_folders(
+            config.data_root,
+            access.check_plan(config, job.plan, todo, str(job.file)),
+            owner(config),
+            config.controller_ids(),
+        )
         return supervise(config, backend, job, rundir, rundir.image(), on_event, on_round=on_round)
 
 

@@ -164,3 +164,31 @@ def test_an_api_not_running_as_root_leaves_a_runners_area_as_it_is_and_says_so_o
     assert as_uid(CONTROLLER_USER, api) == 0
     assert area.lstat().st_uid == RUNNER[0]
     assert (shared_root / "tenants" / ".jobs" / "acme").lstat().st_uid == CONTROLLER_USER[0]
+
+
+def test_an_area_a_root_serve_makes_first_is_controller_users_so_the_api_can_add_uploads(shared_root: Path) -> None:
+    """The stack's `serve` runs as root and its `api` as controller_user. When serve meets a tenant
+    first (a JSON job's output folders), it makes the area as controller_user's, not root's: the API,
+    not root, then adds ``uploads/`` (it answered 500 "cannot create folder" in the soak). An area an
+    older root serve left as root's is handed over the same way."""
+    access.make_folders(shared_root, ["tenants/acme/out/j1"], RUNNER, CONTROLLER_USER)  # serve, as root
+    access.make_folders(shared_root, ["tenants/beta/out/j1"], RUNNER)  # an older serve: the area root's
+    assert ids_and_mode(shared_root / "tenants" / "acme") == (*CONTROLLER_USER, 0o755)
+    assert (shared_root / "tenants").lstat().st_uid == CONTROLLER_USER[0]
+    assert (shared_root / "tenants" / "beta").lstat().st_uid == 0
+    found = access.own_area(shared_root, "tenants/beta", RUNNER, CONTROLLER_USER)  # its next job, as root
+    assert found is access.AreaTop.TAKEN_BACK
+    assert ids_and_mode(shared_root / "tenants" / "beta") == (*CONTROLLER_USER, 0o755)
+    assert (shared_root / "tenants" / "beta" / "out").lstat().st_uid == RUNNER[0]  # below the top: untouched
+
+    def api() -> int:
+        for tenant in ("acme", "beta"):
+            area = Area(shared_root, tenant)
+            area.ensure(RUNNER, CONTROLLER_USER)
+            (area.path / "uploads").mkdir()  # what the API's upload staging does first
+        return 0
+
+    assert as_uid(CONTROLLER_USER, api) == 0
+    for tenant in ("acme", "beta"):
+        assert (shared_root / "tenants" / tenant / "uploads").lstat().st_uid == CONTROLLER_USER[0]
+    assert access.own_area(shared_root, "tenants/acme", RUNNER, CONTROLLER_USER) is access.AreaTop.OURS
