@@ -343,6 +343,26 @@ def deterministic(root: Path, rounds: Sequence[Mapping[str, Mapping[str, str]]],
     return check
 
 
+# --- no internal error -----------------------------------------------------------------------------
+
+
+def no_internal_errors(answers: Mapping[str, int], fault_notes: Iterable[str]) -> Check:
+    """No request answered with a server error other than 503 (the full volume, serve down: said with
+    ``Retry-After``, by design): a 500 is a bug whatever the fault. ``answers``: ``"<kind> <code>"`` →
+    how many (the stream's); ``fault_notes``: what each fault saw (the upload a replica kill cut)."""
+    check = Check("no internal errors")
+    for key, n in sorted(answers.items()):
+        code = key.rpartition(" ")[2]
+        check.looked_at += n
+        if re.fullmatch(r"5[0-9][0-9]", code) and code != "503":
+            check.problems.append(f"{n} × {key}")
+    for note in fault_notes:
+        m = re.search(r"\banswered (5[0-9][0-9])\b", note)
+        if m and m[1] != "503":
+            check.problems.append(f"a fault's request: {note}")
+    return check
+
+
 # --- nothing committed twice, no other job's file touched ------------------------------------------
 
 

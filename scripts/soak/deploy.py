@@ -51,7 +51,6 @@ NODES = ("ffswarm-mgr", "ffswarm-w1", "ffswarm-w2")
 API_PORT = 8080
 CONTROLLER_IMAGE = os.environ.get("CONTROLLER_IMAGE", "ffswarm/controller:dev")
 CONTROLLER_USER = (10002, 10001)  # the API's uid; the runner's group, so it can add uploads/ to an area
-RUNNER = (10001, 10001)
 S3_PORT = 7480  # scripts/s3-server.sh's
 S3_NETWORK = "ffswarm-soak-s3"  # the attachable overlay network runners of s3:// jobs join
 S3_REGION = "us-east-1"
@@ -245,15 +244,15 @@ def write_config(
 
 def prepare_volume(c: Cluster) -> None:
     """What the API, running as controller_user and not root, needs on the volume before its first
-    request: ``tenants/`` its own, each tenant's area the runner's with the group allowed to write
-    (the API adds ``uploads/`` there), the inbox the API's."""
+    request: ``tenants/`` and each tenant's area its own, 0755 (the API adds ``uploads/`` there;
+    serve makes the runner's ``out/`` folders inside; docs/architecture.md), the inbox the API's."""
     tenants = c.data_root / "tenants"
     tenants.mkdir(mode=0o755, exist_ok=True)
     os.chown(tenants, *CONTROLLER_USER)
     for t in TENANTS:
         (tenants / t).mkdir(exist_ok=True)
-        os.chown(tenants / t, *RUNNER)
-        os.chmod(tenants / t, 0o2775)
+        os.chown(tenants / t, *CONTROLLER_USER)
+        os.chmod(tenants / t, 0o755)
     inbox = c.data_root / "inbox"
     inbox.mkdir(exist_ok=True)
     os.chown(inbox, *CONTROLLER_USER)

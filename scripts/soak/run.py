@@ -152,6 +152,7 @@ def run_checks(
     ref: dict[str, dict[str, str]],
     received: list[dict[str, Any]],
     store: deploy.ObjectStore | None,
+    faults: Faults | None = None,
 ) -> list[checks.Check]:
     statuses = wait_ended(stream, {a.job: a.tenant for a in record.accepted.values()}, 60)
     # (a request whose reference was not accepted fails the comparison: "no reference")
@@ -175,6 +176,7 @@ def run_checks(
         checks.left_in_swarm(services, containers),
         hooks,
         checks.usage_adds_up(totals, per_job),
+        checks.no_internal_errors(record.answers, [d.note for d in faults.done] if faults else []),
     ]
     if store is not None:
         inputs = [f"{t}/soak/" for t in TENANTS]
@@ -216,7 +218,7 @@ def soak(plan: Plan, keep: bool, no_faults: bool = False) -> int:
         wait_ended(stream, {a.job: a.tenant for a in record.accepted.values()}, DRAIN_S)
         drained = time.monotonic() - t_end
         wait_quiet(c, 600)
-        results = run_checks(c, stream, record, ref, receiver.received(), store)
+        results = run_checks(c, stream, record, ref, receiver.received(), store, faults)
         results.insert(0, determinism)
         return report(plan, record, faults, results, took, drained, len(receiver.received()))
     finally:

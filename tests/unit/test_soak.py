@@ -692,3 +692,13 @@ def test_a_packed_jobs_outputs_are_read_through_its_pack_and_never_another_jobs(
     assert checks.outputs(root, "soak-a", "j-1") == {"in/p.jpg": "tenants/soak-a/out/j-1/p.jpg"}
     write_run(root, "j-3", {}, packed="pack-abc\n")  # named by no member entry: sees nothing
     assert checks.outputs(root, "soak-a", "j-3") == {}
+
+
+def test_a_server_error_fails_the_soak_but_the_designed_503_does_not() -> None:
+    """A 500 is a bug whatever fault was in flight (the soak once saw ZIP uploads answered 500 while a
+    root serve held a tenant's area); 503 is the full volume's or serve's designed answer."""
+    assert checks.no_internal_errors({"photo 202": 40, "zip 503": 3, "error ConnectError": 2}, []).ok
+    assert checks.no_internal_errors({}, ["upload answered 503", "upload answered RemoteProtocolError"]).ok
+    found = checks.no_internal_errors({"photo 202": 40, "zip 500": 2}, ["upload answered 500"])
+    assert found.problems == ["2 × zip 500", "a fault's request: upload answered 500"]
+    assert found.looked_at == 42
