@@ -209,6 +209,15 @@ class Volume:
         finally:
             os.close(fd)
 
+    def mtime(self, path: str | PurePosixPath | Path) -> float | None:
+        """When ``path`` itself last changed (a link's own time, never its target's); None when it
+        cannot be looked at (missing, or a link on the way)."""
+        try:
+            with self.parent(path, "read") as (dfd, name):
+                return os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime
+        except (OSError, UnsafePath):
+            return None
+
     def read_trusted(
         self, folder: str | PurePosixPath | Path, name: str, trusted: Collection[int], limit: int, closed: int
     ) -> bytes | None:

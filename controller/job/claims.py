@@ -93,14 +93,6 @@ def _exists(vol: Volume, rel: str) -> bool:
     return True
 
 
-def _mtime(vol: Volume, rel: str) -> float | None:
-    try:
-        with vol.parent(rel, "read") as (dfd, name):
-            return os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime
-    except (OSError, UnsafePath):
-        return None
-
-
 DIRECT = 32  # outputs at most whose claims `conflict` reads one by one instead of listing every shard
 
 
@@ -124,7 +116,7 @@ def conflict(data_root: Path, job: str, outputs: Sequence[str]) -> tuple[list[st
         if holder is None or holder == job:
             continue
         if holder not in holders:
-            holders[holder] = live(data_root, holder, _mtime(vol, path))
+            holders[holder] = live(data_root, holder, vol.mtime(path))
         if holders[holder]:
             taken.setdefault(holder, []).append(rel)
     if not taken:
@@ -211,7 +203,7 @@ def _claim_one(
             holder = _read_holder(vol, path)
             if holder == job:
                 return False
-            if holder is not None and live(data_root, holder, _mtime(vol, path)):
+            if holder is not None and live(data_root, holder, vol.mtime(path)):
                 raise Claimed(file, [rel], holder) from None
             _take_aside(vol, path, holder)
             continue

@@ -41,11 +41,8 @@ def _rundir(config: Config, job: str) -> RunDir:
 
 
 def _age(pack: RunDir, now: float) -> float | None:
-    try:
-        with pack.volume.parent(pack.layout.members, "read") as (dfd, name):
-            return now - os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime
-    except (OSError, UnsafePath):
-        return None
+    made = pack.volume.mtime(pack.layout.members)
+    return None if made is None else now - made
 
 
 def _started(pack: RunDir) -> bool:
