@@ -1,9 +1,23 @@
-"""Watchers that sample the swarm in a background thread while a test drives a job."""
+"""Watchers that sample the swarm in a background thread while a test drives a job, and waiting on
+another thread or process with a deadline instead of a fixed sleep."""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
+
+PATIENCE = 30.0  # seconds: a loaded machine (CI builds an image beside the tests) may run a thread late
+
+
+def until(check: Callable[[], bool], what: str, seconds: float = PATIENCE) -> None:
+    """Return once ``check()`` holds; fail naming ``what`` if it does not within ``seconds``. For a
+    test that waits on another thread or process: it waits only as long as that one takes."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"still waiting for {what} after {seconds:g}s"
+        time.sleep(0.01)
 
 
 class Polling:

@@ -10,31 +10,44 @@ from pathlib import Path
 from controller.config import Config, parse_config
 from controller.run.metrics import Metrics
 from controller.serve.daemon import Inbox, Outcome, Server
+from tests.polling import until
+
+
+class Looks(Inbox):
+    """The inbox, counting how often the server has looked for waiting files."""
+
+    looks = 0
+
+    def waiting(self, now: float, limit: int | None = None) -> list[Path]:
+        self.looks += 1
+        return super().waiting(now, limit)
 
 
 def serve_once(tmp_path: Path, outcome: Outcome) -> tuple[Inbox, list[Path]]:
-    inbox = Inbox(tmp_path / "inbox")
+    inbox = Looks(tmp_path / "inbox")
     inbox.ensure()
     job = inbox.path / "a.yaml"
     job.write_text("name: a\n")
     old = time.time() - 10
     os.utime(job, (old, old))
     ran: list[Path] = []
-    done = threading.Event()
+    workers: list[threading.Thread] = []
 
     def run(config: Config, path: Path, metrics: Metrics) -> Outcome:
         ran.append(path)
-        done.set()
+        workers.append(threading.current_thread())
         return outcome
 
     config = parse_config(tmp_path / "ffswarm.yaml", {"data_root": str(tmp_path)})
     server = Server(config, inbox, Metrics(), poll=0.05, run=run, retry_after=60)
     t = threading.Thread(target=server.serve_forever, daemon=True)
     t.start()
-    assert done.wait(10)
-    time.sleep(0.5)  # let the job thread move the file and the loop take another look
+    until(lambda: bool(workers) and not workers[0].is_alive(), "the job thread to end")  # the file moved
+    seen = inbox.looks
+    until(lambda: inbox.looks >= seen + 2, "the loop to look at the inbox again")
     server.stop.set()
-    t.join(5)
+    t.join(30)
+    assert not t.is_alive()
     return inbox, ran
 
 
