@@ -21,6 +21,7 @@ from controller.run.jobs import PreparedJob, prepare
 from controller.run.metrics import Metrics
 from controller.serve.daemon import Inbox, Outcome, Server
 from tests import builders
+from tests.polling import until
 
 
 def data_root(tmp_path: Path) -> tuple[Config, Path]:
@@ -89,17 +90,13 @@ def test_the_heartbeat_is_removed_on_a_clean_stop_and_stale_ones_are_cleared(tmp
     server = Server(config, inbox, Metrics(), poll=0.05, run=run, heartbeat_every=0.1)
     t = threading.Thread(target=server.serve_forever, daemon=True)
     t.start()
-    deadline = time.monotonic() + 5
-    while not server.heartbeat.path.exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    until(server.heartbeat.path.exists, "serve's first heartbeat")
     first = json.loads(server.heartbeat.path.read_text())["updated"]
-    while json.loads(server.heartbeat.path.read_text())["updated"] <= first:  # rewritten while serving
-        assert time.monotonic() < deadline + 5
-        time.sleep(0.02)
+    until(lambda: json.loads(server.heartbeat.path.read_text())["updated"] > first, "a heartbeat rewritten")
     assert not stale.exists()
     server.stop.set()
-    t.join(5)
+    t.join(30)
+    assert not t.is_alive()
     assert not server.heartbeat.path.exists() and serving(inbox.path) == []
     assert list(stale.parent.iterdir()) == []  # no temporary left (while serving, one exists as each beat is written)
 

@@ -5,9 +5,9 @@ and ``serve`` and ``api`` say so once as they start (once for all of an API's wo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from controller.doctor import check_tenant_keys
 from controller.run.metrics import Metrics
 from controller.serve.daemon import Inbox, Outcome, Server
 from tests.builders import make_config
+from tests.polling import until
 from tests.unit.test_api_killed_upload import ApiProcess
 from tests.unit.test_cli_output import code, ffswarm
 
@@ -86,13 +87,17 @@ def serve_briefly(config: Config) -> None:
     server = Server(config, Inbox(config.data_root / "inbox"), Metrics(), poll=0.05, run=run, heartbeat_every=0.1)
     t = threading.Thread(target=server.serve_forever, daemon=True)
     t.start()
-    deadline = time.monotonic() + 5
-    while not server.heartbeat.path.exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    time.sleep(0.3)  # a few loops: the warning is the start's, not each loop's
+    beats: set[float] = set()
+
+    def beaten() -> bool:  # a few loops' beats: the warning is the start's, not each loop's
+        with contextlib.suppress(OSError, ValueError):
+            beats.add(json.loads(server.heartbeat.path.read_text())["updated"])
+        return len(beats) >= 3
+
+    until(beaten, "serve's first three heartbeats")
     server.stop.set()
-    t.join(5)
+    t.join(30)
+    assert not t.is_alive()
 
 
 @pytest.mark.parametrize(("acme", "warned"), [("s3://media/acme/", True), (None, False)])
