@@ -11,7 +11,6 @@ import io
 import os
 import socket
 import threading
-import time
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from controller.api.app import make_app
 from controller.config import Config, parse_config
 from controller.job.spec import JobSpec
 from controller.run.handover import HeartbeatFile
+from tests.polling import until
 
 JPEG = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + b"\x11" * 200
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x22" * 200
@@ -130,9 +130,9 @@ def serve_api(config: Config) -> Iterator[str]:
     server = uvicorn.Server(uvicorn.Config(make_app(config), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.time() + 10
-    while not server.started and time.time() < deadline:
-        time.sleep(0.02)
+    # a loaded machine may take seconds to start it: waited for (up to 30 s), never used unstarted
+    until(lambda: server.started or not thread.is_alive(), "the API to start")
+    assert server.started, "the API did not start (its thread ended)"
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
