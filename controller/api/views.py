@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
+from pathlib import Path
 from typing import Any
 
 from contract.layout import RECORDS, TENANTS, DataRootLayout
@@ -49,7 +51,7 @@ def _phase_row(config: Config, area: Area, job: str, cancelled: bool) -> dict[st
             row = status.job_status(rundir)
         except FfswarmError:
             row = {"job": job, "phase": "unreadable"}
-        if os.path.lexists(box / f"{job}.yaml"):  # handed back by POST …/retry
+        if os.path.lexists(box / f"{job}.yaml") or _claimed_again(box, job, row, rundir):  # POST …/retry
             row = {**row, "phase": "queued"}
             row.pop("reason", None)
         if isinstance(row.get("reason"), str):  # `serve` gave up on it: paths as the tenant knows them
@@ -64,6 +66,24 @@ def _phase_row(config: Config, area: Area, job: str, cancelled: bool) -> dict[st
         ended = _mtime(area.records / f"{job}.json")
         return {"job": job, "phase": "cancelled", "owner": area.tenant, "finished_at": status.utc(ended)}
     return {"job": job, "phase": "queued", "owner": area.tenant}
+
+
+def _claimed_again(box: Path, job: str, row: dict[str, Any], rundir: RunDir) -> bool:
+    """A job that ended, was handed back by POST …/retry and is claimed by serve (its file in
+    ``inbox/running/``, newer than its report) but not yet taken up again: it is queued, not the
+    run it was (a follower such as ``ffswarm retry`` would stop at the old end)."""
+    if row.get("phase") not in ("finished", "cancelled"):
+        return False
+    ended = _mtime(rundir.layout.report)
+    claimed = re.compile(re.escape(job) + r"\.[0-9a-f]{32}\.yaml")
+    try:
+        with os.scandir(box / "running") as entries:
+            return any(
+                claimed.fullmatch(e.name) and (ended is None or e.stat(follow_symlinks=False).st_mtime > ended)
+                for e in entries
+            )
+    except OSError:
+        return False
 
 
 def _mtime(path: os.PathLike[str]) -> float | None:

@@ -107,6 +107,8 @@ def test_a_retried_job_goes_back_to_serve_as_the_tenants_job_and_only_its_failed
     # serve claims it again: still the tenant's job, the run continues (outputs that exist are the
     # job's own: no overwrite refusal), and only the chunk with the failed item is pending
     claimed = claim(env.config, job)
+    with env.client() as c:  # claimed, not taken up yet: still queued, not the run it was (`ffswarm retry` follows it)
+        assert c.get(f"/v1/jobs/{job}").json()["phase"] == "queued"
     assert serve.job_owner(env.config, claimed) == "acme"
     prepared = usecase.one_job(env.config, claimed, tenant="acme")
     reopened, image = usecase.open_or_start(env.config, None, prepared)  # type: ignore[arg-type]
