@@ -93,9 +93,10 @@ class Outbox:
         return self.record_tenant(job)
 
     def tenant(self, job: str) -> str | None:
-        """Whose key signs the job's deliveries: its run folder's ``owner``, or for a run-less job
-        the tenant whose record holds it; None for a CLI job."""
-        return self.runless(job) or hooks.job_tenant(self.root, job)
+        """Whose key signs the job's deliveries: its run folder's ``owner``, or the tenant whose
+        record holds the job (a run-less job's; a run folder refused half made, before its
+        ``owner`` was written); None for a CLI job."""
+        return self.runless(job) or hooks.job_tenant(self.root, job) or self.record_tenant(job)
 
     def folder(self, job: str) -> Path:
         tenant = self.runless(job)

@@ -37,6 +37,7 @@ from controller.serve.inbox import original_name
 from controller.serve.lanes import Lanes
 from controller.serve.packing import Member, Packer
 from controller.serve.shares import Share, ShareBook
+from controller.storage.errors import StorageTemporaryError
 from controller.swarm.docker import DockerSwarm
 
 MAX_REASON_CHARS = 20_000
@@ -51,7 +52,7 @@ def kind(e: FfswarmError) -> str:
 class Outcome:
     ok: bool
     reason: str | None
-    retry: bool = False  # the swarm could not take the job now (exit 69): try again later, not failed/
+    retry: bool = False  # the swarm or the store could not take the job now (exit 69, 75): later, not failed/
     packed: bool = False  # held for a pack: the packer has the file now (controller/serve/packing.py)
     delay: float | None = None  # with retry: seconds before it is looked at again (None: the server's)
 
@@ -173,7 +174,7 @@ def _run_job_file(config: Config, path: Path, metrics: Metrics, running: Running
             sinks.insert(0, record_owner(tenant))
         share = join_book(config, running.book, job.job_id, tenant, job.spec.resources.gpus)
         report = usecase.run(config, backend, job, sinks, share=share)
-    except CapacityError as e:
+    except (CapacityError, StorageTemporaryError) as e:  # the swarm or the object store, not now: it waits
         return Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}", retry=True)
     except Claimed as e:  # its outputs' claims may be a half-made pack's, made for this very job
         if (again := _half_made(config, e.holder)) is not None:
@@ -307,7 +308,7 @@ def run_pack(
                 chunks_done()
 
         reports = packs.start(config, backend, members, folder, parallel, [sink], share, released, lanes)
-    except CapacityError as e:
+    except (CapacityError, StorageTemporaryError) as e:
         return {n: Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}", retry=True) for n in names}
     except FfswarmError as e:
         return {n: _shown(config, Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}")) for n in names}

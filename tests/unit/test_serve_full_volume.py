@@ -104,3 +104,20 @@ def test_serve_keeps_serving_while_a_full_volume_refuses_a_claims_lease(
         server.stop.set()
         t.join(5)
     assert not full.is_set() and len(ran) == 1 and ran[0].startswith("a.")  # refused once, claimed next round
+
+
+def test_a_job_that_meets_the_object_store_down_waits_in_the_inbox(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store not answering (after the client's own retries) passes like a full volume: the job
+    waits and is tried again, never refused for good (the soak's store outage refused S3 jobs)."""
+    from controller.storage.errors import StorageTemporaryError
+
+    def down(*_a: object, **_k: object) -> None:
+        raise StorageTemporaryError("s3://b/t/face.jpg", "no answer from the storage endpoint")
+
+    monkeypatch.setattr(usecase, "one_job", down)
+    config = parse_config(tmp_path / "ffswarm.yaml", {"data_root": str(tmp_path)})
+    outcome = jobs.run_job_file(config, _job_file(tmp_path), Metrics())
+    assert outcome.retry and not outcome.ok
+    assert outcome.reason is not None and "no answer from the storage endpoint" in outcome.reason

@@ -220,3 +220,22 @@ def test_a_job_file_serve_gives_up_on_tells_its_webhook_it_failed(env: Env, rece
     [event] = verified(receiver)
     data = event["data"]
     assert isinstance(data, dict) and data["outcome"] == "failed" and "is not resumed again" in data["reason"]
+
+
+def test_a_job_refused_with_its_run_folder_half_made_tells_its_webhook_with_its_tenants_key(
+    env: Env, receiver: Receiver
+) -> None:
+    """`serve` began the job's run folder (its sub-folders, no ``owner`` yet) and then refused it: the
+    end is queued in that folder and still goes to the tenant's host, signed with the tenant's key
+    (the owner record says whose it is); it was judged by the cluster's policy and refused."""
+    job = submit(env, on_complete={"webhook": receiver.url})
+    claimed = claim(env.config, job)
+    (env.root / "runs" / job / "chunks").mkdir(parents=True)  # cut before its owner and plan
+    refusals.announce(env.config, claimed, "MissingInputError (exit 66): faces/me.jpg is missing")
+    clock = Clock()
+    [made] = box(env.config, clock).deliveries(job)
+    assert (env.root / "runs" / job / "deliveries").is_dir()  # queued in the half-made folder
+    assert webhooks.deliverer(env.config, box(env.config, clock)).run_due() == 1
+    [event] = verified(receiver)  # acme's own key
+    assert event["type"] == "job.finished" and receiver.ids() == [made.id]
+    assert box(env.config, clock).deliveries(job)[0].state == "delivered"
