@@ -196,7 +196,11 @@ down() {
   [ -z "$ids" ] || docker volume rm $ids >/dev/null
   ids=$(docker network ls -q --filter "label=$LABEL")
   [ -z "$ids" ] || docker network rm $ids >/dev/null
-  docker image rm "127.0.0.1:5000/$REPO_PATH:dev" >/dev/null 2>&1 || true
+  # The throwaway registry's tags and digests: a digest left on an image would name a gone registry.
+  local refs
+  refs=$(docker images --digests --format '{{.Repository}}:{{.Tag}} {{.Repository}}@{{.Digest}}' \
+    | tr ' ' '\n' | grep '^127\.0\.0\.1:5000/' | grep -v -e ':<none>$' -e '@<none>$' || true)
+  [ -z "$refs" ] || docker image rm $refs >/dev/null 2>&1 || true
   if mountpoint -q "$data" 2>/dev/null; then umount "$data"; fi
   rm -rf "$state"
   [ "${1:-}" = quiet ] || say "down: containers, volumes, network and $state removed ($NODE_IMAGE stays cached)"

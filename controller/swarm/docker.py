@@ -18,6 +18,7 @@ import docker
 import docker.errors
 import requests.exceptions
 from docker import types as dt
+from docker.utils import parse_repository_tag
 
 from controller.errors import CapacityError, ConfigError, EngineUnavailable, FfswarmError, MissingInputError
 from controller.swarm import network
@@ -33,6 +34,26 @@ def _ts(value: str | None) -> float:
     head, _, frac = value.rstrip("Z").partition(".")
     frac = (frac[:6] if frac else "0").ljust(6, "0")
     return datetime.fromisoformat(f"{head}.{frac}+00:00").timestamp()
+
+
+def _familiar(repository: str) -> str:
+    """A repository name as the engine shows it: docker.io/library/x is x, docker.io/a/b is a/b."""
+    for prefix in ("docker.io/", "index.docker.io/"):
+        if repository.startswith(prefix):
+            repository = repository[len(prefix) :]
+            break
+    return repository.removeprefix("library/")
+
+
+def pinned_image(ref: str, image_id: str, repo_digests: list[str]) -> str:
+    """What a service runs for ``ref``: the digest that ``ref``'s own repository knows the image by,
+    else the image ID. A digest of another repository (the image pushed to some other registry once)
+    would make every task pull from that registry, which a node may not reach or which may be gone."""
+    repository = _familiar(parse_repository_tag(ref)[0])
+    for digest in repo_digests:
+        if _familiar(str(digest).partition("@")[0]) == repository:
+            return str(digest)
+    return image_id
 
 
 def _task_state(task: Mapping[str, Any]) -> TaskState:
@@ -141,8 +162,7 @@ class DockerSwarm:
             return ref
         with translated(f"image {ref}"):
             image = self._client.images.get(ref)
-        digests = image.attrs.get("RepoDigests") or []
-        return str(digests[0]) if digests else str(image.id)
+        return pinned_image(ref, str(image.id), image.attrs.get("RepoDigests") or [])
 
     def image_encoders(self, ref: str) -> frozenset[str] | None:
         """The image's ``io.ffswarm.encoders`` label (scripts/build-runner-image.sh), as a set; None when
