@@ -38,6 +38,7 @@ def _syncfs() -> Any:
     """libc's syncfs, looked up once (the API flushes for every group of requests); None without one."""
     return getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
 
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 

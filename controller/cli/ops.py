@@ -12,6 +12,7 @@ import json
 import re
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from controller.run.fold import Fold
 from controller.run.metrics import Metrics
 from controller.run.rundir import RunDir
 from controller.serve.daemon import Inbox, Server
+from controller.settings.fields import FieldError, parse_duration
 from controller.swarm import render as render_mod
 from controller.swarm.admin import SwarmAdmin
 from controller.swarm.backend import NodeInfo
@@ -301,6 +303,30 @@ def nodes_ls(ctx: click.Context, output: str) -> None:
         res = " ".join(f"{k}×{v}" for k, v in sorted(n.generic_resources.items())) or "-"
         labels = " ".join(f"{k}={v}" for k, v in sorted(n.labels.items())) or "-"
         click.echo(f"{n.hostname}\t{n.node_id[:12]}\t{n.role}\t{n.state}/{n.availability}\t{res}\t{labels}")
+
+
+@nodes.command("sweep")
+@click.option("--older-than", default="1h", show_default=True, help="Only containers that ended this long ago.")
+@click.option("--docker-host", metavar="URL", help="This node's engine (default: DOCKER_HOST, else the local socket).")
+@click.option("--dry-run", is_flag=True, help="Name what would go; remove nothing.")
+@output_option
+def sweep(older_than: str, docker_host: str | None, dry_run: bool, output: str) -> None:
+    """Remove this node's ended job containers that its engine kept (run on every node, e.g. from the
+    timer swarm/gpu-node.sh installs; needs no config). The swarm removes them itself, except on an
+    engine restarted while it was doing so (docs/failures.md#engine-restarts)."""
+    try:
+        age = parse_duration(older_than, "--older-than")
+    except FieldError as e:
+        raise UsageError(str(e)) from None
+    removed, kept = SwarmAdmin(docker_host).sweep_ended_job_containers(age, time.time(), dry_run)
+    if output != "text":
+        rows = [{"id": c.container_id, "name": c.name, "job": c.job, "finished_at": c.finished_at} for c in removed]
+        out.echo({"removed" if not dry_run else "would_remove": rows, "kept": len(kept)}, output)
+        return
+    verb = "would remove" if dry_run else "removed"
+    for c in removed:
+        click.echo(f"{verb} {c.name} ({c.container_id}, job {c.job or '?'})")
+    click.echo(f"{verb} {len(removed)} ended job container(s); {len(kept)} ended less than {older_than} ago kept")
 
 
 def node_data(n: NodeInfo) -> dict[str, Any]:

@@ -104,7 +104,6 @@ class Records:
             return None
         return found if found.probed_at <= self.clock() + CLOCK_SKEW else None
 
-
     def save(self, endpoint: str, bucket: str, capabilities: Capabilities) -> Record:
         """Record ``capabilities`` as probed now (the folder made 0700 and the controller's, the file
         replaced atomically, 0600). A record that cannot be written is only logged: the answers

@@ -10,8 +10,9 @@ import requests.exceptions
 
 from controller.errors import EngineUnavailable
 from controller.swarm import network
-from controller.swarm.backend import ImageInfo, NodeInfo, SwarmInfo
-from controller.swarm.docker import DockerSwarm, first_line, node_info, translated
+from controller.swarm.backend import EndedContainer, ImageInfo, NodeInfo, SwarmInfo
+from controller.swarm.docker import DockerSwarm, engine_time, first_line, node_info, translated
+from controller.swarm.servicespec import LABEL_JOB
 
 
 class SwarmAdmin(DockerSwarm):
@@ -57,3 +58,44 @@ class SwarmAdmin(DockerSwarm):
             raise EngineUnavailable(f"image {ref}: cannot reach the Docker engine: {first_line(e)}") from e
         labels = (attrs.get("Config") or {}).get("Labels") or {}
         return ImageInfo(str(attrs["Id"]), int(attrs.get("Size") or 0), {str(k): str(v) for k, v in labels.items()})
+
+    def ended_job_containers(self) -> list[EndedContainer]:
+        """This engine's containers of ffswarm jobs (runners, steps, lanes) that have exited or died."""
+        with translated("listing this engine's ended job containers"):
+            found = self._client.api.containers(all=True, filters={"label": LABEL_JOB, "status": ["exited", "dead"]})
+            ended = []
+            for c in found:
+                try:
+                    state = self._client.api.inspect_container(c["Id"]).get("State") or {}
+                except docker.errors.NotFound:
+                    continue  # removed meanwhile (the swarm agent's own clean-up)
+                names = c.get("Names") or [c["Id"][:12]]
+                job = (c.get("Labels") or {}).get(LABEL_JOB, "")
+                finished = engine_time(state.get("FinishedAt"))
+                ended.append(EndedContainer(c["Id"][:12], names[0].lstrip("/"), job, finished))
+        return ended
+
+    def remove_container(self, container_id: str) -> bool:
+        """Remove an ended container and its anonymous volumes; False when it was gone already."""
+        with translated(f"removing container {container_id}"):
+            try:
+                self._client.api.remove_container(container_id, v=True)
+            except docker.errors.NotFound:
+                return False
+        return True
+
+    def sweep_ended_job_containers(
+        self, older_than: float, now: float, dry_run: bool = False
+    ) -> tuple[list[EndedContainer], list[EndedContainer]]:
+        """Remove the job containers that ended more than ``older_than`` seconds before ``now``; the
+        ones and those kept. The swarm agent removes a removed service's containers itself, but not
+        after its engine restarted while the removal was under way (moby/moby#42723): those stay for
+        good. A runner's results and logs are on the volume and its service's logs are read as it
+        ends, so an ended container is safe to remove once its controller has had time to look."""
+        removed, kept = [], []
+        for c in self.ended_job_containers():
+            if now - c.finished_at < older_than:
+                kept.append(c)
+            elif dry_run or self.remove_container(c.container_id):
+                removed.append(c)
+        return removed, kept

@@ -129,6 +129,17 @@ class ImageInfo:
 
 
 @dataclass(frozen=True)
+class EndedContainer:
+    """A job's container that has exited on this engine (``ffswarm nodes sweep``): its short ID, name,
+    job and when it finished (epoch seconds)."""
+
+    container_id: str
+    name: str
+    job: str
+    finished_at: float
+
+
+@dataclass(frozen=True)
 class SwarmInfo:
     active: bool
     manager: bool

@@ -18,42 +18,23 @@ import docker
 import docker.errors
 import requests.exceptions
 from docker import types as dt
-from docker.utils import parse_repository_tag
 
 from controller.errors import CapacityError, ConfigError, EngineUnavailable, FfswarmError, MissingInputError
 from controller.swarm import network
 from controller.swarm.backend import ENDED, NodeInfo, NodeState, ServiceState, TaskState
 from controller.swarm.events import LABEL_SERVICE_NAME, DockerEvents
+from controller.swarm.imageref import pinned_image
 from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, DataMount, ServiceSpec, VolumeSpec
 
 
-def _ts(value: str | None) -> float:
+def engine_time(value: str | None) -> float:
+    """An engine timestamp (RFC 3339 with nanoseconds) as epoch seconds; 0 for none."""
     if not value:
         return 0.0
     # Docker gives RFC 3339 with nanoseconds: trim to microseconds for fromisoformat.
     head, _, frac = value.rstrip("Z").partition(".")
     frac = (frac[:6] if frac else "0").ljust(6, "0")
     return datetime.fromisoformat(f"{head}.{frac}+00:00").timestamp()
-
-
-def _familiar(repository: str) -> str:
-    """A repository name as the engine shows it: docker.io/library/x is x, docker.io/a/b is a/b."""
-    for prefix in ("docker.io/", "index.docker.io/"):
-        if repository.startswith(prefix):
-            repository = repository[len(prefix) :]
-            break
-    return repository.removeprefix("library/")
-
-
-def pinned_image(ref: str, image_id: str, repo_digests: list[str]) -> str:
-    """What a service runs for ``ref``: the digest that ``ref``'s own repository knows the image by,
-    else the image ID. A digest of another repository (the image pushed to some other registry once)
-    would make every task pull from that registry, which a node may not reach or which may be gone."""
-    repository = _familiar(parse_repository_tag(ref)[0])
-    for digest in repo_digests:
-        if _familiar(str(digest).partition("@")[0]) == repository:
-            return str(digest)
-    return image_id
 
 
 def _task_state(task: Mapping[str, Any]) -> TaskState:
@@ -67,8 +48,8 @@ def _task_state(task: Mapping[str, Any]) -> TaskState:
         message=str(status.get("Err") or status.get("Message") or ""),
         node_id=task.get("NodeID") or None,
         container_id=cstatus.get("ContainerID") or None,
-        created=_ts(task.get("CreatedAt")),
-        updated=_ts(task.get("UpdatedAt")),
+        created=engine_time(task.get("CreatedAt")),
+        updated=engine_time(task.get("UpdatedAt")),
     )
 
 
@@ -261,7 +242,7 @@ class DockerSwarm:
                     name=svc["Spec"]["Name"],
                     service_id=svc["ID"],
                     labels=dict(svc["Spec"].get("Labels") or {}),
-                    created=_ts(svc.get("CreatedAt")),
+                    created=engine_time(svc.get("CreatedAt")),
                     tasks=tuple(_task_state(t) for t in tasks[svc["ID"]]),
                 )
                 for svc in raw

@@ -18,6 +18,8 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -113,15 +115,18 @@ def faulted(plan: Plan, stream: Stream, faults: Faults | None, replicas: Callabl
     return time.monotonic() - t0
 
 
-def wait_quiet(c: deploy.Cluster, timeout: float) -> None:
+def wait_quiet(c: deploy.Cluster, timeout: float) -> list[str]:
     """Until no webhook delivery is pending and no job service, lane or job container is left on any
     node (or ``timeout``). A removed service's containers go after the service itself: each worker's
     agent removes them when the manager's next assignment reaches it, which after a restarted or
-    paused engine takes tens of seconds, so the containers are waited for too, and what is still
-    there at the end is a leftover."""
+    paused engine takes tens of seconds, so the containers are waited for too. An engine restarted
+    while removing them keeps them for good (moby/moby#42723): once the services have been gone a
+    minute, each node runs ``ffswarm nodes sweep`` as its timer would (swarm/gpu-node.sh), with a
+    minute for its hour. What is still there at the end is a leftover. Returns what the sweeps removed."""
     deadline = time.monotonic() + timeout
     t0 = time.monotonic()
     gone: float | None = None
+    swept: list[str] = []
     while time.monotonic() < deadline:
         queue = c.data_root / "runs" / ".outbox"
         pending = list(queue.iterdir()) if queue.is_dir() else []
@@ -133,8 +138,24 @@ def wait_quiet(c: deploy.Cluster, timeout: float) -> None:
         if not pending and not ours and not held:
             after = "" if gone is None else f", the last containers {time.monotonic() - gone:.0f} s after the services"
             log(f"quiet after {time.monotonic() - t0:.0f} s{after}")
-            return
+            return swept
+        if held and gone is not None and time.monotonic() - gone > 60:
+            for node, url in c.apis.items():
+                for name in sweep(url):
+                    swept.append(f"{node}: {name}")
+                    log(f"{node}: ffswarm nodes sweep removed {name}")
         time.sleep(5)
+    return swept
+
+
+def sweep(url: str) -> list[str]:
+    """``ffswarm nodes sweep`` against one node's engine: the containers it removed."""
+    cmd = [sys.executable, "-m", "controller.cli", "nodes", "sweep", "--docker-host", url, "--older-than", "60s"]
+    proc = subprocess.run([*cmd, "-o", "json"], capture_output=True, text=True, timeout=120, cwd=deploy.ROOT)
+    if proc.returncode != 0:
+        log(f"ffswarm nodes sweep on {url} failed: {proc.stderr.strip()[-300:]}")
+        return []
+    return [f"{c['name']} (job {c['job']})" for c in json.loads(proc.stdout)["removed"]]
 
 
 def swarm_lists(c: deploy.Cluster) -> tuple[list[Any], dict[str, list[Any]]]:
@@ -153,6 +174,7 @@ def run_checks(
     received: list[dict[str, Any]],
     store: deploy.ObjectStore | None,
     faults: Faults | None = None,
+    swept: list[str] | None = None,
 ) -> list[checks.Check]:
     statuses = wait_ended(stream, {a.job: a.tenant for a in record.accepted.values()}, 60)
     # (a request whose reference was not accepted fails the comparison: "no reference")
@@ -168,12 +190,14 @@ def run_checks(
     hooks = checks.webhooks_once(c.data_root, ends, received)
     hooks.problems += [f"{d.get('id')}: signature did not verify ({d.get('tenant')})" for d in unverified]
     s3 = store.client() if store else None
+    left = checks.left_in_swarm(services, containers)
+    left.notes += [f"removed by ffswarm nodes sweep: {x}" for x in swept or []]
     found = [
         checks.ended(list(record.accepted), statuses),
         checks.identical(c.data_root, soak_jobs, ref, s3),
         checks.committed_once(c.data_root),
         checks.left_on_volume(c.data_root),
-        checks.left_in_swarm(services, containers),
+        left,
         hooks,
         checks.usage_adds_up(totals, per_job),
         checks.no_internal_errors(record.answers, [d.note for d in faults.done] if faults else []),
@@ -217,8 +241,8 @@ def soak(plan: Plan, keep: bool, no_faults: bool = False) -> int:
         t_end = time.monotonic()
         wait_ended(stream, {a.job: a.tenant for a in record.accepted.values()}, DRAIN_S)
         drained = time.monotonic() - t_end
-        wait_quiet(c, 600)
-        results = run_checks(c, stream, record, ref, receiver.received(), store, faults)
+        swept = wait_quiet(c, 600)
+        results = run_checks(c, stream, record, ref, receiver.received(), store, faults, swept)
         results.insert(0, determinism)
         return report(plan, record, faults, results, took, drained, len(receiver.received()))
     finally:

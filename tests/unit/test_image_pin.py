@@ -3,7 +3,7 @@ by, else the image ID — never a digest of a registry the image was once pushed
 
 from __future__ import annotations
 
-from controller.swarm.docker import pinned_image
+from controller.swarm.imageref import pinned_image, repository
 
 ID = "sha256:" + "1" * 64
 DIGEST = "sha256:" + "2" * 64
@@ -31,3 +31,9 @@ def test_docker_hub_names_match_in_their_familiar_form() -> None:
     assert pinned_image("docker.io/library/debian:12", ID, [f"debian@{DIGEST}"]) == f"debian@{DIGEST}"
     assert pinned_image("docker.io/ffswarm/runner:1.0", ID, [f"ffswarm/runner@{DIGEST}"]) == f"ffswarm/runner@{DIGEST}"
     assert pinned_image("ffswarm/runner", ID, [f"other/runner@{DIGEST}"]) == ID
+
+
+def test_a_registry_port_is_not_a_tag() -> None:
+    assert repository("127.0.0.1:5000/ffswarm/runner:dev") == "127.0.0.1:5000/ffswarm/runner"
+    assert repository("127.0.0.1:5000/ffswarm/runner") == "127.0.0.1:5000/ffswarm/runner"
+    assert repository(f"127.0.0.1:5000/ffswarm/runner@{DIGEST}") == "127.0.0.1:5000/ffswarm/runner"
