@@ -121,6 +121,17 @@ _THUMB = Param(
 )  # fmt: skip
 _FILE_TYPES = ("image/jpeg", "image/png", "image/webp", "image/bmp", "image/tiff", "video/mp4", "video/x-matroska",
                "video/x-msvideo", "application/octet-stream")  # fmt: skip
+# Each event of the stream (OpenAPI 3.1: a text/event-stream schema describes one event, its fields
+# as the stream spells them); its data is JSON, as the operation's description says per event.
+_SSE_EVENT = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string", "enum": ["chunk", "progress", "end"]},
+        "data": {"type": "string", "contentMediaType": "application/json"},
+        "id": {"type": "string", "description": "where to resume: send it back as `Last-Event-ID`"},
+        "retry": {"type": "integer", "minimum": 0, "description": "the reconnection delay (ms)"},
+    },
+}
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
 
 
@@ -190,7 +201,7 @@ OPERATIONS: tuple[Operation, ...] = (
     _job_op("GET", "/report", "getJobReport", "The job's report.json (once it has ended)",
             (Answer(200, "the report", schemas.Report),), (404,)),
     _job_op("GET", "/events", "getJobEvents", "Server-sent events: chunk, progress (at most every 500 ms), end",
-            (Answer(200, "the event stream", content={"text/event-stream": {"schema": {"type": "string"}}}),),
+            (Answer(200, "the event stream", content={"text/event-stream": {"schema": _SSE_EVENT}}),),
             (403, 404), description=_EVENTS, params=LINK_PARAMS, auth=Auth.TOKEN_OR_LINK),
     _job_op("GET", "/results.zip", "getJobResults",
             "Committed outputs as a ZIP, streamed; a signed link needs no token",
