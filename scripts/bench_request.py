@@ -24,8 +24,9 @@ stages.
     .venv/bin/python scripts/bench_request.py                  # 200 requests, packs of 50
     .venv/bin/python scripts/bench_request.py --profile 30     # and the 30 hottest functions
 
-No Docker, no network (the app is called in-process); everything lives in a temporary folder,
-removed at the end. Results: benchmarks/RESULTS.md (B-request).
+Logs are JSON lines, as the stack's `api` and `serve` write them (`--json-logs`), into a file in
+the temporary folder. No Docker, no network (the app is called in-process); everything lives in a
+temporary folder, removed at the end. Results: benchmarks/RESULTS.md (B-request).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -51,6 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from contract.results import ItemResult, ItemStatus  # noqa: E402
+from controller import log  # noqa: E402
 from controller.api.app import make_app  # noqa: E402
 from controller.config import Config  # noqa: E402
 from controller.folder import sync_filesystem  # noqa: E402
@@ -229,9 +231,11 @@ def main() -> None:
     args = ap.parse_args()
     n = max(1, min(args.requests, 5000))
     tmp = Path(tempfile.mkdtemp(prefix="ffswarm-bench-request-"))
+    log.setup(json_lines=True)  # as the stack runs them (controller/swarm/render.py: --json-logs)
     try:
-        run = lambda: bench(tmp, n, max(1, args.pack))  # noqa: E731
-        stages = profiled(run, args.profile) if args.profile else run()
+        with open(tmp / "logs.jsonl", "w") as logs, redirect_stderr(logs):
+            run = lambda: bench(tmp, n, max(1, args.pack))  # noqa: E731
+            stages = profiled(run, args.profile) if args.profile else run()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{n} one-photo requests, packs of {args.pack}: ms per request (median; mean; CPU)")
