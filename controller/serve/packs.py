@@ -313,10 +313,19 @@ def open_pack(
     prepared, record = build(config, members, pack_id, folder, parallel)
     pack, _ = usecase.open_or_start(config, backend, prepared)
     pack.write_file(pack.layout.members, json.dumps(record).encode())
-    image = pack.image()
+    jobs = job_folders(config, members, pack_id, record, pack.image())
+    return prepared, PackRun(config, backend, pack, jobs, clock)
+
+
+def job_folders(
+    config: Config, members: Sequence[Member], pack_id: str, record: dict[str, Any], image: str
+) -> dict[str, _Job]:
+    """Each member job's run folder (``packed`` naming the pack first, its owner, its own plan), all
+    made durable by one flush of the volume at the end."""
+    runner, controller = owner(config), config.controller_ids()  # the same for every member
     jobs: dict[str, _Job] = {}
     for m in members:
-        rundir = RunDir(config.data_root, m.job.job_id, owner(config), config.controller_ids())
+        rundir = RunDir(config.data_root, m.job.job_id, runner, controller)
         rundir.durable = False  # hundreds at once: one flush of the volume below, not six fsyncs each
         rundir.write_file(rundir.layout.packed, f"{pack_id}\n".encode())  # first: the pack it belongs to
         if m.tenant is not None:
@@ -325,7 +334,7 @@ def open_pack(
             rundir.create(m.job.file.read_bytes(), m.job.plan, {}, Control(m.job.spec.max_concurrent), image)
         jobs[m.job.job_id] = _Job(rundir, m.job.spec, m.job.plan, record[m.job.job_id]["items"])
     sync_filesystem(config.data_root)
-    return prepared, PackRun(config, backend, pack, jobs, clock)
+    return jobs
 
 
 def start(
