@@ -339,12 +339,16 @@ class RunDir:
             data["stage"] = self.stage.value
         self._write(self.layout.state, json.dumps(data, indent=1).encode())
 
-    def enter(self, stage: Stage) -> None:
-        """Record the stage the job is in, keeping the chunk records state.json already holds."""
+    def enter(self, stage: Stage, chunks: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Record the stage the job is in, keeping the chunk records state.json already holds; returns
+        them. ``chunks``: those records as an earlier enter of this job's end returned them (nothing
+        but enter wrote state.json since), sparing a read of it."""
         self.stage = stage
-        current = self.state() or {}
-        chunks = current.get("chunks")
-        self.write_state(chunks if isinstance(chunks, dict) else {})
+        if chunks is None:
+            current = (self.state() or {}).get("chunks")
+            chunks = current if isinstance(current, dict) else {}
+        self.write_state(chunks)
+        return chunks
 
     def state(self) -> dict[str, Any] | None:
         """state.json (None: not written yet): an object whose chunks are an object keyed by chunk
