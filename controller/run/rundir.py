@@ -341,15 +341,12 @@ class RunDir:
         self._write(self.layout.state, json.dumps(data, indent=1).encode())
 
     def enter(self, stage: Stage, chunks: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Record the stage the job is in, keeping the chunk records state.json already holds; returns
-        them. ``chunks``: those records as an earlier enter of this job's end returned them (nothing
-        but enter wrote state.json since), sparing a read of it."""
+        """Record the stage the job is in, keeping (and returning) state.json's chunk records; ``chunks``:
+        as an earlier enter of this job's end returned them (only enter wrote state.json since)."""
         self.stage = stage
-        if chunks is None:
-            current = (self.state() or {}).get("chunks")
-            chunks = current if isinstance(current, dict) else {}
-        self.write_state(chunks)
-        return chunks
+        kept = (self.state() or {}).get("chunks") if chunks is None else chunks
+        self.write_state(kept if isinstance(kept, dict) else {})
+        return kept if isinstance(kept, dict) else {}
 
     def state(self) -> dict[str, Any] | None:
         """state.json (None: not written yet): an object whose chunks are an object keyed by chunk

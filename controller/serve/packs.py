@@ -323,8 +323,7 @@ def open_pack(
 def job_folders(
     config: Config, members: Sequence[Member], pack_id: str, record: dict[str, Any], image: str
 ) -> dict[str, _Job]:
-    """Each member job's run folder (``packed`` naming the pack first, its owner, its own plan), all
-    made durable by one flush of the volume at the end."""
+    """Each member's run folder (``packed`` first, its owner, its plan); one flush of the volume at the end."""
     runner, controller = owner(config), config.controller_ids()  # the same for every member
     jobs: dict[str, _Job] = {}
     for m in members:
