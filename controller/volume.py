@@ -20,6 +20,7 @@ import os
 import platform
 import secrets
 import stat
+import threading
 from collections.abc import Collection, Iterator
 from pathlib import Path, PurePosixPath
 
@@ -94,21 +95,21 @@ class Volume:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        self._umask: int | None = None  # the umask read once for a batch of writes (batch())
+        self._batch = threading.local()  # .umask: read once for a batch of this thread's writes (batch())
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
         """Many files and folders written together (a run folder made, a job ended): the process
         umask is read once for all of them, not once for each (a read of /proc/self/status)."""
-        outer = self._umask
-        self._umask = umask() if outer is None else outer
+        outer = getattr(self._batch, "umask", None)
+        self._batch.umask = umask() if outer is None else outer
         try:
             yield
         finally:
-            self._umask = outer
+            self._batch.umask = outer
 
     def _masked(self, mode: int) -> int:
-        return masked(mode, self._umask)
+        return masked(mode, getattr(self._batch, "umask", None))
 
     def rel(self, path: str | PurePosixPath | Path) -> str:
         """The path relative to the data root, as errors name it; refused if it leads out."""
