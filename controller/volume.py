@@ -23,6 +23,7 @@ import stat
 import threading
 from collections.abc import Collection, Iterator
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from controller.errors import MissingInputError
 
@@ -96,6 +97,13 @@ class Volume:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self._batch = threading.local()  # .umask: read once for a batch of this thread's writes (batch())
+
+    def __getstate__(self) -> dict[str, Any]:  # sent to the API's worker processes: the root is all it is
+        return {"root": self.root}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.root = Path(state["root"])
+        self._batch = threading.local()
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
