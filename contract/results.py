@@ -145,10 +145,8 @@ def merge_attempts(files: Iterable[tuple[int, str]]) -> ChunkResults:
     lines carry their own attempt numbers. For each item a commit (ok, no_face, cached) beats an
     error whatever the order; among commits, or among errors, the newest attempt wins, then the
     later line. A late error line of an orphaned earlier attempt therefore never hides a commit."""
-    ranked: dict[str, tuple[tuple[bool, int, int], ItemResult]] = {}
     lines: list[ItemResult] = []
     dropped = 0
-    order = 0
     for attempt, text in sorted(files, key=lambda f: f[0]):
         parsed, bad = parse_results(text)
         dropped += bad
@@ -156,12 +154,21 @@ def merge_attempts(files: Iterable[tuple[int, str]]) -> ChunkResults:
             if attempt and r.attempt != attempt:
                 dropped += 1  # a line in another attempt's file: not this attempt's to say
                 continue
-            order += 1
             lines.append(r)
-            key = (r.status.is_commit(), r.attempt, order)
-            if r.item not in ranked or key > ranked[r.item][0]:
-                ranked[r.item] = (key, r)
-    return ChunkResults({item: r for item, (_, r) in ranked.items()}, tuple(lines), dropped)
+    return merge_lines(lines, dropped)
+
+
+def merge_lines(lines: Iterable[ItemResult], dropped: int = 0) -> ChunkResults:
+    """Result lines already parsed, in file order (oldest attempt first), merged by merge_attempts'
+    rule: a commit beats an error; among commits, or among errors, the newest attempt, then the
+    later line, wins."""
+    ranked: dict[str, tuple[tuple[bool, int, int], ItemResult]] = {}
+    kept = tuple(lines)
+    for order, r in enumerate(kept, 1):
+        key = (r.status.is_commit(), r.attempt, order)
+        if r.item not in ranked or key > ranked[r.item][0]:
+            ranked[r.item] = (key, r)
+    return ChunkResults({item: r for item, (_, r) in ranked.items()}, kept, dropped)
 
 
 def read_regular(dir_fd: int, name: str, limit: int) -> tuple[bytes, bool] | None:

@@ -20,8 +20,10 @@ import os
 import platform
 import secrets
 import stat
+import threading
 from collections.abc import Collection, Iterator
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from controller.errors import MissingInputError
 
@@ -82,9 +84,10 @@ def umask() -> int:
     return old
 
 
-def masked(mode: int) -> int:
-    """``mode`` narrowed by the umask (a stricter umask wins; the set-group-id bit is kept)."""
-    return (mode & ~0o777) | (mode & 0o777 & ~umask())
+def masked(mode: int, mask: int | None = None) -> int:
+    """``mode`` narrowed by the umask (a stricter umask wins; the set-group-id bit is kept); ``mask``:
+    the umask as already read (Volume.batch), else read now."""
+    return (mode & ~0o777) | (mode & 0o777 & ~(umask() if mask is None else mask))
 
 
 class Volume:
@@ -93,6 +96,28 @@ class Volume:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        self._batch = threading.local()  # .umask: read once for a batch of this thread's writes (batch())
+
+    def __getstate__(self) -> dict[str, Any]:  # sent to the API's worker processes: the root is all it is
+        return {"root": self.root}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.root = Path(state["root"])
+        self._batch = threading.local()
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Many files and folders written together (a run folder made, a job ended): the process
+        umask is read once for all of them, not once for each (a read of /proc/self/status)."""
+        outer = getattr(self._batch, "umask", None)
+        self._batch.umask = umask() if outer is None else outer
+        try:
+            yield
+        finally:
+            self._batch.umask = outer
+
+    def _masked(self, mode: int) -> int:
+        return masked(mode, getattr(self._batch, "umask", None))
 
     def rel(self, path: str | PurePosixPath | Path) -> str:
         """The path relative to the data root, as errors name it; refused if it leads out."""
@@ -281,16 +306,16 @@ class Volume:
         descriptors; each folder made here gets ``owner`` and ``mode`` (umask-narrowed), and with
         ``enforce`` the last one gets them even if it existed; ``exact``: ``mode`` as given, not
         narrowed (a folder shared with the runner's group must stay group-writable). Returns the
-        folders made, parents first."""
-        want = mode if exact else masked(mode)
+        folders made, parents first. When the parent folder exists (the common case: a run folder's
+        sub-folders) it is opened at once, without links, and only the last one is made there."""
         rel = self.rel(path)
         parts = rel.split("/") if rel else []
         made: list[str] = []
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd, start = self._parent_or_root(parts)
         try:
             if not parts and enforce:
-                own(fd, owner, want, ".")
-            for n, name in enumerate(parts, 1):
+                own(fd, owner, mode if exact else self._masked(mode), ".")
+            for n, name in enumerate(parts[start:], start + 1):
                 where = "/".join(parts[:n])
                 new = False
                 try:
@@ -306,7 +331,8 @@ class Volume:
                 os.close(fd)
                 fd = sub
                 if new or (enforce and n == len(parts)):
-                    own(fd, owner, want if n == len(parts) else masked(DIR_MODE), where)
+                    last = n == len(parts)  # the umask is read only for a folder that gets a mode
+                    own(fd, owner, (mode if exact else self._masked(mode)) if last else self._masked(DIR_MODE), where)
         except OSError as e:
             if isinstance(e, UnsafePath):
                 raise
@@ -314,6 +340,15 @@ class Volume:
         finally:
             os.close(fd)
         return made
+
+    def _parent_or_root(self, parts: list[str]) -> tuple[int, int]:
+        """A descriptor to make ``parts`` from, and how many of them it already stands for: the
+        parent folder's (reached without a link, as open reaches it), or the root's when the parent
+        is missing or cannot be reached so (the walk then makes the parents, or refuses the link)."""
+        if len(parts) > 1:
+            with contextlib.suppress(OSError, UnsafePath):
+                return self.open_dir("/".join(parts[:-1]), "creating a folder"), len(parts) - 1
+        return os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), 0
 
     def write_atomic(
         self,
@@ -331,7 +366,7 @@ class Volume:
             try:
                 try:
                     write_all(fd, data)
-                    own(fd, owner, masked(mode), self.rel(path))
+                    own(fd, owner, self._masked(mode), self.rel(path))
                     if durable:
                         os.fsync(fd)
                 finally:
@@ -350,7 +385,7 @@ class Volume:
         """A new file (FileExistsError if the name is taken, even by a link); its descriptor."""
         fd = self.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600, what="creating")
         try:
-            own(fd, owner, masked(mode), self.rel(path))
+            own(fd, owner, self._masked(mode), self.rel(path))
         except BaseException:
             os.close(fd)
             raise
@@ -365,7 +400,7 @@ class Volume:
             if not stat.S_ISREG(st.st_mode):
                 raise UnsafePath(f"{rel}: not a regular file")
             if st.st_size == 0:
-                own(fd, owner, masked(FILE_MODE), rel)
+                own(fd, owner, self._masked(FILE_MODE), rel)
             write_all(fd, data)
             os.fsync(fd)
         finally:
@@ -393,7 +428,7 @@ class Volume:
         """lchown-like: the file or folder itself (a symlink on the path is refused)."""
         fd = self.open(path, os.O_RDONLY | os.O_NONBLOCK, what="chown")
         try:
-            own(fd, owner, None if mode is None else masked(mode), self.rel(path))
+            own(fd, owner, None if mode is None else self._masked(mode), self.rel(path))
         finally:
             os.close(fd)
 

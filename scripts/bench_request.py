@@ -12,9 +12,9 @@ time and in the process's CPU time (what a loaded machine changes least):
   c  prepare  serve's job file: owner record read back, parse + validate + resolve + plan
               (usecase.one_job), run folder looked at, offered to the packer;
   d  pack     what packing does per member job, packs of --pack members: the pack built (divided
-              among its members), each job's run folder (packed, owner, job.yaml, plan, control, image),
-              each job's report and end (its results read through the pack), and serve's move of its
-              inbox file to done/.
+              among its members), each job's run folder (packs.job_folders: packed, owner, job.yaml,
+              plan, control, image), each job's report and end (its results read through the pack),
+              and serve's move of its inbox file to done/.
 
 The runner's work is stood in for by result lines written into the pack's results files (not
 timed). Prints the median and mean ms per request of each stage over --requests requests, the CPU
@@ -24,8 +24,9 @@ stages.
     .venv/bin/python scripts/bench_request.py                  # 200 requests, packs of 50
     .venv/bin/python scripts/bench_request.py --profile 30     # and the 30 hottest functions
 
-No Docker, no network (the app is called in-process); everything lives in a temporary folder,
-removed at the end. Results: benchmarks/RESULTS.md (B-request).
+Logs are JSON lines, as the stack's `api` and `serve` write them (`--json-logs`), into a file in
+the temporary folder. No Docker, no network (the app is called in-process); everything lives in a
+temporary folder, removed at the end. Results: benchmarks/RESULTS.md (B-request).
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
 import httpx
 
@@ -51,11 +52,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from contract.results import ItemResult, ItemStatus  # noqa: E402
+from controller import log  # noqa: E402
 from controller.api.app import make_app  # noqa: E402
 from controller.config import Config  # noqa: E402
-from controller.folder import sync_filesystem  # noqa: E402
 from controller.run import usecase  # noqa: E402
-from controller.run.jobs import owner, write_owner  # noqa: E402
+from controller.run.jobs import owner  # noqa: E402
 from controller.run.rundir import Control, RunDir  # noqa: E402
 from controller.serve import jobs as serve_jobs  # noqa: E402
 from controller.serve import packs  # noqa: E402
@@ -160,18 +161,8 @@ def stage_pack(config: Config, inbox: Inbox, members: list[Member], stages: Stag
         pack = RunDir(config.data_root, pack_id, owner(config), config.controller_ids())
         pack.create(prepared.file.read_bytes(), prepared.plan, {}, Control(prepared.spec.max_concurrent), IMAGE)
         pack.write_file(pack.layout.members, __import__("json").dumps(record).encode())
-    jobs: dict[str, Any] = {}
-    with stages.timed("d2 job folder", share=n):  # packs.start's loop over its members
-        for m in members:
-            rundir = RunDir(config.data_root, m.job.job_id, owner(config), config.controller_ids())
-            rundir.durable = False
-            rundir.write_file(rundir.layout.packed, f"{pack_id}\n".encode())
-            if m.tenant is not None:
-                write_owner(rundir, m.tenant)
-            if not rundir.exists():
-                rundir.create(m.job.file.read_bytes(), m.job.plan, {}, Control(m.job.spec.max_concurrent), IMAGE)
-            jobs[m.job.job_id] = packs._Job(rundir, m.job.spec, m.job.plan, record[m.job.job_id]["items"])
-        sync_filesystem(config.data_root)
+    with stages.timed("d2 job folder", share=n):  # packs.open_pack's job folders
+        jobs = packs.job_folders(config, members, pack_id, record, IMAGE)
     # the runners' work, not timed: every item of the pack committed
     plan = pack.plan()
     now = time.time()
@@ -229,9 +220,11 @@ def main() -> None:
     args = ap.parse_args()
     n = max(1, min(args.requests, 5000))
     tmp = Path(tempfile.mkdtemp(prefix="ffswarm-bench-request-"))
+    log.setup(json_lines=True)  # as the stack runs them (controller/swarm/render.py: --json-logs)
     try:
-        run = lambda: bench(tmp, n, max(1, args.pack))  # noqa: E731
-        stages = profiled(run, args.profile) if args.profile else run()
+        with open(tmp / "logs.jsonl", "w") as logs, redirect_stderr(logs):
+            run = lambda: bench(tmp, n, max(1, args.pack))  # noqa: E731
+            stages = profiled(run, args.profile) if args.profile else run()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{n} one-photo requests, packs of {args.pack}: ms per request (median; mean; CPU)")

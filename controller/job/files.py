@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,21 +125,27 @@ def field_errors(data: dict[Any, Any]) -> tuple[JobSpec | None, list[FieldError]
     return None, errors
 
 
-def parse_job(data: object, file: str, lines: Mapping[str, int] | None = None) -> JobSpec:
+def parse_job(
+    data: object, file: str, lines: Mapping[str, int] | Callable[[], Mapping[str, int]] | None = None
+) -> JobSpec:
     """A job from already-parsed YAML data; ``file`` names it in errors (every error of the file:
-    JobFileErrors when there are several; ``lines``: where each top-level key is, for them)."""
+    JobFileErrors when there are several; ``lines``: where each top-level key is, for them, or how
+    to find out, asked only when there are errors)."""
     if not isinstance(data, dict):
         # never the file's text: a key file read as a job is one string
         got = "an empty file" if data is None else "a string" if isinstance(data, str) else show(data)
         raise JobFileError(file, None, f"the top level must be a mapping of job fields, got {got}")
     spec, errors = field_errors(data)
+    where: Mapping[str, int] = {}
+    if errors:
+        where = (lines() if callable(lines) else lines) or {}
     found = []
     for e in errors:
         err = JobFileError(file, e.field, e.reason)
         top = re.split(r"[.\[]", e.field)[0] if e.field else None
-        err.line = (lines or {}).get(top or "")  # type: ignore[attr-defined]
+        err.line = where.get(top or "")  # type: ignore[attr-defined]
         found.append(err)
-    raise_all(sorted(found, key=lambda x: getattr(x, "line", None) or len(lines or {}) + 10**6))  # as in the file
+    raise_all(sorted(found, key=lambda x: getattr(x, "line", None) or len(where) + 10**6))  # as in the file
     assert spec is not None
     return spec
 
@@ -170,7 +176,7 @@ def parse_job_text(text: str, file: str) -> JobSpec:
     twice = duplicate_key(text)
     if twice is not None:
         raise JobFileError(file, twice[0], f"key written twice (again at line {twice[1]})")
-    return parse_job(data, file, key_lines(text))
+    return parse_job(data, file, lambda: key_lines(text))  # the text composed again only for an error
 
 
 def load_job_file(path: Path, max_bytes: int | None = None) -> JobSpec:

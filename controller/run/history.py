@@ -76,9 +76,10 @@ def clean(raw: object) -> dict[str, Any] | None:
     }
 
 
-def recorded(rundir: RunDir) -> dict[str, dict[str, Any]]:
-    """The chunk records state.json holds (every earlier run's, merged as they were written)."""
-    chunks = (rundir.state() or {}).get("chunks")
+def recorded(rundir: RunDir, raw: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """The chunk records state.json holds (every earlier run's, merged as they were written);
+    ``raw``: its "chunks" as the caller has just read them (RunDir.enter), else read here."""
+    chunks = (rundir.state() or {}).get("chunks") if raw is None else raw
     if not isinstance(chunks, dict):
         return {}
     out = {}
@@ -211,11 +212,17 @@ def from_attempt_records(
     return out
 
 
-def whole(rundir: RunDir, fold: Fold, now: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
-    """Every chunk's record over the job's life: state.json's, with ``now`` (this run's) merged in,
-    and the attempt records for chunks none of those name. A chunk an earlier controller left
-    queued or running (it was stopped) whose items are all committed since is done."""
-    merged = merge(recorded(rundir), now or {})
+def whole(
+    rundir: RunDir,
+    fold: Fold,
+    now: Mapping[str, Mapping[str, Any]] | None = None,
+    state_chunks: Mapping[str, Any] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Every chunk's record over the job's life: state.json's (``state_chunks``: as the caller has
+    just read them), with ``now`` (this run's) merged in, and the attempt records for chunks none of
+    those name. A chunk an earlier controller left queued or running (it was stopped) whose items
+    are all committed since is done."""
+    merged = merge(recorded(rundir, state_chunks), now or {})
     merged.update(from_attempt_records(rundir, fold.plan, merged))
     items = {c.id: c.items for c in fold.plan.chunks}
     for cid, rec in merged.items():

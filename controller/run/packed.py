@@ -18,7 +18,7 @@ import json
 from collections import Counter, defaultdict
 from typing import Any
 
-from contract.results import ChunkResults, ItemResult, merge_attempts
+from contract.results import ChunkResults, ItemResult, merge_lines
 from controller.job.plan import ID, Plan, PlannedItem
 from controller.run.rundir import RunDir, RunFileError, read_nofollow
 
@@ -127,9 +127,8 @@ def _own(entry: object, plan: Plan, theirs: dict[str, PlannedItem]) -> dict[str,
 
 def merged(own: ChunkResults, pack: list[ItemResult]) -> ChunkResults:
     """One chunk of a packed job: its pack's lines, then any of its own (a retry run alone, or lines
-    an earlier controller copied), merged by the one rule of contract/results.py."""
+    an earlier controller copied), merged by the one rule of contract/results.py (both parsed
+    already: no text in between)."""
     if not pack:
         return own
-    texts = [(0, "".join(r.to_line() for r in pack)), (0, "".join(r.to_line() for r in own.lines))]
-    out = merge_attempts(texts)
-    return dataclasses.replace(out, dropped=own.dropped)
+    return merge_lines([*pack, *own.lines], own.dropped)

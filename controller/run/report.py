@@ -236,12 +236,14 @@ def build_report(
     links: Links | None = None,
     fold: Fold | None = None,
     spec: JobSpec | None = None,
+    state_chunks: Mapping[str, Any] | None = None,
 ) -> Report:
     """Every path in it is relative to the data root, as the job file names them: items' input and
     output come from the plan, and reasons name files that way (a runner writes them so; a result
     line of an older runner is rewritten here). An s3:// output written gets ``output_url`` from
-    ``links``, signed now; a file output never does. ``fold``, ``spec``: the job's results and job
-    file as the caller holds them (read from the run folder otherwise)."""
+    ``links``, signed now; a file output never does. ``fold``, ``spec``, ``state_chunks``: the job's
+    results, job file and state.json's chunk records as the caller holds them (read from the run
+    folder otherwise)."""
     fold = fold if fold is not None and fold.plan is plan else Fold.read(plan, rundir)
     items: dict[str, ItemEntry] = {}
     segments: dict[str, ItemEntry] = {}  # a video's segments are reported as the video
@@ -272,7 +274,8 @@ def build_report(
         if e.status not in (*ENDED_WELL, "cancelled")
     )
     statuses = Counter(e.status for e in ordered.values())
-    chunks = history.whole(rundir, fold, {cid: run.as_dict() for cid, run in runs.items()})  # every run's
+    now = {cid: run.as_dict() for cid, run in runs.items()}
+    chunks = history.whole(rundir, fold, now, state_chunks)  # every run's
     chunk_counts = Counter(str(c["state"]) for c in chunks.values())
     counts = Counts(
         items=len(items),

@@ -247,20 +247,21 @@ class RunDir:
             os.close(fd)
 
     def create(self, job_file: bytes, plan: Plan, manifests: dict[str, Manifest], control: Control, image: str) -> None:
-        self.make_dirs()
-        self._write(self.layout.job_file, job_file)
-        self._write(self.layout.job_sha256, hashlib.sha256(job_file).hexdigest().encode() + b"\n")
-        # Every manifest on disk before the plan says the run folder is complete: a few are fsynced
-        # one by one; thousands get one flush of the volume's filesystem (cheaper than thousands of
-        # fsyncs, dearer than a few).
-        bulk = len(manifests) > BULK_MANIFESTS
-        for chunk, manifest in manifests.items():
-            self._write(self.layout.manifest(chunk), manifest.to_json().encode(), durable=not bulk)
-        self.write_control(control)
-        self.write_image(image)
-        if bulk:
-            sync_filesystem(self.data_root)
-        self._write(self.layout.plan, plan.to_json().encode())  # last: its presence means "created"
+        with self.volume.batch():  # one umask read for the folders and files below
+            self.make_dirs()
+            self._write(self.layout.job_file, job_file)
+            self._write(self.layout.job_sha256, hashlib.sha256(job_file).hexdigest().encode() + b"\n")
+            # Every manifest on disk before the plan says the run folder is complete: a few are fsynced
+            # one by one; thousands get one flush of the volume's filesystem (cheaper than thousands of
+            # fsyncs, dearer than a few).
+            bulk = len(manifests) > BULK_MANIFESTS
+            for chunk, manifest in manifests.items():
+                self._write(self.layout.manifest(chunk), manifest.to_json().encode(), durable=not bulk)
+            self.write_control(control)
+            self.write_image(image)
+            if bulk:
+                sync_filesystem(self.data_root)
+            self._write(self.layout.plan, plan.to_json().encode())  # last: its presence means "created"
 
     def plan(self) -> Plan:
         data = self.read_file(self.layout.plan, LIMITS["plan.json"])
@@ -339,12 +340,13 @@ class RunDir:
             data["stage"] = self.stage.value
         self._write(self.layout.state, json.dumps(data, indent=1).encode())
 
-    def enter(self, stage: Stage) -> None:
-        """Record the stage the job is in, keeping the chunk records state.json already holds."""
+    def enter(self, stage: Stage, chunks: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Record the stage the job is in, keeping (and returning) state.json's chunk records; ``chunks``:
+        as an earlier enter of this job's end returned them (only enter wrote state.json since)."""
         self.stage = stage
-        current = self.state() or {}
-        chunks = current.get("chunks")
-        self.write_state(chunks if isinstance(chunks, dict) else {})
+        kept = (self.state() or {}).get("chunks") if chunks is None else chunks
+        self.write_state(kept if isinstance(kept, dict) else {})
+        return kept if isinstance(kept, dict) else {}
 
     def state(self) -> dict[str, Any] | None:
         """state.json (None: not written yet): an object whose chunks are an object keyed by chunk

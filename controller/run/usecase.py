@@ -225,9 +225,9 @@ def end(
     ENDED and its output claims released. ``reason``: why the controller ends the job itself
     (controller/run/giveup.py): kept in the report, its webhook only queued for `serve`'s deliverer and its cost not
     measured (its chunks did not run to their end)."""
-    rundir.enter(Stage.REPORT)
+    kept = rundir.enter(Stage.REPORT)  # state.json's chunk records: read once for the whole end
     links = jobs_links(config, job.tenant)  # signed with the job's own credentials
-    report = build_report(plan, rundir, runs, image, started, links, spec=job.spec)
+    report = build_report(plan, rundir, runs, image, started, links, spec=job.spec, state_chunks=kept)
     if reason is None:
         report = _record_timing(config, job, rundir, plan, report, log.get(job=job.job_id))
     else:
@@ -235,7 +235,7 @@ def end(
     path = rundir.write_report(report.to_dict())
     emit("job_finished", report=str(path), **vars(report.counts))
     report = call_hooks(config, job.spec.on_complete, rundir, report, path, try_now=reason is None)
-    rundir.enter(Stage.ENDED)
+    rundir.enter(Stage.ENDED, kept)
     claims.release(rundir.data_root, rundir.job)  # its outputs are its own now: no live job holds them
     return report
 

@@ -225,12 +225,15 @@ class PackRun:
         own = ((c.id, c.items) for c in job.plan.chunks)  # the job's own chunks, as its items ended in the pack
         why = lambda missing: self._why(job, chunks or {}, missing)  # noqa: E731
         runs = ended_runs(own, lambda i: fold.result(i) is not None, cancelled, why)
-        job.rundir.enter(Stage.REPORT)
-        started = job.lease.started if job.lease else time.time()
-        report = build_report(job.plan, job.rundir, runs, self.image, started, fold=fold, spec=job.spec)
-        path = job.rundir.write_report(report.to_dict())
-        report = usecase.call_hooks(self.config, job.spec.on_complete, job.rundir, report, path)
-        job.rundir.enter(Stage.ENDED)
+        with job.rundir.volume.batch():  # one umask read for the end's writes
+            kept = job.rundir.enter(Stage.REPORT)  # state.json's chunk records: read once for the whole end
+            started = job.lease.started if job.lease else time.time()
+            report = build_report(
+                job.plan, job.rundir, runs, self.image, started, fold=fold, spec=job.spec, state_chunks=kept
+            )
+            path = job.rundir.write_report(report.to_dict())
+            report = usecase.call_hooks(self.config, job.spec.on_complete, job.rundir, report, path)
+            job.rundir.enter(Stage.ENDED, kept)
         job.report = report
         if job.lease is not None:
             job.lease.release()
@@ -313,19 +316,28 @@ def open_pack(
     prepared, record = build(config, members, pack_id, folder, parallel)
     pack, _ = usecase.open_or_start(config, backend, prepared)
     pack.write_file(pack.layout.members, json.dumps(record).encode())
-    image = pack.image()
+    jobs = job_folders(config, members, pack_id, record, pack.image())
+    return prepared, PackRun(config, backend, pack, jobs, clock)
+
+
+def job_folders(
+    config: Config, members: Sequence[Member], pack_id: str, record: dict[str, Any], image: str
+) -> dict[str, _Job]:
+    """Each member's run folder (``packed`` first, its owner, its plan); one flush of the volume at the end."""
+    runner, controller = owner(config), config.controller_ids()  # the same for every member
     jobs: dict[str, _Job] = {}
     for m in members:
-        rundir = RunDir(config.data_root, m.job.job_id, owner(config), config.controller_ids())
+        rundir = RunDir(config.data_root, m.job.job_id, runner, controller)
         rundir.durable = False  # hundreds at once: one flush of the volume below, not six fsyncs each
-        rundir.write_file(rundir.layout.packed, f"{pack_id}\n".encode())  # first: the pack it belongs to
-        if m.tenant is not None:
-            write_owner(rundir, m.tenant)
-        if not rundir.exists():
-            rundir.create(m.job.file.read_bytes(), m.job.plan, {}, Control(m.job.spec.max_concurrent), image)
+        with rundir.volume.batch():  # one umask read for the job's folders and files
+            rundir.write_file(rundir.layout.packed, f"{pack_id}\n".encode())  # first: the pack it belongs to
+            if m.tenant is not None:
+                write_owner(rundir, m.tenant)
+            if not rundir.exists():
+                rundir.create(m.job.file.read_bytes(), m.job.plan, {}, Control(m.job.spec.max_concurrent), image)
         jobs[m.job.job_id] = _Job(rundir, m.job.spec, m.job.plan, record[m.job.job_id]["items"])
     sync_filesystem(config.data_root)
-    return prepared, PackRun(config, backend, pack, jobs, clock)
+    return jobs
 
 
 def start(

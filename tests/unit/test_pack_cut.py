@@ -9,6 +9,7 @@ import errno
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,10 +102,10 @@ def test_a_packed_job_whose_end_stopped_after_its_report_ends_when_its_file_come
     swarm.on_end["c0000"] = lambda: (commit(pack, "i000000", "a", "one"), commit(pack, "i000001", "b", "two"))
     real_enter = RunDir.enter
 
-    def enter(self: RunDir, stage: Stage) -> None:
+    def enter(self: RunDir, stage: Stage, chunks: dict[str, Any] | None = None) -> dict[str, Any]:
         if self.job == "one" and stage == Stage.ENDED:
             raise OSError(errno.ENOSPC, "No space left on device")
-        real_enter(self, stage)
+        return real_enter(self, stage, chunks)
 
     monkeypatch.setattr(RunDir, "enter", enter)
     with pytest.raises(OSError):

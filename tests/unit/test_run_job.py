@@ -24,9 +24,9 @@ def stages_of(rundir: RunDir, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     enter = rundir.enter
 
-    def record(stage: Stage) -> None:
+    def record(stage: Stage, chunks: dict[str, Any] | None = None) -> dict[str, Any]:
         seen.append(stage.value)
-        enter(stage)
+        return enter(stage, chunks)
 
     monkeypatch.setattr(rundir, "enter", record)
     return seen
