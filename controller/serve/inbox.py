@@ -222,19 +222,44 @@ class Inbox:
         return starts
 
     def renew(self, claimed: Path) -> bool:
-        """Renew this controller's lease; False (and no write) when it is no longer ours."""
-        return leases.renew(self.lease_file(claimed), self.owner, time.time(), self.interval)
+        """Renew this controller's lease; False (and no write) when it is no longer ours. A file that
+        ended (moved to done/, failed/ or back to the inbox) while the renewal was being written has
+        its lease removed again: the renewal may have put it back after the end removed it."""
+        if not leases.renew(self.lease_file(claimed), self.owner, time.time(), self.interval):
+            return False
+        if not os.path.lexists(claimed):  # claimed names are never reused: it has ended for good
+            self._forget(claimed)
+            return False
+        return True
 
     def expired(self, now: float) -> list[Path]:
         """Claimed files whose lease has expired (their controller is gone), taken over by this one:
         of two controllers looking, one wins. A live controller's files are never among them."""
         taken: list[Path] = []
         with os.scandir(self.running) as entries:
-            names = sorted(e.name for e in entries if not e.name.startswith(".") and e.is_file(follow_symlinks=False))
+            found = [e.name for e in entries if e.is_file(follow_symlinks=False)]
+        names = sorted(n for n in found if not n.startswith("."))
         for name in names:
             if os.path.splitext(name)[1] in JOB_SUFFIXES and self._take_over(self.running / name, now):
                 taken.append(self.running / name)
+        self._orphans([n for n in found if n.startswith(".") and n.endswith(".lease")], set(names), now)
         return taken
+
+    def _orphans(self, lease_names: list[str], claimed: set[str], now: float) -> None:
+        """Remove the expired leases of files no longer claimed: a controller killed between a claim's
+        lease and its file leaves one (the claimed name is never used again). A fresh one may be a
+        claim under way: it is left until it expires."""
+        for name in lease_names:
+            if name[1 : -len(".lease")] in claimed:
+                continue
+            path = self.running / name
+            lease = leases.read(path, now)
+            try:
+                age = now - os.lstat(path).st_mtime
+                if lease.expired(now, self.owner) if lease else age >= EXPIRY * self.interval:
+                    os.unlink(path)
+            except FileNotFoundError:
+                continue
 
     def _take_over(self, claimed: Path, now: float) -> bool:
         lease_file = self.lease_file(claimed)

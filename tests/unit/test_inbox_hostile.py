@@ -276,3 +276,44 @@ def test_serves_claim_counts_its_start_in_the_lease_it_creates_and_a_take_over_c
     other = Inbox(mine.path, interval=0.2)
     assert other.expired(time.time()) == [claimed]
     assert other.count_start(claimed) == 2
+
+
+def test_a_renewal_that_races_the_files_end_leaves_no_lease_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The renewal thread read the lease (ours), the job's thread then finished the file (moved to
+    done/, lease removed), and the renewal's write put the lease back: it must not stay for ever."""
+    from controller.run import lease as leases
+
+    inbox = _inbox(tmp_path)
+    job = inbox.path / "a.yaml"
+    job.write_text("name: a\n")
+    _old(job)
+    claimed = inbox.claim(job, starts=1)
+    assert claimed is not None
+    write = leases.write
+
+    def finished_meanwhile(path: Path, record: Record) -> None:
+        inbox.finish(claimed, True, None)  # between the renewal's read and its write
+        write(path, record)
+
+    monkeypatch.setattr(leases, "write", finished_meanwhile)
+    assert not inbox.renew(claimed)
+    assert sorted(p.name for p in inbox.running.iterdir()) == []
+    assert (inbox.done / "a.yaml").read_text() == "name: a\n"
+
+
+def test_a_lease_whose_file_was_never_written_is_removed_once_it_has_expired(tmp_path: Path) -> None:
+    """A controller killed between a claim's lease and its file leaves a lease of a file that never
+    existed; a claim under way (its lease fresh, its file not written yet) is left alone."""
+    from controller.run import lease as leases
+
+    inbox = _inbox(tmp_path, interval=60)
+    me = inbox.owner
+    dead = Owner(me.host, 2**22 + 12345, me.boot, me.pidns, "d" * 32)  # no such pid: expired at once
+    killed = inbox.lease_file(inbox.running / "a.0123456789abcdef0123456789abcdef.yaml")
+    assert leases.create(killed, Record(dead, time.time(), 60, 1))
+    under_way = inbox.lease_file(inbox.running / "b.fedcba9876543210fedcba9876543210.yaml")
+    assert leases.create(under_way, Record(me, time.time(), 60, 1))
+    assert Inbox(inbox.path, interval=60).expired(time.time()) == []
+    assert sorted(p.name for p in inbox.running.iterdir()) == [under_way.name]
