@@ -19,13 +19,39 @@ Alice's originals). Refused here, before anything runs, each with exit 65 naming
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from contract.layout import RESERVED
 from controller.errors import JobFileError
 
 SHOWN = 3  # existing outputs named in a refusal
 UPLOADS = "uploads"  # in a tenant's area: the API's folder of uploaded inputs (controller/api/sweep.py)
+MAX_OUTPUT_MOUNTS = 16  # writable output folders one runner's service mounts (controller/swarm/servicespec.py)
+
+
+def writable_outputs(area: str, folders: Iterable[str], file: str = "job") -> list[str]:
+    """The folders a tenant's runner may write (tenant_mounts), covering every output folder in
+    ``folders`` (each the ``area`` or under it, relative to the data root): nested ones are one, and
+    more than MAX_OUTPUT_MOUNTS are merged at the deepest level below the area where they fit
+    (``out/a/1`` … ``out/b/9`` into ``out/a`` and ``out/b``) — never into the area itself, whose top
+    and ``uploads/`` are the API's. A JobFileError on ``output`` when even the area's top folders are
+    too many: the job is refused at submit (the API's and serve's), not given its whole area."""
+    unique = list(dict.fromkeys(folders))
+    outputs = sorted(f for f in unique if not any(f.startswith(g + "/") for g in unique if g != f))
+    if len(outputs) <= MAX_OUTPUT_MOUNTS or area in outputs:
+        return outputs
+    below = [f[len(area) + 1 :].split("/") for f in outputs]
+    for depth in range(max(len(p) for p in below) - 1, 0, -1):
+        merged = sorted({"/".join([area, *p[:depth]]) for p in below})
+        if len(merged) <= MAX_OUTPUT_MOUNTS:
+            return merged
+    tops = len({p[0] for p in below})
+    raise JobFileError(
+        file,
+        "output",
+        f"the outputs go to {tops} folders at the top of the tenant's area, more than the {MAX_OUTPUT_MOUNTS} "
+        "one runner may write: put them under fewer folders (e.g. out/)",
+    )
 
 
 def inside(rel: str, area: str) -> bool:

@@ -23,7 +23,7 @@ from contract.s3 import S3Url, StorageAccess, is_s3
 from controller import policy as admission
 from controller.config import Config
 from controller.errors import FfswarmError, JobFileError, MissingInputError, UsageError
-from controller.job import access, claims, owners, remote, video
+from controller.job import access, claims, fence, owners, remote, video
 from controller.job.files import parse_job_text, raise_all, read_jobs
 from controller.job.keys import manifest_values
 from controller.job.owners import area_rel, outputs_rel
@@ -133,6 +133,9 @@ def _prepare_one(
     parts = store is not None and stores.commit_in_parts(config, store, [t.output_rel for t in resolved.targets])
     check_pack(config, spec, file)
     folders = access.check_job(config, resolved, str(file))  # the runner can read and write it all
+    if tenant is not None:  # its runners can be given the folders its outputs go to (tenant_mounts)
+        outputs = (posixpath.dirname(t.output_rel) for t in resolved.targets if not is_s3(t.output_rel))
+        fence.writable_outputs(area_rel(tenant), outputs, str(file))
     try:  # videos probed and cut into segments
         run_as = video.probe_user(config.runner_uid_gid())  # ffprobe as the runner, never as root
         targets = video.target_refs(resolved.targets, spec, config.policy.limits, run_as, store)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import posixpath
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -18,6 +17,7 @@ from typing import Any
 from contract.layout import RunLayout
 from contract.manifest import ENV_ATTEMPT, ENV_MANIFEST
 from contract.paths import CONTAINER_DATA_ROOT, container_path
+from controller.job.fence import writable_outputs
 
 LABEL_JOB = "io.ffswarm.job"
 LABEL_CHUNK = "io.ffswarm.chunk"
@@ -286,9 +286,6 @@ def chunk_service(
     )
 
 
-MAX_OUTPUT_MOUNTS = 16  # writable output folders per service before they are merged into their common folder
-
-
 def tenant_mounts(
     area: str, run: str, models: str, output_folders: Iterable[str], runs: str = ""
 ) -> tuple[DataMount, ...]:
@@ -307,9 +304,7 @@ def tenant_mounts(
     for f in inside:
         if f != area and not f.startswith(area + "/"):
             raise ValueError(f"a tenant's output folder {f!r} is outside its area {area!r}")
-    outputs = sorted(f for f in inside if not any(f.startswith(g + "/") for g in inside if g != f))
-    if len(outputs) > MAX_OUTPUT_MOUNTS:
-        outputs = [posixpath.commonpath(outputs)]
+    outputs = writable_outputs(area, inside)
     own = DataMount(runs or run, writable=True)
     if area in outputs:
         return (DataMount(area, writable=True), own, DataMount(models))

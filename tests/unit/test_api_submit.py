@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from controller.api.submit import rebased
+from controller.job.fence import MAX_OUTPUT_MOUNTS
 from controller.job.files import parse_job, parse_job_text
 from tests.builders import JPEG, JWT_SECRET, MP4, PNG, Env, api_env, leftovers, zip_bytes
 
@@ -87,6 +88,25 @@ def test_job_file_errors_are_422_in_the_clis_words_with_the_field(env: Env) -> N
         assert r.status_code == 422 and r.json()["error"]["field"].startswith("targets")
         assert "tenant without a storage area" in r.json()["error"]["message"]
     assert not list((env.root / "inbox").glob("*.yaml"))
+
+
+def test_outputs_spread_over_more_top_folders_than_one_runner_may_write_are_422_on_output(env: Env) -> None:
+    area = env.area()
+    with env.client() as c:
+        c.get("/v1/jobs")  # the area is made on first use
+        (area / "faces").mkdir()
+        (area / "faces" / "me.jpg").write_bytes(JPEG)
+        for k in range(MAX_OUTPUT_MOUNTS + 1):
+            (area / f"d{k:02d}").mkdir()
+            (area / f"d{k:02d}" / "a.jpg").write_bytes(JPEG)
+        job = {"source": "faces/me.jpg", "targets": ["d*/a.jpg"], "output": "{dir}/s/{name}", "resources": {"gpus": 0}}
+        r = c.post("/v1/jobs", json=job)
+        assert r.status_code == 422 and r.json()["error"]["field"] == "output", r.text
+        assert f"{MAX_OUTPUT_MOUNTS + 1} folders at the top of the tenant's area" in r.json()["error"]["message"]
+        assert "tenants/acme" not in r.text
+        (area / "d00" / "a.jpg").unlink()  # one fewer: each output folder its runner's own mount
+        assert c.post("/v1/jobs", json=job).status_code == 202
+    assert len(list((env.root / "inbox").glob("*.yaml"))) == 1
 
 
 def test_uploads_with_a_zip_are_unpacked_and_non_media_entries_are_noted(env: Env) -> None:

@@ -16,7 +16,9 @@ from controller.api.area import Area
 from controller.config import Config
 from controller.errors import JobFileError
 from controller.job import owners
+from controller.job.fence import MAX_OUTPUT_MOUNTS
 from controller.run import usecase
+from controller.run.jobs import prepare
 from controller.run.rundir import RunDir
 from controller.serve import daemon as serve
 from controller.serve.inbox import Inbox
@@ -123,3 +125,29 @@ def test_a_record_in_another_tenants_folder_names_that_tenant_only(tmp_path: Pat
 def test_without_tenants_configured_no_record_is_looked_for(tmp_path: Path) -> None:
     config, _, claimed = _handed_over(tmp_path)
     assert serve.job_owner(dataclasses.replace(config, tenants={}), claimed) is None
+
+
+def test_a_job_whose_outputs_spread_over_too_many_top_folders_of_its_area_is_refused_at_submit(tmp_path: Path) -> None:
+    """Its runner would otherwise be given the whole area writable, uploads/ included (tenant_mounts)."""
+    config, _ = make_config(tmp_path)
+    beat(config)
+    area = Area(config.data_root, "acme")
+    area.ensure(None)
+    many = MAX_OUTPUT_MOUNTS + 1
+    for k in range(many):
+        (area.path / f"d{k:02d}" / "a.jpg").parent.mkdir(parents=True)
+        (area.path / f"d{k:02d}" / "a.jpg").write_bytes(JPEG)
+    (area.path / "faces").mkdir()
+    (area.path / "faces" / "me.jpg").write_bytes(JPEG)
+    job = config.data_root / "job.yaml"
+    fields = "source: tenants/acme/faces/me.jpg\ntargets: [tenants/acme/d*/a.jpg]\n"
+    fields += "output: 'tenants/acme/{dir}/s/{name}'"
+    job.write_text(f"name: spread\n{fields}\n")
+    before = sorted(p.relative_to(config.data_root) for p in config.data_root.rglob("*"))
+    with pytest.raises(JobFileError) as e:
+        prepare(config, [job], new=False, tenant="acme")
+    assert e.value.field == "output" and f"{many} folders at the top of the tenant's area" in e.value.reason
+    assert sorted(p.relative_to(config.data_root) for p in config.data_root.rglob("*")) == before  # nothing made
+    (area.path / "d00" / "a.jpg").unlink()  # one top folder fewer: accepted, each output folder its own mount
+    (prepared,) = prepare(config, [job], new=False, tenant="acme")
+    assert len(prepared.resolved.targets) == MAX_OUTPUT_MOUNTS  # type: ignore[union-attr]

@@ -10,8 +10,9 @@ from types import MappingProxyType
 
 import pytest
 
+from controller.errors import JobFileError
+from controller.job.fence import MAX_OUTPUT_MOUNTS
 from controller.swarm.servicespec import (
-    MAX_OUTPUT_MOUNTS,
     WHOLE_ROOT,
     DataMount,
     RunnerSettings,
@@ -44,6 +45,25 @@ def test_nested_output_folders_are_one_mount_and_many_merge_into_their_common_fo
     many = [f"tenants/acme/out/{k:02d}" for k in range(MAX_OUTPUT_MOUNTS + 1)]
     merged = tenant_mounts(AREA, RUN, MODELS, many)
     assert visible(merged) == {AREA: False, "tenants/acme/out": True, RUN: True, MODELS: False}
+
+
+def test_too_many_output_folders_merge_at_the_deepest_level_that_fits_never_into_the_area() -> None:
+    spread = [f"tenants/acme/{top}/{k:02d}" for top in ("out", "best") for k in range(MAX_OUTPUT_MOUNTS)]
+    merged = tenant_mounts(AREA, RUN, MODELS, spread)
+    outputs = {"tenants/acme/best": True, "tenants/acme/out": True}
+    assert visible(merged) == {AREA: False, **outputs, RUN: True, MODELS: False}
+    deep = [f"tenants/acme/out/{g}/{k:02d}/x" for g in ("a", "b", "c") for k in range(MAX_OUTPUT_MOUNTS)]
+    deep.append("tenants/acme/kept")  # shallower than the level chosen: kept as it is
+    mounts = tenant_mounts(AREA, RUN, MODELS, deep)
+    writable = sorted(m.rel for m in mounts if m.writable and m.rel != RUN)
+    assert writable == ["tenants/acme/kept", "tenants/acme/out/a", "tenants/acme/out/b", "tenants/acme/out/c"]
+
+
+def test_more_top_folders_of_the_area_than_one_runner_may_write_are_refused_not_merged_into_the_area() -> None:
+    tops = [f"tenants/acme/d{k:02d}" for k in range(MAX_OUTPUT_MOUNTS + 1)]
+    with pytest.raises(JobFileError, match=f"{MAX_OUTPUT_MOUNTS + 1} folders at the top"):
+        tenant_mounts(AREA, RUN, MODELS, [f"{t}/out" for t in tops])
+    assert len(tenant_mounts(AREA, RUN, MODELS, tops[:MAX_OUTPUT_MOUNTS])) == MAX_OUTPUT_MOUNTS + 3
 
 
 def test_outputs_into_the_area_itself_make_the_area_writable_but_nothing_more() -> None:
