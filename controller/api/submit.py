@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -41,7 +40,7 @@ from controller.apiconfig import Tenant
 from controller.config import Config
 from controller.errors import FfswarmError, JobFileError
 from controller.folder import Folder
-from controller.job import fence, remote
+from controller.job import access, fence, remote
 from controller.job.files import JobFileErrors, parse_job
 from controller.job.keys import path_keys
 from controller.job.locations import under
@@ -134,7 +133,7 @@ def validate(config: Config, area: Area, data: dict[str, Any], job: str, objects
         limit = config.policy.limits.targets
         resolved = resolve_job(spec, area.path, "job", job_id=job, max_pairs=limit, store=store)
         admission.check_counts(config.policy, "job", len(resolved.targets), 0)
-        outputs = (posixpath.dirname(f"{area.rel}/{t.output_rel}") for t in resolved.targets if not is_s3(t.output_rel))
+        outputs = (f"{area.rel}/{f}" for f in access.output_folders(resolved))  # from the area here
         fence.writable_outputs(area.rel, outputs)  # its runner can be given the folders it writes
         check_pack(config, spec, Path("job"))
     except JobFileError as e:

@@ -178,8 +178,12 @@ def check_job(config: Config, job: ResolvedJob, file: str) -> tuple[str, ...]:
     root = Path(os.path.realpath(config.data_root))
     photos = [p for p in (*job.sources, *([job.reference] if job.reference else [])) if isinstance(p, Path)]
     inputs = [p.relative_to(root).as_posix() for p in photos] + [t.rel for t in job.targets if not is_s3(t.rel)]
-    folders = (posixpath.dirname(t.output_rel) for t in job.targets if not is_s3(t.output_rel))  # objects: none
-    return check(config, inputs, folders, file)
+    return check(config, inputs, output_folders(job), file)
+
+
+def output_folders(job: ResolvedJob) -> list[str]:
+    """The folders the job's outputs go to (objects have none), as its paths name them."""
+    return [posixpath.dirname(t.output_rel) for t in job.targets if not is_s3(t.output_rel)]
 
 
 def check_plan(config: Config, plan: Plan, chunks: Iterable[str], file: str) -> tuple[str, ...]:

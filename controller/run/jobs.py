@@ -134,8 +134,7 @@ def _prepare_one(
     check_pack(config, spec, file)
     folders = access.check_job(config, resolved, str(file))  # the runner can read and write it all
     if tenant is not None:  # its runners can be given the folders its outputs go to (tenant_mounts)
-        outputs = (posixpath.dirname(t.output_rel) for t in resolved.targets if not is_s3(t.output_rel))
-        fence.writable_outputs(area_rel(tenant), outputs, str(file))
+        fence.writable_outputs(area_rel(tenant), access.output_folders(resolved), str(file))
     try:  # videos probed and cut into segments
         run_as = video.probe_user(config.runner_uid_gid())  # ffprobe as the runner, never as root
         targets = video.target_refs(resolved.targets, spec, config.policy.limits, run_as, store)
