@@ -27,11 +27,15 @@ from controller.swarm.servicespec import ANCHOR_SERVICE, LABEL_ROLE
 
 ROLE_ANCHOR = "runners-anchor"
 # PID 1 ignores a signal it has no handler for: without the SIGTERM handler every engine stop and node
-# drain would wait out the grace period and then SIGKILL the anchor.
+# drain would wait out the grace period and then SIGKILL the anchor. It prints ANCHOR_READY once the handler
+# is in place: a SIGTERM sent before that (while the interpreter starts) is still ignored.
+ANCHOR_READY = "anchor ready"
 ANCHOR_COMMAND = (
     "/opt/ffswarm/bin/python",
+    "-I",
     "-c",
-    "import signal, sys; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); signal.pause()",
+    "import signal, sys; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); "
+    f"print({ANCHOR_READY!r}, flush=True); signal.pause()",
 )
 ANCHOR_MEMORY = 48 * 1024 * 1024
 ANCHOR_WAIT = 60.0  # seconds for every node's anchor to be running before runners are started

@@ -13,7 +13,7 @@ from controller.config import Config
 from controller.doctor import SBOM_LABEL, check_runner_network
 from controller.swarm.admin import SwarmAdmin
 from controller.swarm.docker import DockerSwarm
-from controller.swarm.network import ANCHOR_COMMAND
+from controller.swarm.network import ANCHOR_COMMAND, ANCHOR_READY
 from controller.swarm.servicespec import ANCHOR_SERVICE, RUNNER_NETWORK, VolumeSpec
 from tests.integration.conftest import Workspace
 
@@ -127,6 +127,10 @@ def test_the_runners_anchor_ends_on_sigterm_without_waiting_for_a_kill(swarm: Do
         swarm.resolve_image(config.image), entrypoint=list(ANCHOR_COMMAND), detach=True, network_mode="none"
     )
     try:
+        # The engine says "running" as soon as the process exists; the handler is in place when it says so.
+        for line in container.logs(stream=True, follow=True):
+            if line.decode().strip() == ANCHOR_READY:
+                break
         container.reload()
         assert container.status == "running"
         container.stop(timeout=30)  # SIGTERM, then SIGKILL only after 30 s
