@@ -9,6 +9,7 @@ descriptor. Every change then happens through descriptors: files are created O_E
 a directory descriptor, chowned and chmodded with fchown/fchmod, renamed and unlinked relative to
 that descriptor, and the directory is fsynced after a rename. A symlink anywhere on a path is an
 error (UnsafePath) naming the path relative to the data root; nothing is written through it.
+``write_atomic`` and ``read_nofollow`` do the same for callers holding absolute paths (beneath "/").
 """
 
 from __future__ import annotations
@@ -486,3 +487,37 @@ def proc_path(fd: int) -> str:
     """A name for an open descriptor that a child process (ffmpeg) can open: the very file, whatever
     happens to the path it was reached by."""
     return f"/proc/{os.getpid()}/fd/{fd}"
+
+
+_SYSTEM = Volume(Path("/"))  # for callers holding absolute paths: no symlink anywhere on them
+
+
+def write_atomic(path: Path, data: bytes, owner: Owner | None = None, durable: bool = True) -> None:
+    """Temp name in the same folder (O_EXCL, in the folder's descriptor), then rename and fsync the
+    folder; mode 0640 narrowed by the umask; never through a symlink on any part of ``path`` (an
+    absolute path: callers outside a RunDir). `durable=False` skips the fsyncs, for bulk writes that
+    the caller makes durable with one flush of the filesystem (planning 5,000 manifests)."""
+    _SYSTEM.mkdirs(path.parent)
+    _SYSTEM.write_atomic(path, data, owner, durable=durable)
+
+
+def read_nofollow(path: Path, limit: int) -> bytes | None:
+    """At most ``limit`` bytes of a regular file, never through a symlink on any part of its path;
+    None if it cannot be read (missing, a link, a folder, a fifo)."""
+    try:
+        fd = _SYSTEM.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, UnsafePath):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder, a fifo, a device: not a file we read
+            return None
+        chunks: list[bytes] = []
+        left = limit
+        while left > 0 and (block := os.read(fd, left)):  # a network filesystem may answer in parts
+            chunks.append(block)
+            left -= len(block)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

@@ -33,9 +33,8 @@ from controller import log
 from controller.job import access
 from controller.job.index import JobIndex
 from controller.job.owners import JOB_ID, MAX_RECORD, TENANT, JobRecord
-from controller.run.rundir import read_nofollow, write_atomic
 from controller.storage.area import StorageArea
-from controller.volume import Volume
+from controller.volume import Volume, read_nofollow, write_atomic
 
 __all__ = ["JOB_ID", "Area", "JobRecord", "new_job_id", "run_owner"]
 

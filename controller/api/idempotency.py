@@ -43,7 +43,7 @@ from starlette.types import Message
 
 from controller.api.area import Area
 from controller.api.errors import ApiError
-from controller.run.rundir import read_nofollow, write_atomic
+from controller.volume import read_nofollow, write_atomic
 
 HEADER = "Idempotency-Key"
 _KEY = re.compile(r"[\x20-\x7e]{1,200}")

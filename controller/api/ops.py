@@ -35,7 +35,8 @@ from controller.config import Config
 from controller.errors import FfswarmError, UsageError
 from controller.job.files import parse_job_text
 from controller.run import control, handover, status
-from controller.run.rundir import RunDir, read_nofollow, write_atomic
+from controller.run.rundir import RunDir
+from controller.volume import read_nofollow, write_atomic
 
 MAX_BODY = 4096
 

@@ -22,7 +22,8 @@ from controller.config import Config
 from controller.errors import FfswarmError
 from controller.job.ledger import Ledger
 from controller.run import control, deletion, handover, status, usage, webhooks
-from controller.run.rundir import RunDir, read_nofollow
+from controller.run.rundir import RunDir
+from controller.volume import read_nofollow
 
 MAX_REASON = 4096
 

@@ -20,7 +20,8 @@ from contract.attempt import MAX_BYTES, AttemptRecord
 from contract.errors import RecordError
 from contract.exits import RunnerExit
 from controller.run.failures import last_words
-from controller.run.rundir import RunDir, read_nofollow, write_atomic
+from controller.run.rundir import RunDir
+from controller.volume import read_nofollow, write_atomic
 
 
 def read_record(rundir: RunDir, chunk: str, attempt: int) -> AttemptRecord | None:

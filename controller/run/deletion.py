@@ -49,8 +49,8 @@ from controller.job.owners import JOB_ID, MAX_RECORD, JobRecord
 from controller.run import status
 from controller.run.fold import Fold
 from controller.run.packed import pack_of
-from controller.run.rundir import RunDir, read_nofollow
-from controller.volume import UnsafePath, Volume
+from controller.run.rundir import RunDir
+from controller.volume import UnsafePath, Volume, read_nofollow
 
 FINISHED = ("finished", "cancelled", "refused")
 _PIECE = 1024 * 1024

@@ -53,7 +53,7 @@ from controller.job.owners import TENANT
 from controller.job.spec import OnComplete
 from controller.policy import Hook, Policy, Webhooks
 from controller.run import links
-from controller.run.rundir import read_nofollow
+from controller.volume import read_nofollow
 
 HOOK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TAIL_CHARS = 200

@@ -89,11 +89,14 @@ def _access(config: Config, tenant: str | None) -> StorageAccess | None:
     return None if s3 is None else s3.access()
 
 
-def prepare(rundir: RunDir, request: IdentityRequest) -> None:
+def prepare(rundir: RunDir, request: IdentityRequest, step: bool = True) -> None:
     """The request, and the answer saying "pending" (a file that exists from the start is re-read
-    promptly by NFS clients, which may cache a missing name for tens of seconds)."""
+    promptly by NFS clients, which may cache a missing name for tens of seconds). Without a ``step``
+    (each chunk embeds its own people: a pack's) the request alone, for what the job reads (usage's
+    bytes in)."""
     rundir.write_file(rundir.layout.identity_request, request.to_json().encode())
-    rundir.write_file(rundir.layout.identity, IdentityResult(pending=True).to_json().encode())
+    if step:
+        rundir.write_file(rundir.layout.identity, IdentityResult(pending=True).to_json().encode())
 
 
 MAX_RESULT_BYTES = 1024**2  # a few embeddings of 512 floats and one reason per photo

@@ -350,18 +350,18 @@ def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
             raise
     rundir = RunDir(config.data_root, job.job_id, owner(config), config.controller_ids())
     rundir.made_folders = made
-    if not rundir.exists():
+    if (new := not rundir.exists()) or rundir.made_for_pack():  # made for a pack, run alone now (serve/unmade.py)
         assert job.resolved is not None
         rundir.make_dirs()
         if job.tenant is not None and pack_tenant_key(job.job_id) is not None:  # its id carries only a key
             write_owner(rundir, job.tenant)  # before plan.json: a complete pack's folder names its tenant
         request = identity.request_for(config, job.spec, job.resolved, job.job_id, job.tenant)
-        if job.people_in_chunks:  # the request alone: what the job reads (usage's bytes in); no step runs
-            rundir.write_file(rundir.layout.identity_request, request.to_json().encode())
+        identity.prepare(rundir, request, step=not job.people_in_chunks)
+        manifests = chunk_manifests(job.plan if new else rundir.plan(), manifest_settings(config, job))
+        if not new:  # a packed job's folder: its own plan (as its state and status know it) and files are there
+            rundir.write_manifests(manifests)
         else:
-            identity.prepare(rundir, request)
-        manifests = chunk_manifests(job.plan, manifest_settings(config, job))
-        rundir.create(job.file.read_bytes(), job.plan, manifests, Control(job.spec.max_concurrent), image)
+            rundir.create(job.file.read_bytes(), job.plan, manifests, Control(job.spec.max_concurrent), image)
     return rundir
 
 

@@ -35,7 +35,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from controller.run.rundir import read_nofollow
+from controller.volume import read_nofollow
 
 EXPIRY = 3  # heartbeats missed before a lease has expired
 CLOCK_SLACK = 30.0  # seconds a heartbeat may lie ahead of this host's clock (NTP skew)

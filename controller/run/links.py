@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 
 from contract.layout import RECORDS, TENANTS
 from controller.job.owners import JOB_ID
-from controller.run.rundir import read_nofollow, write_atomic
+from controller.volume import read_nofollow, write_atomic
 
 KID_LENGTH = 12  # hex digits of the key's sha256: names the key, says nothing usable about it
 MAX_GENERATION = 10**9

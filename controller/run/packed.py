@@ -20,7 +20,8 @@ from typing import Any
 
 from contract.results import ChunkResults, ItemResult, merge_lines
 from controller.job.plan import ID, Plan, PlannedItem
-from controller.run.rundir import RunDir, RunFileError, read_nofollow
+from controller.run.rundir import RunDir, RunFileError
+from controller.volume import read_nofollow
 
 MAX_MEMBERS_BYTES = 64 * 1024**2
 

@@ -30,7 +30,7 @@ from contract.results import ChunkResults, ItemResult, chunk_results
 from controller.errors import FfswarmError
 from controller.folder import sync_filesystem
 from controller.job.plan import ID, Plan
-from controller.volume import DIR_MODE, SHARED_DIR_MODE, Owner, UnsafePath, Volume
+from controller.volume import DIR_MODE, SHARED_DIR_MODE, Owner, UnsafePath, Volume, read_nofollow
 
 MiB = 1024**2
 LIMITS = {"job.yaml": 64 * MiB, "plan.json": 256 * MiB, "manifest": 64 * MiB, "state.json": 256 * MiB,
@@ -63,40 +63,6 @@ class Control:
 class RunFileError(FfswarmError):
     """A run-folder file that is not what the controller wrote (edited, truncated, replaced): the
     message names it relative to the data root and says what is wrong, never its content."""
-
-
-_SYSTEM = Volume(Path("/"))  # for callers holding absolute paths: no symlink anywhere on them
-
-
-def write_atomic(path: Path, data: bytes, owner: Owner | None = None, durable: bool = True) -> None:
-    """Temp name in the same folder (O_EXCL, in the folder's descriptor), then rename and fsync the
-    folder; mode 0640 narrowed by the umask; never through a symlink on any part of ``path`` (an
-    absolute path: callers outside a RunDir). `durable=False` skips the fsyncs, for bulk writes that
-    the caller makes durable with one flush of the filesystem (planning 5,000 manifests)."""
-    _SYSTEM.mkdirs(path.parent)
-    _SYSTEM.write_atomic(path, data, owner, durable=durable)
-
-
-def read_nofollow(path: Path, limit: int) -> bytes | None:
-    """At most ``limit`` bytes of a regular file, never through a symlink on any part of its path;
-    None if it cannot be read (missing, a link, a folder, a fifo)."""
-    try:
-        fd = _SYSTEM.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except (OSError, UnsafePath):
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder, a fifo, a device: not a file we read
-            return None
-        chunks: list[bytes] = []
-        left = limit
-        while left > 0 and (block := os.read(fd, left)):  # a network filesystem may answer in parts
-            chunks.append(block)
-            left -= len(block)
-        return b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 class RunDir:
@@ -246,22 +212,43 @@ class RunDir:
         finally:
             os.close(fd)
 
-    def create(self, job_file: bytes, plan: Plan, manifests: dict[str, Manifest], control: Control, image: str) -> None:
+    def create(
+        self,
+        job_file: bytes,
+        plan: Plan,
+        manifests: dict[str, Manifest],
+        control: Control,
+        image: str,
+        packed: bool = False,
+    ) -> None:
+        """The complete run folder, plan.json last. ``packed``: a packed job's, whose chunks run in its
+        pack: the folder without chunks/ and the runner folders (made_for_pack; make_runnable if it
+        ever runs its own chunks)."""
         with self.volume.batch():  # one umask read for the folders and files below
-            self.make_dirs()
+            if packed:
+                self._mkdir(self.path, self.controller_owner(), DIR_MODE)
+            else:
+                self.make_dirs()
             self._write(self.layout.job_file, job_file)
             self._write(self.layout.job_sha256, hashlib.sha256(job_file).hexdigest().encode() + b"\n")
-            # Every manifest on disk before the plan says the run folder is complete: a few are fsynced
-            # one by one; thousands get one flush of the volume's filesystem (cheaper than thousands of
-            # fsyncs, dearer than a few).
-            bulk = len(manifests) > BULK_MANIFESTS
-            for chunk, manifest in manifests.items():
-                self._write(self.layout.manifest(chunk), manifest.to_json().encode(), durable=not bulk)
+            self.write_manifests(manifests)
             self.write_control(control)
             self.write_image(image)
-            if bulk:
-                sync_filesystem(self.data_root)
             self._write(self.layout.plan, plan.to_json().encode())  # last: its presence means "created"
+
+    def write_manifests(self, manifests: dict[str, Manifest]) -> None:
+        """The chunks' manifests, on disk when this returns: a few fsynced one by one; thousands with one
+        flush of the volume's filesystem (cheaper than thousands of fsyncs, dearer than a few)."""
+        bulk = len(manifests) > BULK_MANIFESTS
+        for chunk, manifest in manifests.items():
+            self._write(self.layout.manifest(chunk), manifest.to_json().encode(), durable=not bulk)
+        if bulk:
+            sync_filesystem(self.data_root)
+
+    def made_for_pack(self) -> bool:
+        """A complete folder made for a packed job (create(packed=True)): its chunks have no manifests."""
+        chunks = self.plan().chunks
+        return bool(chunks) and not os.path.lexists(self.layout.manifest(chunks[-1].id))
 
     def plan(self) -> Plan:
         data = self.read_file(self.layout.plan, LIMITS["plan.json"])

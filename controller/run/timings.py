@@ -25,7 +25,8 @@ from controller import log as ffswarm_log
 from controller.job.plan import AUTO_MAX_CHUNK, Plan
 from controller.run.attempts import cold_start
 from controller.run.fold import Fold
-from controller.run.rundir import RunDir, write_atomic
+from controller.run.rundir import RunDir
+from controller.volume import write_atomic
 
 FILE = f"{RUNS}/.timings.json"
 COLD_SHARE = 0.05  # of a chunk's time, at most, spent before its first item

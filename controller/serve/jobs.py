@@ -30,7 +30,7 @@ from controller.run.jobs import open_run, owner, write_owner
 from controller.run.metrics import Metrics
 from controller.run.packed import pack_of
 from controller.run.report import Report, summary
-from controller.run.rundir import RunDir, Stage, read_nofollow
+from controller.run.rundir import RunDir, Stage
 from controller.run.usecase import SinkFactory
 from controller.serve import packs, unmade
 from controller.serve.inbox import original_name
@@ -39,6 +39,7 @@ from controller.serve.packing import Member, Packer
 from controller.serve.shares import Share, ShareBook
 from controller.storage.errors import StorageTemporaryError
 from controller.swarm.docker import DockerSwarm
+from controller.volume import read_nofollow
 
 MAX_REASON_CHARS = 20_000
 

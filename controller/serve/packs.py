@@ -326,16 +326,16 @@ def job_folders(
     """Each member's run folder (``packed`` first, its owner, its plan); one flush of the volume at the end."""
     runner, controller = owner(config), config.controller_ids()  # the same for every member
     jobs: dict[str, _Job] = {}
-    for m in members:
-        rundir = RunDir(config.data_root, m.job.job_id, runner, controller)
+    for job, tenant in ((m.job, m.tenant) for m in members):
+        rundir = RunDir(config.data_root, job.job_id, runner, controller)
         rundir.durable = False  # hundreds at once: one flush of the volume below, not six fsyncs each
         with rundir.volume.batch():  # one umask read for the job's folders and files
             rundir.write_file(rundir.layout.packed, f"{pack_id}\n".encode())  # first: the pack it belongs to
-            if m.tenant is not None:
-                write_owner(rundir, m.tenant)
-            if not rundir.exists():
-                rundir.create(m.job.file.read_bytes(), m.job.plan, {}, Control(m.job.spec.max_concurrent), image)
-        jobs[m.job.job_id] = _Job(rundir, m.job.spec, m.job.plan, record[m.job.job_id]["items"])
+            if tenant is not None:
+                write_owner(rundir, tenant)
+            if not rundir.exists():  # without chunks/ and runner folders: its chunks run in the pack's
+                rundir.create(job.file.read_bytes(), job.plan, {}, Control(job.spec.max_concurrent), image, packed=True)
+        jobs[job.job_id] = _Job(rundir, job.spec, job.plan, record[job.job_id]["items"])
     sync_filesystem(config.data_root)
     return jobs
 

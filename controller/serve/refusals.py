@@ -25,9 +25,10 @@ from controller.errors import FfswarmError
 from controller.job import owners
 from controller.redact import printable
 from controller.run import status, webhooks
-from controller.run.rundir import RunDir, read_nofollow
+from controller.run.rundir import RunDir
 from controller.serve.inbox import original_name
 from controller.serve.jobs import job_owner
+from controller.volume import read_nofollow
 
 MAX_REASON = 4096  # as the API shows a refusal's reason (controller/api/views.py)
 

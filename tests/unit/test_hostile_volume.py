@@ -20,8 +20,8 @@ from controller import volume as volume_mod
 from controller.config import ConfigError, parse_config
 from controller.job.plan import Plan, chunk_manifests
 from controller.run import identity, join
-from controller.run.rundir import Control, RunDir, RunFileError, write_atomic
-from controller.volume import UnsafePath, Volume
+from controller.run.rundir import Control, RunDir, RunFileError
+from controller.volume import UnsafePath, Volume, write_atomic
 from tests.unit.test_plan import make_plan as plan_of
 from tests.unit.test_plan import ms, targets
 
