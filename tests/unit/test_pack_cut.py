@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from contract.identity import IdentityResult
 from controller.job.claims import conflict
 from controller.run import usecase
 from controller.run.metrics import Metrics
@@ -20,6 +21,7 @@ from controller.run.packed import pack_of
 from controller.run.rundir import RunDir, Stage
 from controller.run.status import job_status
 from controller.serve import jobs, packs, unmade
+from controller.swarm.servicespec import LABEL_CHUNK, LABEL_JOB
 from tests.fakes import FakeSwarm
 from tests.unit.test_packs import commit, members, rundir
 
@@ -39,10 +41,10 @@ def cut_pack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> tup
             raise Killed()
         real_write(self, path, data)
 
-    def create(self: RunDir, *args: object) -> None:
+    def create(self: RunDir, *args: object, **kwargs: object) -> None:
         if where == "create" and self.job == "two":
             raise Killed()
-        real_create(self, *args)  # type: ignore[arg-type]
+        real_create(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(RunDir, "write_file", write_file)
     monkeypatch.setattr(RunDir, "create", create)
@@ -118,3 +120,30 @@ def test_a_packed_job_whose_end_stopped_after_its_report_ends_when_its_file_come
     assert outcome.ok, outcome
     assert job_status(one)["phase"] == "finished" and job_status(one)["outcome"] == "succeeded"
     assert (one.state() or {}).get("stage") == Stage.ENDED
+
+
+def test_a_packed_jobs_folder_is_made_whole_when_its_cut_pack_frees_it_to_run_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A packed job's run folder has no chunks/ and no runner folders (its chunks run in its pack's).
+    Freed from a pack cut while it was made, job ``one`` runs its own chunk: its folder is made whole
+    first (manifests its runner can read, the runner's folders), not refused for a missing manifest."""
+    config, ms, pack = cut_pack(tmp_path, monkeypatch, "create")
+    one = rundir(config, "one")
+    assert one.exists() and one.made_for_pack()
+    assert not one.layout.chunks_dir.exists() and not any(p.exists() for p in one.layout.runner_folders())
+    age(pack, unmade.CUT_AFTER + 1)
+    assert unmade.state(config, pack.job) == unmade.CUT
+    swarm = FakeSwarm()
+    monkeypatch.setattr(jobs, "DockerSwarm", lambda _host: swarm)
+    freed = jobs.run_job_file(config, ms[0].job.file, Metrics())  # the cut pack unmade, the file tried again
+    assert freed.retry and "cut while it was being made" in (freed.reason or ""), freed
+    assert pack_of(one) is None
+    swarm.on_end["identity"] = lambda: one.layout.identity.write_text(IdentityResult(source_embedding=(1.0,)).to_json())
+    report = usecase.run(config, swarm, usecase.one_job(config, ms[0].job.file), [])  # as serve runs a job alone
+    assert not one.made_for_pack() and all(p.is_dir() for p in one.layout.runner_folders())
+    chunks = one.plan().chunks
+    assert [one.manifest(c.id).job for c in chunks] == ["one"] * len(chunks)
+    ran = [s for s in swarm.created if s.labels.get(LABEL_JOB) == "one" and s.labels.get(LABEL_CHUNK) != "identity"]
+    assert [s.labels[LABEL_CHUNK] for s in ran] == [c.id for c in chunks]
+    assert report.counts.chunks_done == len(chunks), report.counts
