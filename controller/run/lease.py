@@ -203,24 +203,25 @@ def read(path: Path, now: float) -> Record | None:
     return Record.parse(read_nofollow(path, MAX_BYTES + 1), now)
 
 
-def write_new(path: Path, data: bytes) -> None:
-    """A new file (O_EXCL, never through a link), written and fsynced."""
+def write_new(path: Path, data: bytes, durable: bool = True) -> None:
+    """A new file (O_EXCL, never through a link), written and (``durable``) fsynced."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def _put(path: Path, record: Record, exclusive: bool) -> bool:
+def _put(path: Path, record: Record, exclusive: bool, durable: bool = True) -> bool:
     """A fresh temporary file, then link() (``exclusive``: False when a lease exists) or rename() over
     the lease."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:  # a write that fails half-way (a full volume) leaves no temporary file behind either
-        write_new(tmp, record.to_json())
+        write_new(tmp, record.to_json(), durable)
         if not exclusive:
             os.replace(tmp, path)
             return True
@@ -239,9 +240,9 @@ def create(path: Path, record: Record) -> bool:
     return _put(path, record, exclusive=True)
 
 
-def write(path: Path, record: Record) -> None:
+def write(path: Path, record: Record, durable: bool = True) -> None:
     """The lease replaced by ``record`` (its holder's own update: a renewal, a start counted)."""
-    _put(path, record, exclusive=False)
+    _put(path, record, exclusive=False, durable=durable)
 
 
 def renew(path: Path, owner: Owner, now: float, interval: float) -> bool:
@@ -250,7 +251,10 @@ def renew(path: Path, owner: Owner, now: float, interval: float) -> bool:
     current = read(path, now)
     if current is None or current.owner.id != owner.id:
         return False
-    write(path, replace(current, owner=owner, heartbeat=now, interval=interval))
+    # Not fsynced: a renewal lost with the storage server's cache leaves the holder's own older lease,
+    # renewed again at the next heartbeat. A holder renews every few seconds each lease it holds
+    # (a serve holding a thousand queued files: hundreds a second), so an fsync each costs the volume dearly.
+    write(path, replace(current, owner=owner, heartbeat=now, interval=interval), durable=False)
     return True
 
 
