@@ -293,9 +293,9 @@ def test_a_renewal_that_races_the_files_end_leaves_no_lease_behind(
     assert claimed is not None
     write = leases.write
 
-    def finished_meanwhile(path: Path, record: Record) -> None:
+    def finished_meanwhile(path: Path, record: Record, durable: bool = True) -> None:
         inbox.finish(claimed, True, None)  # between the renewal's read and its write
-        write(path, record)
+        write(path, record, durable)
 
     monkeypatch.setattr(leases, "write", finished_meanwhile)
     assert not inbox.renew(claimed)
