@@ -34,7 +34,7 @@ from controller.job.spec import JobSpec
 from controller.run import identity, stores, timings
 from controller.run.rundir import Control, RunDir, next_job_id
 from controller.settings.fields import FieldError
-from controller.swarm.backend import SwarmBackend
+from controller.swarm.backend import NodeSource, SwarmBackend
 from controller.swarm.servicespec import (
     WHOLE_ROOT,
     DataMount,
@@ -63,7 +63,7 @@ class PreparedJob:
     commit_in_parts: bool = False
 
 
-SwarmFactory = Callable[[], SwarmBackend]  # the command's one backend, built when first asked for
+SwarmFactory = Callable[[], NodeSource]  # the command's one backend (built when first asked for), or serve's nodes
 
 
 B = TypeVar("B", bound=SwarmBackend)
@@ -86,8 +86,8 @@ def prepare(
 ) -> list[PreparedJob]:
     """Every job file read, checked against the policy and the data root, and planned. Every error of
     every file is collected and raised together (controller/job/files.py: JobFileErrors), so one
-    submit shows them all. ``swarm``: the command's backend, asked for the GPU slots the swarm
-    advertises (None, or no swarm reachable: the job's max_concurrent alone sizes the chunks)."""
+    submit shows them all. ``swarm``: asked for the GPU slots the swarm advertises (None, or no swarm
+    reachable: the job's max_concurrent alone sizes the chunks)."""
     out = []
     slots: list[int] = []
 

@@ -112,7 +112,8 @@ class Server:
         self.concurrent_jobs = concurrent_jobs
         self.poll = poll
         # GPU slots shared between the jobs running at once, by tenant weight (controller/serve/shares.py)
-        self.book = ShareBook(SwarmGpus(config))
+        self.gpus = SwarmGpus(config)
+        self.book = ShareBook(self.gpus)
         # Small jobs packed into shared chunk services (controller/serve/packing.py): then a job slot is
         # taken by a job that runs alone or by a pack, and files are read ahead of the slots.
         self.packer = Packer(config.packing, config.image) if config.packing.on else None
@@ -120,7 +121,7 @@ class Server:
         linger = config.packing.linger if self.packer else 0.0
         self.lanes: Lanes | None = None
         self.slots = threading.Semaphore(concurrent_jobs) if self.packer else None
-        running = Running(self.book, self.packer, self.slots)
+        running = Running(self.book, self.packer, self.slots, self.gpus)
         self.run = run or functools.partial(run_job_file, running=running)
         self.retry_after = retry_after
         self.stop = threading.Event()

@@ -20,7 +20,7 @@ from pathlib import Path
 from contract.layout import RunLayout
 from controller import log
 from controller.config import Config
-from controller.errors import CapacityError, FfswarmError, JobFileError, volume_full
+from controller.errors import CapacityError, EngineUnavailable, FfswarmError, JobFileError, volume_full
 from controller.job import owners
 from controller.job.claims import Claimed
 from controller.job.paths import relative_text
@@ -38,6 +38,7 @@ from controller.serve.lanes import Lanes
 from controller.serve.packing import Member, Packer
 from controller.serve.shares import Share, ShareBook
 from controller.storage.errors import StorageTemporaryError
+from controller.swarm.backend import NodeState
 from controller.swarm.docker import DockerSwarm
 from controller.volume import read_nofollow
 
@@ -69,6 +70,7 @@ class Running:
     book: ShareBook | None = None
     packer: Packer | None = None
     slots: threading.Semaphore | None = None
+    gpus: SwarmGpus | None = None  # the swarm's nodes, as `auto` chunking asks for them
 
 
 SLOT_WAIT_SECONDS = 2.0  # a job that cannot pack, while every job slot is busy, waits this long
@@ -122,25 +124,35 @@ def record_owner(tenant: str) -> SinkFactory:
 
 class SwarmGpus:
     """The GPUs the swarm advertises on usable nodes, asked at most every ``every`` seconds; the last
-    answer while the engine does not answer (None before any: then only quotas limit)."""
+    answer while the engine does not answer (None before any: then only quotas limit). Its nodes()
+    size a job's ``auto`` chunks as `submit` does, without asking the engine for every job file."""
 
     def __init__(self, config: Config, every: float = 10.0) -> None:
         self.config = config
         self.every = every
         self._at = -float("inf")
-        self._value: int | None = None
+        self._nodes: list[NodeState] | None = None
         self._lock = threading.Lock()
 
     def __call__(self) -> int | None:
+        nodes = self._seen()
+        return None if nodes is None else sum(n.gpus for n in nodes if n.usable)
+
+    def nodes(self) -> list[NodeState]:
+        nodes = self._seen()
+        if nodes is None:
+            raise EngineUnavailable("the swarm's nodes are not known yet")
+        return nodes
+
+    def _seen(self) -> list[NodeState] | None:
         with self._lock:
             if time.monotonic() - self._at >= self.every:
                 self._at = time.monotonic()
                 try:
-                    nodes = DockerSwarm(self.config.docker_host).nodes()
-                    self._value = sum(n.gpus for n in nodes if n.usable)
+                    self._nodes = DockerSwarm(self.config.docker_host).nodes()
                 except FfswarmError as e:
                     log.get(component="serve").warning("gpus_not_counted", error=str(e))
-            return self._value
+            return self._nodes
 
 
 def join_book(config: Config, book: ShareBook | None, key: str, tenant: str | None, gpus: int) -> Share | None:
@@ -157,7 +169,8 @@ def _run_job_file(config: Config, path: Path, metrics: Metrics, running: Running
     try:
         tenant = job_owner(config, path)
         # a bad file is refused before Docker is asked; a tenant's job is resolved inside its area
-        job = usecase.one_job(config, path) if tenant is None else usecase.one_job(config, path, tenant=tenant)
+        gpus = running.gpus
+        job = usecase.one_job(config, path, None if gpus is None else lambda: gpus, tenant=tenant)
         rundir = RunDir(config.data_root, job.job_id)
         pack = pack_of(rundir)  # also in a half-made folder: its pack may have been cut while made
         if pack is not None and RunDir(config.data_root, pack).exists():

@@ -57,6 +57,12 @@ class NodeState:
         return self.state == "ready" and self.availability == "active"
 
 
+class NodeSource(Protocol):
+    """What planning asks of a swarm: its nodes (a backend, or `serve`'s count kept up to date)."""
+
+    def nodes(self) -> list[NodeState]: ...
+
+
 class SwarmBackend(Protocol):
     """What the supervisor needs from a Swarm; a real one below, an in-memory one in tests."""
 

@@ -246,7 +246,7 @@ def test_serve_never_writes_a_traceback_into_a_reason(tmp_path: Path) -> None:
     claimed = inbox.claim(job)
     assert claimed is not None
 
-    def boom(config: Config, path: Path) -> None:
+    def boom(config: Config, path: Path, *_: object, **__: object) -> None:
         raise RuntimeError(f"secret detail {SECRET}")
 
     mp = pytest.MonkeyPatch()

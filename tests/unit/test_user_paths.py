@@ -121,7 +121,7 @@ def test_a_serve_reason_file_names_paths_relative_to_the_data_root(
 
     job = SimpleNamespace(job_id="j-new", spec=SimpleNamespace(image="img", resources=SimpleNamespace(gpus=0)))
     monkeypatch.setattr(serve_jobs, "DockerSwarm", Backend)
-    monkeypatch.setattr(usecase, "one_job", lambda config, path: job)
+    monkeypatch.setattr(usecase, "one_job", lambda config, path, *_, **__: job)
     monkeypatch.setattr(usecase, "run", lambda *args, **kwargs: report)
     outcome = serve.run_job_file(config, claimed, Metrics())
     assert not outcome.ok and outcome.reason is not None
@@ -131,7 +131,7 @@ def test_a_serve_reason_file_names_paths_relative_to_the_data_root(
         "failed: hidden/in/late.jpg: no result recorded by chunk c0001",
     ]
 
-    def refuse(config: Config, path: Path) -> Any:
+    def refuse(config: Config, path: Path, *_: object, **__: object) -> Any:
         raise MissingInputError(f"{path}: source: {root}/faces/star.jpg: source photo /data/faces/star.jpg: gone")
 
     monkeypatch.setattr(usecase, "one_job", refuse)
