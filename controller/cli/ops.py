@@ -226,7 +226,7 @@ def serve(
     metrics = Metrics()
     http = metrics.serve_http(metrics_port, metrics_addr) if metrics_port else None
     server = Server(config, Inbox(inbox or DataRootLayout.host(config.data_root).inbox), metrics, concurrent_jobs, poll)
-    signal.signal(signal.SIGTERM, lambda *_: server.stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: server.shutdown())
     try:
         server.serve_forever()
     finally:

@@ -125,6 +125,9 @@ class Server:
         self.run = run or functools.partial(run_job_file, running=running)
         self.retry_after = retry_after
         self.stop = threading.Event()
+        # set when a job or pack thread ends, or a pack's GPUs come free: the loop takes the next
+        # files and launches the next pack now, not at its next poll
+        self._wake = threading.Event()
         self._active: dict[str, threading.Thread] = {}
         self._pack_gpus: dict[int, int] = {}  # GPUs each running pack holds at most
         self._pack_ids = itertools.count()
@@ -155,6 +158,12 @@ class Server:
             return
 
         def work() -> None:
+            try:
+                run()
+            finally:
+                self._wake.set()
+
+        def run() -> None:
             self.log.info("job_file_started", file=claimed.name)
             outcome = self.run(self.config, claimed, self.metrics)
             if outcome.packed:  # the packer holds it now; its pack's thread ends it
@@ -186,6 +195,7 @@ class Server:
         def release_gpus() -> None:
             with self._pack_lock:
                 self._pack_gpus.pop(key, None)
+            self._wake.set()
 
         def work() -> None:
             try:
@@ -196,8 +206,8 @@ class Server:
                     self.config, members, self.metrics, self.book, folder, parallel, release_gpus, self.lanes
                 )
             finally:
-                release_gpus()
                 self.slots.release()  # type: ignore[union-attr]
+                release_gpus()
             for m in members:
                 outcome = outcomes[m.job.job_id]
                 if outcome.retry:
@@ -314,6 +324,7 @@ class Server:
         self.log.info("serving", concurrent_jobs=self.concurrent_jobs, resumed=sum(resumed))
         beat_due = time.monotonic() + self.heartbeat.interval
         while not self.stop.is_set():
+            self._wake.clear()  # what wakes it from here on is looked at in this round or the next
             if time.monotonic() >= beat_due:
                 self._beat()
                 self._room(self._resume_expired)
@@ -322,7 +333,12 @@ class Server:
                 beat_due = time.monotonic() + self.heartbeat.interval
             self._active = {k: t for k, t in self._active.items() if t.is_alive()}
             self._room(self._take_waiting)
-            self.stop.wait(min(self.poll, max(beat_due - time.monotonic(), 0.05)))
+            self._wake.wait(min(self.poll, max(beat_due - time.monotonic(), 0.05)))
+
+    def shutdown(self) -> None:
+        """Stop serving (SIGTERM): the loop ends now, the jobs' threads as their runs allow."""
+        self.stop.set()
+        self._wake.set()
 
     def _take_waiting(self) -> None:
         """Claim and start the oldest waiting files, as many as there is room for."""
