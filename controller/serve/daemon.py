@@ -116,7 +116,7 @@ class Server:
         self.book = ShareBook(self.gpus)
         # Small jobs packed into shared chunk services (controller/serve/packing.py): then a job slot is
         # taken by a job that runs alone or by a pack, and files are read ahead of the slots.
-        self.packer = Packer(config.packing, config.image) if config.packing.on else None
+        self.packer = Packer(config.packing, config.image, gpus=self.gpus) if config.packing.on else None
         # packing.linger: packs' chunk services wait for the next pack (controller/serve/lanes.py)
         linger = config.packing.linger if self.packer else 0.0
         self.lanes: Lanes | None = None

@@ -15,7 +15,9 @@ the same. A job's name, sources, targets, outputs, retries, timeout and on_compl
 
 The packer is adaptive: a bucket opens with its first job and is launched once its window has passed
 *and* `serve` has a free job slot *and* a GPU that no other pack holds; while it waits it keeps taking
-jobs (up to ``MAX_PACK_ITEMS``), so a burst makes fewer, fuller packs instead of a queue of tiny ones.
+jobs, so a burst makes fewer, fuller packs instead of a queue of tiny ones — up to ``pack_items``, and
+no more than one chunk of ``PACK_CHUNK_ITEMS`` per GPU of the swarm: a burst's pack launched onto the
+one GPU free at that moment would otherwise run all of it on that GPU while the others go idle.
 A pack runs one chunk service per ``PACK_CHUNK_ITEMS`` photos at most, within the GPUs free for packs
 (``width``): packs launched into job slots alone would queue their chunks behind one another's on
 a few GPUs, every chunk paying its own container start and model load for a handful of photos.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,10 +93,18 @@ class _Bucket:
 class Packer:
     """Buckets of waiting members by key, thread-safe (job threads offer, the serve loop launches)."""
 
-    def __init__(self, settings: PackingSettings, default_image: str, clock: Any = time.monotonic) -> None:
+    def __init__(
+        self,
+        settings: PackingSettings,
+        default_image: str,
+        clock: Any = time.monotonic,
+        gpus: Callable[[], int | None] | None = None,
+    ) -> None:
+        """``gpus``: the GPUs the swarm advertises (None, or unknown: ``pack_items`` alone bounds a pack)."""
         self.settings = settings
         self.default_image = default_image
         self.clock = clock
+        self.gpus = gpus
         self._lock = threading.Lock()
         self._open: dict[str, _Bucket] = {}  # still taking members
         self._full: list[_Bucket] = []  # reached pack_items: waiting for a slot, taking no more
@@ -104,9 +115,10 @@ class Packer:
         if key is None:
             return False
         n = len(member.job.plan.items)
+        limit = self._limit(member.job.spec.resources.gpus)
         with self._lock:
             bucket = self._open.get(key)
-            if bucket is not None and bucket.items + n > self.settings.pack_items:
+            if bucket is not None and bucket.items + n > limit:
                 self._full.append(self._open.pop(key))
                 bucket = None
             if bucket is None:
@@ -114,6 +126,13 @@ class Packer:
             bucket.members.append(member)
             bucket.items += n
         return True
+
+    def _limit(self, gpus: int) -> int:
+        """A bucket's photos at most: pack_items, and one chunk of PACK_CHUNK_ITEMS per GPU slot."""
+        total = self.gpus() if self.gpus is not None and gpus > 0 else None
+        if not total:
+            return self.settings.pack_items
+        return min(self.settings.pack_items, PACK_CHUNK_ITEMS * max(1, total // gpus))
 
     def due(self, slots: int, free_gpus: int | None = None) -> list[list[Member]]:
         """At most ``slots`` packs to launch now: full buckets first, then those whose window passed;

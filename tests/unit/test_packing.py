@@ -14,7 +14,7 @@ from controller.job.files import parse_job_text
 from controller.run import usecase
 from controller.run.jobs import PreparedJob
 from controller.serve import packs
-from controller.serve.packing import Member, Packer, pack_key, width
+from controller.serve.packing import PACK_CHUNK_ITEMS, Member, Packer, pack_key, width
 from controller.settings.fields import FieldError
 from controller.settings.packing import PackingSettings, parse_packing
 from tests.builders import JPEG, make_config
@@ -262,3 +262,25 @@ def test_a_new_lane_starts_only_where_a_gpu_is_not_held_by_another_lane(tmp_path
     assert lanes.obtain("c", 600, 1, wait=0) == (None, True)  # another kind's idle lane retired for it
     assert removed.names == ["ffswarm-lane-2"]
     assert (home.layout.dir / "chunks" / "c0001.lane.json").read_text().count('"manifest": null') == 1  # told to stop
+
+
+def test_a_burst_on_a_small_swarm_makes_packs_of_one_chunk_per_gpu_not_one_for_the_gpu_free_now(
+    tmp_path: Path,
+) -> None:
+    """250 one-photo jobs arrive while the swarm's 2 GPUs are busy: the packs are of at most one
+    chunk per GPU (2 × PACK_CHUNK_ITEMS), so the next GPU to come free takes 100 photos and the
+    other the next 100, instead of one GPU taking all 250 while the other goes idle."""
+    files = {"in/0.jpg": JPEG, "faces/me.jpg": JPEG}
+    job = _job(tmp_path, "one", "source: faces/me.jpg\ntargets: [in/0.jpg]\noutput: o/{name}\n", files)
+    assert job.spec.resources.gpus == 1
+    now = [0.0]
+    packer = Packer(PackingSettings(max_items=5, window=1.0), "img", clock=lambda: now[0], gpus=lambda: 2)
+    for n in range(250):
+        assert packer.offer(Member(Path(f"/inbox/running/j{n}.yaml"), dataclasses.replace(job, job_id=f"j{n}"), None))
+    now[0] += 2
+    assert [len(p) for p in packer.due(slots=9)] == [2 * PACK_CHUNK_ITEMS, 2 * PACK_CHUNK_ITEMS, 50]
+    unknown = Packer(PackingSettings(max_items=5, window=1.0), "img", clock=lambda: now[0], gpus=lambda: None)
+    for n in range(250):
+        assert unknown.offer(Member(Path(f"/inbox/running/j{n}.yaml"), dataclasses.replace(job, job_id=f"j{n}"), None))
+    now[0] += 2
+    assert [len(p) for p in unknown.due(slots=9)] == [250]  # the swarm's size unknown: pack_items alone
