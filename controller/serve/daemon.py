@@ -391,4 +391,4 @@ class Server:
             parallel = width(items, first.resources.gpus, free, max(m.job.spec.max_concurrent for m in members))
             self.start_pack(members, parallel)
         preparing = sum(1 for t in self._active.values() if t.name.startswith("job-") and t.is_alive())
-        return PREPARE_AHEAD - preparing
+        return min(PREPARE_AHEAD - preparing, self.packer.room() - preparing)

@@ -61,6 +61,7 @@ def pack_key(job: PreparedJob, settings: PackingSettings, default_image: str) ->
     return hashlib.sha256(repr(same).encode()).hexdigest()
 
 
+WAITING_PACKS = 2  # packs' worth of jobs held waiting in the packer at most (room)
 PACK_CHUNK_ITEMS = 50  # a pack's photos per chunk service before a second one pays for its own cold start
 
 
@@ -168,6 +169,12 @@ class Packer:
         with self._lock:
             buckets = [*self._full, *self._open.values()]
             return [m.claimed for b in buckets for m in b.members]
+
+    def room(self) -> int:
+        """How many more jobs are worth taking from the inbox: two full packs' worth (the next pack and
+        the one after) less those waiting. A file left in the inbox costs nothing; a claimed one has its
+        lease renewed every heartbeat until its pack ends."""
+        return WAITING_PACKS * self._limit(1) - self.waiting()
 
     def waiting(self) -> int:
         with self._lock:

@@ -277,8 +277,10 @@ def test_a_burst_on_a_small_swarm_makes_packs_of_one_chunk_per_gpu_not_one_for_t
     packer = Packer(PackingSettings(max_items=5, window=1.0), "img", clock=lambda: now[0], gpus=lambda: 2)
     for n in range(250):
         assert packer.offer(Member(Path(f"/inbox/running/j{n}.yaml"), dataclasses.replace(job, job_id=f"j{n}"), None))
+    assert packer.room() == 2 * 2 * PACK_CHUNK_ITEMS - 250 < 0  # serve takes no more files from the inbox
     now[0] += 2
     assert [len(p) for p in packer.due(slots=9)] == [2 * PACK_CHUNK_ITEMS, 2 * PACK_CHUNK_ITEMS, 50]
+    assert packer.room() == 2 * 2 * PACK_CHUNK_ITEMS  # launched: two packs' worth may be taken again
     unknown = Packer(PackingSettings(max_items=5, window=1.0), "img", clock=lambda: now[0], gpus=lambda: None)
     for n in range(250):
         assert unknown.offer(Member(Path(f"/inbox/running/j{n}.yaml"), dataclasses.replace(job, job_id=f"j{n}"), None))
