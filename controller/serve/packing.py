@@ -63,11 +63,16 @@ def pack_key(job: PreparedJob, settings: PackingSettings, default_image: str) ->
 
 WAITING_PACKS = 2  # packs' worth of jobs held waiting in the packer at most (room)
 PACK_CHUNK_ITEMS = 50  # a pack's photos per chunk service before a second one pays for its own cold start
+LANE_ITEMS = 2 * PACK_CHUNK_ITEMS  # photos of a pack that runs as one chunk when lanes are on (width)
 
 
-def width(items: int, gpus: int, free: int | None, max_concurrent: int) -> int:
+def width(items: int, gpus: int, free: int | None, max_concurrent: int, lanes: bool = False) -> int:
     """How many chunk services a pack of ``items`` photos runs at once: one per PACK_CHUNK_ITEMS, no
-    more than the ``free`` GPUs no other pack holds (None: unknown, then max_concurrent alone) allow."""
+    more than the ``free`` GPUs no other pack holds (None: unknown, then max_concurrent alone) allow.
+    With ``lanes`` (packing.linger) a pack of at most LANE_ITEMS runs as one chunk, in a lane: on models
+    a lane has loaded, it beats two chunks of half as many photos that each pay a cold start."""
+    if lanes and items <= LANE_ITEMS:
+        return 1
     n = min(max(1, -(-items // PACK_CHUNK_ITEMS)), max(1, max_concurrent))
     if gpus > 0 and free is not None:
         n = min(n, max(1, free // gpus))

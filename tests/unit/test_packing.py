@@ -137,6 +137,8 @@ def test_packs_launch_only_into_gpus_no_other_pack_holds_and_run_one_chunk_per_f
     assert width(120, 1, free=None, max_concurrent=2) == 2
     assert width(400, 2, free=5, max_concurrent=8) == 2  # 2-GPU chunks: two fit in five
     assert width(400, 0, free=0, max_concurrent=3) == 3  # CPU-only packs take no GPU
+    assert width(100, 1, free=2, max_concurrent=4, lanes=True) == 1  # one chunk, in a lane
+    assert width(120, 1, free=2, max_concurrent=4, lanes=True) == 2  # more than a lane takes whole
 
 
 def test_a_pack_is_a_pairs_job_whose_every_item_keeps_its_job_s_person_and_output(tmp_path: Path) -> None:
