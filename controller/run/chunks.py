@@ -31,6 +31,7 @@ class Share(Protocol):
     it may have running now, given what it asked for, wants and has. The use case only asks it."""
 
     def limit(self, asked: int, want: int, running: int) -> int: ...
+    def freed(self) -> int: ...  # a count that moves whenever a job of the book gives GPUs back
 
 
 @dataclass
@@ -255,6 +256,11 @@ class Policy:
     # called at the start of every round of the watch: under `serve`, a pack's look at its jobs (their
     # cancels and leases: controller/serve/packs.py)
     on_round: Callable[[], None] = lambda: None
+
+    def freed(self) -> int | None:
+        """What the share book says of GPUs given back (None outside `serve`): a job whose chunks wait
+        for a share looks again as soon as it moves, not at its next round."""
+        return None if self.share is None else self.share.freed()
 
     def limit(self, asked: int, waiting: int, running: int) -> int:
         """Chunks the job may have running now: what it asked for (`scale`), within its GPU share."""

@@ -131,7 +131,7 @@ class Supervisor:
             self._watch(run, by_name.get(run.current.service), queue)
         self._save_state()
         if queue or self._running() or gate:
-            self._pause(gate)
+            self._pause(gate, self.policy.freed() if queue else None)
         return gate
 
     # -- the engine going away (a restart, an upgrade) ---------------------------------------------
@@ -169,12 +169,12 @@ class Supervisor:
         self._outage_since = None
         self._outage_naps = 0
 
-    def _pause(self, gate: Callable[[], bool] | None) -> None:
+    def _pause(self, gate: Callable[[], bool] | None, freed: int | None = None) -> None:
         """Wait until the next look at the swarm is due, or an event says to look now, watching the
         running chunks' results files meanwhile (a local read of what was appended): a chunk that
         has recorded every item is about to exit, so the swarm is asked again within `ending_poll`.
-        While a step is pending the swarm is asked every `poll` (the step is short, and its answer
-        is what the job waits for); a changed control.json ends the wait at once."""
+        While a step is pending the swarm is asked every `poll` (the step is short, its answer what the
+        job waits for); a changed control.json, or GPUs given back (``freed``) while chunks wait, end it."""
         events = self.events if self.events is not None and self.events.alive else None
         gated = gate is not None
         due = self.clock() + (self.policy.event_poll if events and not gated else self.policy.poll)
@@ -187,7 +187,7 @@ class Supervisor:
             left = due - self.clock()
             if left <= 1e-9 or self._nap(events, min(self.policy.ending_poll, left)):
                 return
-            if self._control_stamp() != asked:  # `ffswarm scale` or `cancel`: act on it now
+            if self._control_stamp() != asked or (freed is not None and self.policy.freed() != freed):
                 return
 
     def _control_stamp(self) -> tuple[int, int] | None:

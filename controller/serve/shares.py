@@ -52,6 +52,7 @@ class ShareBook:
         self._lock = threading.Lock()
         self._jobs: dict[str, _Job] = {}
         self._arrivals = itertools.count()
+        self.freed = 0  # moves whenever a job leaves or reports fewer chunks running than it held
 
     def join(self, job: str, tenant: str | None, weight: int, cap: int | None, gpus: int) -> Share:
         with self._lock:
@@ -60,7 +61,8 @@ class ShareBook:
 
     def leave(self, job: str) -> None:
         with self._lock:
-            self._jobs.pop(job, None)
+            if self._jobs.pop(job, None) is not None:
+                self.freed += 1
 
     def limit(self, job: str, asked: int, want: int, running: int) -> int:
         """How many chunks ``job`` may have running now (its own ``asked`` maximum included)."""
@@ -70,6 +72,8 @@ class ShareBook:
             if me is None:
                 return asked
             me.want = min(asked, want)
+            if running < me.running:
+                self.freed += 1
             me.running = running
             if total is None:  # the swarm's size unknown: quotas alone
                 answer = me.want
@@ -154,3 +158,6 @@ class Share:
 
     def leave(self) -> None:
         self.book.leave(self.job)
+
+    def freed(self) -> int:
+        return self.book.freed

@@ -4,9 +4,15 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 from controller.run.chunks import Policy
+from controller.run.rundir import Control, RunDir
+from controller.run.supervisor import Supervisor
 from controller.serve.shares import ShareBook
+from controller.swarm.servicespec import ServiceSpec
+from tests.fakes import FakeSwarm
+from tests.unit.test_supervisor import Clock, settings
 
 
 def book(total: int | None) -> ShareBook:
@@ -111,3 +117,43 @@ def test_a_job_outside_the_book_and_a_policy_without_a_share_are_not_limited() -
     share.leave()
     assert share.limit(5, 100, 0) == 5
     assert Policy(share=b.join("c", "acme", 1, 1, 1)).limit(5, 100, 0) == 1
+
+
+def test_the_book_says_when_gpus_are_given_back() -> None:
+    b = book(2)
+    one, two = b.join("one", None, 1, None, 1), b.join("two", None, 1, None, 1)
+    assert one.limit(1, 4, 0) == 1 and two.limit(1, 4, 0) == 1
+    seen = one.freed()
+    assert one.limit(1, 4, 1) == 1 and one.freed() == seen  # still holds what it held
+    assert two.limit(1, 3, 0) == 1 and one.freed() == seen + 1  # its chunk ended: one given back
+    two.leave()
+    assert one.freed() == seen + 2
+
+
+def test_a_job_waiting_for_a_share_starts_when_a_gpu_is_given_back_not_at_its_next_round(tmp_path: Path) -> None:
+    """A pack made ready while every GPU is held waits in the book; the moment the other job gives
+    its GPU back, its watch looks again (within ending_poll), not after its poll."""
+    b = book(1)
+    other = b.join("other", None, 1, None, 1)
+    assert other.limit(1, 1, 0) == 1  # the one GPU is the other job's
+    swarm = FakeSwarm()
+    clock = Clock()
+    started: list[float] = []
+    create = swarm.create_service
+
+    def create_service(spec: ServiceSpec) -> str:
+        started.append(clock.now)
+        return create(spec)
+
+    def sleep(s: float) -> None:
+        clock.sleep(s)
+        if clock.now >= 1.0 and other.freed() == 0:
+            other.leave()  # its chunks ended at t = 1 s
+
+    swarm.create_service = create_service  # type: ignore[method-assign]
+    rundir = RunDir(tmp_path, "j")
+    rundir.path.mkdir(parents=True)
+    rundir.write_control(Control(1))
+    policy = Policy(retries=0, timeout=60.0, schedule_timeout=10.0, poll=30.0, share=b.join("j", None, 1, None, 1))
+    Supervisor(swarm, rundir, settings(), policy, clock=clock, sleep=sleep).run(["c0000"])
+    assert started and 1.0 <= started[0] <= 1.0 + 2 * policy.ending_poll, started
