@@ -222,8 +222,8 @@ class RunDir:
         packed: bool = False,
     ) -> None:
         """The complete run folder, plan.json last. ``packed``: a packed job's, whose chunks run in its
-        pack: the folder without chunks/ and the runner folders (made_for_pack; make_runnable if it
-        ever runs its own chunks)."""
+        pack: the folder without chunks/ and the runner folders (made_for_pack; controller/run/jobs.py
+        start_run makes them, and the manifests, if it ever runs its own chunks)."""
         with self.volume.batch():  # one umask read for the folders and files below
             if packed:
                 self._mkdir(self.path, self.controller_owner(), DIR_MODE)

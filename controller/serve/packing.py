@@ -113,7 +113,7 @@ class Packer:
         self.gpus = gpus
         self._lock = threading.Lock()
         self._open: dict[str, _Bucket] = {}  # still taking members
-        self._full: list[_Bucket] = []  # reached pack_items: waiting for a slot, taking no more
+        self._full: list[_Bucket] = []  # reached their limit (_limit): waiting for a slot, taking no more
 
     def offer(self, member: Member) -> bool:
         """Take the member into its bucket (True), or say it runs alone (False)."""
