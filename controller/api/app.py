@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import functools
 import os
-import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -23,31 +22,40 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from controller import log
+from controller.api import accept, idempotency, objects, ops, page, quota, results, submit, uploads, views
 from controller.api import deliveries as api_deliveries
 from controller.api import events as event_stream
-from controller.api import idempotency, objects, ops, page, quota, results, submit, uploads, views
 from controller.api import usage as api_usage
 from controller.api import workers as api_workers
+from controller.api.accept import Accepted
 from controller.api.area import Area, run_owner
 from controller.api.auth import Authenticator, JwtVerifier, check_link_generation, read_key_file, verify_link
-from controller.api.errors import ApiError, not_found
+from controller.api.errors import not_found
 from controller.api.fairness import Fairness
+from controller.api.intake import Intake, Staged
 from controller.api.listing import Query, list_page
 from controller.api.metrics import ApiMetrics
 from controller.api.openapi import document
-from controller.api.routing import check_documented, framework_error, table_routes
+from controller.api.routing import (
+    capped_body,
+    check_documented,
+    framework_error,
+    guard,
+    json_body,
+    media_type,
+    table_routes,
+)
 from controller.api.slow import Lent, SlowWork
 from controller.api.sweep import Staging, every, sweep_uploads
 from controller.api.waiting import preference, until_ended
 from controller.apiconfig import Tenant
 from controller.config import Config, warn_cluster_keys
-from controller.errors import FfswarmError, volume_full
+from controller.errors import FfswarmError
 from controller.job import access
 from controller.run import links
 
 Handler = Callable[[Request], Awaitable[Response]]
 MAX_JSON = 1024**2
-VOLUME_FULL = {"error": {"code": "volume_full", "message": "the shared volume is full; try again later"}}  # + 30 s
 THREADS = min(32, (os.cpu_count() or 1) + 4)  # asyncio's own default, named: see _threads
 
 
@@ -61,6 +69,7 @@ class Api:
         self.objects = objects.Objects(config.storage.s3)  # the store, for tenants with an s3 area
         self.fairness = Fairness()  # each tenant's request rate and requests in flight (controller/api/fairness.py)
         self.slow = SlowWork(config.api.slow_threads, config.api.slow_threads_per_tenant)  # controller/api/slow.py
+        self.intake = Intake(config.data_root)  # accepted jobs handed over in batches (controller/api/intake.py)
         self.log = log.get(component="api")
         self.runner_ids = access.parse_ids(config.runner_uid_gid())
         self._areas: dict[tuple[str, object], Area] = {}  # names only: what the disk holds is looked at anew
@@ -132,29 +141,45 @@ class Api:
         area = self.area(tenant)
         return area, quota.reserve(self.config, tenant, area)
 
+    def accept_quick(self, tenant: Tenant, data: object) -> Staged[Accepted]:
+        """A JSON submit that names a few files on the volume, whole, as one intake step: its slot
+        (429 when full), the job checked and staged in the inbox; the slot given back on refusal."""
+        area, slot = self.area_and_slot(tenant)
+        try:
+            job, text = submit.checked_json(self.config, area, data)
+        except BaseException:
+            slot.release()
+            raise
+        return accept.accept_json(self.config, area, job, text, slot)
+
     async def post_job(self, request: Request) -> Response:
         tenant = self.tenant(request)
+        if media_type(request) == "application/json":
+            body = await capped_body(request, MAX_JSON)
+            data = json_body(body)
+            if not submit.walks(data) and b"s3://" not in body:  # nothing slow to check: one trip, batched
+                return _accepted(await self.intake.run(functools.partial(self.accept_quick, tenant, data)))
+        else:
+            body = None
         area, slot = await asyncio.to_thread(self.area_and_slot, tenant)
         try:
-            return await self._post_job(request, tenant, area, slot)
+            return _accepted(await self._post_job(request, tenant, area, slot, body))
         finally:
             if not slot.done:  # the slot given back unless the job was handed over (then nothing to do)
                 await asyncio.to_thread(slot.release)
 
-    async def _post_job(self, request: Request, tenant: Tenant, area: Area, slot: quota.Reservation) -> Response:
+    async def _post_job(
+        self, request: Request, tenant: Tenant, area: Area, slot: quota.Reservation, body: bytes | None
+    ) -> Accepted:
         ctype = request.headers.get("content-type", "")
-        if ctype.split(";")[0].strip().lower() == "application/json":
-            body = await _capped_body(request, MAX_JSON)
-            try:
-                data = json.loads(body)
-            except ValueError:
-                raise ApiError(400, "bad_request", "the body is not JSON") from None
+        if body is not None:
+            data = json_body(body)
             lane = self.slow.lane(tenant.name)
             if submit.walks(data):  # globs walked, a store listed, a pairs file read: in a worker process
                 job, text = await lane.run_apart(submit.checked_json_apart, self.config, area, data)
-            else:  # a few named files checked: cheaper on a thread than the hop to a worker
+            else:  # objects in the store looked at: on a slow thread, with this process's clients
                 job, text = await lane.run(submit.checked_json, self.config, area, data, self.objects)
-            accepted = await asyncio.to_thread(submit.accept_json, self.config, area, job, text, slot)
+            accepted = await self.intake.run(functools.partial(accept.accept_json, self.config, area, job, text, slot))
         else:
             declared = request.headers.get("content-length")  # held at once; every byte beyond as it comes
             budget = await asyncio.to_thread(submit.request_budget, self.config, tenant, area, slot, declared)
@@ -173,11 +198,7 @@ class Api:
                     submit.submit_upload, self.config, area, job, up, got, opts, staging, self.objects
                 )
                 await asyncio.to_thread(slot.commit)  # its reserved bytes given back: submit_upload counted them
-        base = f"/v1/jobs/{accepted.job}"
-        body_out: dict[str, Any] = {"id": accepted.job, "status_url": base, "events_url": f"{base}/events"}
-        if accepted.notes:
-            body_out["notes"] = list(accepted.notes)
-        return JSONResponse(body_out, status_code=202, headers={"Location": base})
+        return accepted
 
     async def list_jobs(self, request: Request) -> Response:
         area = await asyncio.to_thread(self.area, self.tenant(request))
@@ -297,35 +318,12 @@ def _link_keys(config: Config) -> links.SigningKeys | None:
     )
 
 
-def _guard(handler: Handler, log_: Any) -> Handler:
-    """The one translation point: ApiError → its JSON; anything else → a 500 that says nothing more."""
-
-    async def run(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except ApiError as e:
-            return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-        except Exception as e:
-            if volume_full(e):  # passes once space is freed: the caller is told to come back
-                log_.warning("api_volume_full", path=request.url.path)
-                return JSONResponse(VOLUME_FULL, status_code=503, headers={"Retry-After": "30"})
-            # The traceback as text, never with local variables (a renderer that shows locals would
-            # print the signing key and tokens held by the frames).
-            trace = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-            log_.error("api_internal_error", path=request.url.path, error=type(e).__name__, trace=trace)
-            body = {"error": {"code": "internal", "message": "internal error; the API's log has the details"}}
-            return JSONResponse(body, status_code=500)
-
-    return run
-
-
-async def _capped_body(request: Request, cap: int) -> bytes:
-    buf = bytearray()
-    async for chunk in request.stream():
-        buf += chunk
-        if len(buf) > cap:
-            raise ApiError(413, "too_large", f"a JSON job is at most {cap} bytes")
-    return bytes(buf)
+def _accepted(accepted: Accepted) -> Response:
+    base = f"/v1/jobs/{accepted.job}"
+    body: dict[str, Any] = {"id": accepted.job, "status_url": base, "events_url": f"{base}/events"}
+    if accepted.notes:
+        body["notes"] = list(accepted.notes)
+    return JSONResponse(body, status_code=202, headers={"Location": base})
 
 
 def make_app(config: Config) -> Starlette:
@@ -333,7 +331,7 @@ def make_app(config: Config) -> Starlette:
     api.sweep()
 
     def g(handler: Handler) -> Handler:
-        return _guard(api.fairness.wrap(handler, api.auth), api.log)  # a tenant's limits before its body is read
+        return guard(api.fairness.wrap(handler, api.auth), api.log)  # a tenant's limits before its body is read
 
     handlers = {  # operationId → handler; what each operation is, is in controller/api/openapi.py
         "createJob": api.post_job_once,
@@ -361,23 +359,26 @@ def make_app(config: Config) -> Starlette:
     metered = [meter.middleware()]  # requests by route template, code and latency
     handlers_ = {HTTPException: framework_error, Exception: framework_error}
     # the sweep again every minute while it serves, and threads enough for the requests in flight
-    lifespan = _threads(swept, api.slow)
+    lifespan = _threads(swept, api.slow, api.intake)
     return Starlette(routes=routes, lifespan=lifespan, middleware=metered, exception_handlers=handlers_)
 
 
-def _threads(inner: Callable[[Any], contextlib.AbstractAsyncContextManager[None]], slow: SlowWork) -> Any:
-    """The lifespan ``inner`` with the slow pools (``slow``) started and THREADS threads for the quick
-    blocking work of requests. More threads let more requests share one flush (commit.py), but on a
-    small machine stretch the slowest answers (benchmarks/RESULTS.md, B-api): asyncio's default size."""
+def _threads(
+    inner: Callable[[Any], contextlib.AbstractAsyncContextManager[None]], slow: SlowWork, intake: Intake
+) -> Any:
+    """The lifespan ``inner`` with the slow pools (``slow``) and the intake threads started, and
+    THREADS threads for the quick blocking work of requests (asyncio's default size)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(THREADS, thread_name_prefix="api"))
         slow.start()
+        intake.start()
         try:
             async with inner(app):
                 yield
         finally:
+            intake.close()
             slow.close()
 
     return lifespan

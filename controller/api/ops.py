@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from controller import yamlio
+from controller.api.accept import inbox
 from controller.api.area import Area, JobRecord
 from controller.api.errors import ApiError, not_found
 from controller.api.quota import RETRY_AFTER, reserve
-from controller.api.submit import inbox
 from controller.apiconfig import Tenant
 from controller.config import Config
 from controller.errors import FfswarmError, UsageError

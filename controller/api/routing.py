@@ -1,9 +1,13 @@
 """The API's routes from the table of operations (controller/api/openapi.py), checked against it at
-start, and the framework's own refusals (unknown path, wrong method) in the API's one error shape."""
+start; the framework's own refusals (unknown path, wrong method) in the API's one error shape; the
+one translation point of every handler's errors (``guard``); a JSON body read within its cap."""
 
 from __future__ import annotations
 
+import json
+import traceback
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -12,8 +16,10 @@ from starlette.routing import BaseRoute, Route
 
 from controller.api.errors import ApiError
 from controller.api.openapi import OPERATIONS
+from controller.errors import volume_full
 
 Handler = Callable[[Request], Awaitable[Response]]
+VOLUME_FULL = {"error": {"code": "volume_full", "message": "the shared volume is full; try again later"}}  # + 30 s
 
 
 def table_routes(handlers: dict[str, Handler]) -> list[Route]:
@@ -65,4 +71,46 @@ async def framework_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(err.body(), status_code=status, headers=headers)
 
 
-__all__ = ["check_documented", "framework_error", "table_routes"]
+def guard(handler: Handler, log_: Any) -> Handler:
+    """The one translation point: ApiError → its JSON; anything else → a 500 that says nothing more."""
+
+    async def run(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+        except Exception as e:
+            if volume_full(e):  # passes once space is freed: the caller is told to come back
+                log_.warning("api_volume_full", path=request.url.path)
+                return JSONResponse(VOLUME_FULL, status_code=503, headers={"Retry-After": "30"})
+            # The traceback as text, never with local variables (a renderer that shows locals would
+            # print the signing key and tokens held by the frames).
+            trace = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+            log_.error("api_internal_error", path=request.url.path, error=type(e).__name__, trace=trace)
+            body = {"error": {"code": "internal", "message": "internal error; the API's log has the details"}}
+            return JSONResponse(body, status_code=500)
+
+    return run
+
+
+def media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def json_body(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise ApiError(400, "bad_request", "the body is not JSON") from None
+
+
+async def capped_body(request: Request, cap: int) -> bytes:
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > cap:
+            raise ApiError(413, "too_large", f"a JSON job is at most {cap} bytes")
+    return bytes(buf)
+
+
+__all__ = ["capped_body", "check_documented", "framework_error", "guard", "json_body", "media_type", "table_routes"]

@@ -14,7 +14,6 @@ file, so the job is never unowned.
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -27,7 +26,8 @@ from contract.layout import PACK_PREFIX
 from contract.s3 import is_s3
 from controller import policy as admission
 from controller import yamlio
-from controller.api import commit, quota
+from controller.api import quota
+from controller.api.accept import Accepted, accept_json, hand_over
 from controller.api.area import Area, new_job_id
 from controller.api.errors import ApiError
 from controller.api.objects import Objects
@@ -48,7 +48,6 @@ from controller.job.owners import OUTPUTS
 from controller.job.pack_checks import check_pack
 from controller.job.resolve import resolve_job
 from controller.job.spec import JobSpec, Pair
-from controller.run import handover
 from controller.storage.errors import StorageTemporaryError
 from controller.storage.settings import S3Settings
 
@@ -58,16 +57,6 @@ if TYPE_CHECKING:
 _NAME = re.compile(r"[a-z0-9-]{1,31}")
 _PATH_KEYS = path_keys(JobSpec)  # rebased from the area to the data root (pairs_file too; its rows stay the tenant's)
 _PAIR_PATH_KEYS = path_keys(Pair)
-
-
-@dataclass(frozen=True)
-class Accepted:
-    job: str
-    notes: tuple[str, ...] = ()
-
-
-def inbox(config: Config) -> Path:
-    return config.data_root / "inbox"
 
 
 def _name(data: Mapping[str, Any]) -> str:
@@ -156,27 +145,6 @@ def rebased(data: dict[str, Any], area: str) -> dict[str, Any]:
     return {k: (_to_root(v, area) if k in _PATH_KEYS else v) for k, v in data.items()}
 
 
-def hand_over(config: Config, area: Area, job: str, text: str, uploads: bool) -> None:
-    """The owner record, then the job file in the inbox (never replacing one), both durable on return
-    (one filesystem flush shared with the requests written meanwhile); undone on failure."""
-    box = inbox(config)
-    if not handover.serving(box):
-        raise ApiError(
-            503, "no_controller", "no controller is serving the inbox; nothing was accepted",
-            headers={"Retry-After": RETRY_AFTER},
-        )  # fmt: skip
-    area.write_record(job, uploads, hashlib.sha256(text.encode("utf-8")).hexdigest(), durable=False)
-    placed: Path | None = None
-    try:
-        placed = handover.place(box, f"{job}.yaml", text)
-        commit.durable(config.data_root)  # the 202 is sent only after this
-    except BaseException:
-        if placed is not None:  # younger than serve's settle time: not claimed yet
-            placed.unlink(missing_ok=True)
-        area.remove_record(job)
-        raise
-
-
 def default_output(area: Area, data: Mapping[str, Any], job: str) -> str:
     """``out/<job>/{stem}{ext}`` in the tenant's area; in its part of the store (``<s3 area>out/<job>/…``)
     when every target it names is an object there (``targets``, or every inline pair's ``target``)."""
@@ -204,7 +172,7 @@ def submit_json(
         with quota.reserve(config, tenant, area) as own:
             return submit_json(config, tenant, area, data, objects, own)
     job, text = checked_json(config, area, data, objects)
-    return accept_json(config, area, job, text, slot)
+    return accept_json(config, area, job, text, slot).settle(config.data_root)
 
 
 def checked_json(config: Config, area: Area, data: object, objects: Objects | None = None) -> tuple[str, str]:
@@ -241,14 +209,6 @@ def checked_json_apart(config: Config, area: Area, data: object) -> tuple[str, s
 @functools.cache
 def _worker_objects(settings: S3Settings | None) -> Objects:
     return Objects(settings)
-
-
-def accept_json(config: Config, area: Area, job: str, text: str, slot: quota.Reservation) -> Accepted:
-    """The checked job handed over in its reserved ``slot``: durable when this returns."""
-    slot.bind(job)  # before the inbox: the job's end (which may come at once) finds its slot
-    hand_over(config, area, job, text, uploads=False)
-    slot.commit()
-    return Accepted(job)
 
 
 def options(raw: bytes | None) -> dict[str, Any]:
