@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""How fast `ffswarm api` takes jobs: posts N one-photo JSON jobs from C concurrent clients to a real
+"""How fast `ffswarm api` takes jobs: posts N one-photo JSON jobs (or multipart uploads of the two photos,
+``--upload``) from C concurrent clients to a real
 `ffswarm api` (uvicorn, its own process) on loopback over a temporary data root, then prints accepted/s
 and the p50/p99 submit latency, and checks that none is lost: every 202 became its inbox file. It also
 prints the API's CPU per accepted request (from /proc: its processes, all threads, over the posting only;
@@ -9,6 +10,7 @@ API for the posting only (start-up imports not counted) and counts file, fsync, 
     .venv/bin/python scripts/bench_api.py                    # 1,000 jobs, 50 clients
     .venv/bin/python scripts/bench_api.py --jobs 200 --clients 10
     .venv/bin/python scripts/bench_api.py --strace           # + syscalls per request (slower: traced)
+    .venv/bin/python scripts/bench_api.py --upload           # the photos uploaded (multipart), not named
     .venv/bin/python scripts/bench_api.py --workers 1,2      # `ffswarm api --workers`: 1 and 2, side by side
 
 Bounded and loopback only: 127.0.0.1, a temporary folder removed at the end, at most 20,000 jobs and
@@ -101,7 +103,13 @@ def beat_until(inbox: Path, stop: threading.Event) -> None:
 NO_ANSWER = 0  # in the answers' counts: requests that got no HTTP answer at all
 
 
-async def post_all(url: str, jobs: int, clients: int) -> tuple[list[float], dict[int, int], list[str], float]:
+FACE = b""  # the upload's photos, made once (photo())
+PHOTOS: list[bytes] = []
+
+
+async def post_all(
+    url: str, jobs: int, clients: int, upload: bool = False
+) -> tuple[list[float], dict[int, int], list[str], float]:
     """Every job posted by ``clients`` concurrent clients: (latencies, answers by code, ids, when the
     first request was sent). Each client is its own connection (httpx's pool looks at every one of its
     connections on each request: shared by 50, it cost the benchmark more CPU than the API), made
@@ -122,7 +130,14 @@ async def post_all(url: str, jobs: int, clients: int) -> tuple[list[float], dict
                 body = {"name": "bench", "source": "in/face.jpg", "targets": [f"in/p{n % 10}.jpg"]}
                 t0 = time.perf_counter()
                 try:
-                    r = await http.post("/v1/jobs", json=body)
+                    if upload:  # the photos in the body: a source and one target, as multipart/form-data
+                        files = [
+                            ("source", ("face.jpg", FACE, "image/jpeg")),
+                            ("targets", (f"p{n}.jpg", PHOTOS[n % 10], "image/jpeg")),
+                        ]
+                        r = await http.post("/v1/jobs", files=files, data={"job": '{"name": "bench"}'})
+                    else:
+                        r = await http.post("/v1/jobs", json=body)
                 except httpx.TransportError:  # no answer (a connection closed under the request): counted, not fatal
                     codes[NO_ANSWER] = codes.get(NO_ANSWER, 0) + 1
                     continue
@@ -199,7 +214,7 @@ def bench(args: argparse.Namespace, workers: int) -> dict[str, float] | None:
                 time.sleep(1.0)  # attached to every thread before the first request
             before = sample(server.pid)
             latencies, codes, ids, t0 = asyncio.run(
-                asyncio.wait_for(post_all(url, args.jobs, args.clients), timeout=args.deadline)
+                asyncio.wait_for(post_all(url, args.jobs, args.clients, args.upload), timeout=args.deadline)
             )
             after = sample(server.pid)
             wall, cpu = time.perf_counter() - t0, spent(before, after)
@@ -227,7 +242,8 @@ def bench(args: argparse.Namespace, workers: int) -> dict[str, float] | None:
         accepted = codes.get(202, 0)
         ms = sorted(x * 1000 for x in latencies)
         procs = f"an API of {workers} workers" if workers > 1 else "an API of 1 process"
-        print(f"bench_api: {args.jobs} one-photo JSON jobs from {args.clients} clients on loopback to {procs} "
+        what = "one-photo multipart uploads" if args.upload else "one-photo JSON jobs"
+        print(f"bench_api: {args.jobs} {what} from {args.clients} clients on loopback to {procs} "
               f"in {wall:.2f} s")  # fmt: skip
         print(f"  accepted/s      {accepted / wall:.1f}")
         p50, p99 = percentile(ms, 50), percentile(ms, 99)
@@ -268,6 +284,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=50, help="concurrent clients (at most 200)")
     parser.add_argument("--deadline", type=float, default=600, help="seconds the whole run may take")
     parser.add_argument("--strace", action="store_true", help="count the API's volume syscalls per request")
+    parser.add_argument("--upload", action="store_true", help="post each job's two photos as a multipart upload")
     parser.add_argument(
         "--workers", type=worker_counts, default=[1], metavar="N[,M…]",
         help="the API's worker processes (ffswarm api --workers); several: one run each, side by side",
@@ -275,6 +292,8 @@ def main() -> int:
     args = parser.parse_args()
     if not (1 <= args.jobs <= 20_000 and 1 <= args.clients <= 200):
         parser.error("--jobs is 1..20000, --clients 1..200")
+    global FACE
+    FACE, PHOTOS[:] = photo(0), [photo(n + 1) for n in range(10)]
     rows = [bench(args, n) for n in args.workers]
     if len(rows) > 1:
         print("\n| workers | accepted/s | p50 ms | p99 ms | API CPU ms/request |\n|---|---|---|---|---|")

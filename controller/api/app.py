@@ -47,6 +47,7 @@ from controller.api.routing import (
 )
 from controller.api.slow import Lent, SlowWork
 from controller.api.sweep import Staging, every, sweep_uploads
+from controller.api.uploads import Budget
 from controller.api.waiting import preference, until_ended
 from controller.apiconfig import Tenant
 from controller.config import Config, warn_cluster_keys
@@ -142,8 +143,7 @@ class Api:
         return area, quota.reserve(self.config, tenant, area)
 
     def accept_quick(self, tenant: Tenant, data: object) -> Staged[Accepted]:
-        """A JSON submit that names a few files on the volume, whole, as one intake step: its slot
-        (429 when full), the job checked and staged in the inbox; the slot given back on refusal."""
+        """A JSON submit naming a few files on the volume as one intake step (its slot, checks, hand-over)."""
         area, slot = self.area_and_slot(tenant)
         try:
             job, text = submit.checked_json(self.config, area, data)
@@ -154,51 +154,51 @@ class Api:
 
     async def post_job(self, request: Request) -> Response:
         tenant = self.tenant(request)
-        if media_type(request) == "application/json":
-            body = await capped_body(request, MAX_JSON)
-            data = json_body(body)
-            if not submit.walks(data) and b"s3://" not in body:  # nothing slow to check: one trip, batched
-                return _accepted(await self.intake.run(functools.partial(self.accept_quick, tenant, data)))
-        else:
-            body = None
+        if media_type(request) != "application/json":
+            return _accepted(await self.post_upload(request, tenant))
+        body = await capped_body(request, MAX_JSON)
+        data = json_body(body)
+        if not submit.walks(data) and b"s3://" not in body:  # nothing slow to check: one trip, batched
+            return _accepted(await self.intake.run(functools.partial(self.accept_quick, tenant, data)))
         area, slot = await asyncio.to_thread(self.area_and_slot, tenant)
         try:
-            return _accepted(await self._post_job(request, tenant, area, slot, body))
-        finally:
-            if not slot.done:  # the slot given back unless the job was handed over (then nothing to do)
-                await asyncio.to_thread(slot.release)
-
-    async def _post_job(
-        self, request: Request, tenant: Tenant, area: Area, slot: quota.Reservation, body: bytes | None
-    ) -> Accepted:
-        ctype = request.headers.get("content-type", "")
-        if body is not None:
-            data = json_body(body)
             lane = self.slow.lane(tenant.name)
             if submit.walks(data):  # globs walked, a store listed, a pairs file read: in a worker process
                 job, text = await lane.run_apart(submit.checked_json_apart, self.config, area, data)
             else:  # objects in the store looked at: on a slow thread, with this process's clients
                 job, text = await lane.run(submit.checked_json, self.config, area, data, self.objects)
-            accepted = await self.intake.run(functools.partial(accept.accept_json, self.config, area, job, text, slot))
-        else:
-            declared = request.headers.get("content-length")  # held at once; every byte beyond as it comes
-            budget = await asyncio.to_thread(submit.request_budget, self.config, tenant, area, slot, declared)
-            name = "job"
-            job = await asyncio.to_thread(submit.fresh_id, area, name)
+            step = functools.partial(accept.accept_json, self.config, area, job, text, slot)
+            return _accepted(await self.intake.run(step))
+        finally:
+            if not slot.done:  # the slot given back unless the job was handed over (then nothing to do)
+                await asyncio.to_thread(slot.release)
+
+    def upload_slot(self, tenant: Tenant, declared: str | None) -> tuple[Area, quota.Reservation, Budget, str]:
+        """An upload's area, job slot, byte budget and first id, in one trip; nothing held when refused."""
+        area, slot = self.area_and_slot(tenant)
+        try:
+            budget = submit.request_budget(self.config, tenant, area, slot, declared)  # the declared bytes held
+            return area, slot, budget, submit.fresh_id(area, "job")
+        except BaseException:
+            slot.release()
+            raise
+
+    async def post_upload(self, request: Request, tenant: Tenant) -> Accepted:
+        media, declared = request.headers.get("content-type", ""), request.headers.get("content-length")
+        area, slot, budget, job = await asyncio.to_thread(self.upload_slot, tenant, declared)
+        try:
             staging = Staging(self.config.data_root, tenant.name, job)
             with staging:  # locked until it is moved or gone
                 lane = self.slow.lane(tenant.name)  # the body written, unpacked and checked there
-                up = await uploads.receive(ctype, declared, request.stream(), staging.staged, budget, lane)
-                opts = submit.options(up.job)
-                if "name" in opts:  # the id carries the name the caller chose
-                    job = await asyncio.to_thread(submit.fresh_id, area, submit._name(opts))
-                await asyncio.to_thread(slot.bind, job)  # before the inbox: the job's end finds its slot
-                got = await lane.run_apart(submit.unpack_targets, self.config, Lent(up.folder.fd), up.files, budget)
-                accepted = await lane.run(
-                    submit.submit_upload, self.config, area, job, up, got, opts, staging, self.objects
-                )
-                await asyncio.to_thread(slot.commit)  # its reserved bytes given back: submit_upload counted them
-        return accepted
+                up = await uploads.receive(media, declared, request.stream(), staging.staged, budget, lane)
+                got = None
+                if any(p.kind == "zip" for p in up.files if p.field == "targets"):  # unpacked in a worker process
+                    got = await lane.run_apart(submit.unpack_targets, self.config, Lent(up.folder.fd), up.files, budget)
+                rest = (self.config, area, slot, job, up, got or budget, staging, self.objects)
+                return await lane.run(submit.finish_upload, *rest)
+        finally:
+            if not slot.done:
+                await asyncio.to_thread(slot.release)
 
     async def list_jobs(self, request: Request) -> Response:
         area = await asyncio.to_thread(self.area, self.tenant(request))

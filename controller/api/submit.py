@@ -306,6 +306,29 @@ class Targets:
     notes: list[str] = field(default_factory=list)
 
 
+def finish_upload(
+    config: Config,
+    area: Area,
+    slot: quota.Reservation,
+    job: str,
+    up: Upload,
+    unpacked: Targets | Budget,
+    staging: Staging,
+    objects: Objects | None = None,
+) -> Accepted:
+    """The rest of an upload, in one step: its id (with the name its job part asks for), its slot
+    bound, its targets (``unpacked`` by ``unpack_targets`` when an archive was among them, else
+    listed here within the request's budget), then ``submit_upload``, and the slot committed."""
+    opts = options(up.job)
+    if "name" in opts:  # the id carries the name the caller chose
+        job = fresh_id(area, _name(opts))
+    slot.bind(job)  # before the inbox: the job's end finds its slot
+    got = unpacked if isinstance(unpacked, Targets) else _unpack_targets(config, up.folder, up.files, unpacked)
+    accepted = submit_upload(config, area, job, up, got, opts, staging, objects)
+    slot.commit()  # its reserved bytes given back: submit_upload counted them
+    return accepted
+
+
 def submit_upload(
     config: Config,
     area: Area,
