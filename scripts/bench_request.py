@@ -103,10 +103,14 @@ def stage_api(config: Config, n: int, stages: Stages) -> list[str]:
     """(a) n JSON jobs posted one after the other to the app, in-process."""
 
     async def post_all() -> list[str]:
-        transport = httpx.ASGITransport(app=make_app(config))
+        app = make_app(config)
+        transport = httpx.ASGITransport(app=app)
         headers = {"Authorization": f"Bearer {KEYS['acme']}"}
         jobs: list[str] = []
-        async with httpx.AsyncClient(transport=transport, base_url="http://api", headers=headers) as http:
+        async with (
+            app.router.lifespan_context(app),  # its threads started, as uvicorn starts them
+            httpx.AsyncClient(transport=transport, base_url="http://api", headers=headers) as http,
+        ):
             for i in range(n):
                 body = {"name": "req", "source": f"in/s{i}.jpg", "targets": [f"in/t{i}.jpg"], **OPTIONS}
                 t0, c0 = time.perf_counter(), time.process_time()
