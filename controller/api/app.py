@@ -144,9 +144,11 @@ class Api:
 
     def accept_quick(self, tenant: Tenant, data: object) -> Staged[Accepted]:
         """A JSON submit naming a few files on the volume as one intake step (its slot, checks, hand-over)."""
-        area, slot = self.area_and_slot(tenant)
+        area = self.area(tenant)
+        job = submit.json_id(area, data)  # first: the slot is made bound to it (one ledger transaction)
+        slot = quota.reserve(self.config, tenant, area, job=job)
         try:
-            job, text = submit.checked_json(self.config, area, data)
+            job, text = submit.checked_json(self.config, area, data, job=job)
         except BaseException:
             slot.release()
             raise

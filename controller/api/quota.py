@@ -61,7 +61,9 @@ class QuotaBook:
     def ledger(self, area: Area) -> Ledger:
         return Ledger(area.root, area.tenant)
 
-    def reserve(self, config: Config, tenant: Tenant, area: Area, nbytes: int = 0) -> Reservation:
+    def reserve(
+        self, config: Config, tenant: Tenant, area: Area, nbytes: int = 0, job: str | None = None
+    ) -> Reservation:
         """A job slot (and ``nbytes``) for one request; 429 ``over_quota`` when the tenant has no slot
         left or its area is full. Release it unless the job is handed over (``with`` does that).
         One ledger transaction, two when the area's walk is due (walked between them, unlocked)."""
@@ -90,7 +92,7 @@ class QuotaBook:
                         raise _over_jobs(counts.jobs, quota.jobs_queued)
                     if counts.stored >= quota.stored or (nbytes and counts.stored + nbytes > quota.stored):
                         raise _over_bytes(quota.stored)
-                    return ledger.reserve(tx, nbytes)
+                    return ledger.reserve(tx, nbytes, job)
             walked = (area.stored_bytes(quota.stored), since, started)
 
     def give_back_orphans(self, config: Config, area: Area) -> bool:
@@ -232,9 +234,12 @@ def _over_bytes(quota: int) -> ApiError:
     )  # fmt: skip
 
 
-def reserve(config: Config, tenant: Tenant, area: Area, nbytes: int = 0, book: QuotaBook = BOOK) -> Reservation:
-    """A job slot for one request (QuotaBook.reserve); 429 while the tenant's jobs or area are full."""
-    return book.reserve(config, tenant, area, nbytes)
+def reserve(
+    config: Config, tenant: Tenant, area: Area, nbytes: int = 0, book: QuotaBook = BOOK, job: str | None = None
+) -> Reservation:
+    """A job slot for one request (QuotaBook.reserve), bound to the new ``job`` when its id is known;
+    429 while the tenant's jobs or area are full."""
+    return book.reserve(config, tenant, area, nbytes, job)
 
 
 def reserve_bytes(res: Reservation, tenant: Tenant, n: int) -> None:

@@ -175,12 +175,20 @@ def submit_json(
     return accept_json(config, area, job, text, slot).settle(config.data_root)
 
 
-def checked_json(config: Config, area: Area, data: object, objects: Objects | None = None) -> tuple[str, str]:
-    """(the job's id, its inbox file's text): the slow half of a JSON submit (globs resolved, inputs
-    checked), which the API runs in the tenant's share of its slow pool (controller/api/slow.py)."""
+def json_id(area: Area, data: object) -> str:
+    """A new id for a JSON submit's job, carrying its ``name`` (422 when that is not one)."""
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_job", "the body must be a JSON object of job fields")
-    job = fresh_id(area, _name(data))
+    return fresh_id(area, _name(data))
+
+
+def checked_json(
+    config: Config, area: Area, data: object, objects: Objects | None = None, job: str | None = None
+) -> tuple[str, str]:
+    """(the job's id — ``job`` when given, else a new one —, its inbox file's text): the slow half of
+    a JSON submit (globs resolved, inputs checked)."""
+    job = job or json_id(area, data)
+    assert isinstance(data, dict)  # json_id refused anything else
     fields = {**data, "name": job}
     fields.setdefault("output", default_output(area, data, job))
     return job, validate(config, area, fields, job, objects)

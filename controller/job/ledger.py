@@ -154,10 +154,11 @@ class Ledger:
             return tx.counts
 
     # -- reservations ---------------------------------------------------------------------------------
-    def reserve(self, tx: _Tx, nbytes: int) -> Reservation:
-        """One job slot and ``nbytes`` bytes taken in ``tx`` (the caller checked the limits)."""
+    def reserve(self, tx: _Tx, nbytes: int, job: str | None = None) -> Reservation:
+        """One job slot and ``nbytes`` bytes taken in ``tx`` (the caller checked the limits), bound to
+        the new ``job`` when given."""
         counts = tx.require()
-        res = Reservation.create(self, tx.open_fd, nbytes)
+        res = Reservation.create(self, tx.open_fd, nbytes, job)
         counts.jobs += 1
         counts.reserved += nbytes
         tx.save(counts)

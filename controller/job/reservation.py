@@ -58,9 +58,10 @@ class Reservation:
         self.done = False
 
     @classmethod
-    def create(cls, ledger: Ledger, open_fd: int, nbytes: int) -> Reservation:
-        """A new reservation file in ``open/`` (``open_fd``, under the ledger's lock), flocked, holding ``nbytes``."""
-        name = f"{PENDING}{secrets.token_hex(8)}"
+    def create(cls, ledger: Ledger, open_fd: int, nbytes: int, job: str | None = None) -> Reservation:
+        """A new reservation file in ``open/`` (``open_fd``, under the ledger's lock), flocked, holding
+        ``nbytes``; bound to ``job`` from the outset when its id is known (a new id: never counted)."""
+        name = job or f"{PENDING}{secrets.token_hex(8)}"
         fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | FILE, 0o644, dir_fd=open_fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -94,6 +95,8 @@ class Reservation:
     def bind(self, job: str) -> None:
         """The slot becomes ``open/<job>`` — before the job reaches the inbox, so that its end (which
         may come at once) finds it. A job that is still counted (a retry) keeps its one slot."""
+        if self.name == job:  # made bound (create)
+            return
         with self.ledger.transaction() as tx:
             if exists(tx.open_fd, job):
                 counts = tx.require()

@@ -336,3 +336,26 @@ def test_bytes_a_worker_process_holds_for_a_request_survive_a_recount_and_go_bac
     slot.release()
     counts = ledger.read()
     assert counts is not None and (counts.reserved, counts.jobs) == (0, 0)
+
+
+def test_a_slot_made_bound_to_its_job_counts_as_one_through_a_recount_and_its_end(setup: tuple[Config, Area]) -> None:
+    """A JSON submit takes its slot under the job's id at once (no bind afterwards): held, it counts
+    as one; committed with the job queued, a recount keeps it; the job's end gives it back."""
+    config, area = setup
+    book, acme, job = QuotaBook(), config.tenants["acme"], "quick-abcdefgh"
+    open_ = config.data_root / "tenants" / ".quota" / "acme" / "open"
+    slot = book.reserve(config, acme, area, job=job)
+    assert [p.name for p in open_.iterdir()] == [job]  # no pending name, no rename to come
+    slot.bind(job)  # already bound: nothing changes
+    (config.data_root / "inbox" / f"{job}.yaml").write_text("x")
+    area.write_record(job, uploads=False)
+    with Ledger(area.root, area.tenant).transaction() as tx:  # a recount while the request holds it
+        assert Ledger(area.root, area.tenant).recount(tx, lambda js: [], time.time()).jobs == 1
+    slot.commit()
+    with Ledger(area.root, area.tenant).transaction() as tx:  # committed: counted as the queued job it is
+        assert Ledger(area.root, area.tenant).recount(tx, lambda js: list(js), time.time()).jobs == 1
+    assert Ledger(area.root, area.tenant).job_ended(job) and jobs_counted(area) == 0
+    assert not list(open_.iterdir())
+    slot = book.reserve(config, acme, area, job="refused-abcdefgh")
+    slot.release()  # a refused request: its bound slot goes, nothing counted
+    assert jobs_counted(area) == 0 and not list(open_.iterdir())
