@@ -125,6 +125,30 @@ def test_uploads_with_a_zip_are_unpacked_and_non_media_entries_are_noted(env: En
     assert not list((env.area() / "uploads").glob(".incoming-*"))
 
 
+def test_a_named_upload_of_photos_is_one_job_under_its_name_and_a_refused_one_gives_its_slot_back(env: Env) -> None:
+    """Photos without an archive are finished in one step (no worker process): the job part's name,
+    the slot bound to the job, the files moved; a refusal there leaves nothing and frees its slot."""
+    files = [("source", ("me.jpg", JPEG)), ("targets", ("a.jpg", JPEG)), ("targets", ("b.jpg", JPEG))]
+    r = upload(env, files, job={"name": "party", "resources": {"gpus": 0}})
+    assert r.status_code == 202, r.text
+    job = r.json()["id"]
+    assert job.startswith("party-")
+    up = env.area() / "uploads" / job
+    assert sorted(p.relative_to(up).as_posix() for p in up.rglob("*") if p.is_file()) == [
+        "source/me.jpg", "targets/a.jpg", "targets/b.jpg"
+    ]  # fmt: skip
+    assert parse_job_text(env.inbox_file(job).read_text(), "inbox").source == (
+        f"tenants/acme/uploads/{job}/source/me.jpg",
+    )
+    ledger = env.root / "tenants" / ".quota" / "acme"
+    assert [p.name for p in (ledger / "open").iterdir()] == [job]  # its slot, bound to it
+    r = upload(env, [("source", ("me.jpg", JPEG))], job={"name": "lonely"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "targets"
+    assert [p.name for p in (env.area() / "uploads").iterdir()] == [job]  # nothing of the refused one
+    assert [p.name for p in (ledger / "open").iterdir()] == [job]
+    assert json.loads((ledger / "ledger").read_text())["jobs"] == 1
+
+
 @pytest.mark.parametrize(
     ("entry", "words"),
     [
