@@ -33,6 +33,18 @@ def inbox(config: Config) -> Path:
     return config.data_root / "inbox"
 
 
+def served_inbox(config: Config, nothing_was: str) -> Path:
+    """The inbox, when a live `serve` takes from it (a fresh heartbeat); else 503 ``no_controller``
+    saying nothing was ``nothing_was`` (accepted, retried)."""
+    box = inbox(config)
+    if not handover.serving(box):
+        raise ApiError(
+            503, "no_controller", f"no controller is serving the inbox; nothing was {nothing_was}",
+            headers={"Retry-After": RETRY_AFTER},
+        )  # fmt: skip
+    return box
+
+
 def hand_over(config: Config, area: Area, job: str, text: str, uploads: bool) -> None:
     """The owner record, then the job file in the inbox (never replacing one), both durable on return
     (one filesystem flush shared with the requests written meanwhile); undone on failure."""
@@ -47,12 +59,7 @@ def hand_over(config: Config, area: Area, job: str, text: str, uploads: bool) ->
 def place(config: Config, area: Area, job: str, text: str, uploads: bool) -> Callable[[], None]:
     """The owner record, then the job file in the inbox (never replacing one), not yet flushed; what
     takes both back (the job file is younger than serve's settle time until flushed: not claimed)."""
-    box = inbox(config)
-    if not handover.serving(box):
-        raise ApiError(
-            503, "no_controller", "no controller is serving the inbox; nothing was accepted",
-            headers={"Retry-After": RETRY_AFTER},
-        )  # fmt: skip
+    box = served_inbox(config, "accepted")
     area.write_record(job, uploads, hashlib.sha256(text.encode("utf-8")).hexdigest(), durable=False)
     try:
         placed = handover.place(box, f"{job}.yaml", text)
@@ -84,4 +91,4 @@ def accept_json(config: Config, area: Area, job: str, text: str, slot: quota.Res
     return Staged(Accepted(job), keep=slot.commit, undo=taken_back)
 
 
-__all__ = ["Accepted", "accept_json", "hand_over", "inbox", "place"]
+__all__ = ["Accepted", "accept_json", "hand_over", "inbox", "place", "served_inbox"]

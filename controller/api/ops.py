@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from controller import yamlio
-from controller.api.accept import inbox
+from controller.api.accept import inbox, served_inbox
 from controller.api.area import Area, JobRecord
 from controller.api.errors import ApiError, not_found
-from controller.api.quota import RETRY_AFTER, reserve
+from controller.api.quota import reserve
 from controller.apiconfig import Tenant
 from controller.config import Config
 from controller.errors import FfswarmError, UsageError
@@ -176,12 +176,7 @@ def retry(config: Config, tenant: Tenant, area: Area, job: str) -> dict[str, Any
         )  # fmt: skip
     if rec.sha256 is None or rec.sha256 != hashlib.sha256(frozen).hexdigest():
         raise ApiError(409, "not_retryable", f"job {job!r}'s job file is not the one handed over; submit it again")
-    box = inbox(config)
-    if not handover.serving(box):
-        raise ApiError(
-            503, "no_controller", "no controller is serving the inbox; nothing was retried",
-            headers={"Retry-After": RETRY_AFTER},
-        )  # fmt: skip
+    box = served_inbox(config, "retried")
     with reserve(config, tenant, area) as slot:  # the job counts again until it ends; given back on refusal
         write_atomic(retry_marker(area, job), json.dumps({"job": job, "retried": time.time()}).encode())
         slot.bind(job)

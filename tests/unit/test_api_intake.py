@@ -33,22 +33,33 @@ class Book:
 
         return run
 
+    def held_flush(self) -> tuple[Callable[[], None], threading.Event]:
+        """A flush that notes itself, then waits for the returned gate (a batch held mid-flush)."""
+        gate = threading.Event()
+
+        def flush() -> None:
+            self.note("flush")
+            gate.wait(10)
+
+        return flush, gate
+
+    async def first_batch_flushing(self, intake: Intake) -> asyncio.Task[str]:
+        """Step "w" sent, returned once its batch is in its flush: what comes next waits for another."""
+        task = asyncio.create_task(intake.run(self.step("w")))
+        while "flush" not in self.events:
+            await asyncio.sleep(0.001)
+        return task
+
 
 def test_steps_queued_together_share_one_flush_and_are_answered_after_it(tmp_path: Path) -> None:
     book = Book()
-    gate = threading.Event()  # the first batch's flush held until the others are queued
-
-    def flush() -> None:
-        book.note("flush")
-        gate.wait(10)
+    flush, gate = book.held_flush()  # the first batch's flush held until the others are queued
 
     async def main() -> list[str]:
         intake = Intake(tmp_path, threads=1, flush=flush)
         intake.start()
         try:
-            first = asyncio.create_task(intake.run(book.step("a")))
-            while "flush" not in book.events:
-                await asyncio.sleep(0.001)
+            first = await book.first_batch_flushing(intake)
             rest = [asyncio.create_task(intake.run(book.step(n))) for n in "bcde"]
             await asyncio.sleep(0.05)
             assert not first.done()  # its flush has not ended: no answer yet
@@ -57,29 +68,23 @@ def test_steps_queued_together_share_one_flush_and_are_answered_after_it(tmp_pat
         finally:
             intake.close()
 
-    assert asyncio.run(main()) == list("abcde")
-    # a alone, then b..e in one batch: two flushes for five requests, each kept only after its flush
+    assert asyncio.run(main()) == list("wbcde")
+    # w alone, then b..e in one batch: two flushes for five requests, each kept only after its flush
     assert book.events == [
-        "write a", "flush", "keep a",
+        "write w", "flush", "keep w",
         "write b", "write c", "write d", "write e", "flush", "keep b", "keep c", "keep d", "keep e",
     ]  # fmt: skip
 
 
 def test_a_refused_step_answers_its_own_request_and_the_rest_of_its_batch_is_accepted(tmp_path: Path) -> None:
     book = Book()
-    gate = threading.Event()
-
-    def flush() -> None:
-        book.note("flush")
-        gate.wait(10)
+    flush, gate = book.held_flush()
 
     async def main() -> list[object]:
         intake = Intake(tmp_path, threads=1, flush=flush)
         intake.start()
         try:
-            warm = asyncio.create_task(intake.run(book.step("w")))
-            while "flush" not in book.events:
-                await asyncio.sleep(0.001)
+            warm = await book.first_batch_flushing(intake)
             tasks = [
                 asyncio.create_task(intake.run(book.step("a"))),
                 asyncio.create_task(intake.run(book.step("b", fail=ValueError("over quota")))),
