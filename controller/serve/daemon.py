@@ -277,7 +277,7 @@ class Server:
         for path in self._held():
             name = path.name
             try:
-                if not self.inbox.renew(path):
+                if not self.inbox.renew(path) and os.path.lexists(path):  # gone: it ended meanwhile
                     self.log.error("job_file_lease_lost", file=name)
             except OSError as e:
                 self.log.warning("lease_not_renewed", file=name, error=e.strerror or type(e).__name__)
