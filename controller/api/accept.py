@@ -9,7 +9,10 @@ flushed, the job file is younger than serve's settle time, so taking both back i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +24,7 @@ from controller.api.intake import Staged
 from controller.api.quota import RETRY_AFTER
 from controller.config import Config
 from controller.run import handover
+from controller.serve.inbox import SETTLE_SECONDS
 
 
 @dataclass(frozen=True)
@@ -45,20 +49,32 @@ def served_inbox(config: Config, nothing_was: str) -> Path:
     return box
 
 
-def hand_over(config: Config, area: Area, job: str, text: str, uploads: bool) -> None:
+def hand_over(config: Config, area: Area, job: str, text: str, uploads: bool) -> Path:
     """The owner record, then the job file in the inbox (never replacing one), both durable on return
-    (one filesystem flush shared with the requests written meanwhile); undone on failure."""
-    undo = place(config, area, job, text, uploads)
+    (one filesystem flush shared with the requests written meanwhile); undone on failure. The job
+    file, to ``settle`` once the request's slot is committed."""
+    placed, undo = place(config, area, job, text, uploads)
     try:
         commit.durable(config.data_root)  # the 202 is sent only after this
     except BaseException:
         undo()
         raise
+    return placed
 
 
-def place(config: Config, area: Area, job: str, text: str, uploads: bool) -> Callable[[], None]:
-    """The owner record, then the job file in the inbox (never replacing one), not yet flushed; what
-    takes both back (the job file is younger than serve's settle time until flushed: not claimed)."""
+def settle(placed: Path) -> None:
+    """Let `serve` take a job file the API placed at once: dated back by the settle time that a file
+    written in place needs (controller/serve/inbox.py), since this one is whole (placed by a link)
+    and durable. Only then: until flushed, a young file is never claimed, so ``undo`` stays safe."""
+    then = time.time() - SETTLE_SECONDS
+    with contextlib.suppress(OSError):  # not dated back: it settles in a second, as any file does
+        os.utime(placed, (then, then), follow_symlinks=False)
+
+
+def place(config: Config, area: Area, job: str, text: str, uploads: bool) -> tuple[Path, Callable[[], None]]:
+    """The owner record, then the job file in the inbox (never replacing one), not yet flushed; the
+    file and what takes both back (until flushed, the file is younger than serve's settle time: not
+    claimed)."""
     box = served_inbox(config, "accepted")
     area.write_record(job, uploads, hashlib.sha256(text.encode("utf-8")).hexdigest(), durable=False)
     try:
@@ -71,7 +87,7 @@ def place(config: Config, area: Area, job: str, text: str, uploads: bool) -> Cal
         placed.unlink(missing_ok=True)
         area.remove_record(job)
 
-    return undo
+    return placed, undo
 
 
 def accept_json(config: Config, area: Area, job: str, text: str, slot: quota.Reservation) -> Staged[Accepted]:
@@ -79,16 +95,20 @@ def accept_json(config: Config, area: Area, job: str, text: str, slot: quota.Res
     the slot is committed once it is; on failure nothing of it is left and the slot is given back."""
     try:
         slot.bind(job)  # before the inbox: the job's end (which may come at once) finds its slot
-        undo = place(config, area, job, text, uploads=False)
+        placed, undo = place(config, area, job, text, uploads=False)
     except BaseException:
         slot.release()
         raise
+
+    def kept() -> None:
+        slot.commit()
+        settle(placed)
 
     def taken_back() -> None:
         undo()
         slot.release()
 
-    return Staged(Accepted(job), keep=slot.commit, undo=taken_back)
+    return Staged(Accepted(job), keep=kept, undo=taken_back)
 
 
-__all__ = ["Accepted", "accept_json", "hand_over", "inbox", "place", "served_inbox"]
+__all__ = ["Accepted", "accept_json", "hand_over", "inbox", "place", "served_inbox", "settle"]

@@ -27,7 +27,7 @@ from contract.s3 import is_s3
 from controller import policy as admission
 from controller import yamlio
 from controller.api import quota
-from controller.api.accept import Accepted, accept_json, hand_over
+from controller.api.accept import Accepted, accept_json, hand_over, inbox, settle
 from controller.api.area import Area, new_job_id
 from controller.api.errors import ApiError
 from controller.api.objects import Objects
@@ -334,6 +334,7 @@ def finish_upload(
     got = unpacked if isinstance(unpacked, Targets) else _unpack_targets(config, up.folder, up.files, unpacked)
     accepted = submit_upload(config, area, job, up, got, opts, staging, objects)
     slot.commit()  # its reserved bytes given back: submit_upload counted them
+    settle(inbox(config) / f"{accepted.job}.yaml")  # serve may take it at once
     return accepted
 
 

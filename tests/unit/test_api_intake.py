@@ -1,16 +1,22 @@
 """The API's intake: submits handed over in batches, answered only once their batch's flush has ended,
-each refusal its own request's, and nothing of a batch kept when its flush fails."""
+each refusal its own request's, nothing of a batch kept when its flush fails, and an accepted job
+ready for `serve` at once."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from controller.api import accept, quota
+from controller.api.area import Area
 from controller.api.intake import Intake, Staged
+from controller.serve.inbox import Inbox
+from tests.builders import beat, make_config
 
 
 class Book:
@@ -146,3 +152,20 @@ def test_close_answers_every_step_queued_before_it(tmp_path: Path) -> None:
 def test_run_before_start_is_refused(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="not started"):
         asyncio.run(Intake(tmp_path).run(Book().step("a")))
+
+
+def test_an_accepted_job_is_ready_for_serve_at_once_and_not_before_its_flush(tmp_path: Path) -> None:
+    """A job file the API placed is whole (a link of a finished file): once durable and its slot
+    committed, `serve` may take it at once, not a settle second later; before its flush it is young,
+    so no serve takes it while it may still be taken back."""
+    config, _ = make_config(tmp_path)
+    beat(config)
+    area = Area(config.data_root, "acme")
+    area.ensure(None)
+    box = Inbox(config.data_root / "inbox")
+    job = "quick-abcdefgh"
+    slot = quota.reserve(config, config.tenants["acme"], area, job=job)
+    staged = accept.accept_json(config, area, job, "name: quick-abcdefgh\n", slot)
+    assert box.waiting(time.time()) == []  # written, not yet durable: not taken
+    assert staged.settle(config.data_root).job == job
+    assert box.waiting(time.time()) == [config.data_root / "inbox" / f"{job}.yaml"]  # at once
