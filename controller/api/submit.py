@@ -208,6 +208,20 @@ def walks(data: object) -> bool:
     return "pairs_file" in data or any(isinstance(t, str) and (_MAGIC.search(t) or is_s3(t)) for t in named)
 
 
+def quick(data: object) -> bool:
+    """Whether checking a JSON submit needs neither a worker process (``walks``) nor the store (an
+    ``s3://`` anywhere in its values): then it is one intake step (controller/api/intake.py)."""
+    return not walks(data) and not _names_store(data)
+
+
+def _names_store(value: object) -> bool:
+    if isinstance(value, dict):
+        return any(_names_store(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_names_store(v) for v in value)
+    return is_s3(value)
+
+
 def checked_json_apart(config: Config, area: Area, data: object) -> tuple[str, str]:
     """``checked_json`` as a slow worker process runs it (controller/api/slow.py ``run_apart``): the
     store reached through that process's own clients."""

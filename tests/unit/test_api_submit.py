@@ -11,7 +11,7 @@ import jwt
 import pytest
 import yaml
 
-from controller.api.submit import rebased
+from controller.api.submit import quick, rebased
 from controller.job.fence import MAX_OUTPUT_MOUNTS
 from controller.job.files import parse_job, parse_job_text
 from tests.builders import JPEG, JWT_SECRET, MP4, PNG, Env, api_env, leftovers, zip_bytes
@@ -296,3 +296,19 @@ def test_an_id_in_use_anywhere_on_the_volume_is_never_given_again(tmp_path: Path
     else:
         place.write_text("x")
     assert area.id_taken("party-abcdefgh") and not area.id_taken("party-bcdefghi")
+
+
+@pytest.mark.parametrize(
+    ("body", "one_step"),
+    [
+        ('{"source": "in/a.jpg", "targets": ["in/b.jpg", "in/c.jpg"]}', True),
+        ('{"source": "s3:\\/\\/bucket\\/a.jpg", "targets": ["in/b.jpg"]}', False),  # JSON may escape the slashes
+        ('{"pairs": [{"source": "in/a.jpg", "target": "s3://bucket/x.jpg"}]}', False),
+        ('{"source": "in/a.jpg", "targets": ["in/*.jpg"]}', False),
+        ('{"source": "in/a.jpg", "pairs_file": "lists/p.csv"}', False),
+    ],
+)
+def test_only_a_job_of_named_files_on_the_volume_is_checked_in_one_intake_step(body: str, one_step: bool) -> None:
+    """A glob, a pairs file or anything in the store is checked where the store's clients and worker
+    processes are (its slow lane), however the JSON spells it."""
+    assert quick(json.loads(body)) is one_step
