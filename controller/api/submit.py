@@ -215,10 +215,8 @@ def quick(data: object) -> bool:
 
 
 def _names_store(value: object) -> bool:
-    if isinstance(value, dict):
-        return any(_names_store(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_names_store(v) for v in value)
+    if isinstance(value, dict | list):
+        return any(_names_store(v) for v in (value.values() if isinstance(value, dict) else value))
     return is_s3(value)
 
 
