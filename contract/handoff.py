@@ -1,12 +1,15 @@
-"""A lingering runner's next chunk (``packing.linger``, issue "Many small requests"). Standard library only.
+"""A lingering runner's next chunk (``runners.linger``, ``packing.linger``). Standard library only.
 
-A pack's chunk service may *linger*: after its chunk it keeps its models loaded and waits up to
-``linger`` seconds (the manifest's) for the controller to hand it another pack's chunk, instead of
-exiting. The controller hands one over by replacing the hand-off file the manifest names
-(``runs/.lanes/<lane>.json``: a folder only the controller writes) with a higher ``seq``; the runner
-runs that chunk exactly as a fresh service would (its own attempt record, results, log), then waits
-again. ``manifest`` None with a higher ``seq``: stop now. The file exists from the lane's start
-(``seq`` 0: nothing yet), so that NFS clients, which may cache a missing name, re-read it promptly.
+A lane (a chunk service the controller started as one: ``FFSWARM_LANE=1`` in its environment) may
+*linger*: after its chunk it keeps its models loaded and waits up to ``linger`` seconds (the
+manifest's) for the controller to hand it another chunk (its job's next, or another pack's) instead of
+exiting; a runner in any other service exits after its chunk whatever its manifest says. The
+controller hands one over by replacing the hand-off file the manifest names (``chunks/<chunk>.lane.json``
+in the run folder of the chunk that started the lane: only the controller writes there) with a
+higher ``seq``; the runner runs that chunk exactly as a fresh service would (its own attempt record,
+results, log), then waits again. ``manifest`` None with a higher ``seq``: stop now. The file exists
+from the lane's start (``seq`` 0: nothing yet), so that NFS clients, which may cache a missing name,
+re-read it promptly.
 
 Manifest fields (both optional, absent at their defaults so that older runners read the file unchanged):
 ``linger`` (seconds, 0: exit after the chunk as always) and ``handoff`` (the file's container path).
@@ -24,6 +27,7 @@ from contract.errors import ManifestError
 from contract.layout import RUNS, TENANT_RUNS
 from contract.paths import CONTAINER_DATA_ROOT, require_container_path
 
+ENV_LANE = "FFSWARM_LANE"  # "1": this service is a lane, its runner lingers as its manifest says
 LINGER_MAX = 600.0  # seconds a runner may wait for its next chunk
 LINGER_FIELDS = ("linger", "handoff")
 MAX_HANDOFF_BYTES = 4096

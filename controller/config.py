@@ -17,6 +17,7 @@ from controller.errors import ConfigError
 from controller.policy import Policy, Webhooks, parse_policy
 from controller.settings.fields import FieldError, parse_duration
 from controller.settings.packing import PackingSettings, parse_packing
+from controller.settings.runners import RunnersSettings, parse_runners
 from controller.settings.webhooks import WebhookSettings, parse_webhook_settings
 from controller.storage.settings import S3Settings, StorageSettings, parse_storage
 from controller.swarm.servicespec import VolumeSpec
@@ -36,6 +37,7 @@ _KEYS = {
     "api",
     "tenants",
     "packing",
+    "runners",
     "storage",
     "webhooks",
 }
@@ -60,6 +62,7 @@ class Config:
     packing: PackingSettings = field(
         default_factory=PackingSettings
     )  # `serve` packs small jobs (controller/serve/packing.py)
+    runners: RunnersSettings = field(default_factory=RunnersSettings)  # a job's chunks in warm runners (run/lanes.py)
     storage: StorageSettings = field(default_factory=StorageSettings)  # s3:// inputs and outputs (docs/storage.md)
     # ``webhooks:``: the outbox's retry schedule (controller/run/outbox.py); hosts and keys are the policy's
     webhook_delivery: WebhookSettings = field(default_factory=WebhookSettings)
@@ -215,7 +218,7 @@ def parse_config(path: Path, data: dict[str, Any]) -> Config:
     try:
         policy = parse_policy(data["policy"]) if "policy" in data else Policy()
         api, tenants = parse_api(data.get("api")), parse_tenants(data.get("tenants"))
-        packing = parse_packing(data.get("packing"))
+        packing, runners = parse_packing(data.get("packing")), parse_runners(data.get("runners"))
         storage = parse_storage(data.get("storage"))
         delivery = parse_webhook_settings(data.get("webhooks"))
         s3 = storage.s3
@@ -238,6 +241,7 @@ def parse_config(path: Path, data: dict[str, Any]) -> Config:
         api=api,
         tenants=tenants,
         packing=packing,
+        runners=runners,
         storage=storage,
         webhook_delivery=delivery,
     )

@@ -23,6 +23,7 @@ from typing import Any
 
 from contract.errors import ManifestError
 from contract.exits import RunnerExit
+from contract.handoff import ENV_LANE
 from contract.manifest import ENV_ATTEMPT, ENV_MANIFEST, Manifest
 
 from . import log
@@ -96,7 +97,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
         code = chunk(args.manifest, args.attempt)
         first = _lingering(env, args)
-        if first is not None:  # a pack's chunk service waits for the next chunk (runner_image/linger.py)
+        if first is not None:  # a lane waits for the next chunk (runner_image/linger.py)
             try:
                 code = run_lingering(first[0], first[1], lambda m, a: chunk(m, str(a)), code)
             except Terminated:
@@ -134,7 +135,10 @@ def _one(run: Callable[[AttemptRecorder], int], logger: Any) -> int:
 
 
 def _lingering(env: Mapping[str, str], args: argparse.Namespace) -> tuple[DataRoot, Manifest] | None:
-    """The first manifest, when it says to linger after it (None: exit now, as always)."""
+    """The first manifest, when this service is a lane and the manifest says to linger after it
+    (None: exit now, as always)."""
+    if env.get(ENV_LANE) != "1":
+        return None
     try:
         root = DataRoot.from_env(env, args.data_root)
         manifest = read_manifest(root, args.manifest)

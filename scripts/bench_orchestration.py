@@ -156,6 +156,8 @@ class Bench:
             "identity_ready_s": round(identity_ready, 2),
             "controller_cpu_s": round(cpu, 2),
             "controller_cpu_per_chunk_s": round(cpu / report["counts"]["chunks"], 4),
+            # chunk services started (a warm runner's chunks share one: runners.linger)
+            "services": len({f.get("service") for _, e, f in events if e == "chunk_started"}),
             "results": results,
             "cold_s": [c[1] for c in loaded if c is not None],  # the runner's process age at models loaded
         }
@@ -282,6 +284,9 @@ def main() -> None:
     ap.add_argument("--b5-items", type=int, default=500, help="real photos for B5 (the real runner, both ways)")
     ap.add_argument("--providers", default="cpu", help="of every job and of B5's in-process runner, e.g. cuda,cpu")
     ap.add_argument("--b5-s3", action="store_true", help="B5 also with targets and outputs on an S3 server (Ceph RGW)")
+    ap.add_argument(
+        "--warm", type=float, default=0.0, help="B1 and the sweep also with runners.linger this many s, side by side"
+    )
     ap.add_argument("--skip", default="", help="comma list of b1,sweep,b2,b5,b4 to skip")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
@@ -323,7 +328,7 @@ def main() -> None:
                 f"{tag}: {r['items']} items, chunk_size {r['chunk_size']} "
                 f"({r['chunks']} chunks of ≤{r['items_per_chunk']}): wall {r['wall_s']:.1f} s "
                 f"vs ideal {ideal:.1f} s → efficiency {r['efficiency']:.3f}; "
-                f"controller CPU {r['controller_cpu_per_chunk_s'] * 1000:.0f} ms/chunk\n"
+                f"controller CPU {r['controller_cpu_per_chunk_s'] * 1000:.0f} ms/chunk, {r['services']} services\n"
                 f"    profile (s from submit): run folder {r['job_started_s']:.2f}, first task running "
                 f"{r['first_task_running_s']:.2f}, identity {r['identity_ready_s']:.2f}, "
                 f"first item {r['first_item_s']:.2f}, last item {r['last_item_s']:.2f}, "
@@ -331,14 +336,26 @@ def main() -> None:
             )
             return r
 
+        warm = bench_config(runners={"linger": args.warm}) if args.warm else None
+
+        def rows(tag: str, name: str, targets: str, chunk_size: Any) -> list[dict[str, Any]]:
+            """The row, and with --warm its twin with warm runners right after it."""
+            got = [{**line(tag, b.run(name, targets, chunk_size, sim)), "warm": False}]
+            if warm is not None:
+                got.append(
+                    {**line(f"{tag} warm", b.run(f"{name}w", targets, chunk_size, sim, config=warm)), "warm": True}
+                )
+            return got
+
         if "b1" not in skip:
             out["b1"] = [
-                line("B1", b.run(f"b1-{n}", b.inputs(n), default_cs, sim)) for n in map(int, args.sizes.split(","))
+                r for n in map(int, args.sizes.split(",")) for r in rows("B1", f"b1-{n}", b.inputs(n), default_cs)
             ]
         if "sweep" not in skip:
             out["sweep"] = [
-                line("B1 sweep", b.run(f"sw-{cs}", b.inputs(1000), cs, sim))
+                r
                 for cs in map(int, args.chunk_sizes.split(","))
+                for r in rows("B1 sweep", f"sw-{cs}", b.inputs(1000), cs)
             ]
         if "b2" not in skip:
             chunks = line("B2 ffswarm chunks", b.run("b2a", b.inputs(args.b2_items), default_cs, sim))
@@ -409,9 +426,10 @@ def main() -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        xs = [r["chunk_size"] for r in out["sweep"]]
+        cold = [r for r in out["sweep"] if not r["warm"]]
+        xs = [r["chunk_size"] for r in cold]
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(xs, [r["efficiency"] for r in out["sweep"]], marker="o")
+        ax.plot(xs, [r["efficiency"] for r in cold], marker="o")
         ax.set_xscale("log")
         ax.set_xticks(xs, [str(x) for x in xs])  # the swept sizes themselves, not powers of ten
         ax.minorticks_off()

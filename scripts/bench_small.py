@@ -8,7 +8,7 @@ steady rate, run by `ffswarm serve`, side by side in one run:
   packed-burst  the same N requests offered at 100/s, faster than any path finishes them: packing's
            throughput at saturation, to set beside the ceiling's (posted at once);
   lingering  as packed, with packing.linger 30s: a pack's chunk service waits for the next pack and
-           runs it on the models it loaded (controller/serve/lanes.py); lingering-burst: offered at 100/s;
+           runs it on the models it loaded (controller/run/lanes.py); lingering-burst: offered at 100/s;
   alone    M one-photo requests at the same rate, `serve` without packing: every request its own
            identity step and chunk service (the path before packing; M is small because it is slow).
   packed-2t, lingering-2t  as packed and lingering, the requests alternating between two tenants:

@@ -332,7 +332,7 @@ class ManifestSettings:
     # given when the job names any s3:// object, and then in every manifest of the job.
     storage: StorageAccess | None = None
     # A pack with packing.linger: each chunk's runner may wait this long for the next pack, on the
-    # hand-off file beside its manifest (contract/handoff.py, controller/serve/lanes.py)
+    # hand-off file beside its manifest (contract/handoff.py, controller/run/lanes.py)
     linger: float = 0.0
 
 

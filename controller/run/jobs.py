@@ -1,5 +1,4 @@
-"""A job before it runs: validate, plan, create or reopen the run folder. (Running it is
-controller/run/usecase.py; changing its width or cancelling it, controller/run/control.py.)
+"""A job before it runs: validate, plan, create or reopen the run folder (running it: usecase.py).
 
 Everything that can be checked is checked before anything is created: every job file of a submit
 is parsed and resolved against the data root first, and one bad file stops the whole submit.
@@ -56,7 +55,7 @@ class PreparedJob:
     # No identity step: each chunk's runner embeds the people its own items use (a pack: its members'
     # people are few per chunk, and the step's container would cost the pack seconds; controller/serve/packs.py)
     people_in_chunks: bool = False
-    # a pack that may run in a lane (controller/serve/lanes.py lane_allowed): how long its runner waits for more
+    # seconds its runners wait for its next chunk (runners.linger) or a pack's next (packing.linger): run/lanes.py
     linger: float = 0.0
     tenant: str | None = None  # an API job's (or a pack's) tenant: its runners see only its area
     # Its stores honour conditions on CompleteMultipartUpload: conditional commits may go up in parts
@@ -145,7 +144,8 @@ def _prepare_one(
         targets = [dataclasses.replace(r, identity=p) for r, p in zip(targets, people, strict=True)]
     admission.check_counts(config.policy, str(file), len(targets), sum(len(t.segments) for t in targets))
     plan = make_plan(job_id, targets, spec.chunk_size, parallel(spec), chunk_cap(config, spec, targets))
-    return PreparedJob(file, spec, resolved, plan, job_id, folders, tenant=tenant, commit_in_parts=parts)
+    linger = config.runners.linger if len(plan.chunks) > 1 else 0.0  # its runners take its next chunks
+    return PreparedJob(file, spec, resolved, plan, job_id, folders, linger=linger, tenant=tenant, commit_in_parts=parts)
 
 
 def store_for(config: Config, spec: JobSpec, tenant: str | None = None) -> Any:
@@ -278,7 +278,7 @@ def data_mounts(config: Config, job: PreparedJob) -> tuple[DataMount, ...]:
             )
         return WHOLE_ROOT
     outputs = {posixpath.dirname(i.output) for i in job.plan.items if not is_s3(i.output)}
-    lane = job.linger > 0  # its chunk may run in a lane (controller/serve/lanes.py lane_allowed)
+    lane = job.linger > 0 and pack_tenant_key(job.job_id) is not None  # a pack's lane takes later packs
     return tenant_mounts(
         area_rel(job.tenant),
         str(RunLayout.relative(job.job_id).dir),

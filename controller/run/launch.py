@@ -4,8 +4,9 @@ The supervisor (controller/run/supervisor.py) starts every attempt through a `La
 every attempt the same way, by its service's tasks (listed under the job label the launcher names)
 and its attempt record; the launcher only starts the attempt and lets go of its service once the
 supervisor has judged it. Two launchers exist: `FreshLauncher`, a one-shot service of the chunk's
-own (every job's), and a hand-off to an idle lane (a pack's lingering chunk service, built by `serve`:
-controller/serve/lanes.py), which falls back to a fresh service when no lane can take the chunk.
+own, and a hand-off to an idle lane (a chunk service whose runner waits for the next chunk: a job's
+own with ``runners.linger``, a pack's built by `serve`; controller/run/lanes.py), which falls back to
+a fresh service when no lane can take the chunk.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ class Launcher(Protocol):
         or was given up: its service is removed, or a lane's kept for the next chunk."""
         ...
 
+    def close(self) -> None:
+        """The job's run has ended: lanes it owns are retired (their runners told to stop, their
+        services removed)."""
+        ...
+
 
 # A job's launcher, made once its run folder and runner settings are known (None: fresh services)
 LaunchFactory = Callable[[SwarmBackend, RunDir, RunnerSettings], Launcher]
@@ -63,3 +69,6 @@ class FreshLauncher:
 
     def release(self, launched: Launched, reusable: bool) -> None:
         self.backend.remove_service(launched.service)
+
+    def close(self) -> None:
+        pass

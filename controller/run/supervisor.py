@@ -1,12 +1,9 @@
-"""Runs a job's chunks: the window, the watch, the classification, the retries.
-
-The supervisor is the only place that decides what happens to a chunk. It starts every attempt
-through a launcher (a one-shot service, or a pack's lane: controller/run/launch.py) and watches
-each the same way, by its service's tasks and its attempt record. It talks to the Swarm only
-through the SwarmBackend protocol (real daemon in production, an in-memory fake in unit tests) and
-keeps its truth in the run folder and the services' labels, so a restarted controller can adopt the
-services it finds (docs/architecture.md: the controller keeps no state of its own). Chunk records and
-policy: controller/run/chunks.py."""
+"""Runs a job's chunks: the window, the watch, the classification, the retries. The only place that
+decides what happens to a chunk: it starts every attempt through a launcher (a one-shot service, or a
+lane: controller/run/launch.py) and watches each the same way, by its service's tasks and its attempt
+record. It talks to the Swarm only through SwarmBackend (real daemon in production, an in-memory fake
+in unit tests) and keeps its truth in the run folder and the services' labels, so a restarted
+controller adopts the services it finds (docs/architecture.md). Chunk records, policy: chunks.py."""
 
 from __future__ import annotations
 
@@ -21,6 +18,7 @@ from controller.run import history
 from controller.run.attempts import recorded_exit, runner_reason
 from controller.run.chunks import Attempt, ChunkRun, EventSink, Policy, create_results_file
 from controller.run.failures import ChunkState, FailureClass, classify_exit, describe_exit
+from controller.run.lanes import ROLE_JOB_LANE
 from controller.run.launch import FreshLauncher, Launched, Launcher
 from controller.run.rundir import RunDir
 from controller.swarm.backend import (
@@ -87,11 +85,12 @@ class Supervisor:
             queue.append(cid)
         self.events = self.backend.events(self.settings.job)
         try:
-            self._adopt(queue, keep_steps=gate is not None)
+            self._adopt(queue, keep_steps=gate is not None, first=True)
             self._loop(queue, gate)
         finally:
             for run in (r for r in self._running() if r.current.lane):  # no one adopts a lane's attempt: dropped
                 self._release(run)
+            self.launcher.close()  # the job's own lanes retired before the wait for its containers
             if self.events is not None:
                 self.events.close()
                 self.events = None
@@ -228,18 +227,19 @@ class Supervisor:
     def _running(self) -> list[ChunkRun]:
         return [c for c in self.chunks.values() if c.state is ChunkState.RUNNING]
 
-    def _adopt(self, queue: deque[str], keep_steps: bool = False) -> None:
-        """Services left by an earlier controller: keep the live ones, never start a second one.
-        A step's service (not a chunk: the identity step) is kept while that step is being run."""
+    def _adopt(self, queue: deque[str], keep_steps: bool = False, first: bool = False) -> None:
+        """Services left by an earlier controller: keep the live ones, never start a second one. A step's
+        service is kept while the step runs; an earlier run's lane (``first``) is removed, its attempt redone."""
         for svc in self.backend.services(self.settings.job):
-            if keep_steps and svc.labels.get(LABEL_ROLE, ROLE_RUNNER) != ROLE_RUNNER:
-                continue
+            role = svc.labels.get(LABEL_ROLE, ROLE_RUNNER)
+            if role == ROLE_JOB_LANE and not first or keep_steps and role not in (ROLE_RUNNER, ROLE_JOB_LANE):
+                continue  # this run's lanes are its launcher's; a step's service is kept while it runs
             cid = svc.labels.get(LABEL_CHUNK, "")
             run = self.chunks.get(cid)
             if run is not None and run.state is ChunkState.RUNNING and run.current.service == svc.name:
                 continue  # its own live attempt (adopting again after an engine outage)
-            if run is None or run.state is not ChunkState.QUEUED:
-                if run is None and svc.labels.get(LABEL_ROLE) == ROLE_RUNNER:  # an earlier run's, ended unwatched
+            if run is None or run.state is not ChunkState.QUEUED or role == ROLE_JOB_LANE:  # never adopted
+                if run is None and role == ROLE_RUNNER:  # an earlier run's, ended unwatched
                     ended = svc.latest_task()
                     self._dirty |= history.note_ended(self.history, cid, svc.labels.get(LABEL_ATTEMPT), ended)
                 self.backend.remove_service(svc.name)

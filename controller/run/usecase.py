@@ -32,6 +32,7 @@ from controller.run.fold import Fold
 from controller.run.hooks import NOT_DELIVERED, job_tenant, on_complete, results_link
 from controller.run.jobs import PreparedJob, SwarmFactory, open_run, owner, prepare, runner_settings, start_run
 from controller.run.jobs import output_links as jobs_links
+from controller.run.lanes import own_lanes
 from controller.run.launch import LaunchFactory
 from controller.run.report import Report, build_report
 from controller.run.rundir import RunDir, Stage
@@ -86,7 +87,7 @@ def run(
     """One prepared job start to report (`submit`, `serve`), continuing its run when the folder exists.
     The job's lease is held meanwhile: a job another controller runs is refused (exit 69). With
     `uncancel` (an explicit `submit` of the job's file), a cancelled job's remaining items run.
-    ``launch``: what starts its chunks' attempts (a pack's lanes: controller/serve/lanes.py; None: a
+    ``launch``: what starts its chunks' attempts (lanes: controller/run/lanes.py; None: a
     fresh service each, controller/run/launch.py). ``on_round``: called at every round of the watch
     (Policy.on_round)."""
     rundir, image = open_or_start(config, backend, job)
@@ -309,6 +310,8 @@ def _identity_and_chunks(
     )
     settings = runner_settings(config, job, image)
     sizes = {c.id: len(c.items) for c in plan.chunks}
+    if launch is None and job.linger > 0 and len(plan.chunks) > 1:  # runners.linger: warm runners
+        launch = own_lanes(job.linger, float(job.spec.timeout))
     launcher = launch(backend, rundir, settings) if launch is not None else None
     sup = Supervisor(backend, rundir, settings, policy, on_event=emit, sizes=sizes, launcher=launcher)
     fold = Fold.read(plan, rundir)

@@ -43,6 +43,7 @@ from controller.errors import FfswarmError, volume_full
 from controller.job import ledger
 from controller.run import giveup, webhooks
 from controller.run.handover import HEARTBEAT_SECONDS, HeartbeatFile, live_owners
+from controller.run.lanes import Lanes
 from controller.run.metrics import Metrics
 from controller.run.packed import pack_of
 from controller.run.rundir import RunDir
@@ -57,7 +58,6 @@ from controller.serve.jobs import (
     run_job_file,
     run_pack,
 )
-from controller.serve.lanes import Lanes
 from controller.serve.packing import Member, Packer, width
 from controller.serve.retention import Retention
 from controller.serve.shares import ShareBook
@@ -117,7 +117,7 @@ class Server:
         # Small jobs packed into shared chunk services (controller/serve/packing.py): then a job slot is
         # taken by a job that runs alone or by a pack, and files are read ahead of the slots.
         self.packer = Packer(config.packing, config.image, gpus=self.gpus) if config.packing.on else None
-        # packing.linger: packs' chunk services wait for the next pack (controller/serve/lanes.py)
+        # packing.linger: packs' chunk services wait for the next pack (controller/run/lanes.py)
         linger = config.packing.linger if self.packer else 0.0
         self.lanes: Lanes | None = None
         self.slots = threading.Semaphore(concurrent_jobs) if self.packer else None

@@ -27,6 +27,7 @@ from controller.job.paths import relative_text
 from controller.redact import printable
 from controller.run import job_lease, usecase
 from controller.run.jobs import open_run, owner, write_owner
+from controller.run.lanes import Lanes
 from controller.run.metrics import Metrics
 from controller.run.packed import pack_of
 from controller.run.report import Report, summary
@@ -34,7 +35,6 @@ from controller.run.rundir import RunDir, Stage
 from controller.run.usecase import SinkFactory
 from controller.serve import packs, unmade
 from controller.serve.inbox import original_name
-from controller.serve.lanes import Lanes
 from controller.serve.packing import Member, Packer
 from controller.serve.shares import Share, ShareBook
 from controller.storage.errors import StorageTemporaryError

@@ -52,12 +52,12 @@ from controller.run.chunks import ChunkRun, ended_runs
 from controller.run.failures import ChunkState
 from controller.run.fold import Fold
 from controller.run.jobs import PreparedJob, open_run, owner, write_owner
+from controller.run.lanes import LaneLauncher, Lanes, lane_allowed
 from controller.run.launch import FreshLauncher, Launcher
 from controller.run.packed import PackView, own_items, read_members
 from controller.run.report import Report, build_report
 from controller.run.rundir import Control, RunDir, Stage
 from controller.run.usecase import SinkFactory
-from controller.serve.lanes import LaneLauncher, Lanes, lane_allowed
 from controller.serve.packing import Member, pack_key
 from controller.serve.shares import Share
 from controller.swarm.backend import SwarmBackend
@@ -358,7 +358,7 @@ def start(
     prepared, runner = open_pack(config, backend, members, folder, parallel, clock)
 
     def in_lanes(swarm: SwarmBackend, rundir: RunDir, settings: RunnerSettings) -> Launcher:
-        """A one-chunk pack's chunk handed to a lingering service (controller/serve/lanes.py)."""
+        """A one-chunk pack's chunk handed to a lingering service (controller/run/lanes.py)."""
         assert lanes is not None
         key = pack_key(members[0].job, config.packing, config.image) or ""
         timeout, schedule = float(prepared.spec.timeout), float(config.schedule_timeout)

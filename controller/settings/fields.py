@@ -266,3 +266,19 @@ def duplicate_key(text: str) -> tuple[str, int] | None:
         elif isinstance(node, yaml.SequenceNode):
             stack.extend(node.value)
     return None
+
+
+def seconds(value: Any) -> float | None:
+    """A config's number of seconds: a number, or a string like ``500ms`` or ``20s``; None: not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        for suffix, scale in (("ms", 0.001), ("s", 1.0)):
+            if value.endswith(suffix):
+                try:
+                    return float(value[: -len(suffix)]) * scale
+                except ValueError:
+                    return None
+    return None

@@ -251,7 +251,7 @@ class DockerSwarm:
 
     def role_services(self, role: str) -> list[tuple[str, dict[str, str], bool]]:
         """Every service with this role label: its name, labels, and whether all its tasks have ended
-        (`serve`'s lanes: controller/serve/lanes.py)."""
+        (`serve`'s lanes: controller/run/lanes.py)."""
         label = {"label": f"{LABEL_ROLE}={role}"}
         with translated(f"listing {role} services"):
             raw = self._client.api.services(filters=label)

@@ -5,8 +5,10 @@ it at start-up, before the runner: when /data/bench-sim.json exists it does what
 the run folder — waits until the calibrated cold start has passed since exec (the real runner's
 imports and model loading), waits for the job's identity.json like the real runner, then gives each
 item exactly the calibrated per-item time (copying the input to the output atomically and appending
-a result line marked provider "simulated" within it) — and exits 0 without loading any model. The
-identity step runs the real runner.
+a result line marked provider "simulated" within it) — and exits 0 without loading any model. In a
+lane (``FFSWARM_LANE=1``, controller/run/lanes.py) it then writes the attempt's record and, like the
+real runner, runs each chunk handed over within the manifest's ``linger``, cold start already paid.
+The identity step runs the real runner.
 """
 
 import json
@@ -23,14 +25,14 @@ def _load(path: str) -> dict | None:
         return None
 
 
-def _simulate(sim: dict, manifest_path: str) -> None:
+def _simulate(sim: dict, manifest_path: str, attempt: int) -> "object":
     from contract.manifest import Manifest
     from contract.results import ItemResult, ItemStatus
     from runner_image.log import process_age
 
     with open(manifest_path) as f:
         m = Manifest.from_json(f.read())
-    attempt = int(os.environ.get("FFSWARM_ATTEMPT", "1"))
+    started = time.time()
     time.sleep(max(0.0, float(sim["cold_seconds"]) - (process_age() or 0.0)))  # exec → models loaded
     while m.identity and (_load(m.identity) or {"pending": True}).get("pending"):
         time.sleep(0.05)  # worker.await_identity polls at the same period
@@ -60,10 +62,46 @@ def _simulate(sim: dict, manifest_path: str) -> None:
         )
         os.write(fd, r.to_line().encode())
     os.close(fd)
+    return m, started
+
+
+def _record(m: "object", attempt: int, started: float) -> None:
+    from contract.attempt import AttemptRecord
+
+    done = time.time()
+    record = AttemptRecord(m.job, m.chunk, attempt, started, items_done=len(m.items), exit="OK", finished=done)
+    path = f"{m.run_dir}/attempts/{m.chunk}.a{attempt}.json"
+    with open(f"{path}.tmp-sim", "w") as f:
+        f.write(record.to_json())
+    os.replace(f"{path}.tmp-sim", path)
+
+
+def _lane(sim: dict, first: "object") -> None:
+    """Each chunk handed over within ``linger`` (runner_image/linger.py's loop, simulated)."""
+    from contract.handoff import Handoff
+
+    seen = 0
+    while True:
+        deadline, handoff = time.monotonic() + first.linger, None
+        while time.monotonic() < deadline:
+            got = _load(first.handoff)
+            if got is not None and got.get("seq", 0) > seen:
+                handoff = Handoff(got["seq"], got.get("manifest"), got.get("attempt", 1))
+                break
+            time.sleep(0.05)
+        if handoff is None or handoff.manifest is None:
+            return
+        seen = handoff.seq
+        m, started = _simulate(sim, handoff.manifest, handoff.attempt)
+        _record(m, handoff.attempt, started)
 
 
 _sim = _load("/data/bench-sim.json")
 _manifest = os.environ.get("FFSWARM_MANIFEST", "")
 if _sim is not None and _manifest and "identity" not in sys.argv[1:]:
-    _simulate(_sim, _manifest)
+    _attempt = int(os.environ.get("FFSWARM_ATTEMPT", "1"))
+    _m, _started = _simulate(_sim, _manifest, _attempt)
+    if os.environ.get("FFSWARM_LANE") == "1" and _m.linger > 0 and _m.handoff:
+        _record(_m, _attempt, _started)
+        _lane(_sim, _m)
     os._exit(0)

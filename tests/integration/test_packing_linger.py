@@ -1,4 +1,4 @@
-"""Lanes on the dev swarm (packing.linger, controller/serve/lanes.py): a pack's chunk service waits for
+"""Lanes on the dev swarm (packing.linger, controller/run/lanes.py): a pack's chunk service waits for
 the next pack and runs it on the models it already loaded, instead of a service of its own; a lane
 whose runner died is not trusted — the next pack runs its chunk as always, and finishes.
 
@@ -26,7 +26,7 @@ import pytest
 
 from contract.layout import run_rel
 from controller.run.handover import live_owners
-from controller.serve.lanes import ROLE_LANE, remove_left
+from controller.run.lanes import ROLE_LANE, remove_left
 from controller.swarm.docker import DockerSwarm
 from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, ROLE_RUNNER
 from tests.fixtures import photos

@@ -1,4 +1,4 @@
-"""Lanes through the launcher seam (controller/serve/lanes.py LaneLauncher, controller/run/launch.py):
+"""Lanes through the launcher seam (controller/run/lanes.py LaneLauncher, controller/run/launch.py):
 packs' supervisors drive the in-memory FakeSwarm, a fake lane runner writes what a lingering runner
 would (its attempt records, after each hand-off), and one injected clock keeps every wait virtual."""
 
@@ -15,10 +15,10 @@ from contract.handoff import Handoff
 from controller.errors import FfswarmError
 from controller.run.chunks import Policy
 from controller.run.failures import ChunkState
+from controller.run.lanes import ROLE_LANE, LaneLauncher, Lanes
 from controller.run.launch import FreshLauncher
 from controller.run.rundir import Control, RunDir
 from controller.run.supervisor import Supervisor
-from controller.serve.lanes import ROLE_LANE, LaneLauncher, Lanes
 from controller.swarm.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_JOB, LABEL_ROLE, RunnerSettings, VolumeSpec
 from tests.fakes import FakeSwarm, Outcome
 

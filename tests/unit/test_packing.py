@@ -189,10 +189,10 @@ def test_jobs_with_different_selectors_are_not_packed_together(tmp_path: Path) -
 
 
 def test_a_lane_is_handed_only_a_pack_of_its_kind_while_its_runner_still_waits(tmp_path: Path) -> None:
-    """controller/serve/lanes.py's book of idle lanes: by pack key, within the runner's linger (less a
+    """controller/run/lanes.py's book of idle lanes: by pack key, within the runner's linger (less a
     margin), never older than the pack's chunk timeout; expired ones are given up."""
+    from controller.run.lanes import MARGIN, Lane, Lanes
     from controller.run.rundir import RunDir
-    from controller.serve.lanes import MARGIN, Lane, Lanes
 
     now = [100.0]
     lanes = Lanes(lambda: None, linger=30.0, clock=lambda: now[0])  # type: ignore[arg-type,return-value]
@@ -233,8 +233,8 @@ def test_a_pack_with_linger_tells_its_chunk_runners_to_wait_on_their_hand_off_fi
 def test_a_new_lane_starts_only_where_a_gpu_is_not_held_by_another_lane(tmp_path: Path) -> None:
     """Lanes hold their GPUs while they wait: a new one would sit pending behind them. So with every GPU
     held by a lane, a pack waits for one of its kind to be idle, or retires an idle one of another kind."""
+    from controller.run.lanes import Lane, Lanes
     from controller.run.rundir import RunDir
-    from controller.serve.lanes import Lane, Lanes
 
     class Removed:  # what the book asks of the swarm here: removing a retired lane's service
         def __init__(self) -> None:

@@ -94,7 +94,7 @@ def test_every_sink_gets_every_event_and_the_textfile_the_jobs_gpu_count(tmp_pat
 
 
 def test_every_chunk_attempt_starts_through_the_launcher_the_caller_gives(tmp_path: Path) -> None:
-    """`serve` hands a pack's use case its lanes this way (controller/serve/lanes.py LaneLauncher)."""
+    """`serve` hands a pack's use case its lanes this way (controller/run/lanes.py LaneLauncher)."""
     from controller.run.launch import FreshLauncher, Launched
 
     config, job, rundir = new_job(tmp_path)

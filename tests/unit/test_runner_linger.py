@@ -15,9 +15,16 @@ from contract.errors import ManifestError
 from contract.handoff import Handoff
 from contract.manifest import Item, Manifest
 from contract.results import ItemStatus
-from tests.unit.test_runner_chunk import JOB, RUN, log_lines, results, run, write_manifest
+from runner_image.__main__ import main
+from tests.unit.test_runner_chunk import JOB, RUN, log_lines, results, write_manifest
 
 HANDOFF = "/data/runs/.lanes/lane-one.json"
+
+
+def run(root: Path, manifest: str, attempt: int = 1, lane: bool = True) -> int:
+    """The runner as a lane's service starts it (``FFSWARM_LANE=1``), or as any other (``lane`` False)."""
+    env = {"FFSWARM_LANE": "1"} if lane else {}
+    return main(["--manifest", manifest, "--attempt", str(attempt), "--data-root", str(root)], env=env)
 
 
 def _handoff(root: Path, h: Handoff) -> None:
@@ -75,6 +82,17 @@ def test_a_stop_or_silence_ends_the_wait_and_a_bad_handoff_is_not_followed(data:
     started = time.monotonic()
     assert run(data, first, attempt=3) == 0
     assert time.monotonic() - started < 20
+
+
+def test_a_runner_not_started_as_a_lane_exits_after_its_chunk_whatever_its_manifest_says(data: Path) -> None:
+    """A chunk of a job with warm runners that runs in a fresh service (a retry, a resumed job) does
+    not hold its GPU waiting for a hand-off no one will write."""
+    _handoff(data, Handoff(0))
+    first = write_manifest(data, ["face_00.jpg"], linger=60.0, handoff=HANDOFF)
+    started = time.monotonic()
+    assert run(data, first, lane=False) == 0
+    assert time.monotonic() - started < 30  # it did not wait out its manifest's 60 s
+    assert [r.status for r in results(data)] == [ItemStatus.OK]
 
 
 def test_the_manifest_and_handoff_fields_are_checked() -> None:

@@ -1,27 +1,31 @@
-"""Lanes: pack chunk services that linger for the next pack (``packing.linger``).
+"""Lanes: chunk services whose runners, after their chunk, keep their models loaded and take the
+next chunk handed to them (runner_image/linger.py, contract/handoff.py) instead of exiting.
 
-Every chunk service pays a container start and a model load before its first photo. With
-``packing.linger``, a one-chunk pack's chunk runs in a *lane*: a service whose runner, after the
-chunk, keeps its models loaded and waits up to ``linger`` seconds for the next pack of the same kind
-(runner_image/linger.py). The next such pack is handed to it through the lane's hand-off file
-(contract/handoff.py) — in the run folder of the pack that started the lane, ``chunks/`` (only the
-controller writes there) — instead of starting a service of its own. Lanes are bound to their pack
-key, which includes the tenant: no lane ever runs two tenants' photos. A tenant's lane mounts its
-tenant's area read-only but for ``<area>/out`` (writable), the tenant's folder of pack run folders
-(``runs/.tenants/<key>``, where every later pack of its tenant has its run folder; writable) and the
-model pack read-only (controller/run/jobs.py data_mounts); so only a pack whose outputs are all
-under ``<area>/out/`` goes to a lane, as lane_allowed decides: any other runs in a service of its
-own that mounts exactly its folders.
+Every chunk service pays a container start and a model load before its first photo. A *lane* is a
+chunk service whose runner waits up to ``linger`` seconds after each chunk for the controller to
+hand it another through the lane's hand-off file (in the run folder that started it, ``chunks/``:
+only the controller writes there). Two kinds, one mechanism (`Lanes`, `LaneLauncher`):
 
-`serve` hands the pack's use case a `LaneLauncher` (the launcher seam, controller/run/launch.py); the
-pack's supervisor starts the chunk's attempt through it and watches it like any attempt, by its
-attempt record and its lane service's tasks. An attempt that ended with its items recorded gives the
-lane back for the next pack; a lane whose runner died, timed out, went unscheduled, lost its node or
-ended the attempt for a reason of its own is dropped (its service removed) and the chunk runs again
-in a fresh service of its own, without using the job's retries, redoing nothing committed. A lane's
-service has a role and job label of its own (``lane``), so no job's supervisor adopts or removes it
-as a job's service; `serve` removes it when the lane has expired, at its stop, and at its start (a
-lane an earlier `serve` left). A lane is not used once it is older than the pack's chunk timeout.
+- A **job's own lanes** (``runners.linger``, `own_lanes`): a job of several chunks runs its next
+  chunk in the service whose runner has just finished one of its chunks — same job, same mounts,
+  same settings, so nothing is widened. They are listed under the job's own label with the role
+  ``job-lane``: the job's supervisor removes them when its run ends, and a later run of the job
+  (resume, retry) removes any an earlier controller left, never adopting one.
+- A **pack's lanes** (``packing.linger``, built by `serve`; lane_allowed decides which pack may use
+  one): a one-chunk pack's lane waits for the next pack of the same kind (its key
+  includes the tenant: no lane ever runs two tenants' photos). Such a lane has a job label and the
+  role ``lane`` of its own, so no job's supervisor adopts or removes it; `serve` removes it when it
+  has expired, at its stop, and at its start (a lane an earlier `serve` left).
+
+Only a lane's service says ``FFSWARM_LANE=1`` to its runner: a chunk whose manifest names a hand-off
+file but that runs in a fresh service (a retry, a resumed job) exits after its chunk as always.
+
+The supervisor starts an attempt through a `LaneLauncher` (the launcher seam, controller/run/launch.py)
+and watches it like any attempt, by its attempt record and its lane service's tasks. An attempt that
+ended with its items recorded gives the lane back for the next chunk; a lane whose runner died,
+timed out, went unscheduled, lost its node or ended the attempt for a reason of its own is dropped
+(its service removed) and the chunk runs again in a fresh service of its own, without using the
+job's retries, redoing nothing committed. A lane is not used once it is older than the chunk timeout.
 """
 
 from __future__ import annotations
@@ -32,21 +36,22 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
-from contract.handoff import Handoff
+from contract.handoff import ENV_LANE, Handoff
 from contract.layout import RunLayout
 from contract.s3 import is_s3
 from controller import log
 from controller.errors import EngineUnavailable, FfswarmError
 from controller.job.owners import outputs_rel
 from controller.job.plan import Plan
-from controller.run.launch import Launched, Launcher
+from controller.run.launch import FreshLauncher, Launched, Launcher, LaunchFactory
 from controller.run.rundir import RunDir
 from controller.swarm.backend import SwarmBackend
 from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, RunnerSettings, chunk_service
 
-ROLE_LANE = "lane"
+ROLE_LANE = "lane"  # a pack's lane, `serve`'s
+ROLE_JOB_LANE = "job-lane"  # a job's own lane, listed under the job's label
 LABEL_LANE_OWNER = "io.ffswarm.lane-owner"  # the `serve` whose lane it is (its heartbeat's name)
 MARGIN = 2.0  # seconds: a lane whose runner stops waiting sooner than this is not handed a chunk
 POLL = 0.1  # seconds between looks for an idle lane while every GPU is held by lanes
@@ -80,6 +85,7 @@ class Lanes:
     capacity: Callable[[], int | None] = lambda: None
     owner: str = ""  # this `serve` (its heartbeat's name): every lane it starts says so
     live: Callable[[], set[str]] = set  # the owners serving now (fresh heartbeats)
+    role: str = ROLE_LANE  # ROLE_JOB_LANE: one job's own lanes, under its label
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep  # obtain's wait for an idle lane
     _idle: list[Lane] = field(default_factory=list)
@@ -187,14 +193,19 @@ class Lanes:
 
     def open(self, key: str, rundir: RunDir, settings: RunnerSettings, chunk: str, attempt: int) -> Lane:
         """A new lane (room for it taken by `obtain`) whose service runs the attempt first."""
-        label = f"lane-{rundir.job}-{chunk}"[:80]
-        lane = Lane(key, f"ffswarm-{label}", label, rundir, chunk, self.clock())
-        self._hand(lane, Handoff(0))  # before the service: its runner finds the file from the start
         spec = chunk_service(settings, chunk, attempt)
+        if self.role == ROLE_JOB_LANE:
+            label, name = rundir.job, f"{spec.name}-lane"
+        else:
+            label = f"lane-{rundir.job}-{chunk}"[:80]
+            name = f"ffswarm-{label}"
+        lane = Lane(key, name, label, rundir, chunk, self.clock())
+        self._hand(lane, Handoff(0))  # before the service: its runner finds the file from the start
         spec = dataclasses.replace(
             spec,
             name=lane.service,
-            labels={**spec.labels, LABEL_JOB: label, LABEL_ROLE: ROLE_LANE, LABEL_LANE_OWNER: self.owner},
+            labels={**spec.labels, LABEL_JOB: label, LABEL_ROLE: self.role, LABEL_LANE_OWNER: self.owner},
+            env={**spec.env, ENV_LANE: "1"},
         )
         self.backend().create_service(spec)
         return lane
@@ -205,9 +216,10 @@ class Lanes:
 
 @dataclass
 class LaneLauncher:
-    """A one-chunk pack's attempts (controller/run/launch.py): its chunk's first attempt handed to an
-    idle lane of its kind, or to a lane started for it; a fresh service of its own when no lane can
-    be had, and for every later attempt (the supervisor drops a lane that failed its attempt)."""
+    """A job's (or a pack's) attempts (controller/run/launch.py): each chunk's first attempt handed to
+    an idle lane of its kind, or to a lane started for it; a fresh service of its own when no lane can
+    be had, and for every later attempt (the supervisor drops a lane that failed its attempt).
+    ``owned``: the lanes are the job's own, retired when its run ends (close)."""
 
     lanes: Lanes
     key: str  # what its runner loads (packing.pack_key): only a lane of this kind takes it
@@ -216,6 +228,7 @@ class LaneLauncher:
     fresh: Launcher
     max_age: float  # the pack's chunk timeout: no lane older than that is used
     wait: float  # how long to wait for an idle lane while every GPU is held by lanes
+    owned: bool = False
     _taken: dict[str, Lane] = field(default_factory=dict)  # service -> the lane running an attempt
     _tried: set[str] = field(default_factory=set)  # chunks already given to a lane
 
@@ -250,6 +263,24 @@ class LaneLauncher:
             self.lanes.give_back(lane)
         else:
             self.lanes.drop(lane)
+
+    def close(self) -> None:
+        if self.owned:
+            self.lanes.close()
+
+
+def own_lanes(linger: float, max_age: float) -> LaunchFactory:
+    """A job's own lanes (``runners.linger``): its chunks' runners take its next chunks. The pool is
+    the job's alone (its key the job), retired when the run ends; at most as many lanes as the
+    supervisor runs chunks at once, plus the idle ones it is about to hand a chunk."""
+
+    def make(backend: SwarmBackend, rundir: RunDir, settings: RunnerSettings) -> Launcher:
+        swarm = cast(LaneSwarm, backend)  # a job's lanes never list other services (no sweep)
+        pool = Lanes(lambda: swarm, linger, owner=rundir.job, role=ROLE_JOB_LANE)
+        fresh = FreshLauncher(backend, settings)
+        return LaneLauncher(pool, rundir.job, rundir, settings, fresh, max_age, wait=0.0, owned=True)
+
+    return make
 
 
 def lane_allowed(plan: Plan, tenant: str | None) -> bool:

@@ -1,0 +1,163 @@
+"""A job's own lanes (``runners.linger``, controller/run/lanes.py own_lanes) through the supervisor on the
+in-memory FakeSwarm: a fake runner writes what a lingering runner would (each attempt's record, after
+each hand-off), so the supervisor's view is the one a real lane gives it."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contract.attempt import AttemptRecord
+from contract.handoff import ENV_LANE, Handoff
+from controller.run import usecase
+from controller.run.chunks import Policy
+from controller.run.failures import ChunkState
+from controller.run.lanes import ROLE_JOB_LANE, own_lanes
+from controller.run.rundir import Control, RunDir
+from controller.run.supervisor import Supervisor
+from controller.settings.fields import FieldError
+from controller.settings.runners import RunnersSettings, parse_runners
+from controller.swarm.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_JOB, LABEL_ROLE, chunk_service
+from tests.builders import JPEG, make_config
+from tests.fakes import FakeSwarm, Outcome
+from tests.unit.test_lanes import settings
+
+JOB = "warm-job"
+CHUNKS = ["c0000", "c0001", "c0002", "c0003"]
+
+
+class JobLaneRunner:
+    """A job lane's runner, seen from the run folder: its first chunk, then each chunk handed to it,
+    ends with an attempt record (``die``: the chunk whose hand-off kills the lane's container)."""
+
+    def __init__(self, swarm: FakeSwarm, rundir: RunDir, die: str = "") -> None:
+        self.swarm, self.rundir, self.die = swarm, rundir, die
+        self.seen: dict[str, int] = {}  # lane service -> hand-off seq last run
+        self.ran: list[tuple[str, str, int]] = []  # (service, chunk, attempt) in the order run
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        for spec in self.swarm.created:
+            if spec.labels.get(LABEL_ROLE) != ROLE_JOB_LANE or spec.name not in self.swarm.alive():
+                continue
+            assert spec.env.get(ENV_LANE) == "1"  # only a lane's runner lingers
+            first = spec.labels[LABEL_CHUNK]
+            if spec.name not in self.seen:
+                self.seen[spec.name] = 0
+                self._end(spec.name, first, int(spec.labels[LABEL_ATTEMPT]))
+                continue
+            handoff = Handoff.from_json(self.rundir.layout.lane_handoff(first).read_text())
+            if handoff.seq > self.seen[spec.name] and handoff.manifest is not None:
+                self.seen[spec.name] = handoff.seq
+                chunk = Path(handoff.manifest).stem  # /data/runs/<job>/chunks/<chunk>.json
+                if chunk == self.die:
+                    self.swarm.end(spec.name, Outcome("failed", 137, "task: non-zero exit (137)"))
+                    self.die = ""
+                    continue
+                self._end(spec.name, chunk, handoff.attempt)
+
+    def _end(self, service: str, chunk: str, attempt: int) -> None:
+        self.ran.append((service, chunk, attempt))
+        t = time.time()
+        record = AttemptRecord(JOB, chunk, attempt, t, exit="OK", finished=t)
+        self.rundir.layout.attempt_record(chunk, attempt).write_text(record.to_json())
+
+
+def _run(tmp_path: Path, swarm: FakeSwarm, die: str = "", width: int = 1) -> tuple[Supervisor, JobLaneRunner]:
+    rundir = RunDir(tmp_path, JOB)
+    rundir.make_dirs()
+    rundir.write_control(Control(width))
+    runner = JobLaneRunner(swarm, rundir, die)
+    s = settings(JOB)
+    policy = Policy(retries=0, timeout=60.0, schedule_timeout=10.0, poll=0.5)
+    events: list[tuple[str, dict[str, Any]]] = []
+    sup = Supervisor(
+        swarm,
+        rundir,
+        s,
+        policy,
+        on_event=lambda e, **f: events.append((e, f)),
+        clock=runner,
+        sleep=runner.sleep,
+        launcher=own_lanes(linger=30.0, max_age=600.0)(swarm, rundir, s),
+    )
+    sup.run(list(CHUNKS))
+    return sup, runner
+
+
+def _lane_swarm() -> FakeSwarm:
+    # a lane's service runs until it is removed: its runner waits for the next chunk
+    return FakeSwarm(script={(c, 1): Outcome("running") for c in CHUNKS})
+
+
+def test_a_jobs_chunks_run_one_after_another_in_one_warm_service_which_is_gone_when_the_job_ends(
+    tmp_path: Path,
+) -> None:
+    swarm = _lane_swarm()
+    sup, runner = _run(tmp_path, swarm)
+    assert all(sup.chunks[c].state is ChunkState.DONE for c in CHUNKS)
+    (lane,) = [s for s in swarm.created]  # one service for the four chunks
+    assert lane.labels[LABEL_JOB] == JOB and lane.labels[LABEL_ROLE] == ROLE_JOB_LANE  # the job's own label
+    assert [(svc, c) for svc, c, _ in runner.ran] == [(lane.name, c) for c in CHUNKS]
+    assert all(sup.chunks[c].current.service == lane.name and sup.chunks[c].current.attempt == 1 for c in CHUNKS)
+    assert swarm.alive() == []  # retired when the job's run ended
+    handoff = Handoff.from_json(RunDir(tmp_path, JOB).layout.lane_handoff("c0000").read_text())
+    assert handoff.manifest is None and handoff.seq == len(CHUNKS)  # three chunks handed over, then "stop"
+
+
+def test_two_lanes_at_width_two_and_a_lane_that_dies_is_dropped_its_chunk_run_again_fresh(tmp_path: Path) -> None:
+    swarm = _lane_swarm()
+    sup, runner = _run(tmp_path, swarm, die="c0002", width=2)
+    assert all(sup.chunks[c].state is ChunkState.DONE for c in CHUNKS)
+    lanes = [s.name for s in swarm.created if s.labels[LABEL_ROLE] == ROLE_JOB_LANE]
+    fresh = [s for s in swarm.created if s.labels[LABEL_ROLE] != ROLE_JOB_LANE]
+    assert len(lanes) == 2 and swarm.max_alive <= 2, swarm.created
+    # the chunk whose lane died ran again in a service of its own, its retries untouched (retries: 0)
+    assert [(s.labels[LABEL_CHUNK], s.labels[LABEL_ATTEMPT]) for s in fresh] == [("c0002", "2")], fresh
+    assert ENV_LANE not in fresh[0].env
+    assert [a.attempt for a in sup.chunks["c0002"].attempts] == [1, 2]
+    assert swarm.alive() == []
+
+
+def test_a_lane_an_earlier_run_left_is_removed_never_adopted(tmp_path: Path) -> None:
+    swarm = _lane_swarm()
+    left = chunk_service(settings(JOB), "c0001", 1)
+    left = dataclasses.replace(
+        left, name=f"{left.name}-lane", labels={**left.labels, LABEL_ROLE: ROLE_JOB_LANE}, env={ENV_LANE: "1"}
+    )
+    swarm.add_orphan(left, Outcome("running"))
+    sup, runner = _run(tmp_path, swarm)
+    assert left.name in swarm.removed
+    assert all(sup.chunks[c].state is ChunkState.DONE and sup.chunks[c].current.service != left.name for c in CHUNKS)
+    assert swarm.alive() == []
+
+
+def test_runners_linger_is_checked_and_named_and_only_a_job_of_several_chunks_uses_it(tmp_path: Path) -> None:
+    assert parse_runners(None).linger == 0.0 and parse_runners({"linger": "10s"}).linger == 10.0
+    for bad in ({"linger": "soon"}, {"linger": 2}, {"linger": 601}, {"other": 1}, ["linger"]):
+        with pytest.raises(FieldError) as e:
+            parse_runners(bad)
+        assert (e.value.field or "").startswith("runners"), bad
+    config = dataclasses.replace(make_config(tmp_path)[0], runners=RunnersSettings(linger=10.0))
+    photos = {f"in/{i}.jpg": JPEG for i in range(3)} | {"faces/me.jpg": JPEG}
+    for rel, data in photos.items():
+        (config.data_root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (config.data_root / rel).write_bytes(data)
+    found = {}
+    for name, chunk_size in (("several", 1), ("one", 10)):
+        path = config.data_root / "inbox" / f"{name}.yaml"
+        path.write_text(
+            f"name: {name}\nproviders: [cpu]\nsource: faces/me.jpg\ntargets: [in/*.jpg]\n"
+            f"output: out/{name}/{{name}}\nchunk_size: {chunk_size}\n"
+        )
+        found[name] = usecase.one_job(config, path)
+    assert len(found["several"].plan.chunks) == 3 and found["several"].linger == 10.0
+    assert len(found["one"].plan.chunks) == 1 and found["one"].linger == 0.0  # no next chunk to wait for
