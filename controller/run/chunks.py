@@ -253,6 +253,9 @@ class Policy:
     max_node_losses: int = 10
     engine_outage: float = 120.0  # how long the watch waits for an engine that stopped answering
     share: Share | None = None  # under `serve`: the job's seat in the GPU share book (controller/serve/shares.py)
+    # Warm runners (runners.linger) keep their GPUs between chunks: no more chunks at once than the
+    # swarm's GPU slots (0: no cap), so a chunk beyond waits to be handed to one, not pending behind them
+    gpu_slots: int = 0
     # called at the start of every round of the watch: under `serve`, a pack's look at its jobs (their
     # cancels and leases: controller/serve/packs.py)
     on_round: Callable[[], None] = lambda: None
@@ -264,6 +267,7 @@ class Policy:
 
     def limit(self, asked: int, waiting: int, running: int) -> int:
         """Chunks the job may have running now: what it asked for (`scale`), within its GPU share."""
+        asked = min(asked, self.gpu_slots) if self.gpu_slots > 0 else asked
         if self.share is None:
             return asked
         return self.share.limit(asked, waiting + running, running)

@@ -269,6 +269,18 @@ class LaneLauncher:
             self.lanes.close()
 
 
+def gpu_slots(swarm: SwarmBackend, gpus: int) -> int:
+    """How many runners of ``gpus`` GPUs each the swarm's usable nodes hold at once (0: no GPUs asked,
+    or the swarm could not say): a job's own lanes keep their GPUs between its chunks, so its supervisor
+    runs no more chunks at once (chunks.Policy.gpu_slots)."""
+    if gpus <= 0:
+        return 0
+    try:
+        return sum(n.gpus for n in swarm.nodes() if n.usable) // gpus
+    except FfswarmError:
+        return 0
+
+
 def own_lanes(linger: float, max_age: float) -> LaunchFactory:
     """A job's own lanes (``runners.linger``): its chunks' runners take its next chunks. The pool is
     the job's alone (its key the job), retired when the run ends; at most as many lanes as the

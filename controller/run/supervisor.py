@@ -51,8 +51,7 @@ class Supervisor:
         self.launcher = launcher or FreshLauncher(backend, settings)
         self.sizes = dict(sizes or {})  # chunk id -> items (from the plan): tells an ending chunk
         self._nodes_at = -math.inf
-        self.rundir, self.settings, self.policy = rundir, settings, policy
-        self.clock, self.sleep = clock, sleep
+        self.rundir, self.settings, self.policy, self.clock, self.sleep = rundir, settings, policy, clock, sleep
         self.chunks: dict[str, ChunkRun] = {}
         self.nodes: dict[str, NodeState] = {}
         self.events: JobEvents | None = None
@@ -126,10 +125,11 @@ class Supervisor:
             gate = None
         labels = dict.fromkeys([self.settings.job, *(r.current.label for r in self._running() if r.current.label)])
         by_name = {s.name: s for label in labels for s in self.backend.services(label)}
+        before = len(self._running())
         for run in self._running():
             self._watch(run, by_name.get(run.current.service), queue)
         self._save_state()
-        if queue or self._running() or gate:
+        if (queue or self._running() or gate) and not (queue and len(self._running()) < before):  # freed: fill now
             self._pause(gate, self.policy.freed() if queue else None)
         return gate
 

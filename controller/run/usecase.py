@@ -32,7 +32,7 @@ from controller.run.fold import Fold
 from controller.run.hooks import NOT_DELIVERED, job_tenant, on_complete, results_link
 from controller.run.jobs import PreparedJob, SwarmFactory, open_run, owner, prepare, runner_settings, start_run
 from controller.run.jobs import output_links as jobs_links
-from controller.run.lanes import own_lanes
+from controller.run.lanes import gpu_slots, own_lanes
 from controller.run.launch import LaunchFactory
 from controller.run.report import Report, build_report
 from controller.run.rundir import RunDir, Stage
@@ -300,6 +300,10 @@ def _identity_and_chunks(
 ) -> tuple[Supervisor, dict[str, ChunkRun]]:
     """The identity step (when its answer is still pending) beside the pending chunks, to their ends."""
     plan = rundir.plan()
+    # runners.linger: warm runners, for a job with more chunks than it runs at once (a next chunk to take)
+    slots = gpu_slots(backend, job.spec.resources.gpus) if launch is None and job.linger > 0 else 0
+    width = min(slots or job.spec.max_concurrent, job.spec.max_concurrent)
+    warm = launch is None and job.linger > 0 and len(plan.chunks) > width
     policy = Policy(
         retries=job.spec.retries,
         timeout=float(job.spec.timeout),
@@ -307,10 +311,11 @@ def _identity_and_chunks(
         engine_outage=float(config.engine_outage),
         share=share,
         on_round=on_round or Policy.on_round,
+        gpu_slots=slots if warm else 0,
     )
     settings = runner_settings(config, job, image)
     sizes = {c.id: len(c.items) for c in plan.chunks}
-    if launch is None and job.linger > 0 and len(plan.chunks) > 1:  # runners.linger: warm runners
+    if warm:
         launch = own_lanes(job.linger, float(job.spec.timeout))
     launcher = launch(backend, rundir, settings) if launch is not None else None
     sup = Supervisor(backend, rundir, settings, policy, on_event=emit, sizes=sizes, launcher=launcher)

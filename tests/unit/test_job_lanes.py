@@ -13,17 +13,18 @@ import pytest
 
 from contract.attempt import AttemptRecord
 from contract.handoff import ENV_LANE, Handoff
+from contract.results import ItemResult, ItemStatus
 from controller.run import usecase
 from controller.run.chunks import Policy
 from controller.run.failures import ChunkState
-from controller.run.lanes import ROLE_JOB_LANE, own_lanes
+from controller.run.lanes import ROLE_JOB_LANE, gpu_slots, own_lanes
 from controller.run.rundir import Control, RunDir
 from controller.run.supervisor import Supervisor
 from controller.settings.fields import FieldError
 from controller.settings.runners import RunnersSettings, parse_runners
 from controller.swarm.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_JOB, LABEL_ROLE, chunk_service
 from tests.builders import JPEG, make_config
-from tests.fakes import FakeSwarm, Outcome
+from tests.fakes import FakeEvents, FakeSwarm, Outcome
 from tests.unit.test_lanes import settings
 
 JOB = "warm-job"
@@ -38,6 +39,7 @@ class JobLaneRunner:
         self.swarm, self.rundir, self.die = swarm, rundir, die
         self.seen: dict[str, int] = {}  # lane service -> hand-off seq last run
         self.ran: list[tuple[str, str, int]] = []  # (service, chunk, attempt) in the order run
+        self.at: list[float] = []  # when each of them ran (the supervisor's clock)
         self.now = 0.0
 
     def __call__(self) -> float:
@@ -66,18 +68,24 @@ class JobLaneRunner:
 
     def _end(self, service: str, chunk: str, attempt: int) -> None:
         self.ran.append((service, chunk, attempt))
+        self.at.append(self.now)
+        line = ItemResult(item=f"i{chunk}", status=ItemStatus.OK, attempt=attempt, input="/data/a", output="/data/b")
+        self.rundir.layout.results(chunk, attempt).write_text(line.to_line())  # its one item, then its record
         t = time.time()
         record = AttemptRecord(JOB, chunk, attempt, t, exit="OK", finished=t)
         self.rundir.layout.attempt_record(chunk, attempt).write_text(record.to_json())
 
 
-def _run(tmp_path: Path, swarm: FakeSwarm, die: str = "", width: int = 1) -> tuple[Supervisor, JobLaneRunner]:
+def _run(
+    tmp_path: Path, swarm: FakeSwarm, die: str = "", width: int = 1, slots: int = 0
+) -> tuple[Supervisor, JobLaneRunner]:
     rundir = RunDir(tmp_path, JOB)
     rundir.make_dirs()
     rundir.write_control(Control(width))
     runner = JobLaneRunner(swarm, rundir, die)
     s = settings(JOB)
-    policy = Policy(retries=0, timeout=60.0, schedule_timeout=10.0, poll=0.5)
+    swarm.job_events = FakeEvents(runner.sleep)  # the event stream flows: the watch looks every event_poll
+    policy = Policy(retries=0, timeout=60.0, schedule_timeout=10.0, poll=0.5, event_poll=2.0, gpu_slots=slots)
     events: list[tuple[str, dict[str, Any]]] = []
     sup = Supervisor(
         swarm,
@@ -87,6 +95,7 @@ def _run(tmp_path: Path, swarm: FakeSwarm, die: str = "", width: int = 1) -> tup
         on_event=lambda e, **f: events.append((e, f)),
         clock=runner,
         sleep=runner.sleep,
+        sizes=dict.fromkeys(CHUNKS, 1),
         launcher=own_lanes(linger=30.0, max_age=600.0)(swarm, rundir, s),
     )
     sup.run(list(CHUNKS))
@@ -111,6 +120,9 @@ def test_a_jobs_chunks_run_one_after_another_in_one_warm_service_which_is_gone_w
     assert swarm.alive() == []  # retired when the job's run ended
     handoff = Handoff.from_json(RunDir(tmp_path, JOB).layout.lane_handoff("c0000").read_text())
     assert handoff.manifest is None and handoff.seq == len(CHUNKS)  # three chunks handed over, then "stop"
+    # each next chunk is handed over as soon as the last one's record is read, not at the next look (2 s)
+    gaps = [b - a for a, b in zip(runner.at, runner.at[1:], strict=False)]
+    assert max(gaps) < 0.5, gaps
 
 
 def test_two_lanes_at_width_two_and_a_lane_that_dies_is_dropped_its_chunk_run_again_fresh(tmp_path: Path) -> None:
@@ -125,6 +137,17 @@ def test_two_lanes_at_width_two_and_a_lane_that_dies_is_dropped_its_chunk_run_ag
     assert ENV_LANE not in fresh[0].env
     assert [a.attempt for a in sup.chunks["c0002"].attempts] == [1, 2]
     assert swarm.alive() == []
+
+
+def test_no_more_warm_runners_than_gpu_slots_whatever_the_width(tmp_path: Path) -> None:
+    """Warm runners keep their GPUs between chunks: a fifth service would sit pending behind them for
+    the whole job, so at width 4 on 2 GPUs the job runs two, each taking the next chunk."""
+    swarm = _lane_swarm()
+    assert gpu_slots(swarm, 1) == 2 and gpu_slots(swarm, 2) == 1 and gpu_slots(swarm, 0) == 0
+    sup, runner = _run(tmp_path, swarm, width=4, slots=gpu_slots(swarm, 1))
+    assert all(sup.chunks[c].state is ChunkState.DONE for c in CHUNKS)
+    assert len(swarm.created) == 2 and swarm.max_alive == 2, swarm.created
+    assert len({svc for svc, _, _ in runner.ran}) == 2 and len(runner.ran) == len(CHUNKS)
 
 
 def test_a_lane_an_earlier_run_left_is_removed_never_adopted(tmp_path: Path) -> None:
