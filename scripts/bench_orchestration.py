@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from controller.config import Config, load_config  # noqa: E402
 from controller.run import attempts, jobs, usecase  # noqa: E402
+from controller.run.lanes import Lanes, shared_lanes  # noqa: E402
 from controller.run.rundir import RunDir  # noqa: E402
 from controller.swarm.docker import DockerSwarm  # noqa: E402
 from tests.fixtures import photos  # noqa: E402
@@ -51,6 +52,7 @@ class Bench:
         self.dir = self.root / "bench" / uuid.uuid4().hex[:6]
         self.dir.mkdir(parents=True)
         self.owner = config.runner_uid_gid()
+        self.kept: list[Path] = []  # run folders of jobs whose lanes may still be handed chunks
         self.star = photos.astronaut(self.dir / "faces")
         self.slots = sum(n.gpus for n in swarm.nodes() if n.usable)
 
@@ -75,6 +77,12 @@ class Bench:
             self.chown(self.dir)
         return f"{d.relative_to(self.root).as_posix()}/*.jpg"
 
+    def forget_kept(self) -> None:
+        """The run folders kept for the lanes they started, once those lanes are retired."""
+        for path in self.kept:
+            shutil.rmtree(path, ignore_errors=True)
+        self.kept.clear()
+
     def run(
         self,
         name: str,
@@ -85,9 +93,12 @@ class Bench:
         max_concurrent: int | None = None,
         config: Config | None = None,
         output: str | None = None,
+        lanes: Lanes | None = None,
     ) -> dict[str, Any]:
         """One job; ``config`` and ``output`` (a folder or an s3:// prefix) in place of the dev config's
-        and the bench folder's."""
+        and the bench folder's; ``lanes``: warm runners shared with the jobs before and after it, as one
+        `ffswarm submit` of several jobs shares them (its run folder is kept meanwhile: it may hold
+        the hand-off file of a lane it started)."""
         config = config or self.config
         job_id = f"bench-{name}-{uuid.uuid4().hex[:4]}"
         out = self.dir / "out" / job_id
@@ -119,7 +130,7 @@ class Bench:
         # As `ffswarm submit` does: the swarm's GPU slots size `chunk_size: auto` (without them auto
         # takes max_concurrent for the slots and cuts more chunks than there are GPUs).
         prepared = jobs.prepare(config, [f], new=False, swarm=lambda: backend)
-        done = usecase.submit(config, backend, prepared, [lambda rundir, job: record])
+        done = usecase.submit(config, backend, prepared, [lambda rundir, job: record], lanes=lanes)
         code, reports = max(r.exit_code() for r in done), [r.to_dict() for r in done]
         wall = time.perf_counter() - t0
         cpu = cpu_seconds() - cpu0
@@ -132,7 +143,10 @@ class Bench:
         for chunk in rundir.plan().chunks:
             results += rundir.results(chunk.id)
         loaded = [attempts.cold_start(rundir, a.chunk, a.attempt, p) for p, a in rundir.attempt_logs()]
-        shutil.rmtree(rundir.path, ignore_errors=True)
+        if lanes is None:
+            shutil.rmtree(rundir.path, ignore_errors=True)
+        else:
+            self.kept.append(rundir.path)
         shutil.rmtree(out, ignore_errors=True)
         f.unlink()
         first_item = min(x.started for x in results) - wall0
@@ -339,12 +353,18 @@ def main() -> None:
         warm = bench_config(runners={"linger": args.warm}) if args.warm else None
 
         def rows(tag: str, name: str, targets: str, chunk_size: Any) -> list[dict[str, Any]]:
-            """The row, and with --warm its twin with warm runners right after it."""
+            """The row, and with --warm its twin right after it with runners.linger, on runners a job of
+            the same kind just before it left warm (one `submit` of the two jobs)."""
             got = [{**line(tag, b.run(name, targets, chunk_size, sim)), "warm": False}]
             if warm is not None:
-                got.append(
-                    {**line(f"{tag} warm", b.run(f"{name}w", targets, chunk_size, sim, config=warm)), "warm": True}
-                )
+                pool = shared_lanes(swarm, args.warm)
+                try:
+                    b.run(f"{name}u", b.inputs(20), 10, sim, config=warm, lanes=pool)  # two chunks: two runners
+                    twin = b.run(f"{name}w", targets, chunk_size, sim, config=warm, lanes=pool)
+                finally:
+                    pool.close()  # the next cold row's services get the GPUs
+                    b.forget_kept()
+                got.append({**line(f"{tag} warm", twin), "warm": True})
             return got
 
         if "b1" not in skip:

@@ -30,7 +30,7 @@ from controller.job.pack_checks import check_pack
 from controller.job.plan import AUTO_MAX_CHUNK, ID, ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
 from controller.job.resolve import ResolvedJob, resolve_job
 from controller.job.spec import JobSpec
-from controller.run import identity, stores, timings
+from controller.run import identity, lanes, stores, timings
 from controller.run.rundir import Control, RunDir, next_job_id
 from controller.settings.fields import FieldError
 from controller.swarm.backend import NodeSource, SwarmBackend
@@ -144,8 +144,8 @@ def _prepare_one(
         targets = [dataclasses.replace(r, identity=p) for r, p in zip(targets, people, strict=True)]
     admission.check_counts(config.policy, str(file), len(targets), sum(len(t.segments) for t in targets))
     plan = make_plan(job_id, targets, spec.chunk_size, parallel(spec), chunk_cap(config, spec, targets))
-    linger = config.runners.linger if len(plan.chunks) > 1 else 0.0  # its runners take its next chunks
-    return PreparedJob(file, spec, resolved, plan, job_id, folders, linger=linger, tenant=tenant, commit_in_parts=parts)
+    warm = lanes.warmth(config.runners.linger, spec, plan, tenant, parallel(spec))  # linger, people_in_chunks
+    return PreparedJob(file, spec, resolved, plan, job_id, folders, tenant=tenant, commit_in_parts=parts, **warm)
 
 
 def store_for(config: Config, spec: JobSpec, tenant: str | None = None) -> Any:

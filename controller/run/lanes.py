@@ -32,29 +32,36 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from contract.handoff import ENV_LANE, Handoff
 from contract.layout import RunLayout
+from contract.manifest import FaceSelection
 from contract.s3 import is_s3
 from controller import log
 from controller.errors import EngineUnavailable, FfswarmError
 from controller.job.owners import outputs_rel
 from controller.job.plan import Plan
+from controller.job.spec import JobSpec
 from controller.run.launch import FreshLauncher, Launched, Launcher, LaunchFactory
 from controller.run.rundir import RunDir
-from controller.swarm.backend import SwarmBackend
+from controller.swarm.backend import SwarmBackend, clear_containers
 from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, RunnerSettings, chunk_service
 
 ROLE_LANE = "lane"  # a pack's lane, `serve`'s
 ROLE_JOB_LANE = "job-lane"  # a job's own lane, listed under the job's label
+ROLE_SHARED_LANE = "shared-lane"  # a lane of one `ffswarm submit`'s jobs (a CLI job's, whole data root)
 LABEL_LANE_OWNER = "io.ffswarm.lane-owner"  # the `serve` whose lane it is (its heartbeat's name)
 MARGIN = 2.0  # seconds: a lane whose runner stops waiting sooner than this is not handed a chunk
 POLL = 0.1  # seconds between looks for an idle lane while every GPU is held by lanes
+CLOSE_WAIT = 5.0  # seconds to wait for a retired lane's container to go (as a job's end waits for its own)
 
 
 class LaneSwarm(SwarmBackend, Protocol):
@@ -167,10 +174,15 @@ class Lanes:
             self._remove(lane)
         remove_left(self.backend(), {*self.live(), self.owner})
 
-    def close(self) -> None:
-        """`serve` stops: every idle lane is told to stop and removed."""
-        for lane in self.drain():
+    def close(self, wait: float = CLOSE_WAIT) -> None:
+        """Its owner stops (`serve`, a `submit`, a job's run): every idle lane is told to stop and
+        removed, and its container waited for (up to ``wait`` seconds) so that none is left after."""
+        gone = self.drain()
+        for lane in gone:
             self._retire(lane)
+        for lane in gone:
+            with contextlib.suppress(EngineUnavailable, FfswarmError):
+                clear_containers(self.backend(), lane.label, wait, self.clock, self.sleep)
 
     def _retire(self, lane: Lane) -> None:
         lane.seq += 1
@@ -196,7 +208,7 @@ class Lanes:
         spec = chunk_service(settings, chunk, attempt)
         if self.role == ROLE_JOB_LANE:
             label, name = rundir.job, f"{spec.name}-lane"
-        else:
+        else:  # a pack's, or a lane shared by jobs: a label of its own, which no job's supervisor lists
             label = f"lane-{rundir.job}-{chunk}"[:80]
             name = f"ffswarm-{label}"
         lane = Lane(key, name, label, rundir, chunk, self.clock())
@@ -291,6 +303,52 @@ def own_lanes(linger: float, max_age: float) -> LaunchFactory:
         pool = Lanes(lambda: swarm, linger, owner=rundir.job, role=ROLE_JOB_LANE)
         fresh = FreshLauncher(backend, settings)
         return LaneLauncher(pool, rundir.job, rundir, settings, fresh, max_age, wait=0.0, owned=True)
+
+    return make
+
+
+def warmth(linger: float, spec: JobSpec, plan: Plan, tenant: str | None, width: int) -> dict[str, Any]:
+    """What a job prepared with ``runners.linger`` gets (PreparedJob's ``linger``, ``people_in_chunks``):
+    a CLI job's runners may take its next chunks and the chunks of the jobs after it (one `submit`'s:
+    `shared_lanes`), so each of its chunks embeds its own source photos after its models load, as a
+    pack's do — a warm runner then starts on its first photo at once, no identity step's container to
+    wait for — unless a reference photo is to be embedded too. A tenant's job (mounts of its own) has
+    warm runners only for a next chunk of its own: when it has more chunks than it runs at once."""
+    if linger <= 0 or (tenant is not None and len(plan.chunks) <= width):
+        return {}
+    own = tenant is not None or spec.reference is not None or spec.faces is FaceSelection.REFERENCE
+    return {"linger": linger, "people_in_chunks": not own}
+
+
+def lane_key(settings: RunnerSettings) -> str:
+    """The kind of a lane shared by jobs: its service as any job of the kind would make it (image,
+    command, mounts, user, resources, placement, secrets, networks), the job's name left out; what a
+    runner loads for a chunk follows the chunk's manifest (runner_image/worker.py keeps what matches)."""
+    return hashlib.sha256(repr(dataclasses.replace(settings, job="")).encode()).hexdigest()
+
+
+def shared_lanes(swarm: LaneSwarm, linger: float) -> Lanes:
+    """The lanes of one `ffswarm submit` (``runners.linger``): a CLI job's runners take the chunks of
+    its later jobs of the same kind (lane_key). Shared lanes an earlier `submit` left whose runners
+    have exited are removed; the caller retires the pool's (close) when its jobs have ended. As many
+    lanes as the swarm has GPUs: an idle lane of another kind is retired to make room for a new one."""
+    for name, _, ended in swarm.role_services(ROLE_SHARED_LANE):
+        if ended:
+            swarm.remove_service(name)
+    try:
+        total = sum(n.gpus for n in swarm.nodes() if n.usable) or None
+    except FfswarmError:
+        total = None
+    owner = f"{socket.gethostname()}-{os.getpid()}"
+    return Lanes(lambda: swarm, linger, capacity=lambda: total, owner=owner, role=ROLE_SHARED_LANE)
+
+
+def in_shared(lanes: Lanes, max_age: float, wait: float) -> LaunchFactory:
+    """A CLI job's attempts handed to `submit`'s shared lanes of its kind, or to new ones."""
+
+    def make(backend: SwarmBackend, rundir: RunDir, settings: RunnerSettings) -> Launcher:
+        fresh = FreshLauncher(backend, settings)
+        return LaneLauncher(lanes, lane_key(settings), rundir, settings, fresh, max_age, wait)
 
     return make
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from contract.s3 import is_s3
 from controller import log
@@ -32,7 +32,7 @@ from controller.run.fold import Fold
 from controller.run.hooks import NOT_DELIVERED, job_tenant, on_complete, results_link
 from controller.run.jobs import PreparedJob, SwarmFactory, open_run, owner, prepare, runner_settings, start_run
 from controller.run.jobs import output_links as jobs_links
-from controller.run.lanes import gpu_slots, own_lanes
+from controller.run.lanes import Lanes, LaneSwarm, gpu_slots, in_shared, own_lanes, shared_lanes
 from controller.run.launch import LaunchFactory
 from controller.run.report import Report, build_report
 from controller.run.rundir import RunDir, Stage
@@ -101,11 +101,31 @@ def run(
 
 
 def submit(
-    config: Config, backend: SwarmBackend, jobs: Sequence[PreparedJob], sinks: Sequence[SinkFactory] = ()
+    config: Config,
+    backend: SwarmBackend,
+    jobs: Sequence[PreparedJob],
+    sinks: Sequence[SinkFactory] = (),
+    lanes: Lanes | None = None,
 ) -> list[Report]:
     """`ffswarm submit`: each job from the start, or continued where its run folder says (a cancelled
-    one included: submitting its file again is asking for the rest)."""
-    return [run(config, backend, job, sinks, uncancel=True) for job in jobs]
+    one included: submitting its file again is asking for the rest). With ``runners.linger`` its CLI
+    jobs' chunks run in warm runners shared by its jobs (``lanes``, or a pool of this call's own,
+    retired at its end: controller/run/lanes.py shared_lanes)."""
+    pool = lanes
+    if pool is None and config.runners.linger > 0 and any(j.tenant is None for j in jobs):
+        pool = shared_lanes(cast(LaneSwarm, backend), config.runners.linger)
+    wait = float(config.schedule_timeout)
+
+    def launch(job: PreparedJob) -> LaunchFactory | None:
+        if pool is None or job.tenant is not None or job.linger <= 0:  # a tenant's job: mounts of its own
+            return None
+        return in_shared(pool, float(job.spec.timeout), wait)
+
+    try:
+        return [run(config, backend, job, sinks, uncancel=True, launch=launch(job)) for job in jobs]
+    finally:
+        if pool is not None and lanes is None:
+            pool.close()
 
 
 def resume(
@@ -300,8 +320,9 @@ def _identity_and_chunks(
 ) -> tuple[Supervisor, dict[str, ChunkRun]]:
     """The identity step (when its answer is still pending) beside the pending chunks, to their ends."""
     plan = rundir.plan()
-    # runners.linger: warm runners, for a job with more chunks than it runs at once (a next chunk to take)
-    slots = gpu_slots(backend, job.spec.resources.gpus) if launch is None and job.linger > 0 else 0
+    # Warm runners (runners.linger): a `submit`'s shared ones (``launch``), or the job's own for a job with
+    # more chunks than it runs at once. They keep their GPUs between chunks: no more chunks at once than slots.
+    slots = gpu_slots(backend, job.spec.resources.gpus) if job.linger > 0 and len(plan.chunks) > 1 else 0
     width = min(slots or job.spec.max_concurrent, job.spec.max_concurrent)
     warm = launch is None and job.linger > 0 and len(plan.chunks) > width
     policy = Policy(
@@ -311,7 +332,7 @@ def _identity_and_chunks(
         engine_outage=float(config.engine_outage),
         share=share,
         on_round=on_round or Policy.on_round,
-        gpu_slots=slots if warm else 0,
+        gpu_slots=slots,
     )
     settings = runner_settings(config, job, image)
     sizes = {c.id: len(c.items) for c in plan.chunks}

@@ -17,7 +17,15 @@ from contract.results import ItemResult, ItemStatus
 from controller.run import usecase
 from controller.run.chunks import Policy
 from controller.run.failures import ChunkState
-from controller.run.lanes import ROLE_JOB_LANE, gpu_slots, own_lanes
+from controller.run.lanes import (
+    ROLE_JOB_LANE,
+    ROLE_SHARED_LANE,
+    gpu_slots,
+    in_shared,
+    own_lanes,
+    shared_lanes,
+    warmth,
+)
 from controller.run.rundir import Control, RunDir
 from controller.run.supervisor import Supervisor
 from controller.settings.fields import FieldError
@@ -35,8 +43,9 @@ class JobLaneRunner:
     """A job lane's runner, seen from the run folder: its first chunk, then each chunk handed to it,
     ends with an attempt record (``die``: the chunk whose hand-off kills the lane's container)."""
 
-    def __init__(self, swarm: FakeSwarm, rundir: RunDir, die: str = "") -> None:
-        self.swarm, self.rundir, self.die = swarm, rundir, die
+    def __init__(self, swarm: FakeSwarm, root: Path, die: str = "") -> None:
+        self.swarm, self.root, self.die = swarm, root, die
+        self.jobs: list[str] = []  # the job of each chunk run
         self.seen: dict[str, int] = {}  # lane service -> hand-off seq last run
         self.ran: list[tuple[str, str, int]] = []  # (service, chunk, attempt) in the order run
         self.at: list[float] = []  # when each of them ran (the supervisor's clock)
@@ -48,32 +57,37 @@ class JobLaneRunner:
     def sleep(self, seconds: float) -> None:
         self.now += seconds
         for spec in self.swarm.created:
-            if spec.labels.get(LABEL_ROLE) != ROLE_JOB_LANE or spec.name not in self.swarm.alive():
+            role = spec.labels.get(LABEL_ROLE)
+            if role not in (ROLE_JOB_LANE, ROLE_SHARED_LANE) or spec.name not in self.swarm.alive():
                 continue
             assert spec.env.get(ENV_LANE) == "1"  # only a lane's runner lingers
-            first = spec.labels[LABEL_CHUNK]
+            first, label = spec.labels[LABEL_CHUNK], spec.labels[LABEL_JOB]
+            home = label if role == ROLE_JOB_LANE else label.removeprefix("lane-").removesuffix(f"-{first}")
             if spec.name not in self.seen:
                 self.seen[spec.name] = 0
-                self._end(spec.name, first, int(spec.labels[LABEL_ATTEMPT]))
+                self._end(spec.name, first, int(spec.labels[LABEL_ATTEMPT]), home)
                 continue
-            handoff = Handoff.from_json(self.rundir.layout.lane_handoff(first).read_text())
+            handoff = Handoff.from_json(RunDir(self.root, home).layout.lane_handoff(first).read_text())
             if handoff.seq > self.seen[spec.name] and handoff.manifest is not None:
                 self.seen[spec.name] = handoff.seq
-                chunk = Path(handoff.manifest).stem  # /data/runs/<job>/chunks/<chunk>.json
+                job, chunk = Path(handoff.manifest).parts[3], Path(handoff.manifest).stem  # /data/runs/<job>/chunks/…
                 if chunk == self.die:
                     self.swarm.end(spec.name, Outcome("failed", 137, "task: non-zero exit (137)"))
                     self.die = ""
                     continue
-                self._end(spec.name, chunk, handoff.attempt)
+                self._end(spec.name, chunk, handoff.attempt, job)
 
-    def _end(self, service: str, chunk: str, attempt: int) -> None:
+    def _end(self, service: str, chunk: str, attempt: int, job: str) -> None:
         self.ran.append((service, chunk, attempt))
         self.at.append(self.now)
+        self.jobs.append(job)
+        layout = RunDir(self.root, job).layout
         line = ItemResult(item=f"i{chunk}", status=ItemStatus.OK, attempt=attempt, input="/data/a", output="/data/b")
-        self.rundir.layout.results(chunk, attempt).write_text(line.to_line())  # its one item, then its record
+        layout.results(chunk, attempt).write_text(line.to_line())  # its one item, then its record
         t = time.time()
-        record = AttemptRecord(JOB, chunk, attempt, t, exit="OK", finished=t)
-        self.rundir.layout.attempt_record(chunk, attempt).write_text(record.to_json())
+        layout.attempt_record(chunk, attempt).write_text(
+            AttemptRecord(job, chunk, attempt, t, exit="OK", finished=t).to_json()
+        )
 
 
 def _run(
@@ -82,7 +96,7 @@ def _run(
     rundir = RunDir(tmp_path, JOB)
     rundir.make_dirs()
     rundir.write_control(Control(width))
-    runner = JobLaneRunner(swarm, rundir, die)
+    runner = JobLaneRunner(swarm, tmp_path, die)
     s = settings(JOB)
     swarm.job_events = FakeEvents(runner.sleep)  # the event stream flows: the watch looks every event_poll
     policy = Policy(retries=0, timeout=60.0, schedule_timeout=10.0, poll=0.5, event_poll=2.0, gpu_slots=slots)
@@ -163,7 +177,7 @@ def test_a_lane_an_earlier_run_left_is_removed_never_adopted(tmp_path: Path) -> 
     assert swarm.alive() == []
 
 
-def test_runners_linger_is_checked_and_named_and_only_a_job_of_several_chunks_uses_it(tmp_path: Path) -> None:
+def test_runners_linger_is_checked_and_named_and_which_jobs_get_warm_runners(tmp_path: Path) -> None:
     assert parse_runners(None).linger == 0.0 and parse_runners({"linger": "10s"}).linger == 10.0
     for bad in ({"linger": "soon"}, {"linger": 2}, {"linger": 601}, {"other": 1}, ["linger"]):
         with pytest.raises(FieldError) as e:
@@ -175,12 +189,69 @@ def test_runners_linger_is_checked_and_named_and_only_a_job_of_several_chunks_us
         (config.data_root / rel).parent.mkdir(parents=True, exist_ok=True)
         (config.data_root / rel).write_bytes(data)
     found = {}
-    for name, chunk_size in (("several", 1), ("one", 10)):
+    for name, extra in (
+        ("several", "chunk_size: 1\n"),
+        ("one", "chunk_size: 10\n"),
+        ("ref", "reference: faces/me.jpg\n"),
+    ):
         path = config.data_root / "inbox" / f"{name}.yaml"
         path.write_text(
             f"name: {name}\nproviders: [cpu]\nsource: faces/me.jpg\ntargets: [in/*.jpg]\n"
-            f"output: out/{name}/{{name}}\nchunk_size: {chunk_size}\n"
+            f"output: out/{name}/{{name}}\n{extra}"
         )
         found[name] = usecase.one_job(config, path)
-    assert len(found["several"].plan.chunks) == 3 and found["several"].linger == 10.0
-    assert len(found["one"].plan.chunks) == 1 and found["one"].linger == 0.0  # no next chunk to wait for
+    # a CLI job, of any size, may take (and leave) warm runners of `submit`'s, its chunks embedding its source
+    assert len(found["several"].plan.chunks) == 3 and len(found["one"].plan.chunks) == 1
+    assert all(found[n].linger == 10.0 and found[n].people_in_chunks for n in ("several", "one"))
+    assert found["ref"].linger == 10.0 and not found["ref"].people_in_chunks  # its reference photo: the identity step
+    # a tenant's job: warm runners only for a next chunk of its own; the identity step as always
+    several, one = found["several"], found["one"]
+    assert warmth(10.0, several.spec, several.plan, "acme", width=2) == {"linger": 10.0, "people_in_chunks": False}
+    assert warmth(10.0, several.spec, several.plan, "acme", width=3) == {}
+    assert warmth(10.0, one.spec, one.plan, "acme", width=1) == {} and warmth(0.0, one.spec, one.plan, None, 1) == {}
+
+
+def test_a_submits_later_job_of_the_same_kind_runs_in_the_runners_an_earlier_one_left_warm(tmp_path: Path) -> None:
+    """``ffswarm submit a.yaml b.yaml c.yaml`` with runners.linger: b's chunks go to the runners a's
+    chunks warmed (no service of b's own); c, of another image, retires them to make room for its own
+    (the swarm's two GPUs); the pool's close at the end retires c's."""
+    swarm = _lane_swarm()
+    pool = shared_lanes(swarm, linger=30.0)
+    runner = JobLaneRunner(swarm, tmp_path)
+    swarm.job_events = FakeEvents(runner.sleep)
+    policy = Policy(retries=0, timeout=60.0, schedule_timeout=10.0, poll=0.5, event_poll=2.0, gpu_slots=2)
+
+    def job(name: str, image: str = "sha256:abc") -> Supervisor:
+        rundir = RunDir(tmp_path, name)
+        rundir.make_dirs()
+        rundir.write_control(Control(4))
+        s = dataclasses.replace(settings(name), image=image)
+        launcher = in_shared(pool, max_age=600.0, wait=0.0)(swarm, rundir, s)
+        sup = Supervisor(
+            swarm,
+            rundir,
+            s,
+            policy,
+            clock=runner,
+            sleep=runner.sleep,
+            sizes=dict.fromkeys(CHUNKS[:2], 1),
+            launcher=launcher,
+        )
+        sup.run(CHUNKS[:2])
+        assert all(sup.chunks[c].state is ChunkState.DONE for c in CHUNKS[:2])
+        return sup
+
+    job("a")
+    lanes = [s.name for s in swarm.created]
+    assert len(lanes) == 2 and sorted(swarm.alive()) == sorted(lanes)  # kept warm past a's end
+    assert all(
+        s.labels[LABEL_ROLE] == ROLE_SHARED_LANE and s.labels[LABEL_JOB].startswith("lane-a-") for s in swarm.created
+    )
+    b = job("b")
+    assert [s.name for s in swarm.created] == lanes  # no service of b's own …
+    assert {b.chunks[c].current.service for c in CHUNKS[:2]} == set(lanes)  # … its chunks ran in a's runners
+    assert runner.jobs == ["a", "a", "b", "b"]
+    job("c", image="sha256:other")
+    assert sorted(swarm.removed) == sorted(lanes) and len(swarm.alive()) == 2  # a's retired: two GPUs
+    pool.close()
+    assert swarm.alive() == []
