@@ -169,11 +169,12 @@ def claim(data_root: Path, job: str, outputs: Iterable[str], file: str, owner: O
     made: list[str] = []
     each = len(digests) <= FSYNC_EACH
     try:
-        for shard in sorted({_claim_path(d).rpartition("/")[0] for d, _ in digests}):
-            vol.mkdirs(shard, owner, enforce=owner is not None)
-        for digest, rel in digests:
-            if _claim_one(vol, data_root, job, digest, rel, file, durable=each, owner=owner):
-                made.append(digest)
+        with vol.batch():  # the umask read once for every claim, not once a file
+            for shard in sorted({_claim_path(d).rpartition("/")[0] for d, _ in digests}):
+                vol.mkdirs(shard, owner, enforce=owner is not None)
+            for digest, rel in digests:
+                if _claim_one(vol, data_root, job, digest, rel, file, durable=each, owner=owner):
+                    made.append(digest)
     except JobFileError:
         for digest in made:
             _unlink_if_mine(vol, _claim_path(digest), job)
