@@ -4,13 +4,18 @@ next chunk handed to them (runner_image/linger.py, contract/handoff.py) instead 
 Every chunk service pays a container start and a model load before its first photo. A *lane* is a
 chunk service whose runner waits up to ``linger`` seconds after each chunk for the controller to
 hand it another through the lane's hand-off file (in the run folder that started it, ``chunks/``:
-only the controller writes there). Two kinds, one mechanism (`Lanes`, `LaneLauncher`):
+only the controller writes there). Three kinds, one mechanism (`Lanes`, `LaneLauncher`):
 
-- A **job's own lanes** (``runners.linger``, `own_lanes`): a job of several chunks runs its next
-  chunk in the service whose runner has just finished one of its chunks — same job, same mounts,
-  same settings, so nothing is widened. They are listed under the job's own label with the role
-  ``job-lane``: the job's supervisor removes them when its run ends, and a later run of the job
-  (resume, retry) removes any an earlier controller left, never adopting one.
+- A **submit's lanes** (``runners.linger``, `shared_lanes`): the CLI jobs of one `ffswarm submit`
+  (whose runners all see the whole data root) share the lanes of their kind (`lane_key`: the job's
+  service but for its name), so a later job's chunks run in the runners an earlier one left warm.
+  Role ``shared-lane``, a label of their own; retired when the `submit` ends (`warmth` says which
+  jobs get them, and that their chunks embed their own people: no identity step to wait for).
+- A **job's own lanes** (``runners.linger``, `own_lanes`): a tenant's job with more chunks than it
+  runs at once runs its next chunk in the service whose runner has just finished one of its chunks
+  — same job, same mounts, same settings, so nothing is widened. They are listed under the job's own
+  label with the role ``job-lane``: the job's supervisor removes them when its run ends, and a later
+  run of the job (resume, retry) removes any an earlier controller left, never adopting one.
 - A **pack's lanes** (``packing.linger``, built by `serve`; lane_allowed decides which pack may use
   one): a one-chunk pack's lane waits for the next pack of the same kind (its key
   includes the tenant: no lane ever runs two tenants' photos). Such a lane has a job label and the
@@ -72,9 +77,9 @@ class LaneSwarm(SwarmBackend, Protocol):
 
 @dataclass
 class Lane:
-    key: str  # what its runner loaded (packing.pack_key)
+    key: str  # the kind of chunk it takes (a pack's pack_key, lane_key, or its job's id)
     service: str
-    label: str  # its services' job label (lane-<pack>-<chunk>)
+    label: str  # its service's job label (lane-<job>-<chunk>; a job's own lane: the job's)
     home: RunDir  # the run folder that holds its hand-off file
     chunk: str  # its hand-off file's chunk name
     born: float
@@ -84,15 +89,15 @@ class Lane:
 
 @dataclass
 class Lanes:
-    """The lanes of one `serve` (thread-safe)."""
+    """A pool of lanes: one `serve`'s (packs'), one `submit`'s or one job's (thread-safe)."""
 
     backend: Callable[[], LaneSwarm]
     linger: float
     # how many lanes may exist at once: the swarm's GPUs (None: unknown, then one per pack at a time)
     capacity: Callable[[], int | None] = lambda: None
-    owner: str = ""  # this `serve` (its heartbeat's name): every lane it starts says so
+    owner: str = ""  # who starts them (a `serve`'s heartbeat name, a `submit`'s host-pid, a job): each says so
     live: Callable[[], set[str]] = set  # the owners serving now (fresh heartbeats)
-    role: str = ROLE_LANE  # ROLE_JOB_LANE: one job's own lanes, under its label
+    role: str = ROLE_LANE  # ROLE_JOB_LANE: one job's own lanes, under its label; ROLE_SHARED_LANE: a submit's
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep  # obtain's wait for an idle lane
     _idle: list[Lane] = field(default_factory=list)

@@ -22,15 +22,21 @@ pytestmark = pytest.mark.integration
 CHUNKS = 4
 
 
+def _warm_config(ws: Workspace) -> Path:
+    """The dev config with warm runners (runners.linger), for this test alone."""
+    data = yaml.safe_load(CONFIG.read_text())
+    data["runners"] = {"linger": "30s"}
+    config = ws.dir / "ffswarm.yaml"
+    config.write_text(yaml.safe_dump(data))
+    return config
+
+
 def test_a_jobs_chunks_run_one_after_another_in_one_warm_runner(workspace: Workspace, swarm: DockerSwarm) -> None:
     ws = workspace
     star = photos.astronaut(ws.dir / "faces")
     photos.face_photos(ws.dir / "crowd", CHUNKS)
     chown_tree(ws.dir, ws.config.runner_uid_gid())
-    data = yaml.safe_load(CONFIG.read_text())
-    data["runners"] = {"linger": "30s"}
-    config = ws.dir / "ffswarm.yaml"
-    config.write_text(yaml.safe_dump(data))
+    config = _warm_config(ws)
     job_file = ws.write_job(f"""
 name: {ws.job}
 source: {ws.rel(star)}
@@ -83,10 +89,7 @@ def test_a_submits_later_job_runs_in_the_runners_its_first_job_left_warm(
     for name in names:
         photos.face_photos(ws.dir / name, 2)
     chown_tree(ws.dir, ws.config.runner_uid_gid())
-    data = yaml.safe_load(CONFIG.read_text())
-    data["runners"] = {"linger": "30s"}
-    config = ws.dir / "ffswarm.yaml"
-    config.write_text(yaml.safe_dump(data))
+    config = _warm_config(ws)
     files = []
     for name in names:
         files.append(ws.dir / f"{name}.yaml")
