@@ -4,9 +4,9 @@ The supervisor (controller/run/supervisor.py) starts every attempt through a `La
 every attempt the same way, by its service's tasks (listed under the job label the launcher names)
 and its attempt record; the launcher only starts the attempt and lets go of its service once the
 supervisor has judged it. Two launchers exist: `FreshLauncher`, a one-shot service of the chunk's
-own, and a hand-off to an idle lane (a chunk service whose runner waits for the next chunk: a job's
-own with ``runners.linger``, a pack's built by `serve`; controller/run/lanes.py), which falls back to
-a fresh service when no lane can take the chunk.
+own, and a hand-off to an idle lane (a chunk service whose runner waits for the next chunk: with
+``runners.linger`` a `submit`'s or a job's own, with ``packing.linger`` a pack's, built by `serve`;
+controller/run/lanes.py), which falls back to a fresh service when no lane can take the chunk.
 """
 
 from __future__ import annotations
