@@ -204,8 +204,7 @@ class Supervisor:
         return events.wait(seconds)
 
     def _ending(self, run: ChunkRun) -> bool:
-        """Whether the current attempt has recorded a result for each of the chunk's items, or its
-        container died."""
+        """Whether the current attempt has recorded a result for each of its chunk's items, or it died."""
         att = run.current
         if self.events is not None and self.events.exit_code(att.service) is not None:
             return True
@@ -379,8 +378,9 @@ class Supervisor:
         self.emit("chunk_node_lost", chunk=run.id, attempt=att.attempt, node=node.node_id, reason=att.reason)
 
     def _fail(self, run: ChunkRun, failure: FailureClass, reason: str, queue: deque[str]) -> None:
-        att, now = run.current, self.clock()  # a lane that failed its attempt is dropped: run again fresh
-        event = run.drop_lane(failure, reason) if att.lane else run.end_attempt(failure, reason, self.policy, now)
+        att, now = run.current, self.clock()  # a lane that failed its attempt is dropped: run again fresh …
+        lane = att.lane and failure is not FailureClass.USER  # … unless the same inputs would fail again
+        event = run.drop_lane(failure, reason) if lane else run.end_attempt(failure, reason, self.policy, now)
         if event in ("chunk_engine_lost", "chunk_lane_dropped"):
             queue.appendleft(run.id)
             self.emit(event, chunk=run.id, attempt=att.attempt, reason=att.reason)

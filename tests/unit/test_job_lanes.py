@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from contract.attempt import AttemptRecord
+from contract.exits import RunnerExit
 from contract.handoff import ENV_LANE, Handoff
 from contract.results import ItemResult, ItemStatus
 from controller.run import usecase
@@ -43,8 +44,9 @@ class JobLaneRunner:
     """A job lane's runner, seen from the run folder: its first chunk, then each chunk handed to it,
     ends with an attempt record (``die``: the chunk whose hand-off kills the lane's container)."""
 
-    def __init__(self, swarm: FakeSwarm, root: Path, die: str = "") -> None:
+    def __init__(self, swarm: FakeSwarm, root: Path, die: str = "", exits: dict[str, str] | None = None) -> None:
         self.swarm, self.root, self.die = swarm, root, die
+        self.exits = exits or {}  # chunk -> how its attempt ends (a RunnerExit name; OK unless said)
         self.jobs: list[str] = []  # the job of each chunk run
         self.seen: dict[str, int] = {}  # lane service -> hand-off seq last run
         self.ran: list[tuple[str, str, int]] = []  # (service, chunk, attempt) in the order run
@@ -84,19 +86,21 @@ class JobLaneRunner:
         layout = RunDir(self.root, job).layout
         line = ItemResult(item=f"i{chunk}", status=ItemStatus.OK, attempt=attempt, input="/data/a", output="/data/b")
         layout.results(chunk, attempt).write_text(line.to_line())  # its one item, then its record
-        t = time.time()
+        t, code = time.time(), self.exits.get(chunk, "OK")
+        if code not in ("OK", "ITEMS_FAILED"):  # the runner stops lingering: it exits with the chunk's code
+            self.swarm.end(service, Outcome("failed", int(RunnerExit[code]), "task: non-zero exit"))
         layout.attempt_record(chunk, attempt).write_text(
-            AttemptRecord(job, chunk, attempt, t, exit="OK", finished=t).to_json()
+            AttemptRecord(job, chunk, attempt, t, exit=code, finished=t).to_json()
         )
 
 
 def _run(
-    tmp_path: Path, swarm: FakeSwarm, die: str = "", width: int = 1, slots: int = 0
+    tmp_path: Path, swarm: FakeSwarm, die: str = "", width: int = 1, slots: int = 0, exits: dict[str, str] | None = None
 ) -> tuple[Supervisor, JobLaneRunner]:
     rundir = RunDir(tmp_path, JOB)
     rundir.make_dirs()
     rundir.write_control(Control(width))
-    runner = JobLaneRunner(swarm, tmp_path, die)
+    runner = JobLaneRunner(swarm, tmp_path, die, exits)
     s = settings(JOB)
     swarm.job_events = FakeEvents(runner.sleep)  # the event stream flows: the watch looks every event_poll
     policy = Policy(retries=0, timeout=60.0, schedule_timeout=10.0, poll=0.5, event_poll=2.0, gpu_slots=slots)
@@ -151,6 +155,18 @@ def test_two_lanes_at_width_two_and_a_lane_that_dies_is_dropped_its_chunk_run_ag
     assert ENV_LANE not in fresh[0].env
     assert [a.attempt for a in sup.chunks["c0002"].attempts] == [1, 2]
     assert swarm.alive() == []
+
+
+def test_a_chunk_whose_inputs_fail_in_a_lane_fails_at_once_not_run_again_fresh(tmp_path: Path) -> None:
+    """A source photo without a face (missing input) fails the same way in any runner: the chunk fails
+    with its lane's attempt, and the job's next chunks go on in a new lane."""
+    swarm = _lane_swarm()
+    sup, runner = _run(tmp_path, swarm, exits={"c0001": "MISSING_INPUT"})
+    failed = sup.chunks["c0001"]
+    assert failed.state is ChunkState.FAILED and [a.attempt for a in failed.attempts] == [1], failed.attempts
+    assert all(sup.chunks[c].state is ChunkState.DONE for c in CHUNKS if c != "c0001")
+    assert all(s.labels[LABEL_ROLE] == ROLE_JOB_LANE for s in swarm.created), swarm.created  # no fresh service
+    assert len(swarm.created) == 2 and swarm.alive() == []  # the lane that ended with it, and a new one
 
 
 def test_no_more_warm_runners_than_gpu_slots_whatever_the_width(tmp_path: Path) -> None:
