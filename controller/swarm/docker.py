@@ -9,7 +9,10 @@ Docker's task documents are reduced to TaskState so the supervisor never reads r
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+import math
+import os
+import time
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -88,6 +91,12 @@ def first_line(e: BaseException) -> str:
     return text[:200]
 
 
+# What this process learnt of each engine (by address): the API version docker-py negotiated (later
+# clients skip that request), and when it last answered as a swarm manager.
+_VERSIONS: dict[str, str] = {}
+_MANAGER_SEEN: dict[str, float] = {}
+MANAGER_RECHECK = 10.0
+
 ENCODERS_LABEL = "io.ffswarm.encoders"  # the runner image's video encoders (scripts/build-runner-image.sh)
 
 
@@ -95,17 +104,17 @@ class DockerSwarm:
     """SwarmBackend over a real dockerd (docker-py)."""
 
     def __init__(self, base_url: str | None = None) -> None:
-        self._connect: Callable[[], docker.DockerClient] = (
-            (lambda: docker.DockerClient(base_url=base_url, version="auto"))
-            if base_url
-            else (lambda: docker.from_env(version="auto"))
-        )
+        self._base_url = base_url
+        self._engine = base_url or os.environ.get("DOCKER_HOST", "")  # its key in _VERSIONS
         self._client = self._new_client()
         self._networks: set[str] = set()  # networks known to exist (ensure_network)
 
     def _new_client(self) -> docker.DockerClient:
+        version = _VERSIONS.get(self._engine, "auto")  # "auto" asks the engine (GET /version) first
         with translated("connecting to Docker"):
-            client = self._connect()
+            url = self._base_url
+            client = docker.DockerClient(base_url=url, version=version) if url else docker.from_env(version=version)
+        _VERSIONS[self._engine] = client.api.api_version
         if client.api.base_url.startswith("http+docker://"):  # a local socket: no proxy applies
             # requests scans the environment for proxy settings on every call: a large share of the
             # controller's CPU while it watches a job.
@@ -126,6 +135,10 @@ class DockerSwarm:
         return self._client
 
     def check_manager(self) -> None:
+        """A clear error unless the engine is a manager of an active swarm; an engine that answered so
+        within MANAGER_RECHECK seconds is not asked again (serve checks before every pack)."""
+        if time.monotonic() - _MANAGER_SEEN.get(self._engine, -math.inf) < MANAGER_RECHECK:
+            return
         with translated("checking the swarm"):
             info = self._client.info()
         swarm = info.get("Swarm", {})
@@ -135,6 +148,7 @@ class DockerSwarm:
             )
         if not swarm.get("ControlAvailable"):
             raise CapacityError("this Docker engine is a swarm worker; run ffswarm on a manager node")
+        _MANAGER_SEEN[self._engine] = time.monotonic()
 
     def resolve_image(self, ref: str) -> str:
         """A tag makes every task try a registry pull (docs/architecture.md#engine-2010-facts-the-code-relies-on): pin a
@@ -282,16 +296,18 @@ class DockerSwarm:
         with translated(f"cleaning containers of job {job}"):
             # The low-level list: the high-level one inspects each container it lists, and a container
             # the engine removes meanwhile (a removed service's) fails the whole call with 404.
-            for status in ("exited", "created", "dead"):
-                for c in self._client.api.containers(all=True, filters={**filters, "status": status}):
-                    try:
-                        self._client.api.remove_container(c["Id"], force=True)
-                        removed += 1
-                    except docker.errors.NotFound:
-                        pass
-                    except docker.errors.APIError as e:
-                        if e.status_code != 409:  # 409: being removed already (`ffswarm cancel` beside us)
-                            raise
+            # (One list: the engine matches any of a filter's values.)
+            for c in self._client.api.containers(
+                all=True, filters={**filters, "status": ["exited", "created", "dead"]}
+            ):
+                try:
+                    self._client.api.remove_container(c["Id"], force=True)
+                    removed += 1
+                except docker.errors.NotFound:
+                    pass
+                except docker.errors.APIError as e:
+                    if e.status_code != 409:  # 409: being removed already (`ffswarm cancel` beside us)
+                        raise
         return removed
 
     def containers_left(self, job: str) -> int:
