@@ -162,13 +162,19 @@ class Bench:
         return names[:POOL], names[POOL:]
 
     def finished(self, job: str) -> float | None:
-        """When the job's report was written (or serve refused its file); None while it runs."""
-        for path in (self.root / "runs" / job / "report.json", self.root / "inbox" / "failed" / f"{job}.yaml"):
-            try:
-                return path.stat().st_mtime
-            except FileNotFoundError:
-                continue
-        return None
+        """When the job's report was written; None while it runs. A request that failed (serve refused
+        its file, or an item or chunk failed) ends the bench: a failure is not a result."""
+        if (self.root / "inbox" / "failed" / f"{job}.yaml").exists():
+            raise SystemExit(f"request {job} failed: serve refused its job file (see serve's log: --logs)")
+        report = self.root / "runs" / job / "report.json"
+        try:
+            at = report.stat().st_mtime
+        except FileNotFoundError:
+            return None
+        counts = json.loads(report.read_text())["counts"]
+        if counts["failed"] or counts["chunks_failed"] or counts["ok"] + counts["no_face"] != counts["items"]:
+            raise SystemExit(f"request {job} failed: {counts} (see serve's log: --logs)")
+        return at
 
     async def offer(self, url: str, bodies: list[dict[str, Any]], rate: float) -> list[tuple[str, float]]:
         """Each body posted at its time (rate per second), by the tenant its ``_tenant`` names (0: the

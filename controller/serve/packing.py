@@ -17,7 +17,10 @@ The packer is adaptive: a bucket opens with its first job and is launched once i
 *and* `serve` has a free job slot *and* a GPU that no other pack holds; while it waits it keeps taking
 jobs, so a burst makes fewer, fuller packs instead of a queue of tiny ones — up to ``pack_items``, and
 no more than one chunk of ``PACK_CHUNK_ITEMS`` per GPU of the swarm: a burst's pack launched onto the
-one GPU free at that moment would otherwise run all of it on that GPU while the others go idle.
+one GPU free at that moment would otherwise run all of it on that GPU while the others go idle. With
+lanes (``packing.linger``) a pack holds at most ``LANE_ITEMS``: each pack is one chunk in a lane, and a
+burst flows through as many warm lanes as there are GPUs instead of packs of several fresh chunk
+services, each paying a cold start and exiting after its chunk.
 A pack runs one chunk service per ``PACK_CHUNK_ITEMS`` photos at most, within the GPUs free for packs
 (``width``): packs launched into job slots alone would queue their chunks behind one another's on
 a few GPUs, every chunk paying its own container start and model load for a handful of photos.
@@ -134,7 +137,10 @@ class Packer:
         return True
 
     def _limit(self, gpus: int) -> int:
-        """A bucket's photos at most: pack_items, and one chunk of PACK_CHUNK_ITEMS per GPU slot."""
+        """A bucket's photos at most: pack_items, and one chunk of PACK_CHUNK_ITEMS per GPU slot; with
+        lanes one lane's chunk (LANE_ITEMS)."""
+        if self.settings.linger > 0:
+            return min(self.settings.pack_items, LANE_ITEMS)
         total = self.gpus() if self.gpus is not None and gpus > 0 else None
         if not total:
             return self.settings.pack_items

@@ -14,7 +14,7 @@ from controller.job.files import parse_job_text
 from controller.run import usecase
 from controller.run.jobs import PreparedJob
 from controller.serve import packs
-from controller.serve.packing import PACK_CHUNK_ITEMS, Member, Packer, pack_key, width
+from controller.serve.packing import LANE_ITEMS, PACK_CHUNK_ITEMS, Member, Packer, pack_key, width
 from controller.settings.fields import FieldError
 from controller.settings.packing import PackingSettings, parse_packing
 from tests.builders import JPEG, make_config
@@ -288,3 +288,27 @@ def test_a_burst_on_a_small_swarm_makes_packs_of_one_chunk_per_gpu_not_one_for_t
         assert unknown.offer(Member(Path(f"/inbox/running/j{n}.yaml"), dataclasses.replace(job, job_id=f"j{n}"), None))
     now[0] += 2
     assert [len(p) for p in unknown.due(slots=9)] == [250]  # the swarm's size unknown: pack_items alone
+
+
+def test_with_lanes_a_burst_on_a_big_swarm_makes_packs_of_one_lane_chunk_each(tmp_path: Path) -> None:
+    """With lanes (packing.linger) on a swarm of 4 GPUs, a burst of 450 one-photo jobs makes packs of at
+    most LANE_ITEMS photos: each runs as one chunk in a lane (width 1), so the burst flows through warm
+    lanes; packs of one chunk per GPU (4 × PACK_CHUNK_ITEMS) would each start fresh chunk services that
+    pay a cold start and exit after their chunk."""
+    files = {"in/0.jpg": JPEG, "faces/me.jpg": JPEG}
+    job = _job(tmp_path, "one", "source: faces/me.jpg\ntargets: [in/0.jpg]\noutput: o/{name}\n", files)
+    now = [0.0]
+    settings = PackingSettings(max_items=5, window=1.0, linger=30.0)
+    packer = Packer(settings, "img", clock=lambda: now[0], gpus=lambda: 4)
+    for n in range(450):
+        assert packer.offer(Member(Path(f"/inbox/running/j{n}.yaml"), dataclasses.replace(job, job_id=f"j{n}"), None))
+    now[0] += 2
+    packs = [len(p) for p in packer.due(slots=9)]
+    assert packs == [LANE_ITEMS] * 4 + [50]
+    assert {width(n, 1, 4, 8, lanes=True) for n in packs} == {1}
+    assert packer.room() == 2 * LANE_ITEMS  # two packs' worth, as a lane takes them
+    without = Packer(PackingSettings(max_items=5, window=1.0), "img", clock=lambda: now[0], gpus=lambda: 4)
+    for n in range(450):
+        without.offer(Member(Path(f"/inbox/running/j{n}.yaml"), dataclasses.replace(job, job_id=f"j{n}"), None))
+    now[0] += 2
+    assert [len(p) for p in without.due(slots=9)] == [4 * PACK_CHUNK_ITEMS] * 2 + [50]  # no lanes: a chunk per GPU
