@@ -184,9 +184,9 @@ class Server:
         self._active[claimed.name] = thread
         thread.start()
 
-    def start_pack(self, members: list[Member], parallel: int | None = None) -> None:
-        """A pack of held jobs in its own thread (it holds one job slot and ``parallel`` chunks'
-        GPUs of the packs' budget); each job's file is moved to done/ or failed/ by its own outcome."""
+    def start_pack(self, members: list[Member], parallel: int | None = None, slot: bool = True) -> None:
+        """A pack of held jobs in its own thread (holding ``parallel`` chunks' GPUs of the packs' budget, and
+        a job slot when ``slot``); each job's file is moved to done/ or failed/ by its own outcome."""
         assert self.slots is not None
         key = next(self._pack_ids)
         with self._pack_lock:  # counted before its thread starts: the next launch sees it
@@ -206,7 +206,8 @@ class Server:
                     self.config, members, self.metrics, self.book, folder, parallel, release_gpus, self.lanes
                 )
             finally:
-                self.slots.release()  # type: ignore[union-attr]
+                if slot:
+                    self.slots.release()  # type: ignore[union-attr]
                 release_gpus()
             for m in members:
                 outcome = outcomes[m.job.job_id]
@@ -374,22 +375,26 @@ class Server:
             return total - sum(self._pack_gpus.values())  # below 0 while a pack waits ahead
 
     def _launch_packs(self) -> int:
-        """Packs whose window has passed, each into a free job slot; then how many files to read
-        ahead (jobs being read and planned are not yet in a slot)."""
+        """Packs whose window has passed; then how many files to read ahead (jobs being read and planned
+        are not yet in a slot). A pack that reserves GPUs is bounded by the GPUs no other pack holds,
+        not by a job slot (fewer slots than GPUs would leave GPUs idle); one without, or any while the
+        swarm's size is unknown, takes a job slot."""
         assert self.packer is not None and self.slots is not None
-        while self.slots.acquire(blocking=False):
+        while True:
             free = self._gpus_free_for_packs()
             # one pack more than the free GPUs is made ready ahead: its folders are made while the
             # others run, and its chunk starts the moment one of them ends (the share book waits it)
-            due = self.packer.due(1, None if free is None else free + PACK_AHEAD_GPUS)
-            if not due:
+            within = None if free is None else free + PACK_AHEAD_GPUS
+            due = [] if within is None else self.packer.due(1, within, gpus_only=True)
+            if (slot := not due and self.slots.acquire(blocking=False)) and not (due := self.packer.due(1, within)):
                 self.slots.release()
+            if not due:
                 break
             members = due[0]
             first = members[0].job.spec
             items = sum(len(m.job.plan.items) for m in members)
             widest = max(m.job.spec.max_concurrent for m in members)
             parallel = width(items, first.resources.gpus, free, widest, lanes=self.lanes is not None)
-            self.start_pack(members, parallel)
+            self.start_pack(members, parallel, slot)
         preparing = sum(1 for t in self._active.values() if t.name.startswith("job-") and t.is_alive())
         return min(PREPARE_AHEAD - preparing, self.packer.room() - preparing)

@@ -146,16 +146,19 @@ class Packer:
             return self.settings.pack_items
         return min(self.settings.pack_items, PACK_CHUNK_ITEMS * max(1, total // gpus))
 
-    def due(self, slots: int, free_gpus: int | None = None) -> list[list[Member]]:
+    def due(self, slots: int, free_gpus: int | None = None, gpus_only: bool = False) -> list[list[Member]]:
         """At most ``slots`` packs to launch now: full buckets first, then those whose window passed;
-        with ``free_gpus`` (the GPUs no pack holds), only packs whose chunk fits in what is left."""
+        with ``free_gpus`` (the GPUs no pack holds), only packs whose chunk fits in what is left;
+        ``gpus_only``: only packs that reserve GPUs."""
         out: list[list[Member]] = []
         left = free_gpus
 
         def fits(bucket: _Bucket) -> bool:
             nonlocal left
             gpus = bucket.members[0].job.spec.resources.gpus
-            if left is None or gpus == 0:
+            if gpus == 0:
+                return not gpus_only
+            if left is None:
                 return True
             if gpus > left:
                 return False
