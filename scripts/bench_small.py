@@ -135,6 +135,7 @@ class Bench:
             self.configs[name] = tmp / f"{name}.yaml"
             self.configs[name].write_text(yaml.safe_dump(data))
         self.tmp = tmp
+        self.concurrent_jobs = 4  # serve's --concurrent-jobs
         self.jobs: list[str] = []
         self.packs: dict[str, dict[str, float]] = {}
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -213,7 +214,7 @@ class Bench:
     ) -> dict[str, float]:
         """One row: ``bodies`` offered at ``rate`` to the API (process ``api``) and run by a serve of its own."""
         config = "packed" if name.startswith("packed") else "lingering" if name.startswith("lingering") else "alone"
-        serve = self.start("serve", "--concurrent-jobs", "4", "--poll", "0.3", config=config)
+        serve = self.start("serve", "--concurrent-jobs", str(self.concurrent_jobs), "--poll", "0.3", config=config)
         time.sleep(3)  # its heartbeat: the API hands jobs only to a live serve
         try:
             cpu0 = sample(api), sample(serve.pid)  # serve's start-up and idle polling before: not counted
@@ -287,6 +288,7 @@ def main() -> int:
     ap.add_argument("--alone", type=int, default=30)
     ap.add_argument("--rate", type=float, default=10.0)
     ap.add_argument("--config", type=Path, default=REPO / "ffswarm.yaml")
+    ap.add_argument("--concurrent-jobs", type=int, default=4, help="serve's job slots (a GPU pack needs none)")
     ap.add_argument("--logs", type=Path, help="copy the api's and serves' logs into this folder at the end")
     ap.add_argument("--phases", default=",".join(PHASES[:6]), help=f"which rows, of {','.join(PHASES)}")
     a = ap.parse_args()
@@ -297,6 +299,7 @@ def main() -> int:
         ap.error("--requests 1..5000, --alone 1..500, --rate 0.1..200")
     with tempfile.TemporaryDirectory(prefix="ffswarm-bench-small-") as tmp:
         bench = Bench(Path(tmp), a.config)
+        bench.concurrent_jobs = a.concurrent_jobs
         try:
             port = free_port()
             api = bench.start("api", "--listen", f"127.0.0.1:{port}")

@@ -114,8 +114,7 @@ class Server:
         # GPU slots shared between the jobs running at once, by tenant weight (controller/serve/shares.py)
         self.gpus = SwarmGpus(config)
         self.book = ShareBook(self.gpus)
-        # Small jobs packed into shared chunk services (controller/serve/packing.py): then a job slot is
-        # taken by a job that runs alone or by a pack, and files are read ahead of the slots.
+        # Small jobs packed into shared chunk services (controller/serve/packing.py), read ahead of the slots
         self.packer = Packer(config.packing, config.image, gpus=self.gpus) if config.packing.on else None
         # packing.linger: packs' chunk services wait for the next pack (controller/run/lanes.py)
         linger = config.packing.linger if self.packer else 0.0

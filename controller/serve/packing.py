@@ -106,6 +106,7 @@ class Packer:
         self,
         settings: PackingSettings,
         default_image: str,
+        *,
         clock: Any = time.monotonic,
         gpus: Callable[[], int | None] | None = None,
     ) -> None:

@@ -69,6 +69,8 @@ def test_a_swarm_of_4_gpus_runs_as_many_packs_as_its_gpus_allow_behind_one_job_s
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     serve, launched = serve_with(tmp_path, monkeypatch, gpus=4)
+    packer = serve.packer
+    assert packer is not None and packer.gpus is not None and packer.gpus() == 4  # the swarm's GPUs: pack sizes
     offer(serve, tmp_path, [f"p{n}" for n in range(8)])
     serve._launch_packs()
     assert len(launched) == 4 + PACK_AHEAD_GPUS  # every GPU, and one pack ready ahead
