@@ -123,7 +123,7 @@ class Supervisor:
         self._fill(queue, self.policy.limit(limit, len(queue), len(self._running())))  # within a GPU share
         if gate is not None and gate():
             gate = None
-        labels = dict.fromkeys([self.settings.job, *(r.current.label for r in self._running() if r.current.label)])
+        labels = dict.fromkeys(r.current.label or self.settings.job for r in self._running())  # none: no look
         by_name = {s.name: s for label in labels for s in self.backend.services(label)}
         before = len(self._running())
         for run in self._running():
