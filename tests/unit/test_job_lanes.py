@@ -271,3 +271,38 @@ def test_a_submits_later_job_of_the_same_kind_runs_in_the_runners_an_earlier_one
     assert sorted(swarm.removed) == sorted(lanes) and len(swarm.alive()) == 2  # a's retired: two GPUs
     pool.close()
     assert swarm.alive() == []
+
+
+def test_a_job_whose_chunks_all_run_in_another_jobs_lanes_never_lists_its_own_label(tmp_path: Path) -> None:
+    """The watch lists services by the labels its running attempts are under: b's chunks run in the
+    lanes a left warm (labelled a's), so asking the engine for services labelled b is a call per round
+    that can find nothing (serve's packs in lanes made it every round of every pack)."""
+    swarm = _lane_swarm()
+    pool = shared_lanes(swarm, linger=30.0)
+    runner = JobLaneRunner(swarm, tmp_path)
+    swarm.job_events = FakeEvents(runner.sleep)
+    policy = Policy(retries=0, timeout=60.0, schedule_timeout=10.0, poll=0.5, event_poll=2.0, gpu_slots=2)
+    asked: list[str] = []
+    listing = swarm.services
+
+    def services(label: str) -> Any:
+        asked.append(label)
+        return listing(label)
+
+    swarm.services = services  # type: ignore[method-assign]
+    for name in ("a", "b"):
+        asked.clear()
+        rundir = RunDir(tmp_path, name)
+        rundir.make_dirs()
+        rundir.write_control(Control(4))
+        launcher = in_shared(pool, max_age=600.0, wait=0.0)(swarm, rundir, settings(name))
+        sup = Supervisor(
+            swarm, rundir, settings(name), policy, clock=runner, sleep=runner.sleep, sizes=dict.fromkeys(CHUNKS[:2], 1),
+            launcher=launcher,
+        )  # fmt: skip
+        sup.run(CHUNKS[:2])
+        assert all(sup.chunks[c].state is ChunkState.DONE for c in CHUNKS[:2])
+    assert runner.jobs == ["a", "a", "b", "b"]
+    assert any(label.startswith("lane-a-") for label in asked)  # the lanes b's chunks ran in: watched
+    assert asked.count("b") == 1  # its own label once: the look for an earlier run's services, at the start
+    pool.close()
