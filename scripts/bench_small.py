@@ -113,7 +113,7 @@ def markdown(rows: dict[str, dict[str, float]]) -> list[str]:
 
 
 class Bench:
-    def __init__(self, tmp: Path, dev_config: Path) -> None:
+    def __init__(self, tmp: Path, dev_config: Path, concurrent_jobs: int = 4) -> None:
         base = yaml.safe_load(dev_config.read_text())
         self.root = Path(base["data_root"])
         tag = os.urandom(3).hex()
@@ -135,7 +135,7 @@ class Bench:
             self.configs[name] = tmp / f"{name}.yaml"
             self.configs[name].write_text(yaml.safe_dump(data))
         self.tmp = tmp
-        self.concurrent_jobs = 4  # serve's --concurrent-jobs
+        self.concurrent_jobs = concurrent_jobs  # serve's --concurrent-jobs
         self.jobs: list[str] = []
         self.packs: dict[str, dict[str, float]] = {}
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -298,8 +298,7 @@ def main() -> int:
     if not (1 <= a.requests <= 5000 and 1 <= a.alone <= 500 and 0.1 <= a.rate <= 200):
         ap.error("--requests 1..5000, --alone 1..500, --rate 0.1..200")
     with tempfile.TemporaryDirectory(prefix="ffswarm-bench-small-") as tmp:
-        bench = Bench(Path(tmp), a.config)
-        bench.concurrent_jobs = a.concurrent_jobs
+        bench = Bench(Path(tmp), a.config, a.concurrent_jobs)
         try:
             port = free_port()
             api = bench.start("api", "--listen", f"127.0.0.1:{port}")

@@ -340,10 +340,7 @@ def shared_lanes(swarm: LaneSwarm, linger: float) -> Lanes:
     for name, _, ended in swarm.role_services(ROLE_SHARED_LANE):
         if ended:
             swarm.remove_service(name)
-    try:
-        total = sum(n.gpus for n in swarm.nodes() if n.usable) or None
-    except FfswarmError:
-        total = None
+    total = gpu_slots(swarm, 1) or None
     owner = f"{socket.gethostname()}-{os.getpid()}"
     return Lanes(lambda: swarm, linger, capacity=lambda: total, owner=owner, role=ROLE_SHARED_LANE)
 

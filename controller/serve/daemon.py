@@ -374,18 +374,18 @@ class Server:
             return total - sum(self._pack_gpus.values())  # below 0 while a pack waits ahead
 
     def _launch_packs(self) -> int:
-        """Packs whose window has passed; then how many files to read ahead (jobs being read and planned
-        are not yet in a slot). A pack that reserves GPUs is bounded by the GPUs no other pack holds,
-        not by a job slot (fewer slots than GPUs would leave GPUs idle); one without, or any while the
-        swarm's size is unknown, takes a job slot."""
+        """Packs whose window has passed; then how many files to read ahead (jobs being read and planned are
+        not yet in a slot). A pack that reserves GPUs is bounded by the GPUs no other pack holds, not by a
+        job slot (fewer slots than GPUs left GPUs idle); one without, or any while they are unknown, takes one."""
         assert self.packer is not None and self.slots is not None
         while True:
             free = self._gpus_free_for_packs()
             # one pack more than the free GPUs is made ready ahead: its folders are made while the
             # others run, and its chunk starts the moment one of them ends (the share book waits it)
             within = None if free is None else free + PACK_AHEAD_GPUS
-            due = [] if within is None else self.packer.due(1, within, gpus_only=True)
-            if (slot := not due and self.slots.acquire(blocking=False)) and not (due := self.packer.due(1, within)):
+            due = [] if within is None else self.packer.due(1, within, gpus_only=True)  # no job slot needed
+            slot = not due and self.slots.acquire(blocking=False)
+            if slot and not (due := self.packer.due(1, within)):
                 self.slots.release()
             if not due:
                 break
