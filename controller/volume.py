@@ -384,9 +384,21 @@ class Volume:
         self, path: str | PurePosixPath | Path, owner: Owner | None = None, mode: int = FILE_MODE
     ) -> int:
         """A new file (FileExistsError if the name is taken, even by a link); its descriptor."""
-        fd = self.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600, what="creating")
+        with self.parent(path, "creating") as (dfd, name):
+            return self.create_in(dfd, name, owner, mode, self.rel(path))
+
+    def create_in(
+        self, dfd: int, name: str, owner: Owner | None = None, mode: int = FILE_MODE, rel: str | None = None
+    ) -> int:
+        """create_exclusive of ``name`` in a folder already open (``dfd``, from open_dir): many files
+        made in one folder without resolving its path for each. Made with its mode (the umask
+        narrows it, as ``mode`` asks), so no chmod follows unless a chown or a default ACL needs one."""
+        if name in ("", ".", "..") or "/" in name:
+            raise UnsafePath(f"{name!r}: not a file name")
+        wanted = self._masked(mode)
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, wanted, dir_fd=dfd)
         try:
-            own(fd, owner, self._masked(mode), self.rel(path))
+            own(fd, owner, wanted, rel or name)
         except BaseException:
             os.close(fd)
             raise
@@ -466,12 +478,17 @@ def read_all(fd: int, limit: int, rel: str) -> bytes:
 
 def own(fd: int, owner: Owner | None, mode: int | None, rel: str) -> None:
     """fchown (only what differs; a non-root controller may only change the group to one of its
-    own), then fchmod (after: a chown may clear the set-group-id bit)."""
+    own), then fchmod (after: a chown may clear the set-group-id bit) unless the mode is already
+    ``mode`` and nothing was chowned (a chmod is a metadata write even when it changes nothing)."""
+    if owner is None and mode is None:
+        return
+    st = os.fstat(fd)
+    chowned = False
     if owner is not None:
-        st = os.fstat(fd)
         uid = owner[0] if owner[0] not in (-1, st.st_uid) else -1
         gid = owner[1] if owner[1] not in (-1, st.st_gid) else -1
         if uid != -1 or gid != -1:
+            chowned = True
             try:
                 os.fchown(fd, uid, gid)
             except PermissionError:
@@ -479,7 +496,7 @@ def own(fd: int, owner: Owner | None, mode: int | None, rel: str) -> None:
                     f"{rel or '.'}: ffswarm (uid {os.geteuid()}) cannot give it to {owner[0]}:{owner[1]}: run it as "
                     "root, or as controller_user in the runner's group (docs/operations.md#controller-user)"
                 ) from None
-    if mode is not None:
+    if mode is not None and (chowned or stat.S_IMODE(st.st_mode) != mode):
         os.fchmod(fd, mode)
 
 

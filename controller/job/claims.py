@@ -1,8 +1,13 @@
 """Cluster-wide claims on outputs: two live jobs never write the same file.
 
-Every controller on every manager sees the same data root, so the record lives there:
-``runs/.claims/<xx>/<sha256 of the output path>`` holds the id of the job that claims the output,
-created O_EXCL (of two jobs claiming at once, one creates it; the other reads the winner's id), and
+Every controller on every manager sees the same data root, so the record lives there, in two forms:
+- ``runs/.claims/<xx>/<sha256 of the output path>`` holds the id of the job that claims that one
+  output, created O_EXCL (of two jobs claiming at once, one creates it; the other reads the winner's id);
+- a job writing more than FOLDER_AT outputs into one folder claims them there with one file,
+  ``runs/.claims/dirs/<sha256 of the folder>/<job>``, listing their names (a 1,000-photo job: one
+  file to write and to remove, not 1,000). A job writes its claims of both forms first, then
+  looks for the other form's (``conflict``): of two jobs claiming at once, the one that looks
+  second sees the first (both may refuse; neither writes what the other claims).
 ``runs/.claims/jobs/<job>`` lists a job's claims so that ``release`` removes only its own.
 
 A claim binds while its job is live. A job is not live once its run says it ended (state.json's
@@ -15,7 +20,6 @@ ids checked) through controller/volume.py.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -27,20 +31,18 @@ from pathlib import Path
 from contract.layout import RUNS, RunLayout
 from controller.errors import JobFileError
 from controller.folder import sync_filesystem
+from controller.job import claim_folders as folders
+from controller.job.claim_folders import JOB_ID, LIMIT, key
 from controller.volume import Owner, UnsafePath, Volume
 
 CLAIMS = f"{RUNS}/.claims"
 JOBS = f"{CLAIMS}/jobs"
+FOLDER_AT = 16  # a job's outputs in one folder beyond this many are claimed by one file (a folder claim)
+_FOLDER_LINE = "folder "  # an index line naming one of the job's folder claims
 ORPHAN_SECONDS = 600.0  # a claim whose job has no run folder after this long is an orphan
 FSYNC_EACH = 16  # claims made durable one by one; more are written, then their filesystem synced once
 SHOWN = 3  # outputs named in a refusal
-_ID = re.compile(r"[a-z0-9-]{1,80}")
 _STATE_LIMIT = 64 * 1024**2
-_INDEX_LIMIT = 256 * 1024**2
-
-
-def key(output_rel: str) -> str:
-    return hashlib.sha256(output_rel.encode()).hexdigest()
 
 
 def _claim_path(digest: str) -> str:
@@ -53,12 +55,27 @@ def _read_holder(vol: Volume, path: str) -> str | None:
     except (UnsafePath, OSError):
         return None
     text = (raw or b"").decode("ascii", "replace").split("\n", 1)[0]
-    return text if _ID.fullmatch(text) else None
+    return text if JOB_ID.fullmatch(text) else None
+
+
+def holders(data_root: Path, outputs: Iterable[str]) -> dict[str, str]:
+    """The job whose claim on each of ``outputs`` (relative to the data root) exists now, by output;
+    an output no job claims is left out."""
+    vol = Volume(data_root)
+    found: dict[str, str] = {}
+    for folder, names in folders.by_folder(outputs).items():
+        for other, theirs, _ in folders.read_all(vol, folder):
+            found.update({folders.join(folder, n): other for n in names & theirs})
+        for name in names - {n for n in names if folders.join(folder, n) in found}:
+            holder = _read_holder(vol, _claim_path(key(folders.join(folder, name))))
+            if holder is not None:
+                found[folders.join(folder, name)] = holder
+    return found
 
 
 def holder_of(data_root: Path, output_rel: str) -> str | None:
     """The job whose claim on ``output_rel`` (relative to the data root) exists now; None: no claim."""
-    return _read_holder(Volume(data_root), _claim_path(key(output_rel)))
+    return holders(data_root, [output_rel]).get(output_rel)
 
 
 def live(data_root: Path, job: str, claimed_at: float | None = None, now: float | None = None) -> bool:
@@ -98,16 +115,20 @@ DIRECT = 32  # outputs at most whose claims `conflict` reads one by one instead 
 
 def conflict(data_root: Path, job: str, outputs: Sequence[str]) -> tuple[list[str], str] | None:
     """The outputs (relative to the data root) another live job claims, and that job; None when
-    none does. A job of a few outputs reads their claims alone (a one-photo request among 50,000
-    claimed outputs: one read, not 256 listings); a bigger one reads one listing per shard folder,
-    then only the claims that exist."""
-    vol = Volume(data_root)
-    existing = {key(rel) for rel in outputs} if len(outputs) <= DIRECT else _existing_claims(data_root)
-    if not existing:
-        return None
-    holders: dict[str, bool] = {}
+    none does: each output's own claim, and its folder's folder claims. A job of a few outputs reads
+    their claims alone (a one-photo request among 50,000 claimed outputs: one read, not 256
+    listings); a bigger one reads one listing per shard folder, then only the claims that exist."""
+    return _conflict(Volume(data_root), data_root, job, outputs, outputs)
+
+
+def _conflict(
+    vol: Volume, data_root: Path, job: str, each: Sequence[str], by_folder: Sequence[str]
+) -> tuple[list[str], str] | None:
+    """conflict, reading the own claims of ``each`` and the folder claims on ``by_folder``'s folders."""
+    existing = {key(rel) for rel in each} if len(each) <= DIRECT else _existing_claims(data_root)
+    alive: dict[str, bool] = {}
     taken: dict[str, list[str]] = {}
-    for rel in outputs:
+    for rel in each:
         digest = key(rel)
         if digest not in existing:
             continue
@@ -115,10 +136,19 @@ def conflict(data_root: Path, job: str, outputs: Sequence[str]) -> tuple[list[st
         holder = _read_holder(vol, path)
         if holder is None or holder == job:
             continue
-        if holder not in holders:
-            holders[holder] = live(data_root, holder, vol.mtime(path))
-        if holders[holder]:
+        if holder not in alive:
+            alive[holder] = live(data_root, holder, vol.mtime(path))
+        if alive[holder]:
             taken.setdefault(holder, []).append(rel)
+    for folder, names in folders.by_folder(by_folder).items():
+        for other, theirs, written in folders.read_all(vol, folder):
+            both = names & theirs
+            if other == job or not both:
+                continue
+            if other not in alive:
+                alive[other] = live(data_root, other, written)
+            if alive[other]:
+                taken.setdefault(other, []).extend(sorted(folders.join(folder, n) for n in both))
     if not taken:
         return None
     holder, rels = next(iter(taken.items()))
@@ -156,36 +186,82 @@ def refusal(rels: list[str], holder: str) -> str:
 
 
 def claim(data_root: Path, job: str, outputs: Iterable[str], file: str, owner: Owner | None = None) -> int:
-    """Claim every output for ``job`` (idempotent for its own claims). JobFileError (exit 65),
-    naming the other job, if a live one holds any; then this call's new claims are undone.
-    ``owner``: the controller's uid:gid, given to the claims' folders (also ones made earlier by
-    someone else, e.g. a root ``serve``), so that an API running as ``controller_user`` can release
-    a job's claims when it deletes or cancels the job."""
+    """Claim every output for ``job`` (idempotent for its own claims); how many it claims anew.
+    JobFileError (exit 65), naming the other job, if a live one holds any; then this call's new
+    claims are undone. ``owner``: the controller's uid:gid, given to the claims' folders (also ones
+    made earlier by someone else, e.g. a root ``serve``), so that an API running as
+    ``controller_user`` can release a job's claims when it deletes or cancels the job."""
     vol = Volume(data_root)
-    digests = sorted({key(rel): rel for rel in outputs}.items())
+    wanted = sorted(set(outputs))
+    whole = {f: names for f, names in folders.by_folder(wanted).items() if len(names) > FOLDER_AT}
+    digests = sorted((key(rel), rel) for rel in wanted if rel.rpartition("/")[0] not in whole)
     if owner is not None:
         vol.mkdirs(CLAIMS, owner, enforce=True)
-    _write_index(vol, job, [d for d, _ in digests], owner)
+    _write_index(vol, job, [d for d, _ in digests] + [_FOLDER_LINE + key(f) for f in whole], owner)
     made: list[str] = []
-    each = len(digests) <= FSYNC_EACH
+    before: dict[str, set[str] | None] = {}  # a folder claim written here: the names it held before
+    each = len(digests) + len(whole) <= FSYNC_EACH
     try:
         with vol.batch():  # the umask read once for every claim, not once a file
-            for shard in sorted({_claim_path(d).rpartition("/")[0] for d, _ in digests}):
-                vol.mkdirs(shard, owner, enforce=owner is not None)
-            for digest, rel in digests:
-                if _claim_one(vol, data_root, job, digest, rel, file, durable=each, owner=owner):
-                    made.append(digest)
+            _claim_each(vol, data_root, job, digests, file, each, owner, made)
+            for folder, names in sorted(whole.items()):
+                before[folder] = held = folders.read(vol, folder, job)
+                folders.write(vol, folder, job, names | (held or set()), owner, durable=each)
+            # written first, then looked for: of two jobs claiming at once, the later looker sees the
+            # other (two outputs' own claims need no look: O_EXCL chose between them)
+            in_whole = [folders.join(f, n) for f, names in whole.items() for n in sorted(names)]
+            taken = _conflict(vol, data_root, job, in_whole, wanted)
+            if taken is not None:
+                raise Claimed(file, *taken)
     except JobFileError:
         for digest in made:
             _unlink_if_mine(vol, _claim_path(digest), job)
+        for folder, held in before.items():
+            _restore_folder(vol, job, folder, held, owner)
         raise
-    if made and not each:
+    if (made or before) and not each:
         sync_filesystem(data_root)  # every claim just written made durable at once
-    return len(made)
+    return len(made) + sum(len(whole[f] - (held or set())) for f, held in before.items())
+
+
+def _claim_each(
+    vol: Volume,
+    data_root: Path,
+    job: str,
+    digests: list[tuple[str, str]],
+    file: str,
+    durable: bool,
+    owner: Owner | None,
+    made: list[str],
+) -> None:
+    """Each output's own claim, created O_EXCL in its shard folder (opened once for all of its
+    claims); ``made``: the digests of those this call created."""
+    shards: dict[str, list[tuple[str, str]]] = {}
+    for digest, rel in digests:
+        shards.setdefault(_claim_path(digest).rpartition("/")[0], []).append((digest, rel))
+    for shard, mine in shards.items():
+        vol.mkdirs(shard, owner, enforce=owner is not None)
+        dfd = vol.open_dir(shard, "claiming")
+        try:
+            for digest, rel in mine:
+                if _claim_one(vol, dfd, data_root, job, digest, rel, file, durable, owner):
+                    made.append(digest)
+        finally:
+            os.close(dfd)
+
+
+def _restore_folder(vol: Volume, job: str, folder: str, held: set[str] | None, owner: Owner | None) -> None:
+    """A refused claim's folder claim taken back: as it was before (``held``), or removed."""
+    with contextlib.suppress(OSError, UnsafePath):
+        if held is None:
+            vol.unlink(folders.path_of(folder, job))
+        else:
+            folders.write(vol, folder, job, held, owner)
 
 
 def _claim_one(
     vol: Volume,
+    shard: int,
     data_root: Path,
     job: str,
     digest: str,
@@ -194,12 +270,13 @@ def _claim_one(
     durable: bool = True,
     owner: Owner | None = None,
 ) -> bool:
-    """True if this call created the claim; False if ``job`` already held it. ``durable``: fsynced
-    here (else the caller syncs the filesystem once for all its claims)."""
-    path = _claim_path(digest)  # its shard folder made by the caller
+    """True if this call created the claim; False if ``job`` already held it. ``shard``: its folder,
+    made and opened by the caller. ``durable``: fsynced here (else the caller syncs the filesystem
+    once for all its claims)."""
+    path = _claim_path(digest)
     for _ in range(3):
         try:
-            fd = vol.create_exclusive(path, owner)
+            fd = vol.create_in(shard, digest, owner, rel=path)
         except FileExistsError:
             holder = _read_holder(vol, path)
             if holder == job:
@@ -254,22 +331,27 @@ def _write_index(vol: Volume, job: str, digests: list[str], owner: Owner | None 
 
 
 def _read_index(vol: Volume, job: str) -> list[str]:
+    """The job's claims as its index lists them: output digests, and ``folder <digest>`` lines."""
     try:
-        raw = vol.read(f"{JOBS}/{job}", _INDEX_LIMIT)
+        raw = vol.read(f"{JOBS}/{job}", LIMIT)
     except (UnsafePath, OSError):
         return []
-    return [line for line in (raw or b"").decode("ascii", "replace").split("\n") if re.fullmatch("[0-9a-f]{64}", line)]
+    lines = (raw or b"").decode("ascii", "replace").split("\n")
+    return [line for line in lines if re.fullmatch(f"({_FOLDER_LINE})?[0-9a-f]{{64}}", line)]
 
 
 def release(data_root: Path, job: str) -> int:
     """Remove ``job``'s claims (its report is written, or it was cancelled or refused); claims that
-    another job holds now are left alone. Returns how many were removed."""
-    if not _ID.fullmatch(job):
+    another job holds now are left alone. Returns how many outputs were let go of."""
+    if not JOB_ID.fullmatch(job):
         return 0
     vol = Volume(data_root)
     removed = 0
-    for digest in _read_index(vol, job):
-        path = _claim_path(digest)
+    for line in _read_index(vol, job):
+        if line.startswith(_FOLDER_LINE):  # a folder claim: only this job ever writes it
+            removed += folders.remove(vol, line.removeprefix(_FOLDER_LINE), job)
+            continue
+        path = _claim_path(line)
         if _read_holder(vol, path) == job:
             with contextlib.suppress(OSError, UnsafePath):
                 vol.unlink(path)

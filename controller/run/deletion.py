@@ -292,10 +292,10 @@ def _inside(rel: str, tenant: str | None) -> bool:
 
 def _outputs(config: Config, vol: Volume, rundir: RunDir, job: str, tenant: str | None, out: Deleted) -> None:
     folders: set[str] = set()
-    for rel, size, digest in _written(config, rundir):
-        if not _inside(rel, tenant):
-            continue
-        holder = claims.holder_of(config.data_root, rel)
+    written = [w for w in _written(config, rundir) if _inside(w[0], tenant)]
+    holders = claims.holders(config.data_root, [rel for rel, _, _ in written])
+    for rel, size, digest in written:
+        holder = holders.get(rel)
         if holder is not None and holder != job:
             out.kept.append(rel)  # another job claims it now
             continue

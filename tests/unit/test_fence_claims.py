@@ -221,7 +221,9 @@ def test_claims_made_by_a_root_serve_are_released_by_an_api_running_as_controlle
 def _released_by_controller_user(root: Path) -> None:
     ctl = (4321, 4321)
     claims.claim(root, "early", ["out/early.jpg"], "early.yaml")  # an older serve, no owner given
-    assert claims.claim(root, "first", ["out/p1.jpg", "out/p2.jpg"], "first.yaml", ctl) == 2
+    many = [f"big/{n}.jpg" for n in range(claims.FOLDER_AT + 1)]  # claimed as a folder
+    claims.claim(root, "early-big", [f"big/e{n}.jpg" for n in range(claims.FOLDER_AT + 1)], "early.yaml")
+    assert claims.claim(root, "first", ["out/p1.jpg", "out/p2.jpg", *many], "first.yaml", ctl) == 2 + len(many)
     for folder in (root / "runs" / ".claims", root / "runs" / ".claims" / "jobs"):
         assert (folder.stat().st_uid, folder.stat().st_gid) == ctl, folder
     pid = os.fork()
@@ -230,10 +232,10 @@ def _released_by_controller_user(root: Path) -> None:
         try:
             os.setgid(ctl[1])
             os.setuid(ctl[0])
-            code = 0 if claims.release(root, "first") == 2 else 2
+            code = 0 if claims.release(root, "first") == 2 + len(many) else 2
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "controller_user could not release the job's claims"
-    assert claims.holder_of(root, "out/p1.jpg") is None
-    assert claims.claim(root, "second", ["out/p1.jpg"], "second.yaml", ctl) == 1
+    assert claims.holder_of(root, "out/p1.jpg") is None and claims.holder_of(root, "big/0.jpg") is None
+    assert claims.claim(root, "second", ["out/p1.jpg", "big/0.jpg"], "second.yaml", ctl) == 2
