@@ -12,6 +12,7 @@ import fnmatch
 import glob
 import os
 import posixpath
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,15 @@ from contract.layout import MODELS, RUNS
 from contract.paths import CONTAINER_DATA_ROOT, user_text
 from contract.s3 import S3Url, is_s3
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # control characters
+
 
 def check_rel_path(path: Any, what: str) -> str:
     """A path relative to the data root that stays in it: not absolute, no ``..`` or ``.`` parts,
     no empty parts, no control characters (ValueError naming ``what``)."""
     if not isinstance(path, str) or not path or len(path) > 4096:
         raise ValueError(f"{what}: not a path")
-    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+    if _CONTROL.search(path):
         raise ValueError(f"{what}: a path with control characters")
     if path.startswith("/"):
         raise ValueError(f"{what}: an absolute path ({path!r}); paths are relative to the data root")

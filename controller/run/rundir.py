@@ -82,6 +82,7 @@ class RunDir:
         # False: files are written without fsyncs, the caller syncs once (hundreds of packed jobs'
         # folders made or ended together: controller/serve/packs.py)
         self.durable = True
+        self._plan: tuple[bytes, Plan] | None = None  # plan.json as last read, and the plan it holds
 
     def rel(self, path: Path) -> str:
         """How messages name a run-folder file: relative to the data root."""
@@ -251,15 +252,19 @@ class RunDir:
         return bool(chunks) and not os.path.lexists(self.layout.manifest(chunks[-1].id))
 
     def plan(self) -> Plan:
+        """The job's plan; parsed once while plan.json's bytes stay the same (each stage reads it)."""
         data = self.read_file(self.layout.plan, LIMITS["plan.json"])
         if data is None:
             raise RunFileError(f"{self.rel(self.layout.plan)}: missing")
+        if self._plan is not None and self._plan[0] == data:
+            return self._plan[1]
         try:
             plan = Plan.from_json(data)
         except ValueError as e:
             raise RunFileError(f"{self.rel(self.layout.plan)}: {str(e).removeprefix('plan.json: ')}") from None
         if plan.job != self.job:
             raise RunFileError(f"{self.rel(self.layout.plan)}: names job {plan.job}, not {self.job}")
+        self._plan = (data, plan)
         return plan
 
     def manifest(self, chunk: str) -> Manifest:

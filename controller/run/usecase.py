@@ -87,11 +87,11 @@ def run(
     """One prepared job start to report (`submit`, `serve`), continuing its run when the folder exists.
     The job's lease is held meanwhile: a job another controller runs is refused (exit 69). With
     `uncancel` (an explicit `submit` of the job's file), a cancelled job's remaining items run.
-    ``launch``: what starts its chunks' attempts (lanes: controller/run/lanes.py; None: a
-    fresh service each, controller/run/launch.py). ``on_round``: called at every round of the watch
-    (Policy.on_round)."""
+    ``launch``: what starts its chunks' attempts (lanes: controller/run/lanes.py; None: a fresh
+    service each, controller/run/launch.py). ``on_round``: called every round of the watch (Policy.on_round)."""
+    again = uncancel and RunDir(config.data_root, job.job_id).exists()  # submitted again after it ended?
     rundir, image = open_or_start(config, backend, job)
-    if uncancel:  # submitted again after it ended: a new run
+    if again:  # a new run (a run folder made just now has had none)
         webhooks.run_again(rundir)
     with lease.held(rundir):
         on_event = fan_out([make(rundir, job) for make in sinks])
