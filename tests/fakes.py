@@ -130,10 +130,7 @@ class FakeSwarm:
             self.removed.append(name)
 
     def remove_exited_containers(self, job: str, service: str | None = None) -> int:
-        return 0
-
-    def containers_left(self, job: str) -> int:
-        return 0  # a removed service's container is gone at once here
+        return 0  # a removed service's container is gone at once here: none left
 
     def service_logs(self, name: str, tail: int = 40) -> str:
         return self.logs.get(name, "")

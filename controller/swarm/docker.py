@@ -286,34 +286,30 @@ class DockerSwarm:
 
     def remove_exited_containers(self, job: str, service: str | None = None) -> int:
         """Engines before 24 can leave exited task containers behind; remove this job's on this node
-        (only `service`'s when given). Callers remove the services first: a "created" container is
+        (only `service`'s when given) and say how many of its containers are left (running, starting,
+        being removed): one listing. Callers remove the services first: a "created" container is
         removed too, which is right for a removed service's but would kill a live one's the moment it
         starts (exit 137) — so a step that ends beside its job's chunks names its own service."""
-        removed = 0
+        left = 0
         filters: dict[str, Any] = {"label": [f"{LABEL_JOB}={job}"]}
         if service:
             filters["label"].append(f"{LABEL_SERVICE_NAME}={service}")
         with translated(f"cleaning containers of job {job}"):
             # The low-level list: the high-level one inspects each container it lists, and a container
             # the engine removes meanwhile (a removed service's) fails the whole call with 404.
-            # (One list: the engine matches any of a filter's values.)
-            for c in self._client.api.containers(
-                all=True, filters={**filters, "status": ["exited", "created", "dead"]}
-            ):
+            for c in self._client.api.containers(all=True, filters=filters):
+                if c.get("State") not in ("exited", "created", "dead"):
+                    left += 1
+                    continue
                 try:
                     self._client.api.remove_container(c["Id"], force=True)
-                    removed += 1
                 except docker.errors.NotFound:
                     pass
                 except docker.errors.APIError as e:
                     if e.status_code != 409:  # 409: being removed already (`ffswarm cancel` beside us)
                         raise
-        return removed
-
-    def containers_left(self, job: str) -> int:
-        """This job's containers on this node, running or not."""
-        with translated(f"listing containers of job {job}"):
-            return len(self._client.api.containers(all=True, filters={"label": f"{LABEL_JOB}={job}"}))
+                    left += 1
+        return left
 
     def service_logs(self, name: str, tail: int = 40) -> str:
         """The last lines a service's containers wrote (kept for attempts that died before logging)."""

@@ -65,8 +65,7 @@ def test_contract(backend: SwarmBackend, workspace: Workspace, swarm: DockerSwar
     assert backend.services(ws.job) == []
     deadline = time.monotonic() + 30  # the containers of removed services go, with the clean-up's help
     while True:
-        backend.remove_exited_containers(ws.job)
-        if backend.containers_left(ws.job) == 0:
+        if backend.remove_exited_containers(ws.job) == 0:
             break
         assert time.monotonic() < deadline, "containers of removed services never went away"
         time.sleep(0.2)
