@@ -117,9 +117,11 @@ def test_two_live_jobs_never_claim_one_output(tmp_path: Path) -> None:
     assert claims.conflict(root, "second", many) is None
 
 
-def test_claims_of_an_ended_or_cancelled_job_are_taken_over(tmp_path: Path) -> None:
+@pytest.mark.parametrize("count", [1, claims.FOLDER_AT + 2], ids=["own claims", "a folder claim"])
+def test_claims_of_an_ended_or_cancelled_job_are_taken_over(tmp_path: Path, count: int) -> None:
     root = _root(tmp_path)
-    claims.claim(root, "old", ["out/p1.jpg"], "old.yaml")
+    outputs = [f"out/p{n}.jpg" for n in range(1, count + 1)]
+    claims.claim(root, "old", outputs, "old.yaml")
     run = root / "runs" / "old"
     run.mkdir()
     (run / "plan.json").write_text("{}")
@@ -127,8 +129,8 @@ def test_claims_of_an_ended_or_cancelled_job_are_taken_over(tmp_path: Path) -> N
     assert claims.conflict(root, "new", ["out/p1.jpg"]) == (["out/p1.jpg"], "old")
     (run / "state.json").write_text(json.dumps({"stage": "ended"}))
     assert claims.conflict(root, "new", ["out/p1.jpg"]) is None
-    assert claims.claim(root, "new", ["out/p1.jpg"], "new.yaml") == 1
-    assert claims.release(root, "old") == 0  # the old job's release leaves the new holder's claim
+    assert claims.claim(root, "new", outputs, "new.yaml") == count
+    claims.release(root, "old")  # the old job's release leaves the new holder's claims
     assert claims.conflict(root, "other", ["out/p1.jpg"]) == (["out/p1.jpg"], "new")
 
 

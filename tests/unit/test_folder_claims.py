@@ -97,19 +97,6 @@ def test_a_refused_job_keeps_what_it_had_claimed_before(tmp_path: Path) -> None:
     assert claims.holder_of(root, "out/p890.jpg") is None  # this call's new names taken back
 
 
-def test_a_folder_claim_of_an_ended_job_binds_no_one(tmp_path: Path) -> None:
-    root = _root(tmp_path)
-    claims.claim(root, "old", _outputs("out"), "old.yaml")
-    run = root / "runs" / "old"
-    run.mkdir()
-    (run / "plan.json").write_text("{}")
-    (run / "state.json").write_text(json.dumps({"stage": "chunks"}))
-    assert claims.conflict(root, "new", ["out/p001.jpg"]) == (["out/p001.jpg"], "old")
-    (run / "state.json").write_text(json.dumps({"stage": "ended"}))
-    assert claims.conflict(root, "new", ["out/p001.jpg"]) is None
-    assert claims.claim(root, "new", _outputs("out"), "new.yaml") == MANY
-
-
 def test_a_forged_folder_claim_naming_another_folder_binds_nothing(tmp_path: Path) -> None:
     root = _root(tmp_path)
     claims.claim(root, "a", _outputs("out"), "a.yaml")
