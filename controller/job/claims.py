@@ -66,10 +66,9 @@ def holders(data_root: Path, outputs: Iterable[str]) -> dict[str, str]:
     for folder, names in folders.by_folder(outputs).items():
         for other, theirs, _ in folders.read_all(vol, folder):
             found.update({folders.join(folder, n): other for n in names & theirs})
-        for name in names - {n for n in names if folders.join(folder, n) in found}:
-            holder = _read_holder(vol, _claim_path(key(folders.join(folder, name))))
-            if holder is not None:
-                found[folders.join(folder, name)] = holder
+        for rel in (folders.join(folder, n) for n in names):
+            if rel not in found and (holder := _read_holder(vol, _claim_path(key(rel)))) is not None:
+                found[rel] = holder
     return found
 
 
