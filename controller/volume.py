@@ -38,6 +38,7 @@ _SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "arm64": 437}.get(platform.machin
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_BENEATH = 0x08
+_RENAME_NOREPLACE = 1
 _openat2_works: bool | None = None if _SYS_OPENAT2 is not None else False
 
 
@@ -59,14 +60,18 @@ _O_TMPFILE = getattr(os, "O_TMPFILE", 0)
 _libc: ctypes.CDLL | None = None
 
 
-def _openat2(dir_fd: int, rel: str, flags: int, mode: int) -> int:
+def _lib() -> ctypes.CDLL:
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
         _libc.syscall.restype = ctypes.c_long
+    return _libc
+
+
+def _openat2(dir_fd: int, rel: str, flags: int, mode: int) -> int:
     creates = flags & os.O_CREAT or (_O_TMPFILE and flags & _O_TMPFILE == _O_TMPFILE)
     how = _OpenHow(flags, mode if creates else 0, _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
-    fd = _libc.syscall(_SYS_OPENAT2, dir_fd, os.fsencode(rel), ctypes.byref(how), ctypes.sizeof(how))
+    fd = _lib().syscall(_SYS_OPENAT2, dir_fd, os.fsencode(rel), ctypes.byref(how), ctypes.sizeof(how))
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), rel)
@@ -318,22 +323,21 @@ class Volume:
                 own(fd, owner, mode if exact else self._masked(mode), ".")
             for n, name in enumerate(parts[start:], start + 1):
                 where = "/".join(parts[:n])
-                new = False
+                last = n == len(parts)
                 try:
-                    os.mkdir(name, 0o700, dir_fd=fd)
-                    new = True
-                    made.append(where)
-                except FileExistsError:
-                    pass
-                try:
-                    sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                    sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                    new = False
+                except FileNotFoundError:
+                    final = (mode if exact else self._masked(mode)) if last else self._masked(DIR_MODE)
+                    sub, new = _make_dir(fd, name, owner, final, where)
                 except OSError as e:
                     raise self._refuse(where, e, "creating a folder") from None
                 os.close(fd)
                 fd = sub
-                if new or (enforce and n == len(parts)):
-                    last = n == len(parts)  # the umask is read only for a folder that gets a mode
-                    own(fd, owner, (mode if exact else self._masked(mode)) if last else self._masked(DIR_MODE), where)
+                if new:
+                    made.append(where)
+                elif enforce and last:
+                    own(fd, owner, mode if exact else self._masked(mode), where)
         except OSError as e:
             if isinstance(e, UnsafePath):
                 raise
@@ -498,6 +502,57 @@ def own(fd: int, owner: Owner | None, mode: int | None, rel: str) -> None:
                 ) from None
     if mode is not None and (chowned or stat.S_IMODE(st.st_mode) != mode):
         os.fchmod(fd, mode)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _make_dir(dfd: int, name: str, owner: Owner | None, mode: int, rel: str) -> tuple[int, bool]:
+    """Folder ``name`` in ``dfd``, opened, and whether it was made here: made under a temporary name,
+    given ``owner`` and ``mode``, then renamed into place, so that no other process ever sees it
+    half made (the controller's and 0700: a concurrent job's access check would refuse it as a
+    folder the runner cannot enter). If another process made ``name`` meanwhile, that one is used."""
+    tmp = f".ffswarm-new-{secrets.token_hex(6)}"
+    os.mkdir(tmp, 0o700, dir_fd=dfd)
+    try:
+        sub = os.open(tmp, _DIR_FLAGS, dir_fd=dfd)
+        try:
+            own(sub, owner, mode, rel)
+            _rename_noreplace(dfd, tmp, name)
+        except BaseException:
+            os.close(sub)
+            raise
+    except FileExistsError:
+        os.rmdir(tmp, dir_fd=dfd)
+        return os.open(name, _DIR_FLAGS, dir_fd=dfd), False
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.rmdir(tmp, dir_fd=dfd)
+        raise
+    return sub, True
+
+
+_renameat2_works = True
+
+
+def _rename_noreplace(dfd: int, src: str, dst: str) -> None:
+    """Rename ``src`` to ``dst`` in ``dfd``; FileExistsError if ``dst`` exists. renameat2's
+    RENAME_NOREPLACE where the filesystem has it; else (NFS) a check, then rename, which in that
+    narrow race replaces an empty folder just made by another process with this one."""
+    global _renameat2_works
+    if _renameat2_works:
+        if _lib().renameat2(dfd, os.fsencode(src), dfd, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS):
+            raise OSError(err, os.strerror(err), dst)
+        _renameat2_works = False
+    try:
+        os.lstat(dst, dir_fd=dfd)
+    except FileNotFoundError:
+        os.rename(src, dst, src_dir_fd=dfd, dst_dir_fd=dfd)
+        return
+    raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
 
 
 def proc_path(fd: int) -> str:

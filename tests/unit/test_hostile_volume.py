@@ -371,3 +371,60 @@ def test_a_runs_folder_a_root_controller_made_is_handed_to_controller_user(tmp_p
     RunDir(root, "j", (10001, 10001), (10002, 10001)).make_dirs()
     st = (root / "runs").stat()
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode) & 0o050) == (10002, 10001, 0o050)
+
+
+@pytest.fixture(params=["renameat2", "check-then-rename"])
+def rename(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Once with RENAME_NOREPLACE, once as on a filesystem without it (NFS)."""
+    if request.param != "renameat2":
+        monkeypatch.setattr(volume_mod, "_renameat2_works", False)
+    return str(request.param)
+
+
+def test_a_folder_made_for_the_runner_appears_only_with_its_owner_and_mode(
+    tmp_path: Path, rename: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two of serve's jobs writing into one new output folder (seen in CI): while one made it, the
+    other's access check saw it as root's 0700 and refused the job ("folder the runner cannot enter").
+    Whoever looks at the folder's name, at any moment, sees it missing or finished."""
+    root = tmp_path / "data"
+    root.mkdir()
+    seen: list[tuple[int, int, int] | None] = []
+    real_own = volume_mod.own
+
+    def own_and_look(fd: int, owner: tuple[int, int] | None, mode: int | None, rel: str) -> None:
+        real_own(fd, owner, mode, rel)
+        for where in ("out", "out/sub"):  # what another process sees now, between give and show
+            try:
+                st = (root / where).lstat()
+                seen.append((st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)))
+            except FileNotFoundError:
+                seen.append(None)
+
+    monkeypatch.setattr(volume_mod, "own", own_and_look)
+    made = Volume(root).mkdirs("out/sub", RUNNER, 0o755)
+    assert made == ["out", "out/sub"]
+    assert seen == [None, None, (*RUNNER, 0o750), None]  # out/ shown only once given; sub/ likewise
+    assert ((root / "out/sub").stat().st_uid, stat.S_IMODE((root / "out/sub").stat().st_mode)) == (RUNNER[0], 0o755)
+    assert sorted(p.name for p in (root / "out").iterdir()) == ["sub"]
+
+
+def test_a_folder_another_process_made_meanwhile_is_used_and_nothing_is_left(
+    tmp_path: Path, rename: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "data"
+    root.mkdir()
+    real_own = volume_mod.own
+
+    def own_while_another_makes_it(fd: int, owner: tuple[int, int] | None, mode: int | None, rel: str) -> None:
+        real_own(fd, owner, mode, rel)
+        if not (root / "out").exists():
+            (root / "out").mkdir()
+            os.chown(root / "out", *CONTROLLER)
+            (root / "out" / "theirs.jpg").write_bytes(b"x")
+
+    monkeypatch.setattr(volume_mod, "own", own_while_another_makes_it)
+    assert Volume(root).mkdirs("out", RUNNER, 0o755) == []
+    assert [p.name for p in root.iterdir()] == ["out"]  # no temporary folder left beside it
+    assert (root / "out").stat().st_uid == CONTROLLER[0]  # theirs, not replaced
+    assert (root / "out" / "theirs.jpg").read_bytes() == b"x"
