@@ -537,14 +537,15 @@ _renameat2_works = True
 
 def _rename_noreplace(dfd: int, src: str, dst: str) -> None:
     """Rename ``src`` to ``dst`` in ``dfd``; FileExistsError if ``dst`` exists. renameat2's
-    RENAME_NOREPLACE where the filesystem has it; else (NFS) a check, then rename, which in that
-    narrow race replaces an empty folder just made by another process with this one."""
+    RENAME_NOREPLACE where the filesystem has it; else (NFS, or a seccomp profile that refuses it) a
+    check, then rename, which in that narrow race replaces an empty folder just made by another
+    process with this one."""
     global _renameat2_works
     if _renameat2_works:
         if _lib().renameat2(dfd, os.fsencode(src), dfd, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
             return
         err = ctypes.get_errno()
-        if err not in (errno.EINVAL, errno.ENOSYS):
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.EPERM):  # EPERM: a seccomp profile without it
             raise OSError(err, os.strerror(err), dst)
         _renameat2_works = False
     try:
