@@ -551,8 +551,12 @@ def _rename_noreplace(dfd: int, src: str, dst: str) -> None:
     try:
         os.lstat(dst, dir_fd=dfd)
     except FileNotFoundError:
-        os.rename(src, dst, src_dir_fd=dfd, dst_dir_fd=dfd)
-        return
+        try:
+            os.rename(src, dst, src_dir_fd=dfd, dst_dir_fd=dfd)
+            return
+        except OSError as e:  # a folder made and filled meanwhile
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
     raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
 
 

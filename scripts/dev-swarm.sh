@@ -64,7 +64,13 @@ if [ "$(docker info -f '{{.Swarm.LocalNodeState}}')" != active ]; then
 else
   say "swarm: already active"
 fi
-docker node update --label-add ffswarm.gpu=true "$(docker info -f '{{.Swarm.NodeID}}')" >/dev/null
+# the node's own update after an engine restart (its new generic resources) races this one: "update
+# out of sequence" is retried
+for try in 1 2 3 4 5; do
+  if docker node update --label-add ffswarm.gpu=true "$(docker info -f '{{.Swarm.NodeID}}')" >/dev/null; then break; fi
+  [ "$try" = 5 ] && exit 1
+  sleep 1
+done
 gpus=$(docker node inspect self -f '{{range .Description.Resources.GenericResources}}{{with .NamedResourceSpec}}{{.Kind}}={{.Value}} {{end}}{{end}}')
 say "node: labelled ffswarm.gpu=true; generic resources: ${gpus:-none (GPU jobs cannot schedule here)}"
 
