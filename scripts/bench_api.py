@@ -108,12 +108,14 @@ PHOTOS: list[bytes] = []
 
 
 async def post_all(
-    url: str, jobs: int, clients: int, upload: bool = False
+    url: str, jobs: int, clients: int, upload: bool = False, rate: float = 0.0
 ) -> tuple[list[float], dict[int, int], list[str], float]:
     """Every job posted by ``clients`` concurrent clients: (latencies, answers by code, ids, when the
-    first request was sent). Each client is its own connection (httpx's pool looks at every one of its
-    connections on each request: shared by 50, it cost the benchmark more CPU than the API), made
-    before the clock starts (a client's set-up is not the API's latency)."""
+    first request was sent); ``rate`` > 0: the n-th job not before n/rate seconds from the start (an
+    offered rate, as a campaign's trickle), else as fast as the clients go. Each client is its own
+    connection (httpx's pool looks at every one of its connections on each request: shared by 50, it
+    cost the benchmark more CPU than the API), made before the clock starts (a client's set-up is not
+    the API's latency)."""
     latencies: list[float] = []
     codes: dict[int, int] = {}
     ids: list[str] = []
@@ -127,6 +129,8 @@ async def post_all(
     async def client(http: httpx.AsyncClient) -> None:
         async with http:
             for n in next_job:
+                if rate > 0:
+                    await asyncio.sleep(max(0.0, started + n / rate - time.perf_counter()))
                 body = {"name": "bench", "source": "in/face.jpg", "targets": [f"in/p{n % 10}.jpg"]}
                 t0 = time.perf_counter()
                 try:
@@ -175,9 +179,10 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
 
 
-def bench(args: argparse.Namespace, workers: int) -> dict[str, float] | None:
-    """One run against an API of ``workers`` processes on a fresh data root: its figures printed and
-    returned (None when it did not start or a job went missing)."""
+def bench(args: argparse.Namespace, workers: int, rate: float = 0.0) -> dict[str, float] | None:
+    """One run against an API of ``workers`` processes on a fresh data root, offered ``rate`` jobs/s
+    (0: as fast as the clients go): its figures printed and returned (None when it did not start or a
+    job went missing)."""
     with tempfile.TemporaryDirectory(prefix="ffswarm-bench-api-") as tmp:
         root, config = data_root(Path(tmp))
         port = free_port()
@@ -214,7 +219,7 @@ def bench(args: argparse.Namespace, workers: int) -> dict[str, float] | None:
                 time.sleep(1.0)  # attached to every thread before the first request
             before = sample(server.pid)
             latencies, codes, ids, t0 = asyncio.run(
-                asyncio.wait_for(post_all(url, args.jobs, args.clients, args.upload), timeout=args.deadline)
+                asyncio.wait_for(post_all(url, args.jobs, args.clients, args.upload, rate), timeout=args.deadline)
             )
             after = sample(server.pid)
             wall, cpu = time.perf_counter() - t0, spent(before, after)
@@ -243,7 +248,8 @@ def bench(args: argparse.Namespace, workers: int) -> dict[str, float] | None:
         ms = sorted(x * 1000 for x in latencies)
         procs = f"an API of {workers} workers" if workers > 1 else "an API of 1 process"
         what = "one-photo multipart uploads" if args.upload else "one-photo JSON jobs"
-        print(f"bench_api: {args.jobs} {what} from {args.clients} clients on loopback to {procs} "
+        offered = f" offered at {rate:g}/s" if rate > 0 else ""
+        print(f"bench_api: {args.jobs} {what} from {args.clients} clients{offered} on loopback to {procs} "
               f"in {wall:.2f} s")  # fmt: skip
         print(f"  accepted/s      {accepted / wall:.1f}")
         p50, p99 = percentile(ms, 50), percentile(ms, 99)
@@ -265,7 +271,7 @@ def bench(args: argparse.Namespace, workers: int) -> dict[str, float] | None:
         print("bench_api: ok: every job accepted and in the inbox" if ok else "bench_api: FAILED")
         if not ok:
             return None
-        return {"workers": workers, "rate": accepted / wall, "p50": p50, "p99": p99, "cpu_ms": cpu_ms}
+        return {"workers": workers, "offered": rate, "rate": accepted / wall, "p50": p50, "p99": p99, "cpu_ms": cpu_ms}
 
 
 def worker_counts(text: str) -> list[int]:
@@ -276,6 +282,16 @@ def worker_counts(text: str) -> list[int]:
     if not counts or any(not 1 <= n <= 16 for n in counts):
         raise argparse.ArgumentTypeError(f"each worker count is 1..16, got {text!r}")
     return counts
+
+
+def rates(text: str) -> list[float]:
+    try:
+        values = [float(n) for n in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be rates like 10 or 0,10, got {text!r}") from None
+    if not values or any(not 0 <= v <= 10_000 for v in values):
+        raise argparse.ArgumentTypeError(f"each rate is 0..10000 jobs/s (0: as fast as the clients go), got {text!r}")
+    return values
 
 
 def main() -> int:
@@ -289,19 +305,27 @@ def main() -> int:
         "--workers", type=worker_counts, default=[1], metavar="N[,M…]",
         help="the API's worker processes (ffswarm api --workers); several: one run each, side by side",
     )  # fmt: skip
+    parser.add_argument(
+        "--rate", type=rates, default=[0.0], metavar="R[,S…]",
+        help="jobs offered per second (0: as fast as the clients go); several: one run each, side by side "
+        "(the API's CPU per request at a trickle against a burst)",
+    )  # fmt: skip
     args = parser.parse_args()
     if not (1 <= args.jobs <= 20_000 and 1 <= args.clients <= 200):
         parser.error("--jobs is 1..20000, --clients 1..200")
     global FACE
     FACE, PHOTOS[:] = photo(0), [photo(n + 1) for n in range(10)]
-    rows = [bench(args, n) for n in args.workers]
+    runs = [(n, r) for n in args.workers for r in args.rate]
+    rows = [bench(args, n, r) for n, r in runs]
     if len(rows) > 1:
-        print("\n| workers | accepted/s | p50 ms | p99 ms | API CPU ms/request |\n|---|---|---|---|---|")
-        for n, row in zip(args.workers, rows, strict=True):
+        print("\n| workers | offered | accepted/s | p50 ms | p99 ms | API CPU ms/request |\n|---|---|---|---|---|---|")
+        for (n, r), row in zip(runs, rows, strict=True):
+            offered = f"{r:g}/s" if r > 0 else "all at once"
             if row is None:
-                print(f"| {n} | failed | | | |")
+                print(f"| {n} | {offered} | failed | | | |")
             else:
-                print(f"| {n} | {row['rate']:.1f} | {row['p50']:.1f} | {row['p99']:.1f} | {row['cpu_ms']:.1f} |")
+                figures = f"{row['rate']:.1f} | {row['p50']:.1f} | {row['p99']:.1f} | {row['cpu_ms']:.1f}"
+                print(f"| {n} | {offered} | {figures} |")
     return 0 if all(rows) else 1
 
 
