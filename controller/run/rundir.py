@@ -336,8 +336,13 @@ class RunDir:
         """Record the stage the job is in, keeping (and returning) state.json's chunk records; ``chunks``:
         as an earlier enter of this job's end returned them (only enter wrote state.json since)."""
         self.stage = stage
-        kept = (self.state() or {}).get("chunks") if chunks is None else chunks
-        self.write_state(kept if isinstance(kept, dict) else {})
+        kept = self.chunk_records() if chunks is None else chunks
+        self.write_state(kept)
+        return kept
+
+    def chunk_records(self) -> dict[str, Any]:
+        """state.json's chunk records ({} before it is written)."""
+        kept = (self.state() or {}).get("chunks")
         return kept if isinstance(kept, dict) else {}
 
     def state(self) -> dict[str, Any] | None:

@@ -226,7 +226,8 @@ class PackRun:
         why = lambda missing: self._why(job, chunks or {}, missing)  # noqa: E731
         runs = ended_runs(own, lambda i: fold.result(i) is not None, cancelled, why)
         with job.rundir.volume.batch():  # one umask read for the end's writes
-            kept = job.rundir.enter(Stage.REPORT)  # state.json's chunk records: read once for the whole end
+            # read once for the whole end; no "report" stage first: an end cut after the report is ended
+            kept = job.rundir.chunk_records()  # when its file is claimed again (controller/serve/jobs.py)
             started = job.lease.started if job.lease else time.time()
             report = build_report(
                 job.plan, job.rundir, runs, self.image, started, fold=fold, spec=job.spec, state_chunks=kept
