@@ -33,8 +33,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import httpx
 import yaml
@@ -274,24 +275,19 @@ def bench(args: argparse.Namespace, workers: int, rate: float = 0.0) -> dict[str
         return {"workers": workers, "offered": rate, "rate": accepted / wall, "p50": p50, "p99": p99, "cpu_ms": cpu_ms}
 
 
-def worker_counts(text: str) -> list[int]:
-    try:
-        counts = [int(n) for n in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be worker counts like 2 or 1,2, got {text!r}") from None
-    if not counts or any(not 1 <= n <= 16 for n in counts):
-        raise argparse.ArgumentTypeError(f"each worker count is 1..16, got {text!r}")
-    return counts
+def number_list(kind: type[int] | type[float], low: float, high: float, what: str) -> Callable[[str], list[Any]]:
+    """An argparse type: comma-separated numbers of ``kind``, each within low..high (``what`` names them)."""
 
+    def parse(text: str) -> list[Any]:
+        try:
+            values = [kind(n) for n in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what} separated by commas, got {text!r}") from None
+        if not values or any(not low <= v <= high for v in values):
+            raise argparse.ArgumentTypeError(f"each of the {what} is {low:g}..{high:g}, got {text!r}")
+        return values
 
-def rates(text: str) -> list[float]:
-    try:
-        values = [float(n) for n in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be rates like 10 or 0,10, got {text!r}") from None
-    if not values or any(not 0 <= v <= 10_000 for v in values):
-        raise argparse.ArgumentTypeError(f"each rate is 0..10000 jobs/s (0: as fast as the clients go), got {text!r}")
-    return values
+    return parse
 
 
 def main() -> int:
@@ -302,11 +298,12 @@ def main() -> int:
     parser.add_argument("--strace", action="store_true", help="count the API's volume syscalls per request")
     parser.add_argument("--upload", action="store_true", help="post each job's two photos as a multipart upload")
     parser.add_argument(
-        "--workers", type=worker_counts, default=[1], metavar="N[,M…]",
+        "--workers", type=number_list(int, 1, 16, "worker counts"), default=[1], metavar="N[,M…]",
         help="the API's worker processes (ffswarm api --workers); several: one run each, side by side",
     )  # fmt: skip
     parser.add_argument(
-        "--rate", type=rates, default=[0.0], metavar="R[,S…]",
+        "--rate", type=number_list(float, 0, 10_000, "rates in jobs/s (0: as fast as the clients go)"),
+        default=[0.0], metavar="R[,S…]",
         help="jobs offered per second (0: as fast as the clients go); several: one run each, side by side "
         "(the API's CPU per request at a trickle against a burst)",
     )  # fmt: skip
