@@ -325,12 +325,13 @@ class Volume:
                 where = "/".join(parts[:n])
                 last = n == len(parts)
                 try:
-                    sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
-                    new = False
-                except FileNotFoundError:
-                    final = (mode if exact else self._masked(mode)) if last else self._masked(DIR_MODE)
-                    sub, new = _make_dir(fd, name, owner, final, where)
-                except OSError as e:
+                    try:
+                        sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                        new = False
+                    except FileNotFoundError:
+                        final = (mode if exact else self._masked(mode)) if last else self._masked(DIR_MODE)
+                        sub, new = _make_dir(fd, name, owner, final, where)
+                except OSError as e:  # a link where the folder is (found, or made meanwhile): named
                     raise self._refuse(where, e, "creating a folder") from None
                 os.close(fd)
                 fd = sub
