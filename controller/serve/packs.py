@@ -226,8 +226,7 @@ class PackRun:
         why = lambda missing: self._why(job, chunks or {}, missing)  # noqa: E731
         runs = ended_runs(own, lambda i: fold.result(i) is not None, cancelled, why)
         with job.rundir.volume.batch():  # one umask read for the end's writes
-            # read once for the whole end; no "report" stage first: an end cut after the report is ended
-            kept = job.rundir.chunk_records()  # when its file is claimed again (controller/serve/jobs.py)
+            kept = job.rundir.chunk_records()  # no "report" stage: an end cut after it is ended again (jobs.py)
             started = job.lease.started if job.lease else time.time()
             report = build_report(
                 job.plan, job.rundir, runs, self.image, started, fold=fold, spec=job.spec, state_chunks=kept
