@@ -548,7 +548,8 @@ def _rename_noreplace(dfd: int, src: str, dst: str) -> None:
         err = ctypes.get_errno()
         if err not in (errno.EINVAL, errno.ENOSYS, errno.EPERM):  # EPERM: a seccomp profile without it
             raise OSError(err, os.strerror(err), dst)
-        _renameat2_works = False
+        if err != errno.EPERM:  # the filesystem or kernel lacks it: for good (EPERM may be this folder's)
+            _renameat2_works = False
     try:
         os.lstat(dst, dir_fd=dfd)
     except FileNotFoundError:
