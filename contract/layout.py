@@ -58,10 +58,11 @@ from contract.paths import CONTAINER_DATA_ROOT
 P = TypeVar("P", bound=PurePath)
 
 RUNS = "runs"  # under the data root: one folder per job id
-TENANT_RUNS = ".tenants"  # under runs/: a folder per tenant key holding its packs' run folders (a dot: never a job id)
+TENANT_RUNS = ".tenants"  # under runs/: a folder per tenant key holding its runs' folders (a dot: never a job id)
 PACK_PREFIX = "pack-"  # `serve`'s packs' ids: no other job's id starts so (controller/run/jobs.py)
 PACK_SUFFIX = 8  # lowercase base32 characters that end a pack's id
-TENANT_KEY = 10  # hex digits of sha256(tenant name) that stand for the tenant in its packs' ids and folder
+TENANT_KEY = 10  # hex digits of sha256(tenant name) that stand for the tenant in its runs' ids and folder
+TENANT_JOB_NAME = 21  # characters of an API job's name that its id keeps (the id is at most 40: service names)
 MODELS = "models"  # under the data root: one folder per model pack (contract/pack.py)
 INBOX = "inbox"  # under the data root: job files handed to `serve` (controller/serve/daemon.py)
 TENANTS = "tenants"  # under the data root: the API's tenants' areas, and their job records in .jobs/
@@ -93,6 +94,10 @@ JOINS = "joins.jsonl"
 REPORT = "report.json"
 
 _TENANT_PACK = re.compile(rf"{PACK_PREFIX}(?P<key>[0-9a-f]{{{TENANT_KEY}}})-[a-z2-7]{{{PACK_SUFFIX}}}")
+# an API job's: its last part is 18 characters, never 8 as in the ids the API gave before (name-<8 base32>)
+_TENANT_JOB = re.compile(
+    rf"[a-z0-9-]{{1,{TENANT_JOB_NAME}}}-(?P<key>[0-9a-f]{{{TENANT_KEY}}})[a-z2-7]{{{PACK_SUFFIX}}}"
+)
 _ATTEMPT_LOG = re.compile(r"(?P<chunk>[^./][^/]*)\.a(?P<attempt>[0-9]+)\.log")
 _RESULTS = re.compile(r"(?P<chunk>[a-z0-9][a-z0-9-]*)(?:\.a(?P<attempt>[0-9]{1,6}))?\.jsonl")
 
@@ -127,30 +132,38 @@ def pack_job_id(tenant: str | None, suffix: str) -> str:
     return f"{PACK_PREFIX}{suffix}" if tenant is None else f"{PACK_PREFIX}{tenant_key(tenant)}-{suffix}"
 
 
-def pack_tenant_key(job: str) -> str | None:
-    """The tenant key a tenant's pack's id carries (None: not a tenant's pack)."""
-    m = _TENANT_PACK.fullmatch(job)
+def tenant_job_id(tenant: str, name: str, suffix: str) -> str:
+    """An API job's id: ``<name>-<tenant key><suffix>`` (the name's first TENANT_JOB_NAME characters;
+    ``suffix``: PACK_SUFFIX lowercase base32 characters), so that its run folder is in its tenant's
+    folder of runs (run_rel), which the tenant's lanes see (controller/run/lanes.py)."""
+    return f"{name[:TENANT_JOB_NAME]}-{tenant_key(tenant)}{suffix}"
+
+
+def run_tenant_key(job: str) -> str | None:
+    """The tenant key a tenant's pack's or API job's id carries (None: neither; a CLI job, or an API
+    job whose id was given before ids carried the key)."""
+    m = _TENANT_PACK.fullmatch(job) or _TENANT_JOB.fullmatch(job)
     return None if m is None else m["key"]
 
 
 def may_own(job: str, tenant: str) -> bool:
-    """Whether run folder ``job``'s ``owner`` may name ``tenant``: a tenant's pack only its own
-    tenant, the one whose key its id carries; any other job any tenant (checked elsewhere). An
-    ``owner`` that fails this is never believed."""
-    key = pack_tenant_key(job)
+    """Whether run folder ``job``'s ``owner`` may name ``tenant``: a job whose id carries a tenant key
+    only that tenant; any other job any tenant (checked elsewhere). An ``owner`` that fails this is
+    never believed."""
+    key = run_tenant_key(job)
     return key is None or key == tenant_key(tenant)
 
 
 def tenant_runs_rel(tenant: str) -> PurePosixPath:
-    """The folder of a tenant's packs' run folders, relative to the data root (``runs/.tenants/<key>``):
-    all a lane of that tenant sees of runs/ (docs/operations.md#isolation)."""
+    """The folder of the run folders of a tenant's packs and API jobs, relative to the data root
+    (``runs/.tenants/<key>``): all a lane of that tenant sees of runs/ (docs/operations.md#isolation)."""
     return PurePosixPath(RUNS, TENANT_RUNS, tenant_key(tenant))
 
 
 def run_rel(job: str) -> PurePosixPath:
-    """A job's run folder relative to the data root: ``runs/<job>``, a tenant's pack's
-    ``runs/.tenants/<tenant key>/<job>``."""
-    key = pack_tenant_key(job)
+    """A job's run folder relative to the data root: ``runs/<job>``; one whose id carries a tenant
+    key (a tenant's pack's, an API job's) ``runs/.tenants/<tenant key>/<job>``."""
+    key = run_tenant_key(job)
     return PurePosixPath(RUNS, job) if key is None else PurePosixPath(RUNS, TENANT_RUNS, key, job)
 
 

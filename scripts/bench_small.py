@@ -11,6 +11,8 @@ steady rate, run by `ffswarm serve`, side by side in one run:
            runs it on the models it loaded (controller/run/lanes.py); lingering-burst: offered at 100/s;
   alone    M one-photo requests at the same rate, `serve` without packing: every request its own
            identity step and chunk service (the path before packing; M is small because it is slow).
+  alone-warm  as alone, with runners.linger 30s: every request its own job, its chunk handed to a
+           runner an earlier request of the tenant left warm (controller/run/lanes.py shares_lanes).
   packed-2t, lingering-2t  as packed and lingering, the requests alternating between two tenants:
            what keeping tenants apart costs (a pack and a lane hold one tenant's photos only).
 
@@ -62,7 +64,8 @@ from tests.fixtures import photos  # noqa: E402
 
 KEY = "bench-small-key"
 KEYS = (KEY, "bench-small-key-2")  # the first tenant's, the second's (the -2t phases)
-PHASES = ("ceiling", "packed", "packed-burst", "lingering", "lingering-burst", "alone", "packed-2t", "lingering-2t")
+PHASES = ("ceiling", "packed", "packed-burst", "lingering", "lingering-burst", "alone", "alone-warm", "packed-2t",
+          "lingering-2t")  # fmt: skip
 OPTIONS = {"providers": ["cpu"], "resources": {"gpus": 1, "gpu_kind": "GPU", "memory": "2g"}, "retries": 1}
 POOL = 40
 
@@ -132,12 +135,13 @@ class Bench:
         tenants = {t: {"api_keys_sha256": [hashlib.sha256(k.encode()).hexdigest()], "quota": quota}
                    for t, k in zip(self.tenants, KEYS, strict=True)}  # fmt: skip
         self.configs = {}
-        for name, packing in (
-            ("alone", None),
-            ("packed", {"max_items": 50, "window": "1s"}),
-            ("lingering", {"max_items": 50, "window": "1s", "linger": "30s"}),
+        for name, extra in (
+            ("alone", {}),
+            ("warm", {"runners": {"linger": "30s"}}),
+            ("packed", {"packing": {"max_items": 50, "window": "1s"}}),
+            ("lingering", {"packing": {"max_items": 50, "window": "1s", "linger": "30s"}}),
         ):
-            data = {**base, "tenants": tenants, **({"packing": packing} if packing else {})}
+            data = {**base, "tenants": tenants, **extra}
             self.configs[name] = tmp / f"{name}.yaml"
             self.configs[name].write_text(yaml.safe_dump(data))
         self.tmp = tmp
@@ -173,7 +177,7 @@ class Bench:
         its file, or an item or chunk failed) ends the bench: a failure is not a result."""
         if (self.root / "inbox" / "failed" / f"{job}.yaml").exists():
             raise SystemExit(f"request {job} failed: serve refused its job file (see serve's log: --logs)")
-        report = self.root / "runs" / job / "report.json"
+        report = self.root / run_rel(job) / "report.json"
         try:
             at = report.stat().st_mtime
         except FileNotFoundError:
@@ -219,7 +223,8 @@ class Bench:
         self, name: str, url: str, api: int, bodies: list[dict[str, Any]], rate: float, limit: float
     ) -> dict[str, float]:
         """One row: ``bodies`` offered at ``rate`` to the API (process ``api``) and run by a serve of its own."""
-        config = "packed" if name.startswith("packed") else "lingering" if name.startswith("lingering") else "alone"
+        config = next((c for c in ("packed", "lingering") if name.startswith(c)), "alone")
+        config = "warm" if name == "alone-warm" else config
         serve = self.start("serve", "--concurrent-jobs", str(self.concurrent_jobs), "--poll", "0.3", config=config)
         time.sleep(3)  # its heartbeat: the API hands jobs only to a live serve
         try:
@@ -244,8 +249,8 @@ class Bench:
         the service's creation (serve's log) to the runner's start, to its models loaded, to its
         end (the runner's attempt records), and to serve seeing it done. What a runner that stays up
         for the next pack (issue 18's packing.linger) could save is the first two."""
-        packs = {(self.root / "runs" / j / "packed").read_text().strip() for j in jobs
-                 if (self.root / "runs" / j / "packed").is_file()}  # fmt: skip
+        packs = {(self.root / run_rel(j) / "packed").read_text().strip() for j in jobs
+                 if (self.root / run_rel(j) / "packed").is_file()}  # fmt: skip
         created: dict[tuple[str, str], float] = {}
         seen: dict[tuple[str, str], float] = {}
         for line in serve_log.read_text().splitlines():
@@ -275,8 +280,8 @@ class Bench:
         for proc in self.procs:
             if proc.poll() is None:
                 proc.kill()
-        packs = {(self.root / "runs" / j / "packed").read_text().strip() for j in self.jobs
-                 if (self.root / "runs" / j / "packed").is_file()}  # fmt: skip
+        packs = {(self.root / run_rel(j) / "packed").read_text().strip() for j in self.jobs
+                 if (self.root / run_rel(j) / "packed").is_file()}  # fmt: skip
         for job in [*self.jobs, *packs]:
             shutil.rmtree(self.root / run_rel(job), ignore_errors=True)
             (self.root / "inbox" / "packs" / f"{job}.yaml").unlink(missing_ok=True)
@@ -296,7 +301,7 @@ def main() -> int:
     ap.add_argument("--config", type=Path, default=REPO / "ffswarm.yaml")
     ap.add_argument("--concurrent-jobs", type=int, default=4, help="serve's job slots (a GPU pack needs none)")
     ap.add_argument("--logs", type=Path, help="copy the api's and serves' logs into this folder at the end")
-    ap.add_argument("--phases", default=",".join(PHASES[:6]), help=f"which rows, of {','.join(PHASES)}")
+    ap.add_argument("--phases", default=",".join(PHASES[:7]), help=f"which rows, of {','.join(PHASES)}")
     a = ap.parse_args()
     phases = [p for p in a.phases.split(",") if p]
     if "ceiling" not in phases or any(p not in PHASES for p in phases):
@@ -335,6 +340,7 @@ def main() -> int:
                 "lingering": ([one(k) for k in range(n)], a.rate),
                 "lingering-burst": ([one(k) for k in range(n)], burst),
                 "alone": ([one(k) for k in range(a.alone)], a.rate),
+                "alone-warm": ([one(k) for k in range(a.alone)], a.rate),
                 # two tenants' requests, alternating: packs and lanes never mix them
                 "packed-2t": ([one(k, 2) for k in range(n)], a.rate),
                 "lingering-2t": ([one(k, 2) for k in range(n)], a.rate),

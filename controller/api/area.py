@@ -28,7 +28,7 @@ from base64 import b32encode
 from dataclasses import replace
 from pathlib import Path
 
-from contract.layout import TENANTS, DataRootLayout, RunLayout
+from contract.layout import TENANTS, DataRootLayout, RunLayout, tenant_job_id
 from controller import log
 from controller.job import access
 from controller.job.index import JobIndex
@@ -41,10 +41,11 @@ __all__ = ["JOB_ID", "Area", "JobRecord", "new_job_id", "run_owner"]
 _log = log.get(component="api")
 
 
-def new_job_id(name: str) -> str:
-    """``<name>-<8 lowercase base32>`` (40 random bits): unique across tenants in practice, and
-    checked against runs/, the inbox and every record before it is used."""
-    return f"{name}-{b32encode(secrets.token_bytes(5)).decode().lower()}"
+def new_job_id(tenant: str, name: str) -> str:
+    """``<name>-<tenant key><8 lowercase base32>`` (contract/layout.py tenant_job_id; 40 random bits):
+    its run folder is in the tenant's folder of runs, where the tenant's warm runners may take its
+    chunks. Checked against its run folder, the inbox and every record before it is used."""
+    return tenant_job_id(tenant, name, b32encode(secrets.token_bytes(5)).decode().lower())
 
 
 def run_owner(data_root: Path, job: str) -> str | None:
@@ -70,7 +71,7 @@ class Area:
         top = DataRootLayout.host(data_root)
         self.path = top.tenants / tenant
         self.records = top.records / tenant
-        self._taken = (str(top.runs), str(top.inbox), str(top.records))  # where a job id may be in use
+        self._taken = (str(top.inbox), str(top.records))  # where a job id may be in use, beside its run folder
         self.volume = Volume(data_root)
         self.index = JobIndex(self.volume, tenant)
         self._runners_said = False  # whether the log said once that the area's top is the runner's
@@ -119,8 +120,9 @@ class Area:
         return path.relative_to(self.path).as_posix()
 
     def id_taken(self, job: str) -> bool:
-        runs, inbox, recs = self._taken
-        names = [f"{runs}/{job}", f"{inbox}/{job}.yaml", f"{inbox}/{job}.yml", f"{inbox}/running/{job}.yaml"]
+        inbox, recs = self._taken
+        run = RunLayout.host(self.root, job).dir
+        names = [str(run), f"{inbox}/{job}.yaml", f"{inbox}/{job}.yml", f"{inbox}/running/{job}.yaml"]
         if any(os.path.lexists(p) for p in names):
             return True
         try:

@@ -62,7 +62,7 @@ _PAIR_PATH_KEYS = path_keys(Pair)
 def _name(data: Mapping[str, Any]) -> str:
     name = data.get("name", "job")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ApiError(422, "invalid_job", "must be 1 to 31 characters of a-z, 0-9 and - (the id adds 9)", field="name")
+        raise ApiError(422, "invalid_job", "must be 1 to 31 characters of a-z, 0-9 and - (ids keep 21)", field="name")
     if f"{name}-".startswith(PACK_PREFIX):  # the id would read as a pack's (contract/layout.py run_rel)
         why = f"must not be pack or start with {PACK_PREFIX!r}: those are packs' ids"
         raise ApiError(422, "invalid_job", why, field="name")
@@ -71,7 +71,7 @@ def _name(data: Mapping[str, Any]) -> str:
 
 def fresh_id(area: Area, name: str) -> str:
     for _ in range(20):
-        job = new_job_id(name)
+        job = new_job_id(area.tenant, name)
         if not area.id_taken(job):
             return job
     raise ApiError(503, "busy", "no free job id was found; try again", headers={"Retry-After": "1"})

@@ -26,11 +26,12 @@ from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 
 from contract.layout import RECORDS, TENANTS
+from controller.job.owners import JOB_ID
 from controller.volume import UnsafePath, Volume
 
 INDEX = ".index"
 BUILT = ".built"
-KEY = re.compile(r"(?P<day>\d{8})T(?P<hour>\d{2})\d{4}\.\d{6}Z_(?P<job>[a-z0-9-]{1,31}-[a-z2-7]{8})")
+KEY = re.compile(rf"(?P<day>\d{{8}})T(?P<hour>\d{{2}})\d{{4}}\.\d{{6}}Z_(?P<job>{JOB_ID.pattern})")
 _DAY = re.compile(r"\d{8}")
 _HOUR = re.compile(r"\d{2}")
 

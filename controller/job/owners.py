@@ -32,7 +32,8 @@ from pathlib import Path
 from contract.layout import RECORDS, TENANTS
 
 TENANT = re.compile(r"[a-z0-9-]{1,40}")
-JOB_ID = re.compile(r"[a-z0-9-]{1,31}-[a-z2-7]{8}")
+# an API job's id: <name>-<tenant key><8 base32> (contract/layout.py tenant_job_id), or an older <name>-<8 base32>
+JOB_ID = re.compile(r"[a-z0-9-]{1,21}-[0-9a-f]{10}[a-z2-7]{8}|[a-z0-9-]{1,31}-[a-z2-7]{8}")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 MAX_RECORD = 4096
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

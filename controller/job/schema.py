@@ -23,7 +23,7 @@ from controller.job.spec import JobSpec
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_ID = "urn:ffswarm:job-file:v1"
 _REPLACES_TYPE = ("anyOf", "oneOf", "const")  # a key's form that says the whole shape of its value
-_API_NAME = "^[a-z0-9-]{1,31}$"  # the API adds 9 characters to a name to make the job's id
+_API_NAME = "^[a-z0-9-]{1,31}$"  # the job's id keeps its first 21 characters (contract/layout.py tenant_job_id)
 
 
 def job_schema(*, request: bool = False, ref_template: str = "#/$defs/{name}") -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from contract.identity import IdentityResult
 from contract.identity_table import identity_id
-from contract.layout import PACK_PREFIX, RunLayout, may_own, pack_tenant_key, tenant_runs_rel
+from contract.layout import PACK_PREFIX, RunLayout, may_own, run_tenant_key, tenant_runs_rel
 from contract.s3 import S3Url, StorageAccess, is_s3
 from controller import policy as admission
 from controller.config import Config
@@ -118,8 +118,9 @@ def _prepare_one(
     webhooks = None if tenant is None else config.webhooks(tenant)
     admission.check_job(config.policy, spec, str(file), webhooks)  # nothing is looked at before the policy agrees
     job_id = next_job_id(config.data_root, spec.name, new)
-    if job_id.startswith(PACK_PREFIX):  # its run folder would be taken for a pack's (contract/layout.py)
-        why = f"{spec.name!r} starts with {PACK_PREFIX!r}, which only serve's packs' ids do"
+    if job_id.startswith(PACK_PREFIX) or (tenant is None and run_tenant_key(job_id) is not None):
+        # its run folder would be a pack's, or a tenant's while no tenant's record names this file (run_rel)
+        why = f"{spec.name!r} has the shape of an id that only serve's packs and the API's jobs have"
         raise JobFileError(str(file), "name", why)
     check_same_job(config, job_id, file)
     limit = config.policy.limits.targets
@@ -144,7 +145,8 @@ def _prepare_one(
         targets = [dataclasses.replace(r, identity=p) for r, p in zip(targets, people, strict=True)]
     admission.check_counts(config.policy, str(file), len(targets), sum(len(t.segments) for t in targets))
     plan = make_plan(job_id, targets, spec.chunk_size, parallel(spec), chunk_cap(config, spec, targets))
-    warm = lanes.warmth(config.runners.linger, spec, plan, tenant, parallel(spec))  # linger, people_in_chunks
+    shared = lanes.shares_lanes(job_id, plan, tenant)
+    warm = lanes.warmth(config.runners.linger, spec, plan, tenant, parallel(spec), shared)  # linger, people_in_chunks
     return PreparedJob(file, spec, resolved, plan, job_id, folders, tenant=tenant, commit_in_parts=parts, **warm)
 
 
@@ -265,25 +267,23 @@ def runner_settings(config: Config, job: PreparedJob, image: str) -> RunnerSetti
 def data_mounts(config: Config, job: PreparedJob) -> tuple[DataMount, ...]:
     """What of the data root the job's runners see: a CLI job the whole root, a tenant's job only
     its area (writable where its outputs go), its run folder and its model pack (tenant_mounts); a
-    tenant's pack that may run in a lane (``linger``) its area's ``out/`` writable and its tenant's
-    folder of packs' run folders in place of its own. A tenant's pack whose tenant is not known
-    (its ``owner`` not believed: run_tenant) is refused: its runners never see more than one
-    tenant's folders."""
+    tenant's pack or job that may run in a lane (``linger``, lanes.shares_lanes) its area's ``out/``
+    writable and its tenant's folder of run folders in place of its own. A job whose id carries a
+    tenant key but whose tenant is not known (its ``owner`` not believed: run_tenant) is refused: its
+    runners never see more than one tenant's folders."""
     if job.tenant is None:
-        if pack_tenant_key(job.job_id) is not None:
+        if run_tenant_key(job.job_id) is not None:
             where = RunLayout.relative(job.job_id).owner
-            raise UsageError(
-                f"pack {job.job_id}: {where} does not name the configured tenant whose key the pack's id "
-                "carries, so its runners are not started (docs/operations.md#isolation)"
-            )
+            why = "does not name the configured tenant whose key the job's id carries, so its runners are not started"
+            raise UsageError(f"job {job.job_id}: {where} {why} (docs/operations.md#isolation)")
         return WHOLE_ROOT
     outputs = {posixpath.dirname(i.output) for i in job.plan.items if not is_s3(i.output)}
-    lane = job.linger > 0 and pack_tenant_key(job.job_id) is not None  # a pack's lane takes later packs
+    lane = job.linger > 0 and lanes.shares_lanes(job.job_id, job.plan, job.tenant)  # takes later jobs' chunks
     return tenant_mounts(
         area_rel(job.tenant),
         str(RunLayout.relative(job.job_id).dir),
         f"models/{job.spec.models}",
-        outputs | {outputs_rel(job.tenant)} if lane else outputs,  # a lane's later packs write under out/
+        outputs | {outputs_rel(job.tenant)} if lane else outputs,  # a lane's later chunks write under out/
         runs=str(tenant_runs_rel(job.tenant)) if lane else "",
     )
 
@@ -353,7 +353,7 @@ def start_run(config: Config, job: PreparedJob, image: str) -> RunDir:
     if (new := not rundir.exists()) or rundir.made_for_pack():  # made for a pack, run alone now (serve/unmade.py)
         assert job.resolved is not None
         rundir.make_dirs()
-        if job.tenant is not None and pack_tenant_key(job.job_id) is not None:  # its id carries only a key
+        if job.tenant is not None and run_tenant_key(job.job_id) is not None:  # its id carries only a key
             write_owner(rundir, job.tenant)  # before plan.json: a complete pack's folder names its tenant
         request = identity.request_for(config, job.spec, job.resolved, job.job_id, job.tenant)
         identity.prepare(rundir, request, step=not job.people_in_chunks)

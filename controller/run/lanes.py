@@ -16,11 +16,14 @@ only the controller writes there). Three kinds, one mechanism (`Lanes`, `LaneLau
   — same job, same mounts, same settings, so nothing is widened. They are listed under the job's own
   label with the role ``job-lane``: the job's supervisor removes them when its run ends, and a later
   run of the job (resume, retry) removes any an earlier controller left, never adopting one.
-- A **pack's lanes** (``packing.linger``, built by `serve`; lane_allowed decides which pack may use
-  one): a one-chunk pack's lane waits for the next pack of the same kind (its key
-  includes the tenant: no lane ever runs two tenants' photos). Such a lane has a job label and the
-  role ``lane`` of its own, so no job's supervisor adopts or removes it; `serve` removes it when it
-  has expired, at its stop, and at its start (a lane an earlier `serve` left).
+- `serve`'s lanes (``packing.linger`` for packs, ``runners.linger`` for jobs; one pool, its GPUs
+  counted once): a one-chunk pack's lane waits for the next pack of the same kind (its key includes
+  the tenant: no lane ever runs two tenants' photos; lane_allowed decides which pack may use one),
+  and a job's (`shares_lanes`: an inbox job, or a tenant's API job whose run folder is in its
+  tenant's folder of runs and whose outputs go under ``<area>/out``) for the next chunk of any job
+  of its kind (`lane_key`: the same service, so the same tenant's mounts). Such a lane has a job
+  label and the role ``lane`` of its own, so no job's supervisor adopts or removes it; `serve`
+  removes it when it has expired, at its stop, and at its start (a lane an earlier `serve` left).
 
 Only a lane's service says ``FFSWARM_LANE=1`` to its runner: a chunk whose manifest names a hand-off
 file but that runs in a fresh service (a retry, a resumed job) exits after its chunk as always.
@@ -47,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from contract.handoff import ENV_LANE, Handoff
-from contract.layout import RunLayout
+from contract.layout import RunLayout, run_tenant_key
 from contract.manifest import FaceSelection
 from contract.s3 import is_s3
 from controller import log
@@ -146,8 +149,10 @@ class Lanes:
                     return lane
         return None
 
-    def give_back(self, lane: Lane) -> None:
-        lane.free_until = self.clock() + self.linger
+    def give_back(self, lane: Lane, linger: float | None = None) -> None:
+        """A lane whose chunk ended with its items recorded: idle, its runner waiting ``linger``
+        seconds (what its chunk's manifest said; None: the pool's) for the next chunk."""
+        lane.free_until = self.clock() + (self.linger if linger is None else linger)
         with self._lock:
             self._busy = max(self._busy - 1, 0)
             self._idle.append(lane)
@@ -236,7 +241,8 @@ class LaneLauncher:
     """A job's (or a pack's) attempts (controller/run/launch.py): each chunk's first attempt handed to
     an idle lane of its kind, or to a lane started for it; a fresh service of its own when no lane can
     be had, and for every later attempt (the supervisor drops a lane that failed its attempt).
-    ``owned``: the lanes are the job's own, retired when its run ends (close)."""
+    ``owned``: the lanes are the job's own, retired when its run ends (close). ``linger``: how long
+    its runners wait after a chunk (its manifests'; None: the pool's)."""
 
     lanes: Lanes
     key: str  # what its runner loads (packing.pack_key): only a lane of this kind takes it
@@ -246,6 +252,7 @@ class LaneLauncher:
     max_age: float  # the pack's chunk timeout: no lane older than that is used
     wait: float  # how long to wait for an idle lane while every GPU is held by lanes
     owned: bool = False
+    linger: float | None = None
     _taken: dict[str, Lane] = field(default_factory=dict)  # service -> the lane running an attempt
     _tried: set[str] = field(default_factory=set)  # chunks already given to a lane
 
@@ -277,7 +284,7 @@ class LaneLauncher:
             return
         log.get(job=self.rundir.job, component="lanes").info("lane_chunk", service=lane.service, ok=reusable)
         if reusable:
-            self.lanes.give_back(lane)
+            self.lanes.give_back(lane, self.linger)
         else:
             self.lanes.drop(lane)
 
@@ -312,17 +319,33 @@ def own_lanes(linger: float, max_age: float) -> LaunchFactory:
     return make
 
 
-def warmth(linger: float, spec: JobSpec, plan: Plan, tenant: str | None, width: int) -> dict[str, Any]:
+def warmth(linger: float, spec: JobSpec, plan: Plan, tenant: str | None, width: int, shared: bool) -> dict[str, Any]:
     """What a job prepared with ``runners.linger`` gets (PreparedJob's ``linger``, ``people_in_chunks``):
-    a CLI job's runners may take its next chunks and the chunks of the jobs after it (one `submit`'s:
-    `shared_lanes`), so each of its chunks embeds its own source photos after its models load, as a
+    a job whose runners may take the chunks of later jobs of its kind (``shared``: shares_lanes — a
+    `submit`'s or `serve`'s lanes) embeds its source photos in each chunk after its models load, as a
     pack's do — a warm runner then starts on its first photo at once, no identity step's container to
-    wait for — unless a reference photo is to be embedded too. A tenant's job (mounts of its own) has
-    warm runners only for a next chunk of its own: when it has more chunks than it runs at once."""
-    if linger <= 0 or (tenant is not None and len(plan.chunks) <= width):
+    wait for — unless a reference photo is to be embedded too. Any other tenant's job (mounts of its
+    own) has warm runners only for a next chunk of its own: when it has more chunks than it runs at once."""
+    if linger <= 0 or (not shared and len(plan.chunks) <= width):
         return {}
-    own = tenant is not None or spec.reference is not None or spec.faces is FaceSelection.REFERENCE
+    own = not shared or spec.reference is not None or spec.faces is FaceSelection.REFERENCE
     return {"linger": linger, "people_in_chunks": not own}
+
+
+def writes_in_out(plan: Plan, tenant: str | None) -> bool:
+    """Whether every output of a tenant's job goes under ``<area>/out`` (or to ``s3://``), the one
+    folder of its area a lane mounts writable (a CLI job's lane mounts the data root)."""
+    out = "" if tenant is None else outputs_rel(tenant) + "/"
+    return all(is_s3(i.output) or i.output.startswith(out) for i in plan.items)
+
+
+def shares_lanes(job: str, plan: Plan, tenant: str | None) -> bool:
+    """Whether a job's chunks may run in lanes that run other jobs' chunks too (a `submit`'s, `serve`'s):
+    a CLI job (its runners see the data root), or a tenant's job whose run folder is in its tenant's
+    folder of runs (its id carries the tenant key: an API job's, a pack's) and that writes only under
+    ``<area>/out`` (writes_in_out) — what a lane of its tenant mounts (controller/run/jobs.py
+    data_mounts), so a lane never sees another tenant's folders."""
+    return tenant is None or (run_tenant_key(job) is not None and writes_in_out(plan, tenant))
 
 
 def lane_key(settings: RunnerSettings) -> str:
@@ -345,12 +368,12 @@ def shared_lanes(swarm: LaneSwarm, linger: float) -> Lanes:
     return Lanes(lambda: swarm, linger, capacity=lambda: total, owner=owner, role=ROLE_SHARED_LANE)
 
 
-def in_shared(lanes: Lanes, max_age: float, wait: float) -> LaunchFactory:
-    """A CLI job's attempts handed to `submit`'s shared lanes of its kind, or to new ones."""
+def in_shared(lanes: Lanes, max_age: float, wait: float, linger: float | None = None) -> LaunchFactory:
+    """A job's attempts handed to shared lanes of its kind (a `submit`'s, `serve`'s), or to new ones."""
 
     def make(backend: SwarmBackend, rundir: RunDir, settings: RunnerSettings) -> Launcher:
         fresh = FreshLauncher(backend, settings)
-        return LaneLauncher(lanes, lane_key(settings), rundir, settings, fresh, max_age, wait)
+        return LaneLauncher(lanes, lane_key(settings), rundir, settings, fresh, max_age, wait, linger=linger)
 
     return make
 
@@ -362,12 +385,8 @@ def lane_allowed(plan: Plan, tenant: str | None) -> bool:
     unknown when its service is made; so of a tenant's area it mounts only ``<area>/out`` writable
     (controller/run/jobs.py data_mounts), and a tenant's pack that writes anywhere else in its area
     (a job file may name any folder there) never goes to a lane: it runs in a service of its own that
-    mounts exactly its folders. ``s3://`` outputs need no mount. A CLI jobs' pack's lane mounts the
-    data root, as its runners do."""
-    if len(plan.chunks) != 1:
-        return False
-    out = "" if tenant is None else outputs_rel(tenant) + "/"
-    return all(is_s3(i.output) or i.output.startswith(out) for i in plan.items)
+    mounts exactly its folders (writes_in_out). A CLI jobs' pack's lane mounts the data root."""
+    return len(plan.chunks) == 1 and writes_in_out(plan, tenant)
 
 
 def remove_left(swarm: LaneSwarm, live: set[str]) -> int:

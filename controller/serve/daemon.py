@@ -116,12 +116,11 @@ class Server:
         self.book = ShareBook(self.gpus)
         # Small jobs packed into shared chunk services (controller/serve/packing.py), read ahead of the slots
         self.packer = Packer(config.packing, config.image, gpus=self.gpus) if config.packing.on else None
-        # packing.linger: packs' chunk services wait for the next pack (controller/run/lanes.py)
-        linger = config.packing.linger if self.packer else 0.0
+        # lanes (controller/run/lanes.py): packs' chunk services wait for the next pack (packing.linger),
+        # jobs' for the next chunk of a job of their kind (runners.linger); one pool holds both
+        linger = (config.packing.linger if self.packer else 0.0) or config.runners.linger
         self.lanes: Lanes | None = None
         self.slots = threading.Semaphore(concurrent_jobs) if self.packer else None
-        running = Running(self.book, self.packer, self.slots, self.gpus)
-        self.run = run or functools.partial(run_job_file, running=running)
         self.retry_after = retry_after
         self.stop = threading.Event()
         # set when a job or pack thread ends, or a pack's GPUs come free: the loop takes the next
@@ -136,6 +135,8 @@ class Server:
             swarm = functools.partial(DockerSwarm, config.docker_host)
             live = functools.partial(live_owners, inbox.path)
             self.lanes = Lanes(swarm, linger, capacity=self.book.total, owner=self.heartbeat.path.stem, live=live)
+        running = Running(self.book, self.packer, self.slots, self.gpus, self.lanes)
+        self.run = run or functools.partial(run_job_file, running=running)
         self.retention = Retention(config)  # tenants.<t>.retention: old finished jobs deleted (at most once a minute)
         # webhook deliveries still pending (this serve's, an earlier one's, a CLI job's): sent on their schedule
         self.deliverer = webhooks.deliverer(config)

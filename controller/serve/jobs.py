@@ -26,8 +26,9 @@ from controller.job.claims import Claimed
 from controller.job.paths import relative_text
 from controller.redact import printable
 from controller.run import job_lease, usecase
-from controller.run.jobs import open_run, owner, write_owner
-from controller.run.lanes import Lanes
+from controller.run.jobs import PreparedJob, open_run, owner, write_owner
+from controller.run.lanes import Lanes, in_shared, shares_lanes
+from controller.run.launch import LaunchFactory
 from controller.run.metrics import Metrics
 from controller.run.packed import pack_of
 from controller.run.report import Report, summary
@@ -64,13 +65,14 @@ FULL = "the shared volume is full: the job waits in the inbox and goes on once t
 
 @dataclass(frozen=True)
 class Running:
-    """What `serve` lends a job file's run: the GPU share book, the packer (None: packing off) and
-    the job slots (a job that cannot pack takes one, or waits in the inbox)."""
+    """What `serve` lends a job file's run: the GPU share book, the packer (None: packing off), the
+    job slots (a job that cannot pack takes one, or waits in the inbox) and the lanes."""
 
     book: ShareBook | None = None
     packer: Packer | None = None
     slots: threading.Semaphore | None = None
     gpus: SwarmGpus | None = None  # the swarm's nodes, as `auto` chunking asks for them
+    lanes: Lanes | None = None  # warm runners shared by jobs of a kind (runners.linger: lanes.shares_lanes)
 
 
 SLOT_WAIT_SECONDS = 2.0  # a job that cannot pack, while every job slot is busy, waits this long
@@ -187,7 +189,7 @@ def _run_job_file(config: Config, path: Path, metrics: Metrics, running: Running
         if tenant is not None:
             sinks.insert(0, record_owner(tenant))
         share = join_book(config, running.book, job.job_id, tenant, job.spec.resources.gpus)
-        report = usecase.run(config, backend, job, sinks, share=share)
+        report = usecase.run(config, backend, job, sinks, share=share, launch=_in_lanes(config, job, running.lanes))
     except (CapacityError, StorageTemporaryError) as e:  # the swarm or the object store, not now: it waits
         return Outcome(False, f"{kind(e)} (exit {e.exit_code}): {e}", retry=True)
     except Claimed as e:  # its outputs' claims may be a half-made pack's, made for this very job
@@ -209,6 +211,14 @@ def _run_job_file(config: Config, path: Path, metrics: Metrics, running: Running
         if slot and running.slots is not None:
             running.slots.release()
     return report_outcome(report)
+
+
+def _in_lanes(config: Config, job: PreparedJob, pool: Lanes | None) -> LaunchFactory | None:
+    """A job's chunks handed to `serve`'s warm runners of its kind and tenant (controller/run/lanes.py
+    shares_lanes: prepared with ``linger`` so); None: its own lanes or fresh services (usecase)."""
+    if pool is None or job.linger <= 0 or not shares_lanes(job.job_id, job.plan, job.tenant):
+        return None
+    return in_shared(pool, float(job.spec.timeout), float(config.schedule_timeout), job.linger)
 
 
 def _packed_again(config: Config, rundir: RunDir, pack: str, metrics: Metrics) -> Outcome:

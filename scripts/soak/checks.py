@@ -116,7 +116,7 @@ def load(root: Path, name: str, s3: Any = None) -> bytes | None:
 
 
 def _runs(root: Path) -> Iterator[Path]:
-    """Every run folder: runs/<job>/, and each tenant's packs' runs/.tenants/<key>/<pack>/."""
+    """Every run folder: runs/<job>/, and each tenant's packs' and API jobs' runs/.tenants/<key>/<job>/."""
     yield from _folders(root / "runs")
     for tenant in _folders(root / "runs" / TENANT_RUNS):
         yield from _folders(tenant)

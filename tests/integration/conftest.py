@@ -30,7 +30,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from contract.layout import tenant_runs_rel
+from contract.layout import run_rel, tenant_runs_rel
 from controller.config import Config, load_config
 from controller.run.handover import serving
 from controller.swarm.docker import DockerSwarm
@@ -257,7 +257,7 @@ def tenants(workspace: Workspace) -> Iterator[Tenants]:
     for name in (t.a, t.b):
         shutil.rmtree(root / "tenants" / name, ignore_errors=True)
         shutil.rmtree(root / "tenants" / ".jobs" / name, ignore_errors=True)
-        shutil.rmtree(root / tenant_runs_rel(name), ignore_errors=True)  # its packs' run folders
+        shutil.rmtree(root / tenant_runs_rel(name), ignore_errors=True)  # its packs' and API jobs' run folders
 
 
 @pytest.fixture
@@ -339,6 +339,6 @@ def api(
                 swarm.remove_service(svc["ID"])
             for c in swarm.client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job}"}):
                 remove_container(c)
-            shutil.rmtree(workspace.root / "runs" / job, ignore_errors=True)
+            shutil.rmtree(workspace.root / run_rel(job), ignore_errors=True)
             for p in inbox.glob(f"**/{job}.yaml*"):
                 p.unlink(missing_ok=True)

@@ -14,6 +14,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
+from contract.layout import run_rel
 from tests.fixtures import photos
 from tests.integration.conftest import Api, Tenants, Workspace
 
@@ -100,7 +101,7 @@ def test_a_tenants_zip_runs_end_to_end_and_only_that_tenant_sees_it(
         assert report["job"] == job
         assert [j["job"] for j in c.get("/v1/jobs").json()["jobs"]] == [job]
         results = c.get(f"/v1/jobs/{job}/results.zip")
-    assert (ws.root / "runs" / job / "owner").read_text() == f"{tenants.a}\n"  # serve recorded the owner
+    assert (ws.root / run_rel(job) / "owner").read_text() == f"{tenants.a}\n"  # serve recorded the owner
 
     # results.zip: exactly one output per photo with a face, each a swapped photo (not the input)
     assert results.status_code == 200 and results.headers["content-type"] == "application/zip"

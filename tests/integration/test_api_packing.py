@@ -126,7 +126,7 @@ def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: s
             break
         assert time.monotonic() < deadline, (phases, api.log.read_text()[-3000:])
         time.sleep(0.5)
-    packs |= {(ws.root / "runs" / job / "packed").read_text().strip() for job in jobs}
+    packs |= {(ws.root / run_rel(job) / "packed").read_text().strip() for job in jobs}
     assert all(p == "finished" for p in phases.values()), phases
     assert 1 <= len(seen) <= 4, f"{len(seen)} chunk services: {sorted(seen)}"
     by_tenant: dict[str, set[str]] = {}
@@ -155,7 +155,7 @@ def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: s
             assert results.status_code == 200 and zipfile.ZipFile(io.BytesIO(results.content)).namelist() == []
             continue
         assert row["items"]["ok"] == 1 and row["items"]["failed"] == 0, (job, row)
-        own = ws.root / "runs" / job / "results"  # read through its pack: nothing copied into the job's folder
+        own = ws.root / run_rel(job) / "results"  # read through its pack: nothing copied into the job's folder
         assert not own.is_dir() or not any(p.stat().st_size for p in own.iterdir()), sorted(own.iterdir())
         assert item["output"] == f"tenants/{tenant}/out/{job}/{Path(body['targets'][0]).name}", item
         with zipfile.ZipFile(io.BytesIO(results.content)) as zf:
@@ -164,4 +164,4 @@ def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: s
         assert (ws.root / item["output"]).read_bytes() == outputs[job]
     # jobs 0 and 1: the same target photo, different people: each got its own swap
     assert outputs[jobs[0]] != outputs[jobs[1]]
-    assert json.loads((ws.root / "runs" / jobs[0] / "report.json").read_text())["counts"]["ok"] == 1
+    assert json.loads((ws.root / run_rel(jobs[0]) / "report.json").read_text())["counts"]["ok"] == 1

@@ -128,7 +128,7 @@ def _run(ws: Workspace, tenants: Tenants, api: Api, swarm: DockerSwarm, packs: s
     seen: dict[str, set[str]] = {"lanes": set(), "runners": set()}
 
     def pack_of(job: str) -> str:
-        return (ws.root / "runs" / job / "packed").read_text().strip()
+        return (ws.root / run_rel(job) / "packed").read_text().strip()
 
     first = _round(tenants, api, swarm, 0, seen)
     second = _round(tenants, api, swarm, 1, seen, faceless=True)
@@ -206,7 +206,7 @@ def test_a_tenants_lane_mounts_only_its_area_its_packs_run_folders_and_the_model
         chown_tree(area, ws.config.runner_uid_gid())
         seen: dict[str, set[str]] = {"lanes": set(), "runners": set()}
         jobs = _round(tenants, api, swarm, 0, seen)
-        packs |= {(ws.root / "runs" / j / "packed").read_text().strip() for j in jobs}
+        packs |= {(ws.root / run_rel(j) / "packed").read_text().strip() for j in jobs}
         (pack,) = packs
         key = hashlib.sha256(tenants.a.encode()).hexdigest()[:10]  # docs/operations.md#isolation
         assert (ws.root / "runs" / ".tenants" / key / pack / "report.json").is_file()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ import jwt
 import pytest
 import yaml
 
+from contract.layout import run_rel, tenant_key
 from controller.api.submit import quick, rebased
 from controller.job.fence import MAX_OUTPUT_MOUNTS
 from controller.job.files import parse_job, parse_job_text
@@ -62,7 +64,9 @@ def test_a_json_job_is_accepted_and_its_inbox_file_is_a_valid_job_file(env: Env)
                                      "resources": {"gpus": 0}})  # fmt: skip
     assert r.status_code == 202, r.text
     job = r.json()["id"]
-    assert job.startswith("party-") and len(job) == len("party-") + 8
+    # the id carries the tenant's key: its run folder will be in the tenant's folder of runs
+    assert re.fullmatch(rf"party-{tenant_key('acme')}[a-z2-7]{{8}}", job), job
+    assert run_rel(job).as_posix() == f"runs/.tenants/{tenant_key('acme')}/{job}"
     assert r.json() == {"id": job, "status_url": f"/v1/jobs/{job}", "events_url": f"/v1/jobs/{job}/events"}
     text = env.inbox_file(job).read_text()
     spec = parse_job_text(text, "inbox")

@@ -220,11 +220,18 @@ def test_runners_linger_is_checked_and_named_and_which_jobs_get_warm_runners(tmp
     assert len(found["several"].plan.chunks) == 3 and len(found["one"].plan.chunks) == 1
     assert all(found[n].linger == 10.0 and found[n].people_in_chunks for n in ("several", "one"))
     assert found["ref"].linger == 10.0 and not found["ref"].people_in_chunks  # its reference photo: the identity step
-    # a tenant's job: warm runners only for a next chunk of its own; the identity step as always
-    several, one = found["several"], found["one"]
-    assert warmth(10.0, several.spec, several.plan, "acme", width=2) == {"linger": 10.0, "people_in_chunks": False}
-    assert warmth(10.0, several.spec, several.plan, "acme", width=3) == {}
-    assert warmth(10.0, one.spec, one.plan, "acme", width=1) == {} and warmth(0.0, one.spec, one.plan, None, 1) == {}
+    # a tenant's job that cannot share lanes (its run folder outside its tenant's folder of runs, or
+    # outputs outside out/): warm runners only for a next chunk of its own; the identity step as always
+    several, one, ref = found["several"], found["one"], found["ref"]
+    cold = {"linger": 10.0, "people_in_chunks": False}
+    assert warmth(10.0, several.spec, several.plan, "acme", width=2, shared=False) == cold
+    assert warmth(10.0, several.spec, several.plan, "acme", width=3, shared=False) == {}
+    assert warmth(10.0, one.spec, one.plan, "acme", width=1, shared=False) == {}
+    assert warmth(0.0, one.spec, one.plan, None, 1, shared=True) == {}
+    # one that can (an API job writing under out/): warm runners of its tenant's kind whatever its size,
+    # each chunk embedding its own source — unless a reference photo is to be embedded too
+    assert warmth(10.0, one.spec, one.plan, "acme", width=1, shared=True) == {"linger": 10.0, "people_in_chunks": True}
+    assert warmth(10.0, ref.spec, ref.plan, "acme", width=1, shared=True) == cold
 
 
 def test_a_submits_later_job_of_the_same_kind_runs_in_the_runners_an_earlier_one_left_warm(tmp_path: Path) -> None:

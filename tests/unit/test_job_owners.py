@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from contract.layout import tenant_key
 from controller.api import submit
 from controller.api.area import Area
 from controller.config import Config
@@ -18,10 +19,12 @@ from controller.errors import JobFileError
 from controller.job import owners
 from controller.job.fence import MAX_OUTPUT_MOUNTS
 from controller.run import usecase
-from controller.run.jobs import prepare
+from controller.run.jobs import PreparedJob, data_mounts, prepare, runner_settings
+from controller.run.lanes import lane_key, shares_lanes
 from controller.run.rundir import RunDir
 from controller.serve import daemon as serve
 from controller.serve.inbox import Inbox
+from controller.settings.runners import RunnersSettings
 from tests.builders import JPEG, beat, make_config
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand files to another uid")
@@ -55,12 +58,63 @@ def test_an_api_job_is_its_tenants_and_runs_inside_its_area_alone(tmp_path: Path
         f"tenants/acme/out/{job}/a.jpg",
         f"tenants/acme/out/{job}/b.jpg",
     ]
-    with pytest.raises(JobFileError) as e:  # the same file as a CLI job: tenants/ stays reserved
+    with pytest.raises(JobFileError) as e:  # the same file as a CLI job: its id is the API's …
         usecase.one_job(config, claimed)
+    assert e.value.field == "name" and "the API's jobs" in e.value.reason
+    renamed = claimed.with_name("renamed.yaml")
+    text = claimed.read_text()
+    assert f"name: {job}\n" in text
+    renamed.write_text(text.replace(f"name: {job}\n", "name: renamed\n"))
+    with pytest.raises(JobFileError) as e:  # … and, named otherwise, its outputs: tenants/ stays reserved
+        usecase.one_job(config, renamed)
     assert e.value.field == "output" and "tenants/" in e.value.reason
     with pytest.raises(JobFileError) as e:  # nor is it another tenant's
         usecase.one_job(config, claimed, tenant="globex")
     assert "outside the tenant's area tenants/globex/" in e.value.reason
+
+
+def test_a_tenants_api_jobs_of_one_kind_share_warm_runners_and_no_other_job_does(tmp_path: Path) -> None:
+    """With runners.linger, `serve` hands a tenant's API job that writes under out/ to the warm runners
+    of its kind (controller/run/lanes.py lane_key: the same chunk service but for the job's name), each
+    chunk embedding its own source; another tenant's job of the same kind, or one of acme's that writes
+    elsewhere in its area, never shares them: their services differ (another area; exact folders)."""
+    config = dataclasses.replace(make_config(tmp_path)[0], runners=RunnersSettings(linger=10.0))
+    beat(config)
+    inbox = Inbox(config.data_root / "inbox")
+
+    def handed(tenant: str, name: str, **extra: str) -> PreparedJob:
+        area = Area(config.data_root, tenant)
+        area.ensure(None)
+        for rel in ("faces/me.jpg", "crowd/a.jpg"):
+            (area.path / rel).parent.mkdir(parents=True, exist_ok=True)
+            (area.path / rel).write_bytes(JPEG)
+        data = {"name": name, "source": "faces/me.jpg", "targets": ["crowd/a.jpg"], "providers": ["cpu"], **extra}
+        job = submit.submit_json(config, config.tenants[tenant], area, data).job
+        inbox.ensure()
+        settled = time.time() - 10
+        os.utime(inbox.path / f"{job}.yaml", (settled, settled))
+        claimed = inbox.claim(inbox.path / f"{job}.yaml")
+        assert claimed is not None and serve.job_owner(config, claimed) == tenant
+        return usecase.one_job(config, claimed, tenant=tenant)
+
+    one, two, theirs = handed("acme", "one"), handed("acme", "two"), handed("globex", "one")
+    elsewhere = handed("acme", "own", output="elsewhere/{stem}{ext}")
+    assert all(shares_lanes(j.job_id, j.plan, j.tenant) for j in (one, two, theirs))
+    assert not shares_lanes(elsewhere.job_id, elsewhere.plan, elsewhere.tenant)
+    assert (one.linger, one.people_in_chunks, elsewhere.linger, elsewhere.people_in_chunks) == (10.0, True, 0.0, False)
+
+    def kind(job: PreparedJob) -> str:
+        return lane_key(runner_settings(config, job, "sha256:" + "1" * 64))
+
+    assert kind(one) == kind(two) and kind(theirs) != kind(one) and kind(elsewhere) != kind(one)
+    assert {m.rel: m.writable for m in data_mounts(config, two)} == {
+        "tenants/acme": False,
+        "tenants/acme/out": True,
+        f"runs/.tenants/{tenant_key('acme')}": True,  # every acme job's run folder, and nothing else of runs/
+        "models/default": False,
+    }
+    runs = config.data_root / "runs" / ".tenants" / tenant_key("acme")
+    assert RunDir(config.data_root, two.job_id).path.parent == runs
 
 
 def test_serve_records_the_owner_in_the_run_folder_as_the_controllers_file(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from contract.layout import run_rel
 from controller.api import submit
 from controller.api.area import Area
 from controller.cli import ops
@@ -88,16 +89,16 @@ def test_an_api_jobs_stack_mounts_only_its_tenants_folders(tmp_path: Path) -> No
         } == {
             ("bind", f"{root}/tenants/acme", "/data/tenants/acme", True),
             ("bind", f"{root}/tenants/acme/out/{job}", f"/data/tenants/acme/out/{job}", False),
-            ("bind", f"{root}/runs/{job}", f"/data/runs/{job}", False),
+            ("bind", f"{root}/{run_rel(job)}", f"/data/{run_rel(job)}", False),
             ("bind", f"{root}/models/default", "/data/models/default", True),
         }
 
 
 def refused_as_a_cli_job(config: Config, job: str) -> None:
     assert jobs.run_tenant(config, job) is None
-    with pytest.raises(JobFileError) as e:  # as before: a CLI job's outputs may not enter tenants/
+    with pytest.raises(JobFileError) as e:  # a CLI job may not have an id that puts its run folder in a tenant's
         render(config, job)
-    assert e.value.field == "output" and "tenants/" in e.value.reason
+    assert e.value.field == "name" and "the API's jobs" in e.value.reason
 
 
 def test_an_owner_file_naming_a_tenant_the_config_lacks_is_a_cli_job(tmp_path: Path) -> None:
@@ -147,8 +148,8 @@ def test_a_reopened_api_job_keeps_its_tenant_and_its_runners_narrow_view(tmp_pat
     assert {m.rel for m in jobs.data_mounts(config, prepared)} == {
         "tenants/acme",
         f"tenants/acme/out/{job}",
-        f"runs/{job}",
+        run_rel(job).as_posix(),
         "models/default",
     }
-    os.unlink(config.data_root / "runs" / job / "owner")  # no owner record: a CLI job, as before
+    os.unlink(config.data_root / run_rel(job) / "owner")  # no owner record: a CLI job, as before
     assert jobs.open_run(config, job)[0].tenant is None

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from PIL import Image
 
+from contract.layout import run_rel
 from contract.results import ItemResult, ItemStatus
 from contract.s3 import META_JOB, parse_credentials
 from controller.cli.ops import _api_service, _serve_secrets
@@ -102,7 +103,7 @@ def line(item: str, attempt: int, out: str | None, status: ItemStatus = ItemStat
 
 
 def write_run(root: Path, job: str, files: dict[str, str], **extra: str) -> Path:
-    run = root / "runs" / job
+    run = root / run_rel(job)
     (run / "results").mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         (run / "results" / name).write_text(text)
@@ -288,7 +289,7 @@ def test_a_job_service_or_container_left_in_the_swarm_is_named() -> None:
 
 
 def delivery(root: Path, job: str, did: str, kind: str = "job.finished", state: str = "delivered") -> None:
-    folder = root / "runs" / job / "deliveries"
+    folder = root / run_rel(job) / "deliveries"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{did}.json").write_text(json.dumps({"id": did, "job": job, "type": kind, "state": state}))
 

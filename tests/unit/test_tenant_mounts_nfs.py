@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from contract.layout import run_rel
 from controller.cli import ops
 from controller.config import Config, parse_config
 from controller.swarm.docker import service_mounts
@@ -52,7 +53,7 @@ def test_a_tenants_job_mounts_each_folder_as_a_volume_over_the_exports_sub_path(
         assert found == [
             volume("/data/tenants/acme", f":{EXPORT}/tenants/acme", True, names[0]),
             volume(f"/data/tenants/acme/out/{job}", f":{EXPORT}/tenants/acme/out/{job}", False, names[1]),
-            volume(f"/data/runs/{job}", f":{EXPORT}/runs/{job}", False, names[2]),
+            volume(f"/data/{run_rel(job)}", f":{EXPORT}/{run_rel(job)}", False, names[2]),
             volume("/data/models/default", f":{EXPORT}/models/default", True, names[3]),
         ]
         assert len(set(names)) == len(names) and config.volume.name not in names  # never the whole export

@@ -23,7 +23,7 @@ import yaml
 
 from contract.attempt import AttemptRecord
 from contract.handoff import Handoff
-from contract.layout import RunLayout, may_own, pack_job_id, pack_tenant_key, run_rel
+from contract.layout import RunLayout, may_own, pack_job_id, run_rel, run_tenant_key
 from contract.results import ItemResult, ItemStatus
 from controller import apiconfig
 from controller.api import submit
@@ -109,7 +109,7 @@ def test_a_packs_id_carries_its_tenants_key_and_so_its_run_folder() -> None:
     long = pack_job_id(LONG, "abcdefgh")  # any tenant name: the id stays 24 characters, a job id
     assert len(LONG) == 40 and len(long) == 24 and ID.fullmatch(long)
     assert run_rel(long).as_posix() == f"runs/.tenants/{key(LONG)}/{long}"
-    assert pack_tenant_key(acme) == key("acme") and pack_tenant_key("pack-abcdefgh") is None
+    assert run_tenant_key(acme) == key("acme") and run_tenant_key("pack-abcdefgh") is None
     assert run_rel(pack_job_id(None, "abcdefgh")).as_posix() == "runs/pack-abcdefgh"  # a CLI jobs' pack
     for job in ("holiday", "pack-abcdefgh", "pack-acme-abcdefgh", f"pack-{key('acme')}-abcdefg1", "acme-abcdefgh"):
         assert run_rel(job).as_posix() == f"runs/{job}", job
@@ -182,7 +182,7 @@ def test_a_pack_whose_owner_is_not_its_ids_tenant_is_never_run(tmp_path: Path, w
     else:
         pack.write_file(pack.layout.owner, written)  # as the controller writes it: only its content is wrong
     assert jobs.run_tenant(config, pack.job) is None
-    with pytest.raises(UsageError, match=f"pack {pack.job}: {RUNS}/{pack.job}/owner does not name"):
+    with pytest.raises(UsageError, match=f"job {pack.job}: {RUNS}/{pack.job}/owner does not name"):
         packs.resume(config, swarm, pack.job)
     assert swarm.created == []
     metrics = Metrics()  # nor is anything billed to the tenant it names

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from standardwebhooks.webhooks import Webhook
 
+from contract.layout import run_rel
 from controller.config import Config, parse_config
 from controller.job.settings import OnComplete
 from controller.run import status, webhooks
@@ -98,7 +99,7 @@ def test_a_job_serve_refuses_tells_its_webhook_once_with_the_reason(env: Env, re
         assert c.get(f"/v1/jobs/{job}/deliveries", headers={"Authorization": "Bearer x"}).status_code == 401
     with env.client("globex") as c:
         assert c.get(f"/v1/jobs/{job}/deliveries").status_code == 404
-    assert not (env.root / "runs" / job).exists()  # the deliveries live beside the owner record
+    assert not (env.root / run_rel(job)).exists()  # the deliveries live beside the owner record
 
 
 def test_a_serve_restarted_after_queueing_a_refusal_does_not_announce_it_again(env: Env, receiver: Receiver) -> None:
@@ -230,11 +231,11 @@ def test_a_job_refused_with_its_run_folder_half_made_tells_its_webhook_with_its_
     (the owner record says whose it is); it was judged by the cluster's policy and refused."""
     job = submit(env, on_complete={"webhook": receiver.url})
     claimed = claim(env.config, job)
-    (env.root / "runs" / job / "chunks").mkdir(parents=True)  # cut before its owner and plan
+    (env.root / run_rel(job) / "chunks").mkdir(parents=True)  # cut before its owner and plan
     refusals.announce(env.config, claimed, "MissingInputError (exit 66): faces/me.jpg is missing")
     clock = Clock()
     [made] = box(env.config, clock).deliveries(job)
-    assert (env.root / "runs" / job / "deliveries").is_dir()  # queued in the half-made folder
+    assert (env.root / run_rel(job) / "deliveries").is_dir()  # queued in the half-made folder
     assert webhooks.deliverer(env.config, box(env.config, clock)).run_due() == 1
     [event] = verified(receiver)  # acme's own key
     assert event["type"] == "job.finished" and receiver.ids() == [made.id]
