@@ -17,13 +17,12 @@ only the controller writes there). Three kinds, one mechanism (`Lanes`, `LaneLau
   label with the role ``job-lane``: the job's supervisor removes them when its run ends, and a later
   run of the job (resume, retry) removes any an earlier controller left, never adopting one.
 - `serve`'s lanes (``packing.linger`` for packs, ``runners.linger`` for jobs; one pool, its GPUs
-  counted once): a one-chunk pack's lane waits for the next pack of the same kind (its key includes
-  the tenant: no lane ever runs two tenants' photos; lane_allowed decides which pack may use one),
-  and a job's (`shares_lanes`: an inbox job, or a tenant's API job whose run folder is in its
-  tenant's folder of runs and whose outputs go under ``<area>/out``) for the next chunk of any job
-  of its kind (`lane_key`: the same service, so the same tenant's mounts). Such a lane has a job
-  label and the role ``lane`` of its own, so no job's supervisor adopts or removes it; `serve`
-  removes it when it has expired, at its stop, and at its start (a lane an earlier `serve` left).
+  counted once): a one-chunk pack's chunk (lane_allowed) or a job's (`shares_lanes`: an inbox job,
+  or a tenant's API job whose run folder is in its tenant's folder of runs and whose outputs go
+  under ``<area>/out``) goes to an idle lane of its kind (`lane_key`: the same service, so the same
+  tenant's mounts — no lane ever runs two tenants' photos), whichever pack or job started it. Such a
+  lane has a job label and the role ``lane`` of its own, so no job's supervisor adopts or removes
+  it; `serve` removes it when it has expired, at its stop, and at its start (one an earlier `serve` left).
 
 Only a lane's service says ``FFSWARM_LANE=1`` to its runner: a chunk whose manifest names a hand-off
 file but that runs in a fresh service (a retry, a resumed job) exits after its chunk as always.
@@ -80,7 +79,7 @@ class LaneSwarm(SwarmBackend, Protocol):
 
 @dataclass
 class Lane:
-    key: str  # the kind of chunk it takes (a pack's pack_key, lane_key, or its job's id)
+    key: str  # the kind of chunk it takes (lane_key; a job's own lane: its job's id)
     service: str
     label: str  # its service's job label (lane-<job>-<chunk>; a job's own lane: the job's)
     home: RunDir  # the run folder that holds its hand-off file
@@ -245,7 +244,7 @@ class LaneLauncher:
     its runners wait after a chunk (its manifests'; None: the pool's)."""
 
     lanes: Lanes
-    key: str  # what its runner loads (packing.pack_key): only a lane of this kind takes it
+    key: str  # the kind of runner (lane_key; a job's own lanes: its id): only a lane of this kind takes it
     rundir: RunDir  # the pack's
     settings: RunnerSettings
     fresh: Launcher

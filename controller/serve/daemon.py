@@ -394,7 +394,7 @@ class Server:
             first = members[0].job.spec
             items = sum(len(m.job.plan.items) for m in members)
             widest = max(m.job.spec.max_concurrent for m in members)
-            parallel = width(items, first.resources.gpus, free, widest, lanes=self.lanes is not None)
+            parallel = width(items, first.resources.gpus, free, widest, lanes=self.config.packing.linger > 0)
             self.start_pack(members, parallel, slot)
         preparing = sum(1 for t in self._active.values() if t.name.startswith("job-") and t.is_alive())
         return min(PREPARE_AHEAD - preparing, self.packer.room() - preparing)

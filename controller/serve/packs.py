@@ -52,16 +52,14 @@ from controller.run.chunks import ChunkRun, ended_runs
 from controller.run.failures import ChunkState
 from controller.run.fold import Fold
 from controller.run.jobs import PreparedJob, open_run, owner, write_owner
-from controller.run.lanes import LaneLauncher, Lanes, lane_allowed
-from controller.run.launch import FreshLauncher, Launcher
+from controller.run.lanes import Lanes, in_shared, lane_allowed
 from controller.run.packed import PackView, own_items, read_members
 from controller.run.report import Report, build_report
 from controller.run.rundir import Control, RunDir, Stage
 from controller.run.usecase import SinkFactory
-from controller.serve.packing import Member, pack_key
+from controller.serve.packing import Member
 from controller.serve.shares import Share
 from controller.swarm.backend import SwarmBackend
-from controller.swarm.servicespec import RunnerSettings
 
 # Keys of a job file that are each job's own, never the pack's (``pack=OWN`` beside their fields)
 OWN_KEYS = frozenset(packed(JobSpec, Pack.OWN))
@@ -357,14 +355,9 @@ def start(
     the pack's GPUs to the next pack meanwhile); ``clock`` paces PackRun.watch."""
     prepared, runner = open_pack(config, backend, members, folder, parallel, clock)
 
-    def in_lanes(swarm: SwarmBackend, rundir: RunDir, settings: RunnerSettings) -> Launcher:
-        """A one-chunk pack's chunk handed to a lingering service (controller/run/lanes.py)."""
-        assert lanes is not None
-        key = pack_key(members[0].job, config.packing, config.image) or ""
-        timeout, schedule = float(prepared.spec.timeout), float(config.schedule_timeout)
-        return LaneLauncher(lanes, key, rundir, settings, FreshLauncher(swarm, settings), timeout, schedule)
-
-    launch = in_lanes if lanes is not None and prepared.linger > 0 else None  # build: lane_allowed
+    launch = None  # a one-chunk pack's chunk (build: lane_allowed) to a warm runner of its kind: a pack's or a job's
+    if lanes is not None and prepared.linger > 0:
+        launch = in_shared(lanes, float(prepared.spec.timeout), float(config.schedule_timeout), prepared.linger)
 
     def run_pack(on_round: Callable[[], None]) -> Report:
         try:

@@ -33,13 +33,13 @@ from controller.config import Config, parse_config
 from controller.errors import ConfigError, JobFileError, MissingInputError, UsageError
 from controller.job.plan import ID, Plan, TargetRef, make_plan
 from controller.run import deletion, jobs, status, usecase
-from controller.run.lanes import ROLE_LANE, Lanes, lane_allowed
+from controller.run.lanes import ROLE_LANE, Lanes, lane_allowed, lane_key
 from controller.run.metrics import Metrics
 from controller.run.packed import pack_of
 from controller.run.report import Report
 from controller.run.rundir import RunDir
 from controller.serve import packs
-from controller.serve.packing import Member, pack_key
+from controller.serve.packing import Member
 from controller.swarm.servicespec import LABEL_ATTEMPT, LABEL_ROLE, ROLE_RUNNER, DataMount, ServiceSpec
 from tests.builders import JPEG, make_config
 from tests.fakes import FakeSwarm
@@ -332,8 +332,9 @@ def test_a_tenants_pack_writing_under_its_out_folder_runs_in_a_lane_and_its_outp
     assert visible(spec.data_mounts) == {AREA: False, f"{AREA}/out": True, RUNS: True, MODELS: False}
     assert (config.data_root / AREA / "out/one/a.jpg").read_bytes() == b"swapped"
     assert (config.data_root / AREA / "out/two/b.jpg").read_bytes() == b"swapped"
-    key = pack_key(ms[0].job, config.packing, config.image)
-    assert key is not None and lanes.take(key, 600) is not None  # kept for the tenant's next pack
+    # kept for the tenant's next pack or job of its kind: one whose chunk service would be the lane's
+    again, _ = packs.build(config, ms, pack.job, tmp_path / "again", 1)
+    assert lanes.take(lane_key(jobs.runner_settings(config, again, spec.image)), 600) is not None
 
 
 def test_a_tenants_pack_writing_elsewhere_in_its_area_never_goes_to_a_lane_and_its_outputs_land(
