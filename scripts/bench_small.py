@@ -12,7 +12,7 @@ steady rate, run by `ffswarm serve`, side by side in one run:
   alone    M one-photo requests at the same rate, `serve` without packing: every request its own
            identity step and chunk service (the path before packing; M is small because it is slow).
   alone-warm  as alone, with runners.linger 30s: every request its own job, its chunk handed to a
-           runner an earlier request of the tenant left warm (controller/run/lanes.py shares_lanes).
+           runner an earlier request of the tenant left warm (controller/run/warmth.py shares_lanes).
   packed-2t, lingering-2t  as packed and lingering, the requests alternating between two tenants:
            what keeping tenants apart costs (a pack and a lane hold one tenant's photos only).
 

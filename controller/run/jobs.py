@@ -30,7 +30,7 @@ from controller.job.pack_checks import check_pack
 from controller.job.plan import AUTO_MAX_CHUNK, ID, ManifestSettings, Plan, TargetRef, chunk_manifests, make_plan
 from controller.job.resolve import ResolvedJob, resolve_job
 from controller.job.spec import JobSpec
-from controller.run import identity, lanes, stores, timings
+from controller.run import identity, stores, timings, warmth
 from controller.run.rundir import Control, RunDir, next_job_id
 from controller.settings.fields import FieldError
 from controller.swarm.backend import NodeSource, SwarmBackend
@@ -145,8 +145,8 @@ def _prepare_one(
         targets = [dataclasses.replace(r, identity=p) for r, p in zip(targets, people, strict=True)]
     admission.check_counts(config.policy, str(file), len(targets), sum(len(t.segments) for t in targets))
     plan = make_plan(job_id, targets, spec.chunk_size, parallel(spec), chunk_cap(config, spec, targets))
-    shared = lanes.shares_lanes(job_id, plan, tenant)
-    warm = lanes.warmth(config.runners.linger, spec, plan, tenant, parallel(spec), shared)  # linger, people_in_chunks
+    shared = warmth.shares_lanes(job_id, plan, tenant)
+    warm = warmth.warmth(config.runners.linger, spec, plan, tenant, parallel(spec), shared)  # linger, people_in_chunks
     return PreparedJob(file, spec, resolved, plan, job_id, folders, tenant=tenant, commit_in_parts=parts, **warm)
 
 
@@ -267,7 +267,7 @@ def runner_settings(config: Config, job: PreparedJob, image: str) -> RunnerSetti
 def data_mounts(config: Config, job: PreparedJob) -> tuple[DataMount, ...]:
     """What of the data root the job's runners see: a CLI job the whole root, a tenant's job only
     its area (writable where its outputs go), its run folder and its model pack (tenant_mounts); a
-    tenant's pack or job that may run in a lane (``linger``, lanes.shares_lanes) its area's ``out/``
+    tenant's pack or job that may run in a lane (``linger``, warmth.shares_lanes) its area's ``out/``
     writable and its tenant's folder of run folders in place of its own. A job whose id carries a
     tenant key but whose tenant is not known (its ``owner`` not believed: run_tenant) is refused: its
     runners never see more than one tenant's folders."""
@@ -278,7 +278,7 @@ def data_mounts(config: Config, job: PreparedJob) -> tuple[DataMount, ...]:
             raise UsageError(f"job {job.job_id}: {where} {why} (docs/operations.md#isolation)")
         return WHOLE_ROOT
     outputs = {posixpath.dirname(i.output) for i in job.plan.items if not is_s3(i.output)}
-    lane = job.linger > 0 and lanes.shares_lanes(job.job_id, job.plan, job.tenant)  # takes later jobs' chunks
+    lane = job.linger > 0 and warmth.shares_lanes(job.job_id, job.plan, job.tenant)  # takes later jobs' chunks
     return tenant_mounts(
         area_rel(job.tenant),
         str(RunLayout.relative(job.job_id).dir),

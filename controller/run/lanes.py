@@ -46,17 +46,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 from contract.handoff import ENV_LANE, Handoff
-from contract.layout import RunLayout, run_tenant_key
-from contract.manifest import FaceSelection
-from contract.s3 import is_s3
+from contract.layout import RunLayout
 from controller import log
 from controller.errors import EngineUnavailable, FfswarmError
-from controller.job.owners import outputs_rel
-from controller.job.plan import Plan
-from controller.job.spec import JobSpec
 from controller.run.launch import FreshLauncher, Launched, Launcher, LaunchFactory
 from controller.run.rundir import RunDir
 from controller.swarm.backend import SwarmBackend, clear_containers
@@ -155,6 +150,18 @@ class Lanes:
         with self._lock:
             self._busy = max(self._busy - 1, 0)
             self._idle.append(lane)
+
+    def make_room(self, gpus: int) -> None:
+        """A chunk service that is no lane is about to be made (FreshLauncher's ``room``): while lanes
+        hold the GPUs it needs, the idle lane whose runner stops waiting first is retired."""
+        total = self.capacity()
+        with self._lock:
+            full = total is not None and gpus > 0 and (len(self._idle) + self._busy + 1) * gpus > total
+            lane = min(self._idle, key=lambda x: x.free_until) if full and self._idle else None
+            if lane is not None:
+                self._idle.remove(lane)
+        if lane is not None:
+            self._retire(lane)
 
     def drop(self, lane: Lane | None) -> None:
         """A taken lane (or the room for one) that ran no chunk to its end: removed."""
@@ -318,35 +325,6 @@ def own_lanes(linger: float, max_age: float) -> LaunchFactory:
     return make
 
 
-def warmth(linger: float, spec: JobSpec, plan: Plan, tenant: str | None, width: int, shared: bool) -> dict[str, Any]:
-    """What a job prepared with ``runners.linger`` gets (PreparedJob's ``linger``, ``people_in_chunks``):
-    a job whose runners may take the chunks of later jobs of its kind (``shared``: shares_lanes — a
-    `submit`'s or `serve`'s lanes) embeds its source photos in each chunk after its models load, as a
-    pack's do — a warm runner then starts on its first photo at once, no identity step's container to
-    wait for — unless a reference photo is to be embedded too. Any other tenant's job (mounts of its
-    own) has warm runners only for a next chunk of its own: when it has more chunks than it runs at once."""
-    if linger <= 0 or (not shared and len(plan.chunks) <= width):
-        return {}
-    own = not shared or spec.reference is not None or spec.faces is FaceSelection.REFERENCE
-    return {"linger": linger, "people_in_chunks": not own}
-
-
-def writes_in_out(plan: Plan, tenant: str | None) -> bool:
-    """Whether every output of a tenant's job goes under ``<area>/out`` (or to ``s3://``), the one
-    folder of its area a lane mounts writable (a CLI job's lane mounts the data root)."""
-    out = "" if tenant is None else outputs_rel(tenant) + "/"
-    return all(is_s3(i.output) or i.output.startswith(out) for i in plan.items)
-
-
-def shares_lanes(job: str, plan: Plan, tenant: str | None) -> bool:
-    """Whether a job's chunks may run in lanes that run other jobs' chunks too (a `submit`'s, `serve`'s):
-    a CLI job (its runners see the data root), or a tenant's job whose run folder is in its tenant's
-    folder of runs (its id carries the tenant key: an API job's, a pack's) and that writes only under
-    ``<area>/out`` (writes_in_out) — what a lane of its tenant mounts (controller/run/jobs.py
-    data_mounts), so a lane never sees another tenant's folders."""
-    return tenant is None or (run_tenant_key(job) is not None and writes_in_out(plan, tenant))
-
-
 def lane_key(settings: RunnerSettings) -> str:
     """The kind of a lane shared by jobs: its service as any job of the kind would make it (image,
     command, mounts, user, resources, placement, secrets, networks), the job's name left out; what a
@@ -367,25 +345,20 @@ def shared_lanes(swarm: LaneSwarm, linger: float) -> Lanes:
     return Lanes(lambda: swarm, linger, capacity=lambda: total, owner=owner, role=ROLE_SHARED_LANE)
 
 
+def beside(lanes: Lanes) -> LaunchFactory:
+    """A job's (or a pack's) attempts in fresh services of their own, beside `serve`'s lanes: each made
+    after an idle lane that holds a GPU it needs is retired (Lanes.make_room)."""
+    return lambda backend, rundir, settings: FreshLauncher(backend, settings, lanes.make_room)
+
+
 def in_shared(lanes: Lanes, max_age: float, wait: float, linger: float | None = None) -> LaunchFactory:
     """A job's attempts handed to shared lanes of its kind (a `submit`'s, `serve`'s), or to new ones."""
 
     def make(backend: SwarmBackend, rundir: RunDir, settings: RunnerSettings) -> Launcher:
-        fresh = FreshLauncher(backend, settings)
+        fresh = FreshLauncher(backend, settings, lanes.make_room)
         return LaneLauncher(lanes, lane_key(settings), rundir, settings, fresh, max_age, wait, linger=linger)
 
     return make
-
-
-def lane_allowed(plan: Plan, tenant: str | None) -> bool:
-    """Whether a pack's chunk may run in a lane: the one place that decides (controller/serve/packs.py
-    build; its ``linger`` then says so to the launcher, the mounts and the manifests). A lane runs a
-    one-chunk pack, then the later packs of its tenant and kind it is handed, whose output folders are
-    unknown when its service is made; so of a tenant's area it mounts only ``<area>/out`` writable
-    (controller/run/jobs.py data_mounts), and a tenant's pack that writes anywhere else in its area
-    (a job file may name any folder there) never goes to a lane: it runs in a service of its own that
-    mounts exactly its folders (writes_in_out). A CLI jobs' pack's lane mounts the data root."""
-    return len(plan.chunks) == 1 and writes_in_out(plan, tenant)
 
 
 def remove_left(swarm: LaneSwarm, live: set[str]) -> int:

@@ -5,7 +5,7 @@ every attempt the same way, by its service's tasks (listed under the job label t
 and its attempt record; the launcher only starts the attempt and lets go of its service once the
 supervisor has judged it. Two launchers exist: `FreshLauncher`, a one-shot service of the chunk's
 own, and a hand-off to an idle lane (a chunk service whose runner waits for the next chunk: with
-``runners.linger`` a `submit`'s or a job's own, with ``packing.linger`` a pack's, built by `serve`;
+``runners.linger`` a `submit`'s, a job's own or `serve`'s, with ``packing.linger`` `serve`'s too;
 controller/run/lanes.py), which falls back to a fresh service when no lane can take the chunk.
 """
 
@@ -57,12 +57,17 @@ LaunchFactory = Callable[[SwarmBackend, RunDir, RunnerSettings], Launcher]
 
 @dataclass
 class FreshLauncher:
-    """Each attempt in a one-shot service of its own, removed once the attempt has ended."""
+    """Each attempt in a one-shot service of its own, removed once the attempt has ended. ``room``:
+    called with the service's GPUs before it is made (Lanes.make_room: an idle lane that holds a GPU
+    it needs is retired, so it does not sit pending behind runners waiting for other chunks)."""
 
     backend: SwarmBackend
     settings: RunnerSettings
+    room: Callable[[int], None] | None = None
 
     def start(self, chunk: str, attempt: int, avoid: tuple[str, ...]) -> Launched:
+        if self.room is not None:
+            self.room(self.settings.gpus)
         spec = chunk_service(self.settings, chunk, attempt, avoid)
         self.backend.create_service(spec)
         return Launched(spec.name, self.settings.job)

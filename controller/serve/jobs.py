@@ -27,13 +27,14 @@ from controller.job.paths import relative_text
 from controller.redact import printable
 from controller.run import job_lease, usecase
 from controller.run.jobs import PreparedJob, open_run, owner, write_owner
-from controller.run.lanes import Lanes, in_shared, shares_lanes
+from controller.run.lanes import Lanes, beside, in_shared
 from controller.run.launch import LaunchFactory
 from controller.run.metrics import Metrics
 from controller.run.packed import pack_of
 from controller.run.report import Report, summary
 from controller.run.rundir import RunDir, Stage
 from controller.run.usecase import SinkFactory
+from controller.run.warmth import shares_lanes
 from controller.serve import packs, unmade
 from controller.serve.inbox import original_name
 from controller.serve.packing import Member, Packer
@@ -72,7 +73,7 @@ class Running:
     packer: Packer | None = None
     slots: threading.Semaphore | None = None
     gpus: SwarmGpus | None = None  # the swarm's nodes, as `auto` chunking asks for them
-    lanes: Lanes | None = None  # warm runners shared by jobs of a kind (runners.linger: lanes.shares_lanes)
+    lanes: Lanes | None = None  # warm runners shared by jobs of a kind (runners.linger: warmth.shares_lanes)
 
 
 SLOT_WAIT_SECONDS = 2.0  # a job that cannot pack, while every job slot is busy, waits this long
@@ -214,11 +215,14 @@ def _run_job_file(config: Config, path: Path, metrics: Metrics, running: Running
 
 
 def _in_lanes(config: Config, job: PreparedJob, pool: Lanes | None) -> LaunchFactory | None:
-    """A job's chunks handed to `serve`'s warm runners of its kind and tenant (controller/run/lanes.py
-    shares_lanes: prepared with ``linger`` so); None: its own lanes or fresh services (usecase)."""
-    if pool is None or job.linger <= 0 or not shares_lanes(job.job_id, job.plan, job.tenant):
+    """A job's chunks handed to `serve`'s warm runners of its kind and tenant (controller/run/warmth.py
+    shares_lanes: prepared with ``linger`` so), or run in fresh services made beside them; None: no
+    warm runners in this `serve`, or the job's own (usecase)."""
+    if pool is None:
         return None
-    return in_shared(pool, float(job.spec.timeout), float(config.schedule_timeout), job.linger)
+    if job.linger > 0 and shares_lanes(job.job_id, job.plan, job.tenant):
+        return in_shared(pool, float(job.spec.timeout), float(config.schedule_timeout), job.linger)
+    return None if job.linger > 0 else beside(pool)
 
 
 def _packed_again(config: Config, rundir: RunDir, pack: str, metrics: Metrics) -> Outcome:

@@ -52,11 +52,12 @@ from controller.run.chunks import ChunkRun, ended_runs
 from controller.run.failures import ChunkState
 from controller.run.fold import Fold
 from controller.run.jobs import PreparedJob, open_run, owner, write_owner
-from controller.run.lanes import Lanes, in_shared, lane_allowed
+from controller.run.lanes import Lanes, beside, in_shared
 from controller.run.packed import PackView, own_items, read_members
 from controller.run.report import Report, build_report
 from controller.run.rundir import Control, RunDir, Stage
 from controller.run.usecase import SinkFactory
+from controller.run.warmth import lane_allowed
 from controller.serve.packing import Member
 from controller.serve.shares import Share
 from controller.swarm.backend import SwarmBackend
@@ -355,7 +356,9 @@ def start(
     the pack's GPUs to the next pack meanwhile); ``clock`` paces PackRun.watch."""
     prepared, runner = open_pack(config, backend, members, folder, parallel, clock)
 
-    launch = None  # a one-chunk pack's chunk (build: lane_allowed) to a warm runner of its kind: a pack's or a job's
+    # a one-chunk pack's chunk (build: lane_allowed) to a warm runner of its kind, a pack's or a job's; any
+    # other pack's in fresh services made beside the lanes
+    launch = None if lanes is None else beside(lanes)
     if lanes is not None and prepared.linger > 0:
         launch = in_shared(lanes, float(prepared.spec.timeout), float(config.schedule_timeout), prepared.linger)
 

@@ -296,7 +296,7 @@ def tenant_mounts(
     ``runs``, the folder that holds every run folder of the tenant's packs and nothing else
     (``runs/.tenants/<key>``, contract/layout.py), in place of ``run``, and its caller gives as
     output folders the one folder every pack it may be handed writes under (``<area>/out``: only
-    such packs go to a lane, controller/run/lanes.py lane_allowed), so the rest of its area stays
+    such packs go to a lane, controller/run/warmth.py lane_allowed), so the rest of its area stays
     read-only (docs/operations.md#isolation)."""
     if runs and not run.startswith(runs + "/"):
         raise ValueError(f"a lane's run folder {run!r} is outside its tenant's folder of runs {runs!r}")

@@ -1,4 +1,4 @@
-"""Warm runners for a tenant's own API jobs (``runners.linger`` in `serve`, controller/run/lanes.py
+"""Warm runners for a tenant's own API jobs (``runners.linger`` in `serve`, controller/run/warmth.py
 shares_lanes): a job too big to pack is a job of its own, yet its chunk runs in the runner that an
 earlier pack or job of the same tenant and kind left warm — its models loaded, no identity step's
 container — instead of a cold service of its own.
@@ -28,6 +28,7 @@ from controller.swarm.servicespec import LABEL_JOB, LABEL_ROLE, ROLE_RUNNER
 from tests.fixtures import photos
 from tests.integration.conftest import Api, Tenants, Workspace, chown_tree
 from tests.integration.test_api_packing import remove_packs
+from tests.integration.test_packing_linger import data_mounts, lane_view
 
 pytestmark = pytest.mark.integration
 
@@ -117,13 +118,8 @@ def test_a_tenants_later_api_jobs_run_in_the_runner_its_first_request_left_warm(
 
         # the lane sees of the data root only what any lane of tenant a sees
         (spec,) = seen["lanes"].values()
-        data = [m for m in spec["TaskTemplate"]["ContainerSpec"]["Mounts"] if m["Type"] != "tmpfs"]
-        assert {m["Target"]: bool(m.get("ReadOnly")) for m in data} == {
-            f"/data/tenants/{tenants.a}": True,
-            f"/data/tenants/{tenants.a}/out": False,
-            f"/data/runs/.tenants/{key}": False,
-            "/data/models/default": True,
-        }, data
+        data = data_mounts(spec)
+        assert {m["Target"]: bool(m.get("ReadOnly")) for m in data} == lane_view(tenants.a), data
 
         # a job of a that writes outside out/: a service of its own, mounting exactly its folders
         lanes_before, processes = set(seen["lanes"]), {r["process"] for r in records}
@@ -133,8 +129,7 @@ def test_a_tenants_later_api_jobs_run_in_the_runner_its_first_request_left_warm(
         assert set(seen["lanes"]) == lanes_before and len(seen["runners"]) == 1, (seen["lanes"], seen["runners"])
         (runner,) = seen["runners"].values()
         assert runner["Labels"][LABEL_JOB] == own
-        targets = {m["Target"]: bool(m.get("ReadOnly")) for m in runner["TaskTemplate"]["ContainerSpec"]["Mounts"]
-                   if m["Type"] != "tmpfs"}  # fmt: skip
+        targets = {m["Target"]: bool(m.get("ReadOnly")) for m in data_mounts(runner)}
         assert targets[f"/data/tenants/{tenants.a}/elsewhere"] is False and f"/data/runs/.tenants/{key}" not in targets
         assert all(r["process"] not in processes for r in _records(ws.root, own))
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from contract.layout import run_rel
+from contract.layout import run_rel, tenant_key
 from controller.run.handover import live_owners
 from controller.run.lanes import ROLE_LANE, remove_left
 from controller.swarm.docker import DockerSwarm
@@ -41,6 +41,21 @@ ROUND = 3  # jobs per round: one pack each
 @pytest.fixture
 def config_extra() -> dict[str, Any]:
     return {"packing": {"max_items": 5, "window": "1s", "linger": "60s"}}
+
+
+def lane_view(tenant: str) -> dict[str, bool]:
+    """What any lane of ``tenant`` mounts, each target read-only or not (docs/operations.md#isolation)."""
+    return {
+        f"/data/tenants/{tenant}": True,
+        f"/data/tenants/{tenant}/out": False,
+        f"/data/runs/.tenants/{tenant_key(tenant)}": False,
+        "/data/models/default": True,
+    }
+
+
+def data_mounts(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """A live service spec's mounts of the data root (its tmpfs left out)."""
+    return [m for m in spec["TaskTemplate"]["ContainerSpec"]["Mounts"] if m["Type"] != "tmpfs"]
 
 
 def _services(swarm: DockerSwarm, role: str, prefix: str) -> set[str]:
@@ -213,14 +228,8 @@ def test_a_tenants_lane_mounts_only_its_area_its_packs_run_folders_and_the_model
         assert (ws.root / "runs" / ".tenants" / key / pack / "owner").read_text() == f"{tenants.a}\n"
         assert not (ws.root / "runs" / pack).exists()
         (lane,) = seen["lanes"]
-        live = swarm.client.api.inspect_service(lane)["Spec"]["TaskTemplate"]["ContainerSpec"]["Mounts"]
-        data = [m for m in live if m["Type"] != "tmpfs"]
-        assert {m["Target"]: bool(m.get("ReadOnly")) for m in data} == {
-            f"/data/tenants/{tenants.a}": True,
-            f"/data/tenants/{tenants.a}/out": False,
-            f"/data/runs/.tenants/{key}": False,
-            "/data/models/default": True,
-        }, data
+        data = data_mounts(swarm.client.api.inspect_service(lane)["Spec"])
+        assert {m["Target"]: bool(m.get("ReadOnly")) for m in data} == lane_view(tenants.a), data
         allowed = [ws.root / "tenants" / tenants.a, ws.root / "runs" / ".tenants" / key, ws.root / "models"]
         for m in data:  # where each comes from on the host: a bind's folder, or an NFS volume's sub-path
             source = m["Source"] if m["Type"] == "bind" else m["VolumeOptions"]["DriverConfig"]["Options"]["device"]

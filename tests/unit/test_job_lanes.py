@@ -25,10 +25,10 @@ from controller.run.lanes import (
     in_shared,
     own_lanes,
     shared_lanes,
-    warmth,
 )
 from controller.run.rundir import Control, RunDir
 from controller.run.supervisor import Supervisor
+from controller.run.warmth import warmth
 from controller.settings.fields import FieldError
 from controller.settings.runners import RunnersSettings, parse_runners
 from controller.swarm.servicespec import LABEL_ATTEMPT, LABEL_CHUNK, LABEL_JOB, LABEL_ROLE, chunk_service

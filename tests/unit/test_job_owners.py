@@ -20,8 +20,9 @@ from controller.job import owners
 from controller.job.fence import MAX_OUTPUT_MOUNTS
 from controller.run import usecase
 from controller.run.jobs import PreparedJob, data_mounts, prepare, runner_settings
-from controller.run.lanes import lane_key, shares_lanes
+from controller.run.lanes import lane_key
 from controller.run.rundir import RunDir
+from controller.run.warmth import shares_lanes
 from controller.serve import daemon as serve
 from controller.serve.inbox import Inbox
 from controller.settings.runners import RunnersSettings

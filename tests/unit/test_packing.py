@@ -266,6 +266,43 @@ def test_a_new_lane_starts_only_where_a_gpu_is_not_held_by_another_lane(tmp_path
     assert (home.layout.dir / "chunks" / "c0001.lane.json").read_text().count('"manifest": null') == 1  # told to stop
 
 
+def test_a_chunk_service_that_is_no_lane_retires_an_idle_lane_holding_the_gpu_it_needs(tmp_path: Path) -> None:
+    """A job (or pack) that cannot use `serve`'s lanes gets a fresh service (lanes.beside); while idle
+    lanes hold every GPU it would sit pending behind them for up to their linger, so the idle lane
+    whose runner stops waiting first is told to stop and removed before the service is made."""
+    from controller.run.lanes import Lane, Lanes, beside
+    from controller.run.rundir import RunDir
+    from controller.swarm.servicespec import chunk_service
+    from tests.fakes import FakeSwarm
+    from tests.unit.test_lanes import settings
+
+    swarm = FakeSwarm()
+    now = [0.0]
+    total: list[int | None] = [2]
+    lanes = Lanes(lambda: swarm, linger=30.0, capacity=lambda: total[0], clock=lambda: now[0])  # type: ignore[arg-type,return-value]
+    home = RunDir(tmp_path, "pack-abcdefgh")
+    home.make_dirs()
+    soon = Lane("a", "ffswarm-lane-1", "lane-1", home, "c0000", born=0.0)
+    later = Lane("b", "ffswarm-lane-2", "lane-2", home, "c0001", born=0.0)
+    for lane in (soon, later):  # their services, on the swarm
+        swarm.create_service(dataclasses.replace(chunk_service(settings("x"), lane.chunk, 1), name=lane.service))
+    lanes.give_back(soon)
+    now[0] = 5.0
+    lanes.give_back(later)
+    job = settings("own-job")  # one GPU
+    launcher = beside(lanes)(swarm, home, job)
+    launched = launcher.start("c0000", 1, ())  # both GPUs held by idle lanes: the sooner one goes
+    assert [s.name for s in swarm.created[2:]] == [launched.service] == ["ffswarm-own-job-c0000-a1"]
+    assert swarm.removed == ["ffswarm-lane-1"]
+    assert (home.layout.dir / "chunks" / "c0000.lane.json").read_text().count('"manifest": null') == 1  # told to stop
+    assert lanes.take("b", 600) is later  # the other still waits for a chunk of its kind
+    lanes.give_back(later)
+    launcher.start("c0001", 1, ())  # one lane on two GPUs: room for the service, nothing retired
+    total[0] = None
+    launcher.start("c0002", 1, ())  # the swarm's GPUs unknown: nothing retired
+    assert swarm.removed == ["ffswarm-lane-1"] and lanes.take("b", 600) is later
+
+
 def test_a_burst_on_a_small_swarm_makes_packs_of_one_chunk_per_gpu_not_one_for_the_gpu_free_now(
     tmp_path: Path,
 ) -> None:

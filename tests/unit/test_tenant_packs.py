@@ -33,11 +33,12 @@ from controller.config import Config, parse_config
 from controller.errors import ConfigError, JobFileError, MissingInputError, UsageError
 from controller.job.plan import ID, Plan, TargetRef, make_plan
 from controller.run import deletion, jobs, status, usecase
-from controller.run.lanes import ROLE_LANE, Lanes, lane_allowed, lane_key
+from controller.run.lanes import ROLE_LANE, Lanes, lane_key
 from controller.run.metrics import Metrics
 from controller.run.packed import pack_of
 from controller.run.report import Report
 from controller.run.rundir import RunDir
+from controller.run.warmth import lane_allowed
 from controller.serve import packs
 from controller.serve.packing import Member
 from controller.swarm.servicespec import LABEL_ATTEMPT, LABEL_ROLE, ROLE_RUNNER, DataMount, ServiceSpec
