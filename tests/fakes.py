@@ -34,6 +34,7 @@ class FakeSwarm:
     script: dict[tuple[str, int], Outcome] = field(default_factory=dict)  # (chunk, attempt) -> outcome
     created: list[ServiceSpec] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    swept: list[str] = field(default_factory=list)  # jobs whose exited containers were looked for
     max_alive: int = 0
     labels: dict[str, str] = field(default_factory=lambda: {"ffswarm.gpu": "true"})
     logs: dict[str, str] = field(default_factory=dict)  # service name -> what its container printed
@@ -130,6 +131,7 @@ class FakeSwarm:
             self.removed.append(name)
 
     def remove_exited_containers(self, job: str, service: str | None = None) -> int:
+        self.swept.append(job)
         return 0  # a removed service's container is gone at once here: none left
 
     def service_logs(self, name: str, tail: int = 40) -> str:

@@ -50,6 +50,9 @@ def rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
 
 
+_SELF: dict[str, object] = {}  # this process's boot id, pid namespace and label (Owner.me), keyed by its pid
+
+
 def _boot_id() -> str:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:64]
@@ -103,8 +106,11 @@ class Owner:
 
     @classmethod
     def me(cls) -> Owner:
+        pid = os.getpid()
+        if _SELF.get("pid") != pid:  # what cannot change while a process lives, read once per process
+            _SELF.update(pid=pid, boot=_boot_id(), pidns=_pid_namespace(), label=who())
         host = socket.gethostname()[:255]
-        return cls(host, os.getpid(), _boot_id(), _pid_namespace(), uuid.uuid4().hex, who())
+        return cls(host, pid, str(_SELF["boot"]), str(_SELF["pidns"]), uuid.uuid4().hex, str(_SELF["label"]))
 
     def gone(self, here: Owner) -> bool:
         """True only when the holder was a process of this machine's boot and pid namespace that has

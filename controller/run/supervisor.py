@@ -76,6 +76,7 @@ class Supervisor:
         identity step, whose service is `gate_service`): polled once per round until it returns
         True; whatever it raises ends the run and propagates, the chunks' services left to the caller."""
         self._gate_service = gate_service
+        self._found_own = gate_service is not None  # a service of the job: a step's beside, or one found (_adopt)
         self.history = history.recorded(self.rundir)
         queue: deque[str] = deque()
         for cid in chunk_ids:
@@ -93,9 +94,11 @@ class Supervisor:
             if self.events is not None:
                 self.events.close()
                 self.events = None
-        # A chunk ends at its container's exit, before the swarm has tidied up: wait a moment for
-        # the containers it is still removing, so that nothing of the job is left here on return.
-        clear_containers(self.backend, self.settings.job, self.policy.cleanup_wait, self.clock, self.sleep)
+        # A chunk ends at its container's exit, before the swarm has tidied up: wait for the containers it still
+        # removes, unless no service of the job was made or found (every attempt in lanes labelled by the lane).
+        job = self.settings.job
+        if self._found_own or any((a.label or job) == job for r in self.chunks.values() for a in r.attempts):
+            clear_containers(self.backend, job, self.policy.cleanup_wait, self.clock, self.sleep)
         return self.chunks
 
     def _loop(self, queue: deque[str], gate: Callable[[], bool] | None) -> None:
@@ -230,6 +233,7 @@ class Supervisor:
         """Services left by an earlier controller: keep the live ones, never start a second one. A step's
         service is kept while the step runs; an earlier run's lane (``first``) is removed, its attempt redone."""
         for svc in self.backend.services(self.settings.job):
+            self._found_own = True
             role = svc.labels.get(LABEL_ROLE, ROLE_RUNNER)
             if role == ROLE_JOB_LANE and not first or keep_steps and role not in (ROLE_RUNNER, ROLE_JOB_LANE):
                 continue  # this run's lanes are its launcher's; a step's service is kept while it runs
@@ -265,8 +269,7 @@ class Supervisor:
             queue.extendleft(reversed(waiting))
 
     def _start(self, run: ChunkRun, queue: deque[str]) -> None:
-        attempt = run.last_attempt + 1
-        run.last_attempt = attempt
+        run.last_attempt = attempt = run.last_attempt + 1
         avoid = run.avoidance(self.nodes.values(), self.settings.gpus > 0)
         try:  # before the service: NFS lookup caching cannot hide a file that exists first
             create_results_file(self.rundir.layout, run.id, attempt, self.rundir.owner)
@@ -287,8 +290,7 @@ class Supervisor:
 
     # -- one chunk --------------------------------------------------------------------------------
     def _watch(self, run: ChunkRun, svc: ServiceState | None, queue: deque[str]) -> None:
-        att = run.current
-        now = self.clock()
+        att, now = run.current, self.clock()
         if att.lane and (code := recorded_exit(self.rundir, run.id, att.attempt)) is not None:
             # a lane outlives its attempt: the attempt record says when (and how) the attempt ended
             if (failure := classify_exit(code)) is None:
@@ -344,8 +346,7 @@ class Supervisor:
 
     def _finish(self, run: ChunkRun, code: int) -> None:
         att = run.current
-        att.exit_code = code
-        att.outcome = "done"
+        att.exit_code, att.outcome = code, "done"
         run.state = ChunkState.DONE
         self._release(run, reusable=True)
         self.emit("chunk_done", chunk=run.id, attempt=att.attempt, exit_code=code)
@@ -393,8 +394,7 @@ class Supervisor:
         for run in self._running():
             self._release(run)
             run.current.outcome = "cancelled"
-        for run in self.chunks.values():
-            if not run.state.is_terminal():
-                run.state = ChunkState.CANCELLED
+        for run in (r for r in self.chunks.values() if not r.state.is_terminal()):
+            run.state = ChunkState.CANCELLED
         queue.clear()
         self.emit("job_cancelled")

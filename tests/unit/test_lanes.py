@@ -140,6 +140,17 @@ def test_a_pack_is_handed_to_the_idle_lane_of_its_kind_and_not_run_again(tmp_pat
     assert state is not None and state["chunks"][CHUNK]["attempts"][0]["service"] == lane  # state.json names it
 
 
+def test_a_pack_run_in_lanes_waits_for_no_container_of_its_own_and_one_run_fresh_does(tmp_path: Path) -> None:
+    serve = Serve(tmp_path)
+    serve.pack("pack-aaaa", "tenant-a/kind")  # a new lane, its service labelled by the lane, not the pack
+    serve.pack("pack-bbbb", "tenant-a/kind")  # handed to that lane
+    assert serve.swarm.swept == []  # no container of either pack to wait for: the engine is not asked
+    serve.runner.exits["pack-cccc"] = "die"
+    sup, _ = serve.pack("pack-cccc", "tenant-a/kind")  # its chunk run again in a service of its own
+    assert sup.chunks[CHUNK].current.service == "ffswarm-pack-cccc-c0000-a2"
+    assert serve.swarm.swept == ["pack-cccc"]  # whose container the run waits to see removed
+
+
 def test_a_pack_of_another_key_starts_a_lane_of_its_own(tmp_path: Path) -> None:
     serve = Serve(tmp_path)
     _, a = serve.pack("pack-aaaa", "tenant-a/kind")

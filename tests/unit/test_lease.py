@@ -269,3 +269,23 @@ def test_a_controller_meeting_a_take_over_in_progress_waits_and_names_its_winner
     finally:
         t.join()
     assert held.value.holder.owner == winner
+
+
+def test_a_forked_process_holds_leases_as_itself_not_as_its_parent(tmp_path: Path) -> None:
+    """What a holder is (pid, label) follows the process: a child forked after its parent held a lease
+    (the API's worker processes) is another holder, and a lease of a parent that has ended is gone."""
+    parent = Owner.me()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own Owner, written back to the parent
+        try:
+            os.write(write, json.dumps([Owner.me().pid, Owner.me().label]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child_pid, label = json.loads(os.read(read, 4096))
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child_pid == pid != parent.pid and f"pid {pid}" in label and f"pid {parent.pid}" in parent.label
+    child = Owner(parent.host, pid, parent.boot, parent.pidns, "child-id")
+    assert child.gone(parent)  # the child has exited: a lease it held here is taken at once
