@@ -26,9 +26,10 @@ from controller.job.plan import AUTO_MAX_CHUNK, Plan
 from controller.run.attempts import cold_start
 from controller.run.fold import Fold
 from controller.run.rundir import RunDir
-from controller.volume import write_atomic
+from controller.volume import read_nofollow, write_atomic
 
 FILE = f"{RUNS}/.timings.json"
+MAX_BYTES = 1 << 20  # one entry per model pack and provider: a few kB
 COLD_SHARE = 0.05  # of a chunk's time, at most, spent before its first item
 TIMEOUT_SHARE = 0.5  # of the chunk timeout, at most, that a chunk's items should take
 SAMPLE = 50  # chunks read to measure a job (their attempt records and their results)
@@ -86,9 +87,13 @@ def _key(pack: str, provider: str) -> str:
 
 
 def _read(root: Path) -> dict[str, Any]:
+    """The measurements as kept; none when the file is missing, damaged, too big or reached through a link."""
+    raw = read_nofollow(root / FILE, MAX_BYTES + 1)
+    if raw is None or len(raw) > MAX_BYTES:
+        return {}
     try:
-        data = json.loads((root / FILE).read_text())
-    except (OSError, ValueError):
+        data = json.loads(raw)
+    except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -70,6 +70,18 @@ def test_the_latest_measurement_per_pack_and_provider_is_kept(tmp_path: Path) ->
     assert timings.lookup(tmp_path, "default", ("cuda",)) is None  # a damaged file: as if none
 
 
+def test_measurements_reached_through_a_link_are_not_read_and_the_link_is_replaced(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere.json"
+    timings.record(tmp_path, "default", "cuda", Timing(cold_start_s=1.0, item_s=0.05, job="a", measured_at=1.0))
+    (tmp_path / timings.FILE).rename(elsewhere)
+    (tmp_path / timings.FILE).symlink_to(elsewhere)  # planted where the controller keeps its measurements
+    assert timings.lookup(tmp_path, "default", ("cuda",)) is None  # never followed
+    new = Timing(cold_start_s=2.0, item_s=0.02, job="b", measured_at=2.0)
+    timings.record(tmp_path, "default", "cpu", new)
+    assert not (tmp_path / timings.FILE).is_symlink() and timings.lookup(tmp_path, "default", ("cpu",)) == new
+    assert set(json.loads(elsewhere.read_text())) == {"default/cuda"}  # the link's target untouched
+
+
 @pytest.mark.parametrize(
     ("cold", "item", "timeout", "cap"),
     [
