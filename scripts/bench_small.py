@@ -16,6 +16,10 @@ steady rate, run by `ffswarm serve`, side by side in one run:
   packed-2t, lingering-2t  as packed and lingering, the requests alternating between two tenants:
            what keeping tenants apart costs (a pack and a lane hold one tenant's photos only).
 
+REPEAT (``--repeat N``): each phase but the ceiling runs N times, the phases in turn (all of them,
+then all again), and its row is its median run by control CPU, every run listed below the table:
+the dev VM's figures for one code move by ±15 % within an hour, more than most changes they judge.
+
 For each: completed requests/s (requests / from the first post to the last report), the p50/p99
 end-to-end latency (post → the job's report.json written), and the control plane's CPU per request
 done: the API's, serve's and their sum ("API ms/req", "serve ms/req", "control ms/req"; from /proc,
@@ -72,6 +76,12 @@ POOL = 40
 
 def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    """REPEAT: of a phase's runs, the one whose control CPU per request is the median (the lower
+    middle of an even number): a run as measured, its columns from one run, never mixed."""
+    return sorted(runs, key=lambda r: r["control_ms"])[(len(runs) - 1) // 2]
 
 
 def control_cpu(api_s: float, serve_s: float, requests: int) -> dict[str, float]:
@@ -302,12 +312,15 @@ def main() -> int:
     ap.add_argument("--concurrent-jobs", type=int, default=4, help="serve's job slots (a GPU pack needs none)")
     ap.add_argument("--logs", type=Path, help="copy the api's and serves' logs into this folder at the end")
     ap.add_argument("--phases", default=",".join(PHASES[:7]), help=f"which rows, of {','.join(PHASES)}")
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="run each phase but the ceiling this many times, in turn (REPEAT below)"
+    )
     a = ap.parse_args()
     phases = [p for p in a.phases.split(",") if p]
     if "ceiling" not in phases or any(p not in PHASES for p in phases):
         ap.error(f"--phases: ceiling and any of {','.join(PHASES)}")
-    if not (1 <= a.requests <= 5000 and 1 <= a.alone <= 500 and 0.1 <= a.rate <= 200):
-        ap.error("--requests 1..5000, --alone 1..500, --rate 0.1..200")
+    if not (1 <= a.requests <= 5000 and 1 <= a.alone <= 500 and 0.1 <= a.rate <= 200 and 1 <= a.repeat <= 9):
+        ap.error("--requests 1..5000, --alone 1..500, --rate 0.1..200, --repeat 1..9")
     with tempfile.TemporaryDirectory(prefix="ffswarm-bench-small-") as tmp:
         bench = Bench(Path(tmp), a.config, a.concurrent_jobs)
         try:
@@ -345,7 +358,11 @@ def main() -> int:
                 "packed-2t": ([one(k, 2) for k in range(n)], a.rate),
                 "lingering-2t": ([one(k, 2) for k in range(n)], a.rate),
             }
-            rows = {p: bench.phase(p, url, api.pid, *offers[p], 1800) for p in PHASES if p in phases}
+            runs: dict[str, list[dict[str, float]]] = {p: [] for p in PHASES if p in phases}
+            for turn in range(a.repeat):  # in turn, not back to back: a phase's runs see the same drift
+                for p in runs if turn == 0 else [p for p in runs if p != "ceiling"]:
+                    runs[p].append(bench.phase(p, url, api.pid, *offers[p], 1800))
+            rows = {p: median_run(r) for p, r in runs.items()}
         finally:
             bench.clean()
             if a.logs is not None:
@@ -355,6 +372,12 @@ def main() -> int:
     print(f"one-photo requests on the dev swarm, offered at {a.rate:g}/s (ceiling: one job of all pairs)")
     print("\n".join(table(rows)))
     print("\n" + "\n".join(markdown(rows)) + "\n")
+    if a.repeat > 1:
+        print(f"each row: the median of {a.repeat} runs by control ms/req; every run, in turn:")
+        for p, r in ((p, r) for p, r in runs.items() if len(r) > 1):
+            each = (f"{x['per_s']:.2f}/s p99 {x['p99']:.1f} s {x['control_ms']:.1f} ms" for x in r)
+            print(f"{p:<16}" + " · ".join(each))
+        print()
     print("packs' chunk services, time summed over them (created → runner started → models loaded → ended → seen):")
     for name, t in bench.packs.items():
         total = t["start_s"] + t["load_s"] + t["work_s"] + t["seen_s"]

@@ -169,3 +169,11 @@ def test_the_benchmarks_still_start(script: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"usage: {script}")
+
+
+def test_a_repeated_phase_reports_its_median_run_whole() -> None:
+    """--repeat: the row is one run as measured (its rate, latency and CPU together), the median by CPU."""
+    runs = [{"per_s": float(n), "p99": 1.0 + n, "control_ms": ms} for n, ms in enumerate((12.3, 8.8, 10.6, 9.9))]
+    assert bench_small.median_run(runs) == runs[3]  # 8.8 · 9.9 · 10.6 · 12.3: the lower middle, 9.9
+    assert bench_small.median_run(runs[:3]) == runs[2]  # 8.8 · 10.6 · 12.3
+    assert bench_small.median_run(runs[:1]) == runs[0]
