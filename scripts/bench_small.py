@@ -18,7 +18,7 @@ steady rate, run by `ffswarm serve`, side by side in one run:
 
 REPEAT (``--repeat N``): each phase but the ceiling runs N times, the phases in turn (all of them,
 then all again), and its row is its median run by control CPU, every run listed below the table:
-the dev VM's figures for one code move by ±15 % within an hour, more than most changes they judge.
+on a small shared VM one run of a phase can differ from the next by more than the change it judges.
 
 For each: completed requests/s (requests / from the first post to the last report), the p50/p99
 end-to-end latency (post → the job's report.json written), and the control plane's CPU per request

@@ -50,7 +50,7 @@ def rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
 
 
-_SELF: dict[str, object] = {}  # this process's boot id, pid namespace and label (Owner.me), keyed by its pid
+_SELF = (0, "", "", "")  # Owner.me's pid, boot id, pid namespace and label: read once per process
 
 
 def _boot_id() -> str:
@@ -106,11 +106,11 @@ class Owner:
 
     @classmethod
     def me(cls) -> Owner:
-        pid = os.getpid()
-        if _SELF.get("pid") != pid:  # what cannot change while a process lives, read once per process
-            _SELF.update(pid=pid, boot=_boot_id(), pidns=_pid_namespace(), label=who())
-        host = socket.gethostname()[:255]
-        return cls(host, pid, str(_SELF["boot"]), str(_SELF["pidns"]), uuid.uuid4().hex, str(_SELF["label"]))
+        global _SELF
+        if _SELF[0] != os.getpid():  # a new process (a fork's child too): what cannot change while it lives
+            _SELF = (os.getpid(), _boot_id(), _pid_namespace(), who())
+        pid, boot, pidns, label = _SELF
+        return cls(socket.gethostname()[:255], pid, boot, pidns, uuid.uuid4().hex, label)
 
     def gone(self, here: Owner) -> bool:
         """True only when the holder was a process of this machine's boot and pid namespace that has
