@@ -94,8 +94,8 @@ JOINS = "joins.jsonl"
 REPORT = "report.json"
 
 _TENANT_PACK = re.compile(rf"{PACK_PREFIX}(?P<key>[0-9a-f]{{{TENANT_KEY}}})-[a-z2-7]{{{PACK_SUFFIX}}}")
-# an API job's: its last part is 18 characters, never 8 as in the ids the API gave before (name-<8 base32>)
-_TENANT_JOB = re.compile(
+# an API job's id (tenant_job_id): its last part is 18 characters, never 8 as in the ids the API gave before
+TENANT_JOB_ID = re.compile(
     rf"[a-z0-9-]{{1,{TENANT_JOB_NAME}}}-(?P<key>[0-9a-f]{{{TENANT_KEY}}})[a-z2-7]{{{PACK_SUFFIX}}}"
 )
 _ATTEMPT_LOG = re.compile(r"(?P<chunk>[^./][^/]*)\.a(?P<attempt>[0-9]+)\.log")
@@ -142,7 +142,7 @@ def tenant_job_id(tenant: str, name: str, suffix: str) -> str:
 def run_tenant_key(job: str) -> str | None:
     """The tenant key a tenant's pack's or API job's id carries (None: neither; a CLI job, or an API
     job whose id was given before ids carried the key)."""
-    m = _TENANT_PACK.fullmatch(job) or _TENANT_JOB.fullmatch(job)
+    m = _TENANT_PACK.fullmatch(job) or TENANT_JOB_ID.fullmatch(job)
     return None if m is None else m["key"]
 
 

@@ -29,11 +29,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from contract.layout import RECORDS, TENANTS
+from contract.layout import RECORDS, TENANT_JOB_ID, TENANTS
 
 TENANT = re.compile(r"[a-z0-9-]{1,40}")
 # an API job's id: <name>-<tenant key><8 base32> (contract/layout.py tenant_job_id), or an older <name>-<8 base32>
-JOB_ID = re.compile(r"[a-z0-9-]{1,21}-[0-9a-f]{10}[a-z2-7]{8}|[a-z0-9-]{1,31}-[a-z2-7]{8}")
+JOB_ID = re.compile(rf"{TENANT_JOB_ID.pattern}|[a-z0-9-]{{1,31}}-[a-z2-7]{{8}}")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 MAX_RECORD = 4096
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
